@@ -1,0 +1,28 @@
+# fwbench: `make bench` runs the default suite on the CPU; `make test` runs the test suite.
+# Both create .venv on first use and reuse it afterwards (reinstalling when the pins change).
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fwbench-installed
+# Framework caches stay inside the checkout (ignored by git).
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
+export KERAS_HOME ?= $(CURDIR)/.cache/keras
+
+.PHONY: bench test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --constraint constraints.txt --editable '.[all,test]'
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(BIN)/fwbench run --suite default
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .cache *.egg-info

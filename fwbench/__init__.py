@@ -1,0 +1,3 @@
+"""fwbench: benchmark deep-learning frameworks against each other, honestly."""
+
+__version__ = "0.1.0"

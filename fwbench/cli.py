@@ -1,0 +1,281 @@
+"""fwbench: benchmark deep-learning frameworks against each other, honestly (run | report | list | env).
+
+Bad input gets one line on stderr, exit status 2, and nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from fwbench import __version__
+from fwbench.frameworks import missing_requirement, runtimes
+from fwbench.measure import environment
+from fwbench.models import MODELS
+from fwbench.report.export import to_csv, to_json
+from fwbench.report.table import make_console, print_results
+from fwbench.report.units import parse_bytes
+from fwbench.runner.manager import execute
+from fwbench.runner.planner import build_plan, parse_names, parse_positive_ints
+from fwbench.runner.progress import sweep_progress
+from fwbench.spec import PROTOCOLS, Plan, Settings, SpecError
+from fwbench.store import DEFAULT_DB, Store, StoreError
+from fwbench.suites import DEFAULT_SUITE, builtin_suites, load_suite
+
+EXIT_USAGE = 2
+RUN_PHASES = ("inference",)  # phases whose backends exist today
+RUN_DTYPES = ("fp32",)
+RUN_DEVICES = ("cpu", "cuda")
+REPORT_FORMATS = ("table", "json", "csv")
+
+
+class UsageError(Exception):
+    """Bad input: one line for the user, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line instead of usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="fwbench", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"fwbench {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run", help="sweep a grid of cells, each in a fresh worker, into the results database",
+        description="Sweep models × runtimes × batch sizes × sequence lengths. Each cell runs in a fresh "
+        "worker process; every cell gets a terminal status (ok, oom, timeout, error, skipped, mismatch) "
+        "committed to the database at once.",
+    )
+    grid = run.add_argument_group("grid (flags override the suite)")
+    grid.add_argument("--suite", help=f"built-in suite name ({', '.join(builtin_suites())}) or a .toml path; "
+                      f"default: {DEFAULT_SUITE} unless --models and --runtimes are given")
+    grid.add_argument("--models", help="comma-separated model names (see `fwbench list`)")
+    grid.add_argument("--runtimes", help="comma-separated framework:mode runtimes (see `fwbench list`)")
+    grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
+    grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a "
+                      "sequence axis")
+    grid.add_argument("--phase", choices=RUN_PHASES, help="default: inference")
+    grid.add_argument("--dtype", choices=RUN_DTYPES, help="default: fp32")
+    grid.add_argument("--device", choices=RUN_DEVICES, help="default: cpu")
+    timing = run.add_argument_group("measurement")
+    timing.add_argument("--protocol", choices=PROTOCOLS,
+                        help="adaptive (default): blocks of ≥10 ms until the median's 95%% CI is within ±1%% or "
+                        "--max-time is spent; hf2019: timeit repeat=30 number=3, as the 2019 study")
+    timing.add_argument("--max-time", type=_positive_float, metavar="SECONDS",
+                        help="adaptive: timing budget per cell (default 5)")
+    timing.add_argument("--threads", type=_positive_int,
+                        help=f"intra-op threads for every framework (default: physical cores, here "
+                        f"{environment.physical_core_count()})")
+    timing.add_argument("--interop-threads", type=_positive_int, help="inter-op threads (default 1)")
+    timing.add_argument("--warmup", type=_positive_int, metavar="CALLS",
+                        help="untimed calls after the first call (default 2, minimum 2)")
+    timing.add_argument("--seed", type=int, help="seed of weights and inputs (default 0)")
+    limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
+    limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS", help="per cell (default 600)")
+    limits.add_argument("--memory-limit", type=_bytes, metavar="BYTES",
+                        help="kill a worker whose resident memory exceeds this (e.g. 2G, 512M)")
+    run.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results database (default {DEFAULT_DB})")
+    run.add_argument("--resume", type=_positive_int, metavar="RUN_ID",
+                     help="run only the cells of that run's stored plan that have no status yet")
+
+    report = commands.add_parser("report", help="print stored results", description="Print stored results.")
+    report.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results database (default {DEFAULT_DB})")
+    report.add_argument("--run", type=_positive_int, metavar="ID", help="only this run (default: all runs)")
+    report.add_argument("--format", choices=REPORT_FORMATS, default="table", help="default: table")
+
+    commands.add_parser("list", help="show models, runtimes (installed or not) and suites",
+                        description="Show models, runtimes (installed or not) and suites.")
+    env = commands.add_parser("env", help="print the environment record stored with each run",
+                              description="Print the environment record stored with each run, as JSON.")
+    env.add_argument("--format", choices=("json", "table"), default="table", help="default: table")
+    return parser
+
+
+# -- run ----------------------------------------------------------------------------------------
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """Flags over suite over defaults; SpecError on any invalid choice."""
+    if args.suite is None and (args.models is None) != (args.runtimes is None):
+        raise SpecError("give both --models and --runtimes, or a --suite")
+    suite = load_suite(args.suite or DEFAULT_SUITE) if args.suite or args.models is None else None
+    settings_data: dict[str, Any] = {"threads": environment.physical_core_count()}
+    if suite is not None:
+        settings_data.update(suite.settings)
+    flag_settings = {
+        "threads": args.threads, "interop_threads": args.interop_threads, "protocol": args.protocol,
+        "max_time_s": args.max_time, "warmup_calls": args.warmup, "timeout_s": args.timeout,
+        "memory_limit_bytes": args.memory_limit, "seed": args.seed,
+    }
+    settings_data.update({k: v for k, v in flag_settings.items() if v is not None})
+    settings = Settings.from_dict(settings_data)
+    models = parse_names("--models", args.models) if args.models else (suite.models if suite else [])
+    runtime_names = parse_names("--runtimes", args.runtimes) if args.runtimes else (suite.runtimes if suite else [])
+    batch_sizes = (parse_positive_ints("--batch-sizes", args.batch_sizes) if args.batch_sizes
+                   else (suite.batch_sizes if suite else [1]))
+    seq_lens = (parse_positive_ints("--seq-lens", args.seq_lens) if args.seq_lens
+                else (suite.seq_lens if suite else []))
+    return build_plan(
+        models, runtime_names, batch_sizes, seq_lens, settings,
+        phase=args.phase or (suite.phase if suite else "inference"),
+        dtype=args.dtype or (suite.dtype if suite else "fp32"),
+        device=args.device or (suite.device if suite else "cpu"),
+        suite=suite.name if suite else None,
+    )
+
+
+def _terminate_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so the running worker is killed on the way out."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if args.resume is not None:
+        grid_flags = [name for name in ("suite", "models", "runtimes", "batch_sizes", "seq_lens") if getattr(args, name)]
+        if grid_flags:
+            raise SpecError("--resume reruns a stored plan; it takes no grid flags (" + ", ".join(grid_flags) + ")")
+        store = Store.open(args.db, create=False)
+        record = store.get_run(args.resume)
+        if record is None:
+            known = [r.id for r in store.runs()]
+            raise SpecError(f"run {args.resume} is not in {args.db}; runs there: {known or 'none'}")
+        plan, run_id = record.plan, record.id
+    else:
+        plan = plan_from_args(args)
+        store = Store.open(args.db)
+        command = shlex.join(["fwbench", *argv])
+        run_id = store.create_run(plan, command, environment.collect(), __version__)
+    _terminate_on_sigterm()
+    with store:
+        remaining = plan.size - len(store.done_keys(run_id))
+        err = sys.stderr
+        print(f"run {run_id}: {remaining} of {plan.size} cells to run, database {args.db}", file=err, flush=True)
+        with sweep_progress(remaining) as listener:
+            execute(store, run_id, plan, listener)
+        store.finish_run(run_id)
+        results = store.results([run_id])
+        print_results(results, make_console(), title=f"fwbench run {run_id}")
+        counts: dict[str, int] = {}
+        for row in results:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        print(f"run {run_id}: {summary}. Results are in {args.db}; see `fwbench report --db {args.db} --run {run_id}`")
+    return 0
+
+
+# -- report, list, env --------------------------------------------------------------------------
+def command_report(args: argparse.Namespace) -> int:
+    if not Path(args.db).exists():
+        raise StoreError(f"--db {args.db} does not exist")
+    with Store.open(args.db, create=False) as store:
+        if args.run is not None and store.get_run(args.run) is None:
+            known = [r.id for r in store.runs()]
+            raise SpecError(f"run {args.run} is not in {args.db}; runs there: {known or 'none'}")
+        run_ids = None if args.run is None else [args.run]
+        runs, results = store.runs(run_ids), store.results(run_ids)
+    if args.format == "json":
+        print(to_json(runs, results))
+    elif args.format == "csv":
+        sys.stdout.write(to_csv(results))
+    else:
+        print_results(results, make_console(), title=f"fwbench results in {args.db}")
+    return 0
+
+
+def command_list() -> int:
+    console = Console()
+    models = Table(title="models")
+    for column in ("name", "sequence axis", "max seq len", "parameters"):
+        models.add_column(column)
+    for name, model in MODELS.items():
+        count = sum(math.prod(p.shape) for p in model.param_schema())
+        models.add_row(name, "yes" if model.has_sequence else "no", str(model.max_seq_len or "—"), f"{count:,}")
+    console.print(models)
+    table = Table(title="runtimes")
+    for column in ("runtime", "installed", "what is timed"):
+        table.add_column(column)
+    for name, info in runtimes().items():
+        missing = missing_requirement(info)
+        table.add_row(name, "yes" if missing is None else f"no: {missing}", info.description + (f" ({info.note})" if info.note else ""))
+    console.print(table)
+    suites = Table(title="suites")
+    for column in ("suite", "cells (at most)", "description"):
+        suites.add_column(column)
+    for name in builtin_suites():
+        suite = load_suite(name)
+        suites.add_row(name, str(suite.size), suite.description)
+    console.print(suites)
+    return 0
+
+
+def command_env(args: argparse.Namespace) -> int:
+    record = environment.collect()
+    if args.format == "json":
+        print(json.dumps(record, indent=2, sort_keys=True))
+        return 0
+    table = Table(title="environment (stored with every run)")
+    table.add_column("key")
+    table.add_column("value")
+    for key, value in record.items():
+        table.add_row(key, "—" if value is None else str(value))
+    Console().print(table)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "run":
+            return command_run(args, argv)
+        if args.command == "report":
+            return command_report(args)
+        if args.command == "list":
+            return command_list()
+        return command_env(args)
+    except (UsageError, SpecError, StoreError) as exc:
+        message = str(exc)
+        print(message if message.startswith("fwbench") else f"fwbench: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("fwbench: interrupted; finished cells are stored (resume with --resume RUN_ID)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

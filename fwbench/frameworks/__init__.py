@@ -1,0 +1,112 @@
+"""The runtime registry: ``framework:mode`` names, where each backend lives, whether it is installed.
+
+This module never imports a framework: availability is decided with ``importlib.util.find_spec``.
+Third-party backends register through the ``fwbench.plugins`` entry-point group or the
+``FWBENCH_PLUGINS`` environment variable (comma-separated module names); a plugin module calls
+:func:`register_runtime` when imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+from fwbench.spec import Settings, SpecError
+
+if TYPE_CHECKING:
+    from fwbench.frameworks.base import Backend
+
+PLUGINS_ENV = "FWBENCH_PLUGINS"
+PLUGIN_GROUP = "fwbench.plugins"
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """A runtime: ``name`` is ``framework:mode``; ``module`` defines ``create_backend(mode, device, settings)``."""
+
+    name: str
+    module: str
+    requires: tuple[str, ...]
+    description: str
+    note: str = ""
+
+    @property
+    def framework(self) -> str:
+        return self.name.split(":", 1)[0]
+
+    @property
+    def mode(self) -> str:
+        return self.name.split(":", 1)[1]
+
+
+_RUNTIMES: dict[str, RuntimeInfo] = {}
+_plugins_loaded = False
+
+
+def register_runtime(info: RuntimeInfo) -> None:
+    """Add a runtime to the registry (plugins call this on import)."""
+    if ":" not in info.name:
+        raise ValueError(f"runtime name must be framework:mode, got {info.name!r}")
+    _RUNTIMES[info.name] = info
+
+
+def _builtin(framework: str, mode: str, requires: tuple[str, ...], description: str, note: str = "") -> None:
+    register_runtime(
+        RuntimeInfo(f"{framework}:{mode}", f"fwbench.frameworks.{framework}.backend", requires, description, note)
+    )
+
+
+_builtin("torch", "eager", ("torch",), "nn.Module called under torch.inference_mode()")
+_builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eagerly")
+_builtin(
+    "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)"
+)
+
+
+def load_plugins() -> None:
+    """Import plugin modules named by entry points and by $FWBENCH_PLUGINS (once per process)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry_point in metadata.entry_points(group=PLUGIN_GROUP):
+        entry_point.load()
+    for name in filter(None, (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise SpecError(f"cannot import plugin module {name!r} named in ${PLUGINS_ENV}: {exc}") from None
+
+
+def runtimes() -> dict[str, RuntimeInfo]:
+    """Every registered runtime, built-in first, by name."""
+    load_plugins()
+    return dict(_RUNTIMES)
+
+
+def get_runtime(name: str) -> RuntimeInfo:
+    """The runtime called ``name``; SpecError listing the known ones otherwise."""
+    known = runtimes()
+    if name not in known:
+        raise SpecError(f"unknown runtime {name!r}; allowed: {', '.join(known)}")
+    return known[name]
+
+
+def missing_requirement(info: RuntimeInfo) -> str | None:
+    """None when the runtime's packages are installed, else why it cannot run (nothing imported)."""
+    for package in info.requires:
+        if importlib.util.find_spec(package) is None:
+            return f"{package} is not installed (pip install 'fwbench[{info.framework}]')"
+    return None
+
+
+def create_backend(runtime: str, device: str, settings: Settings) -> Backend:
+    """Import the runtime's backend module (and so its framework) and make the backend."""
+    info = get_runtime(runtime)
+    module = importlib.import_module(info.module)
+    backend: Backend = module.create_backend(info.mode, device, settings)
+    return backend

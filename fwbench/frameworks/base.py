@@ -1,0 +1,99 @@
+"""The backend interface every framework implements. No framework is imported here.
+
+One backend instance runs one cell in one worker process:
+``configure_threads → build → make_inputs → compile → make_step / infer / sync``.
+Framework modules live in ``fwbench/frameworks/<framework>/`` with the same file names in every
+folder: ``backend.py`` (this interface) and one file per model architecture (``mlp.py``, ...),
+each exporting ``build_model(description, weights)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from fwbench.models.base import ModelDescription
+from fwbench.spec import Settings
+
+
+class UnsupportedMode(ValueError):
+    """The backend has no such mode."""
+
+
+class Backend(ABC):
+    """One framework in one execution mode, on one device."""
+
+    framework: ClassVar[str]
+    modes: ClassVar[tuple[str, ...]]
+
+    def __init__(self, mode: str, device: str, settings: Settings) -> None:
+        if mode not in self.modes:
+            raise UnsupportedMode(f"{self.framework} has no mode {mode!r}; allowed: {', '.join(self.modes)}")
+        self.mode = mode
+        self.device = device
+        self.settings = settings
+        self.description: ModelDescription | None = None
+        self.model: Any = None
+
+    # -- set-up -------------------------------------------------------------------------------
+    @abstractmethod
+    def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, int]:
+        """Apply the thread budget through the framework's own API; return what it now reports."""
+
+    def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
+        """Build ``description`` with the canonical ``weights`` from this framework's arch module."""
+        description.check_weights(weights)
+        module = importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
+        self.description = description
+        self.model = module.build_model(description, weights, self.device)
+
+    @abstractmethod
+    def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
+        """Framework tensors on the device, in the description's input order (built once, untimed)."""
+
+    @abstractmethod
+    def compile(self, inputs: Sequence[Any]) -> None:
+        """Prepare the mode's callable for these inputs (tracing happens at the first call)."""
+
+    # -- the timed call -----------------------------------------------------------------------
+    @abstractmethod
+    def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """One inference call; outputs in ``description.output_names`` order (may be asynchronous)."""
+
+    @abstractmethod
+    def sync(self, outputs: Any) -> None:
+        """Block until ``outputs`` are computed (device synchronisation)."""
+
+    def make_step(self, inputs: Sequence[Any]) -> Callable[[], object]:
+        """The zero-argument call the timers measure: one inference, synchronised."""
+        infer, sync = self.infer, self.sync
+
+        def step() -> object:
+            outputs = infer(inputs)
+            sync(outputs)
+            return outputs
+
+        return step
+
+    # -- results and diagnostics --------------------------------------------------------------
+    @abstractmethod
+    def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
+        """Outputs by name as numpy arrays (for parity checks)."""
+
+    def reset_peak_memory(self) -> None:
+        """Reset the framework allocator's peak counter, where it has one."""
+
+    def memory_stats(self) -> dict[str, int | None]:
+        """The framework allocator's own figures, bytes (``allocator_peak_bytes`` where known)."""
+        return {"allocator_peak_bytes": None}
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]:
+        """Versions of the framework and the libraries it runs on."""
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this framework's out-of-memory error."""
+        return isinstance(exc, MemoryError)

@@ -1,0 +1,40 @@
+"""The MLP in TensorFlow (tf.Module and tf ops, not Keras): matmul + bias, ReLU between layers.
+
+Input ``x``: (batch, in_features) float32 → ``(logits,)`` with logits (batch, out_features).
+Canonical weights are (out, in); kernels here are (in, out), transposed once when loading.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fwbench.frameworks.tensorflow.weights import canonical_variable, check_all_used, identity, transpose
+from fwbench.models.mlp import MLP
+
+
+class MLPModule(tf.Module):
+    def __init__(self, description: MLP, weights: dict[str, np.ndarray]) -> None:
+        super().__init__(name="mlp")
+        self.kernels: list[tf.Variable] = []
+        self.biases: list[tf.Variable] = []
+        used: set[str] = set()
+        for prefix, fan_in, fan_out in description.layers:
+            self.kernels.append(canonical_variable(weights, f"{prefix}.weight", (fan_in, fan_out), transpose))
+            self.biases.append(canonical_variable(weights, f"{prefix}.bias", (fan_out,), identity))
+            used |= {f"{prefix}.weight", f"{prefix}.bias"}
+        check_all_used(weights, used)
+
+    def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
+        last = len(self.kernels) - 1
+        for i, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
+            x = tf.matmul(x, kernel) + bias
+            if i < last:
+                x = tf.nn.relu(x)
+        return (x,)
+
+
+def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -> MLPModule:
+    """The MLP with the canonical weights, its variables placed on ``device``."""
+    with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
+        return MLPModule(description, weights)

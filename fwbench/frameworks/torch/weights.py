@@ -1,0 +1,26 @@
+"""Copy canonical numpy weights into a torch module through an explicit name map, with shape asserts."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def load_canonical(module: nn.Module, weights: dict[str, np.ndarray], mapping: dict[str, str]) -> None:
+    """Set each ``module`` parameter ``mapping[canonical]`` to ``weights[canonical]``.
+
+    Every canonical tensor must be used, every parameter set, and every shape equal (no broadcasting).
+    """
+    params = dict(module.named_parameters())
+    unset = sorted(set(params) - set(mapping.values()))
+    unknown = sorted(set(mapping.values()) - set(params))
+    unused = sorted(set(weights) - set(mapping))
+    if unset or unknown or unused:
+        raise ValueError(f"weight map: parameters unset {unset}, unknown {unknown}, tensors unused {unused}")
+    with torch.no_grad():
+        for canonical, target in mapping.items():
+            value = weights[canonical]
+            if tuple(params[target].shape) != value.shape:
+                raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(params[target].shape)}")
+            params[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))

@@ -1,0 +1,1 @@
+"""Timers, statistics, memory tracking and environment capture. No framework imports."""

@@ -1,0 +1,84 @@
+"""Framework-free model descriptions: config, parameter schema, canonical weights, inputs, FLOPs.
+
+Every framework builds its model from a :class:`ModelDescription` and the canonical weights it
+generates, so all frameworks compute the same function with the same numbers.
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from fwbench.spec import Phase
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One tensor of the canonical weight set: its canonical name and shape (framework-neutral layout)."""
+
+    name: str
+    shape: tuple[int, ...]
+
+
+def tensor_rng(seed: int, name: str) -> np.random.Generator:
+    """A generator seeded by (seed, tensor name), so one tensor's values never depend on another's."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+class ModelDescription(ABC):
+    """A model as data: everything a framework needs to build it, and nothing framework-specific.
+
+    Subclasses set ``name`` and ``arch`` (the file name each framework implements it in,
+    e.g. ``fwbench/frameworks/torch/mlp.py``) and say whether inputs have a sequence axis.
+    """
+
+    name: ClassVar[str]
+    arch: ClassVar[str]
+    has_sequence: ClassVar[bool] = False
+    max_seq_len: ClassVar[int | None] = None
+    output_names: ClassVar[tuple[str, ...]]
+
+    @abstractmethod
+    def param_schema(self) -> list[ParamSpec]:
+        """Names and shapes of every parameter, in a fixed order."""
+
+    @abstractmethod
+    def canonical_weights(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """The seeded canonical weight set: name -> float32 array with the schema's shape."""
+
+    @abstractmethod
+    def make_inputs(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded inputs for one call, by input name."""
+
+    @abstractmethod
+    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
+        """Floating-point operations of one call (a multiply-add counts 2)."""
+
+    def reference_forward(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray] | None:
+        """A float64 numpy forward pass used as the parity reference, or None where there is none."""
+        return None
+
+    def supports_seq_len(self, seq_len: int | None) -> str | None:
+        """None when the model can run at ``seq_len``, else the reason it cannot."""
+        if not self.has_sequence or seq_len is None:
+            return None
+        if self.max_seq_len is not None and seq_len > self.max_seq_len:
+            return f"sequence length {seq_len} exceeds {self.name}'s maximum of {self.max_seq_len}"
+        return None
+
+    def check_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Raise ValueError unless ``weights`` holds exactly the schema's tensors with its shapes."""
+        schema = {p.name: p.shape for p in self.param_schema()}
+        missing = sorted(set(schema) - set(weights))
+        unused = sorted(set(weights) - set(schema))
+        if missing or unused:
+            raise ValueError(f"{self.name} weights: missing {missing}, unexpected {unused}")
+        for name, shape in schema.items():
+            if tuple(weights[name].shape) != shape:
+                raise ValueError(f"{self.name} weight {name}: shape {weights[name].shape}, expected {shape}")

@@ -1,0 +1,1 @@
+"""The manager (never imports a framework) and the worker (one fresh interpreter per cell)."""

@@ -1,0 +1,235 @@
+"""The manager: runs each cell of a plan in its own worker process and stores every outcome.
+
+It never imports a framework. A worker that crashes, is killed, exceeds ``--timeout`` or
+``--memory-limit`` costs one cell, whose status and last error line are stored; the sweep goes on.
+Workers get their own process group (killed whole) and die with the manager (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from fwbench.frameworks import get_runtime, missing_requirement
+from fwbench.measure.memory import rss_bytes
+from fwbench.measure.stats import summarize
+from fwbench.models import get_model
+from fwbench.runner.protocol import Job, thread_environment
+from fwbench.spec import Case, Plan, Settings
+from fwbench.store import Store
+
+POLL_INTERVAL_S = 0.02
+STDERR_TAIL_BYTES = 64 * 1024
+
+
+@dataclass
+class CellOutcome:
+    """What one cell produced: a terminal status and the fields the store keeps."""
+
+    case: Case
+    status: str
+    reason: str | None = None
+    samples: list[float] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Listener = Callable[[CellOutcome], None]
+
+
+def worker_cpus(threads: int) -> tuple[int, ...]:
+    """The first ``threads`` CPUs this process may run on (all of them if fewer)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return tuple(allowed[: max(1, threads)])
+
+
+def _oom_kill_count() -> int | None:
+    """The kernel's OOM-kill counter for this cgroup (cgroup v2), None where unreadable."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                events = Path("/sys/fs/cgroup") / line[3:].lstrip("/") / "memory.events"
+                for event in events.read_text().splitlines():
+                    if event.startswith("oom_kill "):
+                        return int(event.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a worker's captured output."""
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - STDERR_TAIL_BYTES))
+        lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_worker(case: Case, settings: Settings) -> CellOutcome:
+    """Run ``case`` in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
+    job = Job(case=case, settings=settings, cpus=worker_cpus(settings.threads), manager_pid=os.getpid())
+    env = {**os.environ, **thread_environment(settings.threads, settings.interop_threads), "PYTHONUNBUFFERED": "1"}
+    read_fd, write_fd = os.pipe()
+    oom_kills_before = _oom_kill_count()
+    with tempfile.NamedTemporaryFile(prefix="fwbench-worker-", suffix=".log", delete=False) as log:
+        log_path = Path(log.name)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fwbench.runner.worker", "--result-fd", str(write_fd)],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,), start_new_session=True, env=env,
+            )
+        finally:
+            os.close(write_fd)
+    try:
+        return _supervise(proc, job, read_fd, log_path, oom_kills_before)
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+        os.close(read_fd)
+        log_path.unlink(missing_ok=True)
+
+
+def _supervise(
+    proc: subprocess.Popen[bytes], job: Job, read_fd: int, log_path: Path, oom_kills_before: int | None
+) -> CellOutcome:
+    settings, case = job.settings, job.case
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(job.to_json().encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    started = time.monotonic()
+    buffer, stage, result = b"", "start", None
+    pipe_open = True
+    while True:
+        if pipe_open:
+            ready, _, _ = select.select([read_fd], [], [], POLL_INTERVAL_S)
+            if ready:
+                chunk = os.read(read_fd, 1 << 16)
+                pipe_open = bool(chunk)
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    message = json.loads(line)
+                    if message.pop("type") == "stage":
+                        stage = message["stage"]
+                    else:
+                        result = message
+        else:
+            time.sleep(POLL_INTERVAL_S)
+        if result is not None or (not pipe_open and proc.poll() is not None):
+            break
+        elapsed = time.monotonic() - started
+        if elapsed > settings.timeout_s:
+            _kill_group(proc)
+            return CellOutcome(case, "timeout", f"exceeded --timeout {settings.timeout_s:g} s during {stage}")
+        if settings.memory_limit_bytes is not None:
+            rss = rss_bytes(proc.pid)
+            if rss is not None and rss > settings.memory_limit_bytes:
+                _kill_group(proc)
+                return CellOutcome(
+                    case, "oom",
+                    f"resident memory {rss} B exceeded --memory-limit {settings.memory_limit_bytes} B during {stage}",
+                )
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+    if result is not None:
+        return _outcome_from_result(case, result)
+    return _outcome_from_death(case, proc.returncode, stage, _last_line(log_path), oom_kills_before)
+
+
+def _outcome_from_death(
+    case: Case, returncode: int, stage: str, last_line: str, oom_kills_before: int | None
+) -> CellOutcome:
+    """Classify a worker that exited without a result."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        oom_kills_after = _oom_kill_count()
+        if oom_kills_before is not None and oom_kills_after is not None and oom_kills_after > oom_kills_before:
+            return CellOutcome(case, "oom", f"killed by the kernel OOM killer ({name}) during {stage}")
+        reason = f"worker killed by {name} during {stage}"
+    else:
+        reason = f"worker exited with status {returncode} during {stage} without a result"
+    return CellOutcome(case, "error", f"{reason}: {last_line}" if last_line else reason)
+
+
+def _outcome_from_result(case: Case, result: dict[str, Any]) -> CellOutcome:
+    """Turn the worker's result message into stored fields, with statistics computed here."""
+    samples = [float(s) for s in result.pop("samples_s", [])]
+    status = result.pop("status")
+    reason = result.pop("reason", None)
+    fields: dict[str, Any] = {
+        "first_call_s": result.pop("first_call_s", None),
+        "peak_memory_bytes": result.pop("peak_memory_bytes", None),
+        "allocator_peak_bytes": result.pop("allocator_peak_bytes", None),
+        "calls_per_sample": result.pop("calls_per_sample", None),
+    }
+    if samples:
+        summary = summarize(samples)
+        fields.update(
+            median_s=summary.median_s, ci_low_s=summary.ci_low_s, ci_high_s=summary.ci_high_s,
+            mean_s=summary.mean_s, stdev_s=summary.stdev_s, min_s=summary.min_s,
+        )
+    return CellOutcome(case, status, reason, samples, fields, result)
+
+
+def _skipped(case: Case, reason: str) -> CellOutcome:
+    return CellOutcome(case, "skipped", reason)
+
+
+def store_outcome(store: Store, run_id: int, outcome: CellOutcome, settings: Settings, wall_s: float) -> bool:
+    """Commit one cell's outcome (its own transaction); False if the run already had it."""
+    case = outcome.case
+    fields = dict(outcome.fields)
+    fields.update(
+        status=outcome.status, reason=outcome.reason, protocol=settings.protocol, threads=settings.threads,
+        interop_threads=settings.interop_threads, wall_s=wall_s,
+        flops=get_model(case.model).flops(case.batch_size, case.seq_len, case.phase),
+    )
+    return store.add_result(run_id, case, fields, outcome.samples, outcome.details)
+
+
+def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = None) -> list[CellOutcome]:
+    """Run every cell of ``plan`` that run ``run_id`` has no status for yet, storing each at once."""
+    done = store.done_keys(run_id)
+    outcomes: list[CellOutcome] = []
+
+    def record(outcome: CellOutcome, wall_s: float) -> None:
+        store_outcome(store, run_id, outcome, plan.settings, wall_s)
+        outcomes.append(outcome)
+        if listener is not None:
+            listener(outcome)
+
+    for skipped in plan.skipped:
+        if skipped.case.key not in done:
+            record(_skipped(skipped.case, skipped.reason), 0.0)
+    for case in plan.cases:
+        if case.key in done:
+            continue
+        started = time.monotonic()
+        missing = missing_requirement(get_runtime(case.runtime))
+        outcome = _skipped(case, missing) if missing else run_worker(case, plan.settings)
+        record(outcome, time.monotonic() - started)
+    return outcomes

@@ -1,0 +1,80 @@
+"""From user choices (flags or a suite file) to a :class:`~fwbench.spec.Plan`.
+
+Every name and number is validated here, before anything runs or is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Sequence
+
+from fwbench.frameworks import get_runtime
+from fwbench.models import get_model
+from fwbench.spec import Case, Plan, Settings, SkippedCase, SpecError
+
+
+def parse_positive_ints(option: str, text: str) -> list[int]:
+    """``"1,2,4"`` → [1, 2, 4]; SpecError naming ``option`` for anything else (``0``, ``1,,2``, ``1.5``...)."""
+    values: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) <= 0:
+            raise SpecError(
+                f"{option} {text!r}: every value must be a positive integer, comma-separated (e.g. 1,2,4)"
+            )
+        values.append(int(part))
+    return values
+
+
+def parse_names(option: str, text: str) -> list[str]:
+    """``"a,b"`` → ["a", "b"]; SpecError on empty items."""
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise SpecError(f"{option} {text!r}: expected comma-separated names with no empty item")
+    return names
+
+
+def _unique(items: Iterable[object]) -> list:
+    return list(dict.fromkeys(items))
+
+
+def build_plan(
+    models: Sequence[str],
+    runtimes: Sequence[str],
+    batch_sizes: Sequence[int],
+    seq_lens: Sequence[int],
+    settings: Settings,
+    phase: str = "inference",
+    dtype: str = "fp32",
+    device: str = "cpu",
+    suite: str | None = None,
+) -> Plan:
+    """The grid models × runtimes × batch sizes × sequence lengths, in that nesting order.
+
+    Models without a sequence axis get one cell per batch size (seq_len None). Cells longer than a
+    model's maximum are kept as skipped, with the reason; a plan with no runnable cell is an error.
+    """
+    for name in models:
+        get_model(name)
+    for name in runtimes:
+        get_runtime(name)
+    if not models or not runtimes or not batch_sizes:
+        raise SpecError("a plan needs at least one model, one runtime and one batch size")
+    cases: list[Case] = []
+    skipped: list[SkippedCase] = []
+    for model_name, runtime, batch in itertools.product(_unique(models), _unique(runtimes), _unique(batch_sizes)):
+        model = get_model(model_name)
+        lengths: list[int | None] = _unique(seq_lens) if model.has_sequence else [None]
+        if model.has_sequence and not lengths:
+            raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
+        for seq_len in lengths:
+            case = Case(model_name, runtime, phase, batch, seq_len, dtype, device)  # type: ignore[arg-type]
+            reason = model.supports_seq_len(seq_len)
+            if reason is None:
+                cases.append(case)
+            else:
+                skipped.append(SkippedCase(case, reason))
+    if not cases:
+        reasons = "; ".join(_unique(s.reason for s in skipped))
+        raise SpecError(f"the plan has no runnable cell: {reasons}")
+    return Plan(tuple(cases), settings, tuple(skipped), suite)

@@ -1,0 +1,68 @@
+"""What manager and worker say to each other: a job on the worker's stdin, JSON lines back on a pipe.
+
+The worker writes one ``{"type": "stage", ...}`` line as it enters each stage and exactly one
+``{"type": "result", ...}`` line at the end. Framework chatter on stdout/stderr never mixes in,
+because results travel on their own file descriptor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fwbench.spec import Case, Settings
+
+STAGES = ("start", "import", "build", "compile", "first_call", "parity", "warmup", "timing", "done")
+
+# Parity tolerance on the relative L2 error against the model's float64 reference, per dtype.
+PARITY_REL_L2_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cell for one worker."""
+
+    case: Case
+    settings: Settings
+    cpus: tuple[int, ...]
+    manager_pid: int
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "case": self.case.to_dict(),
+                "settings": self.settings.to_dict(),
+                "cpus": list(self.cpus),
+                "manager_pid": self.manager_pid,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        data = json.loads(text)
+        return cls(
+            case=Case.from_dict(data["case"]),
+            settings=Settings.from_dict(data["settings"]),
+            cpus=tuple(data["cpus"]),
+            manager_pid=int(data["manager_pid"]),
+        )
+
+
+def thread_environment(threads: int, interop_threads: int) -> dict[str, str]:
+    """Environment variables that carry the thread budget to the frameworks' native pools."""
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": str(interop_threads),
+    }
+
+
+def stage_message(stage: str) -> str:
+    return json.dumps({"type": "stage", "stage": stage}) + "\n"
+
+
+def result_message(result: dict[str, Any]) -> str:
+    return json.dumps({"type": "result", **result}) + "\n"

@@ -1,0 +1,175 @@
+"""What a benchmark case is: the frozen key every other layer merges on.
+
+A :class:`Case` names one cell of a sweep (model, runtime, phase, shape, dtype, device).
+A :class:`Settings` holds what is shared by every cell of a run (threads, protocol, limits).
+A :class:`Plan` is the ordered list of cases of one run, plus its settings.
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+Phase = Literal["inference", "training", "fit"]
+Dtype = Literal["fp32", "bf16"]
+Device = Literal["cpu", "cuda"]
+Protocol = Literal["adaptive", "hf2019"]
+Status = Literal["ok", "oom", "timeout", "error", "skipped", "mismatch"]
+
+PHASES: tuple[str, ...] = get_args(Phase)
+DTYPES: tuple[str, ...] = get_args(Dtype)
+DEVICES: tuple[str, ...] = get_args(Device)
+PROTOCOLS: tuple[str, ...] = get_args(Protocol)
+STATUSES: tuple[str, ...] = get_args(Status)
+
+
+class SpecError(ValueError):
+    """A user-facing validation error: its message is one line saying what is wrong and what is allowed."""
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(f"unknown {name} {value!r}; allowed: {', '.join(allowed)}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SpecError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, order=True)
+class Case:
+    """One cell of a sweep. ``seq_len`` is None for models without a sequence axis."""
+
+    model: str
+    runtime: str
+    phase: Phase = "inference"
+    batch_size: int = 1
+    seq_len: int | None = None
+    dtype: Dtype = "fp32"
+    device: Device = "cpu"
+
+    def __post_init__(self) -> None:
+        _check_choice("phase", self.phase, PHASES)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_positive_int("batch size", self.batch_size)
+        if self.seq_len is not None:
+            _check_positive_int("sequence length", self.seq_len)
+
+    @property
+    def key(self) -> str:
+        """A stable text key, unique within a run (used as the store's uniqueness key)."""
+        seq = "-" if self.seq_len is None else str(self.seq_len)
+        return "|".join(
+            [self.model, self.runtime, self.phase, str(self.batch_size), seq, self.dtype, self.device]
+        )
+
+    @property
+    def framework(self) -> str:
+        return self.runtime.split(":", 1)[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Case:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+    def label(self) -> str:
+        shape = f"b={self.batch_size}" + ("" if self.seq_len is None else f" s={self.seq_len}")
+        return f"{self.model} {self.runtime} {self.phase} {shape} {self.dtype}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Settings shared by every cell of a run; stored with the run and with each result."""
+
+    threads: int = field(default=1, metadata={"help": "intra-op threads for every framework"})
+    interop_threads: int = field(default=1, metadata={"help": "inter-op threads for every framework"})
+    protocol: Protocol = field(default="adaptive", metadata={"help": "timing protocol"})
+    max_time_s: float = field(default=5.0, metadata={"help": "adaptive: time budget per cell, seconds"})
+    target_rel_ci: float = field(default=0.01, metadata={"help": "adaptive: stop at CI half-width / median"})
+    min_block_s: float = field(default=0.01, metadata={"help": "adaptive: shortest timed block, seconds"})
+    warmup_calls: int = field(default=2, metadata={"help": "untimed calls after the first call"})
+    timeout_s: float = field(default=600.0, metadata={"help": "wall-clock limit per cell, seconds"})
+    memory_limit_bytes: int | None = field(default=None, metadata={"help": "kill a worker above this RSS"})
+    seed: int = field(default=0, metadata={"help": "seed for weights and inputs"})
+
+    def __post_init__(self) -> None:
+        _check_positive_int("threads", self.threads)
+        _check_positive_int("interop threads", self.interop_threads)
+        _check_choice("protocol", self.protocol, PROTOCOLS)
+        _check_positive_int("warm-up calls", self.warmup_calls)
+        for name, value in (
+            ("max time", self.max_time_s),
+            ("timeout", self.timeout_s),
+            ("target relative CI", self.target_rel_ci),
+            ("min block time", self.min_block_s),
+        ):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise SpecError(f"{name} must be a positive number, got {value!r}")
+        if self.warmup_calls < 2:
+            raise SpecError(f"warm-up calls must be at least 2, got {self.warmup_calls}")
+        if self.memory_limit_bytes is not None:
+            _check_positive_int("memory limit", self.memory_limit_bytes)
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise SpecError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Settings:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class SkippedCase:
+    """A case the plan keeps but will not run (stored as ``skipped`` with its reason)."""
+
+    case: Case
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The cases of one run, in order, and the settings they share."""
+
+    cases: tuple[Case, ...]
+    settings: Settings
+    skipped: tuple[SkippedCase, ...] = ()
+    suite: str | None = None
+
+    def __post_init__(self) -> None:
+        keys = [c.key for c in self.cases] + [s.case.key for s in self.skipped]
+        if len(keys) != len(set(keys)):
+            raise SpecError("a plan may not hold the same case twice")
+
+    @property
+    def size(self) -> int:
+        return len(self.cases) + len(self.skipped)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "suite": self.suite,
+                "settings": self.settings.to_dict(),
+                "cases": [c.to_dict() for c in self.cases],
+                "skipped": [{"case": s.case.to_dict(), "reason": s.reason} for s in self.skipped],
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        data = json.loads(text)
+        return cls(
+            cases=tuple(Case.from_dict(c) for c in data["cases"]),
+            settings=Settings.from_dict(data["settings"]),
+            skipped=tuple(SkippedCase(Case.from_dict(s["case"]), s["reason"]) for s in data["skipped"]),
+            suite=data.get("suite"),
+        )

@@ -1,0 +1,304 @@
+"""The SQLite results store: WAL, ``PRAGMA user_version`` schema versions, forward migrations.
+
+Each finished cell is committed in its own short transaction, so a manager killed at any moment
+loses no finished cell. ``UNIQUE(run_id, case_key)`` makes a cell impossible to store twice.
+Times are stored in seconds and sizes in bytes; raw samples are kept as a JSON array.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from fwbench.spec import Case, Plan
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+BUSY_TIMEOUT_MS = 60_000
+
+# Forward migrations: MIGRATIONS[i] takes a database from user_version i to i + 1.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created TEXT NOT NULL,
+        finished TEXT,
+        suite TEXT,
+        command TEXT NOT NULL,
+        settings_json TEXT NOT NULL,
+        plan_json TEXT NOT NULL,
+        environment_json TEXT NOT NULL,
+        fwbench_version TEXT NOT NULL
+    );
+    CREATE TABLE results (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        case_key TEXT NOT NULL,
+        created TEXT NOT NULL,
+        model TEXT NOT NULL,
+        runtime TEXT NOT NULL,
+        phase TEXT NOT NULL,
+        batch_size INTEGER NOT NULL,
+        seq_len INTEGER,
+        dtype TEXT NOT NULL,
+        device TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('ok','oom','timeout','error','skipped','mismatch')),
+        reason TEXT,
+        protocol TEXT,
+        samples_json TEXT NOT NULL DEFAULT '[]',
+        calls_per_sample INTEGER,
+        n_samples INTEGER NOT NULL DEFAULT 0,
+        median_s REAL,
+        ci_low_s REAL,
+        ci_high_s REAL,
+        mean_s REAL,
+        stdev_s REAL,
+        min_s REAL,
+        first_call_s REAL,
+        peak_memory_bytes INTEGER,
+        allocator_peak_bytes INTEGER,
+        threads INTEGER,
+        interop_threads INTEGER,
+        flops INTEGER,
+        wall_s REAL,
+        details_json TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (run_id, case_key)
+    );
+    CREATE INDEX results_by_case ON results (model, runtime, phase, batch_size, seq_len, dtype);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+RESULT_COLUMNS = (
+    "status", "reason", "protocol", "calls_per_sample", "median_s", "ci_low_s", "ci_high_s", "mean_s",
+    "stdev_s", "min_s", "first_call_s", "peak_memory_bytes", "allocator_peak_bytes", "threads",
+    "interop_threads", "flops", "wall_s",
+)
+
+
+def _id_filter(column: str, ids: Iterable[int] | None) -> tuple[str, tuple[int, ...]]:
+    """A ``WHERE column IN (...)`` clause and its parameters; empty when ``ids`` is None."""
+    if ids is None:
+        return "", ()
+    values = tuple(int(i) for i in ids)
+    return f" WHERE {column} IN ({', '.join('?' for _ in values) or 'NULL'})", values
+
+
+class StoreError(Exception):
+    """A database that cannot be used; the message is one line for the user."""
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _folder_writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (probed for real: root passes os.access checks)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".fwbench-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+def _file_writable(path: Path) -> bool:
+    """Whether ``path`` opens for writing (opened in append mode and closed: its bytes are untouched)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError:
+        return False
+    return True
+
+
+def check_database_path(path: Path, *, create: bool) -> None:
+    """Raise StoreError unless ``path`` is (or, with ``create``, may become) a writable SQLite file.
+
+    Nothing is written: a file that is not SQLite is left byte-for-byte untouched.
+    """
+    if path.is_dir():
+        raise StoreError(f"--db {path} is a directory; give a database file path")
+    folder = path.parent
+    if path.exists():
+        if not path.is_file():
+            raise StoreError(f"--db {path} is not a regular file")
+        with path.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+        if header and header != SQLITE_HEADER:
+            raise StoreError(f"--db {path} is not an SQLite database; refusing to touch it")
+        if not _file_writable(path) or not _folder_writable(folder):
+            raise StoreError(f"--db {path} is not writable (the file and its folder must be writable)")
+        return
+    if not create:
+        raise StoreError(f"--db {path} does not exist")
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not _folder_writable(folder):
+        raise StoreError(f"--db {path}: cannot create it, {folder} is not a writable folder")
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[str] = MIGRATIONS) -> int:
+    """Apply the forward migrations this database lacks, each in its own transaction; return the version."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(migrations):
+        raise StoreError(
+            f"database schema version {version} is newer than this fwbench supports ({len(migrations)}); upgrade fwbench"
+        )
+    for target in range(version + 1, len(migrations) + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read under the write lock: another process may have migrated meanwhile.
+            if conn.execute("PRAGMA user_version").fetchone()[0] >= target:
+                conn.execute("ROLLBACK")
+                continue
+            for statement in filter(str.strip, migrations[target - 1].split(";")):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {target}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+@dataclass
+class RunRecord:
+    id: int
+    created: str
+    finished: str | None
+    suite: str | None
+    command: str
+    settings: dict[str, Any]
+    plan: Plan
+    environment: dict[str, Any]
+    fwbench_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "created": self.created,
+            "finished": self.finished,
+            "suite": self.suite,
+            "command": self.command,
+            "settings": self.settings,
+            "cells": self.plan.size,
+            "environment": self.environment,
+            "fwbench_version": self.fwbench_version,
+        }
+
+
+class Store:
+    """A results database. Open with :meth:`open`; every write is its own short transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, create: bool = True) -> Store:
+        db_path = Path(path)
+        check_database_path(db_path, create=create)
+        if create:
+            db_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            migrate(conn)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"--db {db_path}: {exc}") from None
+        return cls(conn, db_path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- runs ---------------------------------------------------------------------------------
+    def create_run(self, plan: Plan, command: str, environment: dict[str, Any], version: str) -> int:
+        cursor = self.conn.execute(
+            "INSERT INTO runs (created, suite, command, settings_json, plan_json, environment_json, fwbench_version)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                now_iso(), plan.suite, command, json.dumps(plan.settings.to_dict(), sort_keys=True),
+                plan.to_json(), json.dumps(environment, sort_keys=True), version,
+            ),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def finish_run(self, run_id: int) -> None:
+        self.conn.execute("UPDATE runs SET finished = ? WHERE id = ?", (now_iso(), run_id))
+
+    def _run_from_row(self, row: sqlite3.Row) -> RunRecord:
+        return RunRecord(
+            id=row["id"], created=row["created"], finished=row["finished"], suite=row["suite"],
+            command=row["command"], settings=json.loads(row["settings_json"]),
+            plan=Plan.from_json(row["plan_json"]), environment=json.loads(row["environment_json"]),
+            fwbench_version=row["fwbench_version"],
+        )
+
+    def get_run(self, run_id: int) -> RunRecord | None:
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else self._run_from_row(row)
+
+    def runs(self, run_ids: Iterable[int] | None = None) -> list[RunRecord]:
+        where, params = _id_filter("id", run_ids)
+        rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id", params).fetchall()
+        return [self._run_from_row(r) for r in rows]
+
+    def latest_run_id(self) -> int | None:
+        row = self.conn.execute("SELECT MAX(id) FROM runs").fetchone()
+        return None if row[0] is None else int(row[0])
+
+    # -- results ------------------------------------------------------------------------------
+    def add_result(self, run_id: int, case: Case, fields: dict[str, Any], samples: Sequence[float],
+                   details: dict[str, Any]) -> bool:
+        """Store one cell's result; False (and nothing written) if the run already has this cell."""
+        columns = {name: fields.get(name) for name in RESULT_COLUMNS}
+        values = {
+            "run_id": run_id, "case_key": case.key, "created": now_iso(), "model": case.model,
+            "runtime": case.runtime, "phase": case.phase, "batch_size": case.batch_size,
+            "seq_len": case.seq_len, "dtype": case.dtype, "device": case.device,
+            "samples_json": json.dumps(list(samples)), "n_samples": len(samples),
+            "details_json": json.dumps(details, sort_keys=True, default=str), **columns,
+        }
+        names = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        cursor = self.conn.execute(
+            f"INSERT INTO results ({names}) VALUES ({marks}) ON CONFLICT (run_id, case_key) DO NOTHING",
+            tuple(values.values()),
+        )
+        return cursor.rowcount == 1
+
+    def done_keys(self, run_id: int) -> set[str]:
+        """Keys of the run's cells that already have a (terminal) status."""
+        rows = self.conn.execute("SELECT case_key FROM results WHERE run_id = ?", (run_id,)).fetchall()
+        return {r[0] for r in rows}
+
+    def results(self, run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        """Result rows as dicts, ``samples`` and ``details`` decoded, in run then insertion order."""
+        where, params = _id_filter("run_id", run_ids)
+        rows = self.conn.execute(f"SELECT * FROM results{where} ORDER BY run_id, id", params).fetchall()
+        out = []
+        for row in rows:
+            record = dict(row)
+            record["samples"] = json.loads(record.pop("samples_json"))
+            record["details"] = json.loads(record.pop("details_json"))
+            out.append(record)
+        return out
+
+    def integrity_ok(self) -> bool:
+        return self.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,0 +1,80 @@
+"""A test-only plugin: runtimes of a numpy "fake" framework that misbehave on purpose.
+
+Loaded through the real plugin mechanism ($FWBENCH_PLUGINS=fwbench_test_plugin with tests/ on
+PYTHONPATH). Modes (``fake:<mode>``):
+- ``sleep``   — well-behaved: the model's numpy reference, plus a sleep of $FAKE_SLEEP_S per call;
+- ``crash``   — the worker dies of SIGSEGV at the first call;
+- ``hang``    — never finishes building;
+- ``hog``     — touches $FAKE_HOG_BYTES of memory and keeps it while building, then hangs;
+- ``oom``     — raises MemoryError at the first call;
+- ``wrong``   — returns outputs that differ from the reference (parity mismatch).
+Also ``missing:eager``, whose framework package does not exist (recorded as skipped).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from fwbench.frameworks import RuntimeInfo, register_runtime
+from fwbench.frameworks.base import Backend
+from fwbench.spec import Settings
+
+MODES = ("sleep", "crash", "hang", "hog", "oom", "wrong")
+
+
+class FakeBackend(Backend):
+    framework = "fake"
+    modes = MODES
+
+    def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, int]:
+        return {"intra_op": intra_op, "inter_op": inter_op}
+
+    def build(self, description: Any, weights: dict[str, np.ndarray]) -> None:
+        description.check_weights(weights)
+        self.description, self.weights = description, weights
+        if self.mode == "hang":
+            time.sleep(3600)
+        if self.mode == "hog":
+            self.hog = np.ones(int(os.environ.get("FAKE_HOG_BYTES", 1 << 30)), dtype=np.uint8)
+            time.sleep(3600)
+
+    def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
+        self.names = list(arrays)
+        return tuple(arrays.values())
+
+    def compile(self, inputs: Sequence[Any]) -> None:
+        self.delay = float(os.environ.get("FAKE_SLEEP_S", "0.002"))
+
+    def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        if self.mode == "crash":
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        if self.mode == "oom":
+            raise MemoryError("fake allocation failure")
+        time.sleep(self.delay)
+        outputs = self.description.reference_forward(self.weights, dict(zip(self.names, inputs)))
+        if self.mode == "wrong":
+            outputs = {name: value + 1.0 for name, value in outputs.items()}
+        return tuple(outputs[name] for name in self.description.output_names)
+
+    def sync(self, outputs: Any) -> None:
+        pass
+
+    def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
+        return dict(zip(self.description.output_names, outputs))
+
+    def versions(self) -> dict[str, str]:
+        return {"fake": "0"}
+
+
+def create_backend(mode: str, device: str, settings: Settings) -> FakeBackend:
+    return FakeBackend(mode, device, settings)
+
+
+for _mode in MODES:
+    register_runtime(RuntimeInfo(f"fake:{_mode}", __name__, (), f"test-only numpy runtime ({_mode})"))
+register_runtime(RuntimeInfo("missing:eager", __name__, ("fwbench_no_such_framework",), "never installed"))

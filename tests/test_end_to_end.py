@@ -1,0 +1,45 @@
+"""One real sweep of the MLP in PyTorch and TensorFlow, through the CLI, then the reports."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from conftest import run_cli
+
+
+def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
+    run = run_cli("run", "--models", "mlp", "--runtimes", "torch:eager,tensorflow:function",
+                  "--batch-sizes", "1,4", "--seq-lens", "8", "--max-time", "0.3", "--threads", "1",
+                  "--db", str(db_path))
+    assert run.returncode == 0, run.stderr
+    assert "[4/4]" in run.stderr and "Results are in" in run.stdout
+
+    report = run_cli("report", "--db", str(db_path), "--run", "1", "--format", "json")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert len(data["runs"]) == 1 and data["runs"][0]["environment"]["physical_cores"] >= 1
+    results = data["results"]
+    assert [(r["runtime"], r["batch_size"], r["seq_len"]) for r in results] == [
+        ("torch:eager", 1, None), ("torch:eager", 4, None),
+        ("tensorflow:function", 1, None), ("tensorflow:function", 4, None)]
+    for r in results:
+        assert r["status"] == "ok", r["reason"]
+        assert r["run_id"] == 1 and r["phase"] == "inference" and r["dtype"] == "fp32" and r["threads"] == 1
+        assert len(r["samples"]) == r["n_samples"] >= 2
+        assert r["ci_low_s"] <= r["median_s"] <= r["ci_high_s"]
+        assert r["first_call_s"] > 0 and r["peak_memory_bytes"] > 10 * 2**20
+        assert r["details"]["parity"]["ok"] and r["details"]["parity"]["outputs"]["logits"]["rel_l2"] < 1e-5
+        assert r["details"]["threads_effective"]["intra_op"] == 1
+        assert r["flops"] == 2 * r["batch_size"] * (64 * 64 + 64 * 64 + 64 * 10)
+    assert "torch" in results[0]["details"]["versions"] and "tensorflow" in results[2]["details"]["versions"]
+
+    table = run_cli("report", "--db", str(db_path), "--format", "table")
+    assert table.returncode == 0 and "tensorflow:function" in table.stdout
+
+    text = run_cli("report", "--db", str(db_path), "--format", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == 4 and rows[0]["runtime"] == "torch:eager" and rows[0]["seq_len"] == ""
+    assert len(rows[0]["samples"].split()) == int(rows[0]["n_samples"])

@@ -1,0 +1,139 @@
+"""Worker isolation: every way a cell can end gets its status, and the sweep goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_DIR, run_cli
+from fwbench.runner.manager import execute, run_worker
+from fwbench.spec import Case, Plan, Settings
+from fwbench.store import Store
+
+FAST = Settings(threads=1, max_time_s=0.2, timeout_s=60)
+
+
+def cell(mode: str, batch_size: int = 1) -> Case:
+    return Case("mlp", f"fake:{mode}", batch_size=batch_size)
+
+
+def test_well_behaved_fake_runtime_is_timed(plugin_env: dict[str, str]) -> None:
+    outcome = run_worker(cell("sleep"), FAST)
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.samples and outcome.fields["median_s"] >= 0.002
+    assert outcome.details["parity"]["ok"] is True
+    assert outcome.details["threads_effective"] == {"intra_op": 1, "inter_op": 1}
+    assert outcome.details["cpus"] == [sorted(os.sched_getaffinity(0))[0]]
+
+
+def test_crash_is_an_error_with_the_signal(plugin_env: dict[str, str]) -> None:
+    outcome = run_worker(cell("crash"), FAST)
+    assert outcome.status == "error"
+    assert outcome.reason is not None and "SIGSEGV during first_call" in outcome.reason
+
+
+def test_hang_is_a_timeout(plugin_env: dict[str, str]) -> None:
+    start = time.monotonic()
+    outcome = run_worker(cell("hang"), Settings(threads=1, timeout_s=3))
+    assert outcome.status == "timeout"
+    assert outcome.reason == "exceeded --timeout 3 s during build"
+    assert time.monotonic() - start < 20
+
+
+def test_memory_over_the_limit_is_oom(plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_HOG_BYTES", str(600 * 2**20))
+    outcome = run_worker(cell("hog"), Settings(threads=1, timeout_s=60, memory_limit_bytes=400 * 2**20))
+    assert outcome.status == "oom"
+    assert outcome.reason is not None and "exceeded --memory-limit 419430400 B during build" in outcome.reason
+
+
+def test_allocation_error_is_oom_with_its_message(plugin_env: dict[str, str]) -> None:
+    outcome = run_worker(cell("oom"), FAST)
+    assert outcome.status == "oom"
+    assert outcome.reason == "MemoryError during first_call: fake allocation failure"
+    assert "Traceback" in outcome.details["traceback"]
+
+
+def test_wrong_outputs_are_a_mismatch_and_not_timed(plugin_env: dict[str, str]) -> None:
+    outcome = run_worker(cell("wrong"), FAST)
+    assert outcome.status == "mismatch"
+    assert outcome.samples == []
+    assert outcome.reason is not None and outcome.reason.startswith("outputs differ from the reference: logits")
+
+
+def test_sweep_goes_on_after_failures_and_stores_everything(plugin_env: dict[str, str], db_path: Path) -> None:
+    cases = (cell("crash"), cell("oom"), cell("sleep"), Case("mlp", "missing:eager"))
+    plan = Plan(cases, FAST)
+    with Store.open(db_path) as store:
+        run_id = store.create_run(plan, "test", {}, "0")
+        execute(store, run_id, plan)
+        statuses = {r["runtime"]: (r["status"], r["reason"]) for r in store.results([run_id])}
+    assert statuses["fake:crash"][0] == "error"
+    assert statuses["fake:oom"][0] == "oom"
+    assert statuses["fake:sleep"] == ("ok", None)
+    assert statuses["missing:eager"][0] == "skipped"
+    assert "fwbench_no_such_framework is not installed" in statuses["missing:eager"][1]
+
+
+def _worker_pids(marker: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if b"fwbench.runner.worker" in cmdline and marker.encode() in environ:
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path) -> None:
+    marker = f"FWBENCH_TEST_MARKER={os.getpid()}-{time.time_ns()}"
+    env = {**plugin_env, "FAKE_SLEEP_S": "0.01", marker.split("=")[0]: marker.split("=")[1]}
+    args = ["run", "--models", "mlp", "--runtimes", "fake:sleep", "--batch-sizes", "1,2,3,4,5,6,7,8",
+            "--max-time", "0.3", "--threads", "1", "--db", str(db_path)]
+    manager = subprocess.Popen([sys.executable, "-m", "fwbench", *args], env=env, cwd=REPO_DIR,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    stored = 0
+    while stored < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if db_path.exists():
+            try:
+                with sqlite3.connect(db_path, timeout=5) as conn:
+                    stored = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+            except sqlite3.OperationalError:
+                stored = 0
+    assert stored >= 2, "the sweep stored fewer than 2 cells in time"
+    manager.send_signal(signal.SIGKILL)
+    manager.wait()
+    time.sleep(1.0)
+    assert _worker_pids(marker.split("=")[1]) == [], "a worker outlived its manager"
+
+    with Store.open(db_path) as store:
+        assert store.integrity_ok()
+        before = len(store.results())
+        assert 2 <= before < 8
+        assert store.get_run(1).finished is None  # type: ignore[union-attr]
+
+    resumed = run_cli("run", "--resume", "1", "--db", str(db_path), env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{8 - before} of 8 cells to run" in resumed.stderr
+    with Store.open(db_path) as store:
+        rows = store.results()
+        assert sorted(r["batch_size"] for r in rows) == list(range(1, 9))
+        assert all(r["status"] == "ok" for r in rows)
+        assert store.get_run(1).finished is not None  # type: ignore[union-attr]
+        assert len(store.runs()) == 1
+
+    again = run_cli("run", "--resume", "1", "--db", str(db_path), env=env)
+    assert again.returncode == 0 and "0 of 8 cells to run" in again.stderr
