@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(BIN)/fwbench run --suite default
+	$(BIN)/fwbench run --suite default --db results/fwbench.db
+	$(BIN)/fwbench report --db results/fwbench.db --run latest --format csv --out results/latest.csv
+	$(BIN)/fwbench report --db results/fwbench.db --run latest --format json --out results/latest.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

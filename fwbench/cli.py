@@ -6,6 +6,7 @@ Bad input gets one line on stderr, exit status 2, and nothing written.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from fwbench.frameworks import missing_requirement, runtimes
 from fwbench.measure import environment
 from fwbench.models import MODELS
 from fwbench.report.export import to_csv, to_json
-from fwbench.report.table import make_console, print_results
+from fwbench.report.table import PIPE_WIDTH, make_console, print_results
 from fwbench.report.units import parse_bytes
 from fwbench.runner.manager import execute
 from fwbench.runner.planner import build_plan, parse_names, parse_positive_ints
@@ -64,6 +65,10 @@ def _positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return int(text)
+
+
+def _run_id(text: str) -> int | str:
+    return "latest" if text == "latest" else _positive_int(text)
 
 
 def _bytes(text: str) -> int:
@@ -118,8 +123,9 @@ def build_parser() -> Parser:
 
     report = commands.add_parser("report", help="print stored results", description="Print stored results.")
     report.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results database (default {DEFAULT_DB})")
-    report.add_argument("--run", type=_positive_int, metavar="ID", help="only this run (default: all runs)")
+    report.add_argument("--run", type=_run_id, metavar="ID", help="only this run, or 'latest' (default: all runs)")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table", help="default: table")
+    report.add_argument("--out", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
 
     commands.add_parser("list", help="show models, runtimes (installed or not) and suites",
                         description="Show models, runtimes (installed or not) and suites.")
@@ -190,7 +196,7 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             execute(store, run_id, plan, listener)
         store.finish_run(run_id)
         results = store.results([run_id])
-        print_results(results, make_console(), title=f"fwbench run {run_id}")
+        print_results(results, make_console(), title="fwbench results")
         counts: dict[str, int] = {}
         for row in results:
             counts[row["status"]] = counts.get(row["status"], 0) + 1
@@ -203,18 +209,28 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def command_report(args: argparse.Namespace) -> int:
     if not Path(args.db).exists():
         raise StoreError(f"--db {args.db} does not exist")
+    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+        raise SpecError(f"--out {args.out}: give a file path in an existing folder")
     with Store.open(args.db, create=False) as store:
-        if args.run is not None and store.get_run(args.run) is None:
+        run_id = store.latest_run_id() if args.run == "latest" else args.run
+        if args.run is not None and (run_id is None or store.get_run(run_id) is None):
             known = [r.id for r in store.runs()]
             raise SpecError(f"run {args.run} is not in {args.db}; runs there: {known or 'none'}")
-        run_ids = None if args.run is None else [args.run]
+        run_ids = None if run_id is None else [run_id]
         runs, results = store.runs(run_ids), store.results(run_ids)
     if args.format == "json":
-        print(to_json(runs, results))
+        text = to_json(runs, results) + "\n"
     elif args.format == "csv":
-        sys.stdout.write(to_csv(results))
+        text = to_csv(results)
     else:
-        print_results(results, make_console(), title=f"fwbench results in {args.db}")
+        console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if args.out else make_console()
+        print_results(results, console, title=f"fwbench results in {args.db}")
+        text = console.export_text() if args.out else ""
+    if args.out is not None:
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

@@ -39,7 +39,9 @@ def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
     table = run_cli("report", "--db", str(db_path), "--format", "table")
     assert table.returncode == 0 and "tensorflow:function" in table.stdout
 
-    text = run_cli("report", "--db", str(db_path), "--format", "csv").stdout
-    rows = list(csv.DictReader(io.StringIO(text)))
+    out = db_path.parent / "latest.csv"
+    written = run_cli("report", "--db", str(db_path), "--run", "latest", "--format", "csv", "--out", str(out))
+    assert written.returncode == 0 and f"wrote {out}" in written.stderr and written.stdout == ""
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert len(rows) == 4 and rows[0]["runtime"] == "torch:eager" and rows[0]["seq_len"] == ""
     assert len(rows[0]["samples"].split()) == int(rows[0]["n_samples"])
