@@ -1,32 +1,63 @@
-"""Harness overhead and protocol efficiency, measured in one process.
+"""Harness overhead and protocol efficiency of fwbench, measured on this machine.
 
-1. fwbench's worker path (CellRunner, adaptive protocol) on the torch MLP at batch 1, against a
-   bare ``timeit`` of the same call in the same process: ratio of medians (goal ≤ 1.02).
-2. The same for a ~10 µs no-op (a 10 µs spin), where harness overhead would show most.
-3. Calls needed by the adaptive protocol to reach a CI half-width ≤ 1% of the median, against
-   hf2019's fixed repeat=30 × number=3 and the CI half-width it reaches.
-Rounds alternate harness and bare timing so that drift hits both. Usage:
+1. Worker path vs bare timeit: the median that ``fwbench run`` stores for the MLP at batch 1 (a
+   real worker process: pinning, thread budget, warm-up, adaptive protocol, manager polling),
+   against a bare ``timeit.repeat`` of the very same call (``model(x)`` with autograd off) in a
+   separate process given the same CPUs and thread variables but none of fwbench's timing code.
+   Rounds alternate the two so that drift hits both. Goal: ratio ≤ 1.02.
+2. A 10 µs spin timed in one process by the adaptive protocol and by bare timeit. Both use
+   timeit's inner loop by construction; this checks that block sizing and the stopping rule add
+   nothing to the per-call figure at the shortest calls fwbench is meant for.
+3. Protocols through the real worker: calls needed by ``adaptive`` to reach a 95% CI half-width
+   ≤ 1% of the median, against hf2019's fixed repeat=30 × number=3 and the CI half-width it gets.
+
     .venv/bin/python benchmarks/harness_overhead.py [--rounds 5] [--runtime torch:eager]
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 import timeit
 
 from fwbench.measure import environment, timer
 from fwbench.measure.stats import summarize
-from fwbench.runner.protocol import Job, thread_environment
+from fwbench.runner.manager import run_worker, worker_cpus
+from fwbench.runner.protocol import thread_environment
 from fwbench.spec import Case, Settings
 
 
-def bare_median(step, number: int, repeat: int = 200) -> float:
-    """Median seconds per call of plain timeit.repeat(number=number)."""
-    return statistics.median(t / number for t in timeit.repeat(step, number=number, repeat=repeat))
+def bare(runtime: str, threads: int, number: int, repeat: int) -> None:
+    """(Child process.) Build the cell's model and print the median of a bare timeit, s per call."""
+    from fwbench.frameworks import create_backend
+    from fwbench.models import get_model
+
+    description = get_model("mlp")
+    backend = create_backend(runtime, "cpu", Settings(threads=threads))
+    backend.configure_threads(threads, 1)
+    backend.configure_precision()
+    backend.build(description, description.canonical_weights(0))
+    inputs = backend.make_inputs(description.make_inputs(1, None, 0))
+    backend.compile(inputs)
+    step = backend.make_step(inputs)  # for torch on the CPU: functools.partial(model, x)
+    for _ in range(3):
+        step()
+    per_call = [t / number for t in timeit.repeat(step, number=number, repeat=repeat)]
+    print(json.dumps({"median_s": statistics.median(per_call)}))
+
+
+def bare_in_child(runtime: str, threads: int, number: int) -> float:
+    cpus = worker_cpus(threads)
+    env = {**os.environ, **thread_environment(threads, 1)}
+    code = (f"import os; os.sched_setaffinity(0, {list(cpus)}); import sys; sys.argv = {sys.argv[:1]!r}; "
+            f"import runpy; m = runpy.run_path({__file__!r}); m['bare']({runtime!r}, {threads}, {number}, 100)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["median_s"])
 
 
 def spin(seconds: float):
@@ -45,45 +76,40 @@ def main() -> None:
     parser.add_argument("--max-time", type=float, default=3.0)
     args = parser.parse_args()
     threads = environment.physical_core_count()
-    os.environ.update(thread_environment(threads, 1))
     settings = Settings(threads=threads, max_time_s=args.max_time)
-
-    from fwbench.runner.worker import CellRunner  # imports no framework until run()
-
     case = Case("mlp", args.runtime, batch_size=1)
-    runner = CellRunner(Job(case, settings, (), os.getppid()), io.StringIO())
-    result = runner.run()
-    backend, description = runner.backend, runner.backend.description
-    step = backend.make_step(backend.make_inputs(description.make_inputs(1, None, settings.seed)))
+
+    print(f"1. {args.runtime} mlp b=1, {threads} threads on CPUs {list(worker_cpus(threads))}")
     ratios = []
-    print(f"{args.runtime} mlp b=1, {threads} threads")
     for i in range(args.rounds):
-        harness = timer.run_adaptive(step, args.max_time)
-        harness_median = summarize(harness.samples_s).median_s
-        bare = bare_median(step, harness.calls_per_sample)
-        ratios.append(harness_median / bare)
-        print(f"  round {i}: harness {harness_median * 1e6:.3f} µs ({harness.calls_per_sample} calls/sample), "
-              f"bare timeit {bare * 1e6:.3f} µs, ratio {ratios[-1]:.4f}")
-    print(f"  worker-path median (first CellRunner run): {summarize(result['samples_s']).median_s * 1e6:.3f} µs")
-    print(f"  median ratio harness/bare: {statistics.median(ratios):.4f}")
+        outcome = run_worker(case, settings)
+        assert outcome.status == "ok", outcome.reason
+        worker_median = outcome.fields["median_s"]
+        bare_median = bare_in_child(args.runtime, threads, outcome.fields["calls_per_sample"])
+        ratios.append(worker_median / bare_median)
+        print(f"   round {i}: fwbench worker {worker_median * 1e6:.3f} µs "
+              f"({outcome.fields['calls_per_sample']} calls/sample), bare timeit {bare_median * 1e6:.3f} µs, "
+              f"ratio {ratios[-1]:.4f}")
+    print(f"   median ratio worker/bare over {args.rounds} rounds: {statistics.median(ratios):.4f} "
+          f"(min {min(ratios):.4f}, max {max(ratios):.4f})")
 
     noop = spin(10e-6)
     noop_ratios = []
     for _ in range(args.rounds):
         harness = timer.run_adaptive(noop, args.max_time)
-        noop_ratios.append(summarize(harness.samples_s).median_s / bare_median(noop, harness.calls_per_sample))
-    print(f"10 µs spin: median ratio harness/bare {statistics.median(noop_ratios):.4f} "
-          f"(harness median {summarize(harness.samples_s).median_s * 1e6:.3f} µs)")
+        direct = statistics.median(t / harness.calls_per_sample
+                                   for t in timeit.repeat(noop, number=harness.calls_per_sample, repeat=100))
+        noop_ratios.append(summarize(harness.samples_s).median_s / direct)
+    print(f"2. 10 µs spin: median ratio adaptive/bare timeit {statistics.median(noop_ratios):.4f}")
 
-    fixed = timer.run_hf2019(step)
-    fixed_summary = summarize(fixed.samples_s)
-    adaptive = timer.run_adaptive(step, max_time_s=30.0, target_rel_ci=0.01)
-    adaptive_summary = summarize(adaptive.samples_s)
-    print(f"hf2019 (repeat=30, number=3): {fixed.total_calls} calls, median {fixed_summary.median_s * 1e6:.3f} µs, "
-          f"CI half-width {fixed_summary.rel_ci_half_width:.2%}")
-    print(f"adaptive (target 1%): {adaptive.total_calls} timed calls in {len(adaptive.samples_s)} blocks of "
-          f"{adaptive.calls_per_sample}, {adaptive.elapsed_s:.2f} s, median {adaptive_summary.median_s * 1e6:.3f} µs, "
-          f"CI half-width {adaptive_summary.rel_ci_half_width:.2%} ({adaptive.stop_reason})")
+    for protocol, extra in (("hf2019", {}), ("adaptive", {"max_time_s": 30.0})):
+        outcome = run_worker(case, Settings(threads=threads, protocol=protocol, **extra))  # type: ignore[arg-type]
+        fields = outcome.fields
+        half = (fields["ci_high_s"] - fields["ci_low_s"]) / 2 / fields["median_s"]
+        calls = len(outcome.samples) * fields["calls_per_sample"]
+        print(f"3. {protocol}: {calls} timed calls ({len(outcome.samples)} samples × {fields['calls_per_sample']}), "
+              f"median {fields['median_s'] * 1e6:.3f} µs, 95% CI half-width {half:.2%}, "
+              f"stop: {outcome.details['stop_reason']}, {outcome.details['timing_elapsed_s']:.2f} s")
 
 
 if __name__ == "__main__":

@@ -29,13 +29,11 @@ from fwbench.report.units import parse_bytes
 from fwbench.runner.manager import execute
 from fwbench.runner.planner import build_plan, parse_names, parse_positive_ints
 from fwbench.runner.progress import sweep_progress
-from fwbench.spec import PROTOCOLS, Plan, Settings, SpecError
+from fwbench.spec import MAX_COUNT, PROTOCOLS, RUNNABLE_DTYPES, RUNNABLE_PHASES, Plan, Settings, SpecError
 from fwbench.store import DEFAULT_DB, Store, StoreError
 from fwbench.suites import DEFAULT_SUITE, builtin_suites, load_suite
 
 EXIT_USAGE = 2
-RUN_PHASES = ("inference",)  # phases whose backends exist today
-RUN_DTYPES = ("fp32",)
 RUN_DEVICES = ("cpu", "cuda")
 REPORT_FORMATS = ("table", "json", "csv")
 
@@ -56,14 +54,15 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
     return value
 
 
 def _positive_int(text: str) -> int:
-    if not text.strip().isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or not 0 < int(digits) <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer up to {MAX_COUNT}")
     return int(text)
 
 
@@ -97,8 +96,8 @@ def build_parser() -> Parser:
     grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
     grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a "
                       "sequence axis")
-    grid.add_argument("--phase", choices=RUN_PHASES, help="default: inference")
-    grid.add_argument("--dtype", choices=RUN_DTYPES, help="default: fp32")
+    grid.add_argument("--phase", choices=RUNNABLE_PHASES, help="default: inference")
+    grid.add_argument("--dtype", choices=RUNNABLE_DTYPES, help="default: fp32")
     grid.add_argument("--device", choices=RUN_DEVICES, help="default: cpu")
     timing = run.add_argument_group("measurement")
     timing.add_argument("--protocol", choices=PROTOCOLS,
@@ -136,32 +135,50 @@ def build_parser() -> Parser:
 
 
 # -- run ----------------------------------------------------------------------------------------
+SETTINGS_FLAGS = {
+    "threads": "threads", "interop_threads": "interop_threads", "protocol": "protocol", "max_time": "max_time_s",
+    "warmup": "warmup_calls", "timeout": "timeout_s", "memory_limit": "memory_limit_bytes", "seed": "seed",
+}
+GRID_FLAGS = ("suite", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
+
+
+def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """The flags among ``names`` that the user gave (an empty string counts as given)."""
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) is not None]
+
+
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Flags over suite over defaults; SpecError on any invalid choice."""
     if args.suite is None and (args.models is None) != (args.runtimes is None):
         raise SpecError("give both --models and --runtimes, or a --suite")
-    suite = load_suite(args.suite or DEFAULT_SUITE) if args.suite or args.models is None else None
+    use_suite = args.suite is not None or args.models is None
+    suite = load_suite(DEFAULT_SUITE if args.suite is None else args.suite) if use_suite else None
     settings_data: dict[str, Any] = {"threads": environment.physical_core_count()}
     if suite is not None:
         settings_data.update(suite.settings)
-    flag_settings = {
-        "threads": args.threads, "interop_threads": args.interop_threads, "protocol": args.protocol,
-        "max_time_s": args.max_time, "warmup_calls": args.warmup, "timeout_s": args.timeout,
-        "memory_limit_bytes": args.memory_limit, "seed": args.seed,
-    }
-    settings_data.update({k: v for k, v in flag_settings.items() if v is not None})
+    settings_data.update(
+        {field: getattr(args, flag) for flag, field in SETTINGS_FLAGS.items() if getattr(args, flag) is not None}
+    )
     settings = Settings.from_dict(settings_data)
-    models = parse_names("--models", args.models) if args.models else (suite.models if suite else [])
-    runtime_names = parse_names("--runtimes", args.runtimes) if args.runtimes else (suite.runtimes if suite else [])
-    batch_sizes = (parse_positive_ints("--batch-sizes", args.batch_sizes) if args.batch_sizes
-                   else (suite.batch_sizes if suite else [1]))
-    seq_lens = (parse_positive_ints("--seq-lens", args.seq_lens) if args.seq_lens
-                else (suite.seq_lens if suite else []))
+    usable = len(os.sched_getaffinity(0))
+    if settings.threads > usable:
+        raise SpecError(f"--threads {settings.threads} exceeds the {usable} CPUs this process may use")
+
+    def pick(flag: str, parse: Any, from_suite: Any, default: Any) -> Any:
+        value = getattr(args, flag)
+        if value is not None:
+            return parse("--" + flag.replace("_", "-"), value) if parse else value
+        return from_suite if suite is not None else default
+
     return build_plan(
-        models, runtime_names, batch_sizes, seq_lens, settings,
-        phase=args.phase or (suite.phase if suite else "inference"),
-        dtype=args.dtype or (suite.dtype if suite else "fp32"),
-        device=args.device or (suite.device if suite else "cpu"),
+        pick("models", parse_names, suite and suite.models, []),
+        pick("runtimes", parse_names, suite and suite.runtimes, []),
+        pick("batch_sizes", parse_positive_ints, suite and suite.batch_sizes, [1]),
+        pick("seq_lens", parse_positive_ints, suite and suite.seq_lens, []),
+        settings,
+        phase=pick("phase", None, suite and suite.phase, "inference"),
+        dtype=pick("dtype", None, suite and suite.dtype, "fp32"),
+        device=pick("device", None, suite and suite.device, "cpu"),
         suite=suite.name if suite else None,
     )
 
@@ -173,9 +190,9 @@ def _terminate_on_sigterm() -> None:
 
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.resume is not None:
-        grid_flags = [name for name in ("suite", "models", "runtimes", "batch_sizes", "seq_lens") if getattr(args, name)]
-        if grid_flags:
-            raise SpecError("--resume reruns a stored plan; it takes no grid flags (" + ", ".join(grid_flags) + ")")
+        given = _given(args, [*GRID_FLAGS, *SETTINGS_FLAGS])
+        if given:
+            raise SpecError(f"--resume reruns a stored plan with its stored settings; drop {', '.join(given)}")
         store = Store.open(args.db, create=False)
         record = store.get_run(args.resume)
         if record is None:
@@ -207,11 +224,9 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 # -- report, list, env --------------------------------------------------------------------------
 def command_report(args: argparse.Namespace) -> int:
-    if not Path(args.db).exists():
-        raise StoreError(f"--db {args.db} does not exist")
     if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
         raise SpecError(f"--out {args.out}: give a file path in an existing folder")
-    with Store.open(args.db, create=False) as store:
+    with Store.open(args.db, readonly=True) as store:
         run_id = store.latest_run_id() if args.run == "latest" else args.run
         if args.run is not None and (run_id is None or store.get_run(run_id) is None):
             known = [r.id for r in store.runs()]
@@ -227,7 +242,10 @@ def command_report(args: argparse.Namespace) -> int:
         print_results(results, console, title=f"fwbench results in {args.db}")
         text = console.export_text() if args.out else ""
     if args.out is not None:
-        args.out.write_text(text)
+        try:
+            args.out.write_text(text)
+        except OSError as exc:
+            raise SpecError(f"--out {args.out}: cannot write it: {exc.strerror or exc}") from None
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -20,6 +21,11 @@ Protocol = Literal["adaptive", "hf2019"]
 Status = Literal["ok", "oom", "timeout", "error", "skipped", "mismatch"]
 
 PHASES: tuple[str, ...] = get_args(Phase)
+# What the workers can run today; the other phases and dtypes come with their backends.
+RUNNABLE_PHASES: tuple[str, ...] = ("inference",)
+RUNNABLE_DTYPES: tuple[str, ...] = ("fp32",)
+# Largest batch size, sequence length or count accepted (fits every store column and framework index).
+MAX_COUNT = 2**31 - 1
 DTYPES: tuple[str, ...] = get_args(Dtype)
 DEVICES: tuple[str, ...] = get_args(Device)
 PROTOCOLS: tuple[str, ...] = get_args(Protocol)
@@ -36,8 +42,8 @@ def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _check_positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise SpecError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_COUNT:
+        raise SpecError(f"{name} must be a positive integer up to {MAX_COUNT}, got {value!r}")
 
 
 @dataclass(frozen=True, order=True)
@@ -110,13 +116,16 @@ class Settings:
             ("target relative CI", self.target_rel_ci),
             ("min block time", self.min_block_s),
         ):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise SpecError(f"{name} must be a positive number, got {value!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise SpecError(f"{name} must be a positive finite number, got {value!r}")
+        if self.max_time_s >= self.timeout_s:
+            raise SpecError(f"max time {self.max_time_s:g} s must be below the timeout {self.timeout_s:g} s")
         if self.warmup_calls < 2:
             raise SpecError(f"warm-up calls must be at least 2, got {self.warmup_calls}")
-        if self.memory_limit_bytes is not None:
-            _check_positive_int("memory limit", self.memory_limit_bytes)
-        if not isinstance(self.seed, int) or self.seed < 0:
+        limit = self.memory_limit_bytes
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit < 2**63):
+            raise SpecError(f"memory limit must be a positive number of bytes below 2**63, got {limit!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
             raise SpecError(f"seed must be a non-negative integer, got {self.seed!r}")
 
     def to_dict(self) -> dict[str, Any]:

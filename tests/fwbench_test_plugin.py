@@ -7,7 +7,9 @@ PYTHONPATH). Modes (``fake:<mode>``):
 - ``hang``    — never finishes building;
 - ``hog``     — touches $FAKE_HOG_BYTES of memory and keeps it while building, then hangs;
 - ``oom``     — raises MemoryError at the first call;
-- ``wrong``   — returns outputs that differ from the reference (parity mismatch).
+- ``wrong``   — returns outputs that differ from the reference (parity mismatch);
+- ``spike``   — touches $FAKE_HOG_BYTES for a moment while building, frees it, then runs normally;
+- ``slowsync`` — calls return at once; waiting for the result (``sync``) takes $FAKE_SLEEP_S.
 Also ``missing:eager``, whose framework package does not exist (recorded as skipped).
 """
 
@@ -24,7 +26,7 @@ from fwbench.frameworks import RuntimeInfo, register_runtime
 from fwbench.frameworks.base import Backend
 from fwbench.spec import Settings
 
-MODES = ("sleep", "crash", "hang", "hog", "oom", "wrong")
+MODES = ("sleep", "crash", "hang", "hog", "oom", "wrong", "spike", "slowsync")
 
 
 class FakeBackend(Backend):
@@ -34,6 +36,9 @@ class FakeBackend(Backend):
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, int]:
         return {"intra_op": intra_op, "inter_op": inter_op}
 
+    def configure_precision(self) -> dict[str, object]:
+        return {"numpy": "float64 reference"}
+
     def build(self, description: Any, weights: dict[str, np.ndarray]) -> None:
         description.check_weights(weights)
         self.description, self.weights = description, weights
@@ -42,6 +47,9 @@ class FakeBackend(Backend):
         if self.mode == "hog":
             self.hog = np.ones(int(os.environ.get("FAKE_HOG_BYTES", 1 << 30)), dtype=np.uint8)
             time.sleep(3600)
+        if self.mode == "spike":
+            spike = np.ones(int(os.environ.get("FAKE_HOG_BYTES", 1 << 30)), dtype=np.uint8)
+            del spike
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
         self.names = list(arrays)
@@ -55,14 +63,16 @@ class FakeBackend(Backend):
             ctypes.string_at(0)  # reads address 0: SIGSEGV
         if self.mode == "oom":
             raise MemoryError("fake allocation failure")
-        time.sleep(self.delay)
+        if self.mode != "slowsync":
+            time.sleep(self.delay)
         outputs = self.description.reference_forward(self.weights, dict(zip(self.names, inputs)))
         if self.mode == "wrong":
             outputs = {name: value + 1.0 for name, value in outputs.items()}
         return tuple(outputs[name] for name in self.description.output_names)
 
     def sync(self, outputs: Any) -> None:
-        pass
+        if self.mode == "slowsync":
+            time.sleep(self.delay)
 
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
         return dict(zip(self.description.output_names, outputs))

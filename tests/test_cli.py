@@ -42,9 +42,19 @@ RUN = ["run", "--models", "mlp", "--runtimes", "torch:eager"]
         ([*RUN[1:], "--protocol", "fastest"], "invalid choice: 'fastest' (choose from "),
         ([*RUN[1:], "--threads", "0"], "'0' is not a positive integer"),
         ([*RUN[1:], "--memory-limit", "lots"], "'lots': expected a positive integer"),
-        ([*RUN[1:], "--max-time", "-1"], "'-1' must be positive"),
+        ([*RUN[1:], "--max-time", "-1"], "'-1' must be a positive finite number"),
+        ([*RUN[1:], "--timeout", "inf"], "'inf' must be a positive finite number"),
+        ([*RUN[1:], "--max-time", "30", "--timeout", "20"], "max time 30 s must be below the timeout 20 s"),
+        ([*RUN[1:], "--threads", "\u00b2"], "is not a positive integer"),
+        ([*RUN[1:], "--threads", "4096"], "--threads 4096 exceeds the"),
+        ([*RUN[1:], "--batch-sizes", "\u00b2"], "--batch-sizes '\u00b2'"),
+        ([*RUN[1:], "--batch-sizes", "99999999999999999999"], "positive integer up to 2147483647"),
+        ([*RUN[1:], "--batch-sizes", ""], "--batch-sizes ''"),
+        (["--suite", ""], "unknown suite ''"),
+        (["--models", "", "--runtimes", "torch:eager"], "--models '': expected comma-separated names"),
         (["--models", "mlp"], "give both --models and --runtimes, or a --suite"),
-        (["--suite", "default", "--resume", "1"], "--resume reruns a stored plan; it takes no grid flags"),
+        (["--suite", "default", "--resume", "1"], "--resume reruns a stored plan with its stored settings; drop --suite"),
+        (["--resume", "1", "--threads", "1"], "drop --threads"),
     ],
 )
 def test_bad_run_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], fragment: str) -> None:
@@ -100,8 +110,9 @@ def test_list_and_env(plugin_env: dict[str, str]) -> None:
     assert listing.returncode == 0
     for text in ("mlp", "torch:eager", "tensorflow:function", "default", "missing:eager"):
         assert text in listing.stdout
-    assert "no: fwbench_no_such_framework is not installed" in listing.stdout.replace("\n", " ").replace("│", "")\
-        or "fwbench_no_such_framework" in listing.stdout
+    assert "fwbench_no_such_framework" in listing.stdout
+    missing_rows = [line for line in listing.stdout.splitlines() if "missing:eager" in line]
+    assert missing_rows and "no:" in missing_rows[0] and "yes" not in missing_rows[0]
     env = run_cli("env", "--format", "json")
     record = json.loads(env.stdout)
     assert record["python"] == sys.version.split()[0]
@@ -118,3 +129,44 @@ def test_manager_side_never_imports_a_framework() -> None:
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("IMPORTED []")
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = "training"\n',
+         "phase 'training' cannot be run yet; runnable: inference"),
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ndtype = "bf16"\n',
+         "dtype 'bf16' cannot be run yet; runnable: fp32"),
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [0]\n', "batch_sizes must hold positive"),
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\n', "missing keys ['batch_sizes']"),
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ncolour = 1\n', "unknown keys ['colour']"),
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n[settings]\nthreads = 0\n',
+         "threads must be a positive integer"),
+        (b'models = ["mlp"\n', "not valid TOML"),
+        (b"\xff\xfe not text", "not UTF-8 text"),
+    ],
+)
+def test_bad_suite_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes, fragment: str) -> None:
+    suite = tmp_path / "mine.toml"
+    suite.write_bytes(content)
+    db = tmp_path / "x.db"
+    assert_usage_error(capsys, ["run", "--suite", str(suite), "--db", str(db)], fragment)
+    assert not db.exists()
+
+
+def test_report_is_read_only(capsys: pytest.CaptureFixture[str], db_path: Path, tmp_path: Path) -> None:
+    with Store.open(db_path) as store:
+        store.create_run(Plan((Case("mlp", "torch:eager"),), Settings()), "x", {}, "0")
+    before = db_path.read_bytes()
+    assert main(["report", "--db", str(db_path), "--format", "json"]) == 0
+    assert db_path.read_bytes() == before  # (a WAL reader may leave its -wal/-shm side files)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert_usage_error(capsys, ["report", "--db", str(empty)], "holds no fwbench results yet")
+    assert empty.read_bytes() == b""
+    assert_usage_error(capsys, ["report", "--db", str(db_path), "--run", "99999999999999999999999"],
+                       "is not a positive integer")
+    assert_usage_error(capsys, ["report", "--db", str(db_path), "--out", "/sys/fwbench.csv"], "cannot write it")
+    assert_usage_error(capsys, ["report", "--db", str(db_path), "--out", str(tmp_path / "no" / "x.csv")],
+                       "give a file path in an existing folder")

@@ -33,6 +33,7 @@ def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
         assert r["first_call_s"] > 0 and r["peak_memory_bytes"] > 10 * 2**20
         assert r["details"]["parity"]["ok"] and r["details"]["parity"]["outputs"]["logits"]["rel_l2"] < 1e-5
         assert r["details"]["threads_effective"]["intra_op"] == 1
+        assert r["details"]["thread_cpu_lists"] == [str(r["details"]["cpus"][0])]
         assert r["flops"] == 2 * r["batch_size"] * (64 * 64 + 64 * 64 + 64 * 10)
     assert "torch" in results[0]["details"]["versions"] and "tensorflow" in results[2]["details"]["versions"]
 

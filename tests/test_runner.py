@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_DIR, run_cli
+from fwbench.measure.environment import cpus_one_per_core
 from fwbench.runner.manager import execute, run_worker
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store
@@ -30,7 +31,8 @@ def test_well_behaved_fake_runtime_is_timed(plugin_env: dict[str, str]) -> None:
     assert outcome.samples and outcome.fields["median_s"] >= 0.002
     assert outcome.details["parity"]["ok"] is True
     assert outcome.details["threads_effective"] == {"intra_op": 1, "inter_op": 1}
-    assert outcome.details["cpus"] == [sorted(os.sched_getaffinity(0))[0]]
+    assert outcome.details["cpus"] == [cpus_one_per_core()[0]]
+    assert outcome.details["thread_cpu_lists"] == [str(cpus_one_per_core()[0])]  # numpy's threads pinned too
 
 
 def test_crash_is_an_error_with_the_signal(plugin_env: dict[str, str]) -> None:
@@ -41,7 +43,7 @@ def test_crash_is_an_error_with_the_signal(plugin_env: dict[str, str]) -> None:
 
 def test_hang_is_a_timeout(plugin_env: dict[str, str]) -> None:
     start = time.monotonic()
-    outcome = run_worker(cell("hang"), Settings(threads=1, timeout_s=3))
+    outcome = run_worker(cell("hang"), Settings(threads=1, max_time_s=1, timeout_s=3))
     assert outcome.status == "timeout"
     assert outcome.reason == "exceeded --timeout 3 s during build"
     assert time.monotonic() - start < 20
@@ -52,6 +54,35 @@ def test_memory_over_the_limit_is_oom(plugin_env: dict[str, str], monkeypatch: p
     outcome = run_worker(cell("hog"), Settings(threads=1, timeout_s=60, memory_limit_bytes=400 * 2**20))
     assert outcome.status == "oom"
     assert outcome.reason is not None and "exceeded --memory-limit 419430400 B during build" in outcome.reason
+
+
+def test_a_short_memory_spike_over_the_limit_is_oom(plugin_env: dict[str, str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spike is freed long before the manager's next poll: the high-water mark still catches it."""
+    monkeypatch.setenv("FAKE_HOG_BYTES", str(500 * 2**20))
+    outcome = run_worker(cell("spike"), Settings(threads=1, max_time_s=0.2, memory_limit_bytes=400 * 2**20))
+    assert outcome.status == "oom", outcome.reason
+    assert outcome.reason is not None and "exceeded --memory-limit 419430400 B" in outcome.reason
+
+
+def test_synchronisation_is_inside_the_timed_region(plugin_env: dict[str, str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls of ``slowsync`` return at once and their 5 ms happen in ``sync``: the median must show them."""
+    monkeypatch.setenv("FAKE_SLEEP_S", "0.005")
+    outcome = run_worker(cell("slowsync"), FAST)
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.fields["median_s"] >= 0.005
+
+
+def test_peak_memory_does_not_grow_with_the_number_of_samples(plugin_env: dict[str, str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of samples (a target that is never met) must not inflate the measured peak."""
+    monkeypatch.setenv("FAKE_SLEEP_S", "0")
+    settings = Settings(threads=1, max_time_s=3, target_rel_ci=1e-9, min_block_s=1e-4)
+    outcome = run_worker(cell("sleep"), settings)
+    assert outcome.status == "ok" and len(outcome.samples) > 2000
+    growth = outcome.fields["peak_memory_bytes"] - outcome.details["rss_before_timing_bytes"]
+    assert growth < 8 * 2**20, growth
 
 
 def test_allocation_error_is_oom_with_its_message(plugin_env: dict[str, str]) -> None:

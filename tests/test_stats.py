@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fwbench.measure.stats import BOOTSTRAP_SEED, N_RESAMPLES, median_ci, relative_half_width, summarize
+from fwbench.measure.stats import (
+    BOOTSTRAP_SEED,
+    N_RESAMPLES,
+    median_ci,
+    order_statistic_median_ci,
+    relative_half_width,
+    summarize,
+)
 
 SAMPLES = np.random.default_rng(42).lognormal(mean=-9.0, sigma=0.1, size=200)
 
@@ -42,12 +49,13 @@ def test_median_ci_width_matches_large_sample_theory() -> None:
     assert np.mean(half_widths) == pytest.approx(theory_half, rel=0.1)
 
 
-def test_median_ci_covers_the_true_median_95_percent_of_the_time() -> None:
+@pytest.mark.parametrize("interval", [median_ci, order_statistic_median_ci])
+def test_median_ci_covers_the_true_median_95_percent_of_the_time(interval) -> None:  # type: ignore[no-untyped-def]
     covered = 0
     for seed in range(200):
-        low, high = median_ci(np.random.default_rng(1000 + seed).normal(0.0, 1.0, size=101))  # type: ignore[misc]
+        low, high = interval(np.random.default_rng(1000 + seed).normal(0.0, 1.0, size=101))
         covered += low <= 0.0 <= high
-    assert 0.90 <= covered / 200 <= 0.99
+    assert 0.90 <= covered / 200 <= 0.995
 
 
 def test_degenerate_samples() -> None:
@@ -59,7 +67,10 @@ def test_degenerate_samples() -> None:
         summarize([])
 
 
-def test_relative_half_width() -> None:
-    s = summarize(SAMPLES)
-    assert relative_half_width(SAMPLES) == pytest.approx(s.rel_ci_half_width)
-    assert 0 < relative_half_width(SAMPLES) < 0.05
+def test_relative_half_width_uses_the_order_statistic_interval() -> None:
+    median = np.median(SAMPLES)
+    expected = scipy_stats.quantile_test(SAMPLES, q=median, p=0.5).confidence_interval(0.95)
+    assert relative_half_width(SAMPLES) == pytest.approx((expected.high - expected.low) / 2 / median, rel=1e-12)
+    # the stopping rule's interval and the stored bootstrap interval agree roughly
+    assert relative_half_width(SAMPLES) == pytest.approx(summarize(SAMPLES).rel_ci_half_width, rel=0.4)
+    assert order_statistic_median_ci(SAMPLES[:5]) is None

@@ -60,7 +60,7 @@ def test_forward_migration_keeps_data(db_path: Path) -> None:
         run_id = store.create_run(PLAN, "fwbench run", {}, "0")
         add(store, run_id, PLAN.cases[0])
     conn = sqlite3.connect(db_path, isolation_level=None)
-    extra = (*MIGRATIONS, "ALTER TABLE results ADD COLUMN note TEXT DEFAULT 'migrated'")
+    extra = (*MIGRATIONS, ("ALTER TABLE results ADD COLUMN note TEXT DEFAULT 'migrated'",))
     assert migrate(conn, extra) == SCHEMA_VERSION + 1
     assert conn.execute("SELECT status, note FROM results").fetchall() == [("ok", "migrated")]
     assert migrate(conn, extra) == SCHEMA_VERSION + 1  # idempotent
@@ -74,6 +74,49 @@ def test_a_newer_schema_is_refused(db_path: Path) -> None:
     conn.close()
     with pytest.raises(StoreError, match="newer than this fwbench supports"):
         Store.open(db_path)
+
+
+def _foreign_database(path: Path, user_version: int, wal: bool = False) -> bytes:
+    conn = sqlite3.connect(path)
+    if wal:
+        conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE runs (name TEXT)")
+    conn.execute("INSERT INTO runs VALUES ('someone else''s data')")
+    conn.execute(f"PRAGMA user_version = {user_version}")
+    conn.commit()
+    conn.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("user_version", [0, 1, 7])
+def test_another_programs_sqlite_database_is_left_untouched(tmp_path: Path, user_version: int) -> None:
+    path = tmp_path / "other.db"
+    content = _foreign_database(path, user_version)
+    for kwargs in ({}, {"readonly": True}):
+        with pytest.raises(StoreError, match="fwbench did not create"):
+            Store.open(path, **kwargs)
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def _open_and_add(path: str, worker: int) -> None:
+    with Store.open(path) as store:
+        run_id = store.create_run(PLAN, f"opener {worker}", {}, "0")
+        assert add(store, run_id, PLAN.cases[0])
+
+
+def test_processes_creating_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    for trial in range(3):
+        path = tmp_path / f"new-{trial}.db"
+        procs = [ctx.Process(target=_open_and_add, args=(str(path), w)) for w in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * 6
+        with Store.open(path) as store:
+            assert len(store.results()) == 6 and store.integrity_ok()
 
 
 def test_a_file_that_is_not_sqlite_is_left_untouched(tmp_path: Path) -> None:

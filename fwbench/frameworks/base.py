@@ -1,7 +1,7 @@
 """The backend interface every framework implements. No framework is imported here.
 
 One backend instance runs one cell in one worker process:
-``configure_threads → build → make_inputs → compile → make_step / infer / sync``.
+``configure_threads → configure_precision → build → make_inputs → compile → make_step / infer / sync``.
 Framework modules live in ``fwbench/frameworks/<framework>/`` with the same file names in every
 folder: ``backend.py`` (this interface) and one file per model architecture (``mlp.py``, ...),
 each exporting ``build_model(description, weights)``.
@@ -42,6 +42,11 @@ class Backend(ABC):
     @abstractmethod
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, int]:
         """Apply the thread budget through the framework's own API; return what it now reports."""
+
+    @abstractmethod
+    def configure_precision(self) -> dict[str, object]:
+        """Make float32 matmuls/convolutions compute in full float32 (no TF32 or bf16 passes);
+        return the framework's own report of the setting now in force."""
 
     def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
         """Build ``description`` with the canonical ``weights`` from this framework's arch module."""

@@ -27,21 +27,44 @@ SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_
 
 def physical_core_count() -> int:
     """Physical cores available to this process (hyper-threads counted once)."""
-    allowed = os.sched_getaffinity(0)
-    cores: set[tuple[str, str]] = set()
-    current: dict[str, str] = {}
+    return len({_cpu_topology_key(cpu) for cpu in os.sched_getaffinity(0)})
+
+
+def _cpu_topology_key(cpu: int) -> tuple[int, int]:
+    """(package id, core id) of a logical CPU from sysfs; the CPU itself where sysfs has no topology."""
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
     try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return len(allowed)
-    for block in text.strip().split("\n\n"):
-        current = {}
-        for line in block.splitlines():
-            key, _, value = line.partition(":")
-            current[key.strip()] = value.strip()
-        if "processor" in current and int(current["processor"]) in allowed:
-            cores.add((current.get("physical id", "0"), current.get("core id", current["processor"])))
-    return max(1, len(cores)) if cores else len(allowed)
+        return int((base / "physical_package_id").read_text()), int((base / "core_id").read_text())
+    except (OSError, ValueError):
+        return 0, cpu
+
+
+def cpus_one_per_core() -> list[int]:
+    """The CPUs this process may use, ordered so that the first ones sit on distinct physical cores.
+
+    Pinning N threads to the first N of this list gives each its own core before any two share one.
+    """
+    firsts: list[int] = []
+    siblings: list[int] = []
+    seen: set[tuple[int, int]] = set()
+    for cpu in sorted(os.sched_getaffinity(0)):
+        key = _cpu_topology_key(cpu)
+        (siblings if key in seen else firsts).append(cpu)
+        seen.add(key)
+    return firsts + siblings
+
+
+def thread_affinities() -> list[str]:
+    """The distinct CPU lists (``Cpus_allowed_list``) of this process's threads, e.g. ``['0']``."""
+    lists: set[str] = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    lists.add(line.split(":", 1)[1].strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(lists)
 
 
 def _cpu_info() -> dict[str, Any]:

@@ -30,9 +30,9 @@ def reset_peak_rss() -> bool:
     return True
 
 
-def peak_rss_bytes() -> int | None:
-    """This process's resident high-water mark (VmHWM), bytes."""
-    return _status_field_bytes("self", "VmHWM")
+def peak_rss_bytes(pid: int | str = "self") -> int | None:
+    """Resident high-water mark (VmHWM) of process ``pid``, bytes; None if it is gone."""
+    return _status_field_bytes(pid, "VmHWM")
 
 
 def rss_bytes(pid: int | str = "self") -> int | None:

@@ -82,9 +82,24 @@ def summarize(samples: Sequence[float]) -> Summary:
     )
 
 
+def order_statistic_median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Distribution-free CI of the median from order statistics (``scipy.stats.quantile_test``).
+
+    Exact coverage of at least ``confidence``, O(n) memory and about a millisecond at 5000 samples:
+    the adaptive timer's stopping rule uses it inside the timed window, where a bootstrap's
+    resampling arrays would inflate the measured resident peak. None while too few samples.
+    """
+    data = np.asarray(samples, dtype=np.float64)
+    if data.size < 2:
+        return None
+    interval = stats.quantile_test(data, q=float(np.median(data)), p=0.5).confidence_interval(confidence)
+    low, high = float(interval.low), float(interval.high)
+    return None if math.isnan(low) or math.isnan(high) else (low, high)
+
+
 def relative_half_width(samples: Sequence[float]) -> float:
-    """CI half-width of the median over the median; inf when it cannot be computed yet."""
-    ci = median_ci(samples)
+    """Order-statistic CI half-width of the median over the median; inf while it cannot be computed."""
+    ci = order_statistic_median_ci(samples)
     median = float(np.median(samples)) if len(samples) else 0.0
     if ci is None or median <= 0:
         return math.inf

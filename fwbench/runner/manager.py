@@ -17,17 +17,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from fwbench.frameworks import get_runtime, missing_requirement
-from fwbench.measure.memory import rss_bytes
+from fwbench.measure.environment import cpus_one_per_core
+from fwbench.measure.memory import peak_rss_bytes
 from fwbench.measure.stats import summarize
 from fwbench.models import get_model
 from fwbench.runner.protocol import Job, thread_environment
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store
 
-POLL_INTERVAL_S = 0.02
+POLL_INTERVAL_S = 0.1  # the manager wakes rarely: it shares the worker's cores
 STDERR_TAIL_BYTES = 64 * 1024
 
 
@@ -47,13 +48,12 @@ Listener = Callable[[CellOutcome], None]
 
 
 def worker_cpus(threads: int) -> tuple[int, ...]:
-    """The first ``threads`` CPUs this process may run on (all of them if fewer)."""
-    allowed = sorted(os.sched_getaffinity(0))
-    return tuple(allowed[: max(1, threads)])
+    """The CPUs a worker with ``threads`` threads is pinned to: one per physical core first."""
+    return tuple(cpus_one_per_core()[: max(1, threads)])
 
 
 def _oom_kill_count() -> int | None:
-    """The kernel's OOM-kill counter for this cgroup (cgroup v2), None where unreadable."""
+    """The kernel's OOM-kill counter: this cgroup's (cgroup v2), else the machine's (/proc/vmstat)."""
     try:
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             if line.startswith("0::"):
@@ -62,20 +62,26 @@ def _oom_kill_count() -> int | None:
                     if event.startswith("oom_kill "):
                         return int(event.split()[1])
     except (OSError, ValueError):
-        return None
+        pass
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
     return None
 
 
-def _last_line(path: Path) -> str:
+def _last_line(log: IO[bytes]) -> str:
     """The last non-empty line of a worker's captured output."""
-    with path.open("rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        handle.seek(max(0, handle.tell() - STDERR_TAIL_BYTES))
-        lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    log.seek(0, os.SEEK_END)
+    log.seek(max(0, log.tell() - STDERR_TAIL_BYTES))
+    lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker's whole process group (its compile helpers too), then reap the worker."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -85,31 +91,34 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def run_worker(case: Case, settings: Settings) -> CellOutcome:
     """Run ``case`` in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
-    job = Job(case=case, settings=settings, cpus=worker_cpus(settings.threads), manager_pid=os.getpid())
+    job = Job(case=case, settings=settings)
+    cpus = ",".join(str(cpu) for cpu in worker_cpus(settings.threads))
     env = {**os.environ, **thread_environment(settings.threads, settings.interop_threads), "PYTHONUNBUFFERED": "1"}
-    read_fd, write_fd = os.pipe()
     oom_kills_before = _oom_kill_count()
-    with tempfile.NamedTemporaryFile(prefix="fwbench-worker-", suffix=".log", delete=False) as log:
-        log_path = Path(log.name)
+    # The log has no name, so nothing is left behind whatever happens to the manager.
+    with tempfile.TemporaryFile(prefix="fwbench-worker-") as log:
+        read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fwbench.runner.worker", "--result-fd", str(write_fd)],
+                [sys.executable, "-m", "fwbench.runner.worker", "--result-fd", str(write_fd), "--cpus", cpus,
+                 "--manager-pid", str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,), start_new_session=True, env=env,
             )
+        except OSError as exc:
+            os.close(read_fd)
+            return CellOutcome(case, "error", f"cannot start a worker: {exc}")
         finally:
             os.close(write_fd)
-    try:
-        return _supervise(proc, job, read_fd, log_path, oom_kills_before)
-    finally:
-        if proc.poll() is None:
-            _kill_group(proc)
-        os.close(read_fd)
-        log_path.unlink(missing_ok=True)
+        try:
+            return _supervise(proc, job, read_fd, log, oom_kills_before)
+        finally:
+            _kill_group(proc)  # also reaps helpers a finished worker left behind
+            os.close(read_fd)
 
 
 def _supervise(
-    proc: subprocess.Popen[bytes], job: Job, read_fd: int, log_path: Path, oom_kills_before: int | None
+    proc: subprocess.Popen[bytes], job: Job, read_fd: int, log: IO[bytes], oom_kills_before: int | None
 ) -> CellOutcome:
     settings, case = job.settings, job.case
     assert proc.stdin is not None
@@ -119,8 +128,9 @@ def _supervise(
     except BrokenPipeError:
         pass
     started = time.monotonic()
-    buffer, stage, result = b"", "start", None
+    buffer, stage, result, garbled = b"", "start", None, ""
     pipe_open = True
+    limit = settings.memory_limit_bytes
     while True:
         if pipe_open:
             ready, _, _ = select.select([read_fd], [], [], POLL_INTERVAL_S)
@@ -130,8 +140,13 @@ def _supervise(
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
-                    message = json.loads(line)
-                    if message.pop("type") == "stage":
+                    try:
+                        message = json.loads(line)
+                        kind = message.pop("type")
+                    except (ValueError, AttributeError, KeyError):
+                        garbled = line[:200].decode(errors="replace")
+                        continue
+                    if kind == "stage":
                         stage = message["stage"]
                     else:
                         result = message
@@ -139,25 +154,31 @@ def _supervise(
             time.sleep(POLL_INTERVAL_S)
         if result is not None or (not pipe_open and proc.poll() is not None):
             break
-        elapsed = time.monotonic() - started
-        if elapsed > settings.timeout_s:
+        if time.monotonic() - started > settings.timeout_s:
             _kill_group(proc)
             return CellOutcome(case, "timeout", f"exceeded --timeout {settings.timeout_s:g} s during {stage}")
-        if settings.memory_limit_bytes is not None:
-            rss = rss_bytes(proc.pid)
-            if rss is not None and rss > settings.memory_limit_bytes:
+        if limit is not None:
+            # The high-water mark, not the current size: a spike between two polls still counts.
+            peak = peak_rss_bytes(proc.pid)
+            if peak is not None and peak > limit:
                 _kill_group(proc)
                 return CellOutcome(
-                    case, "oom",
-                    f"resident memory {rss} B exceeded --memory-limit {settings.memory_limit_bytes} B during {stage}",
+                    case, "oom", f"resident memory {peak} B exceeded --memory-limit {limit} B during {stage}"
                 )
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
     if result is not None:
-        return _outcome_from_result(case, result)
-    return _outcome_from_death(case, proc.returncode, stage, _last_line(log_path), oom_kills_before)
+        outcome = _outcome_from_result(case, result)
+        peaks = [outcome.details.get("peak_memory_before_timing_bytes"), outcome.fields.get("peak_memory_bytes")]
+        peak = max((p for p in peaks if p is not None), default=None)
+        if limit is not None and peak is not None and peak > limit:
+            return CellOutcome(case, "oom", f"resident memory {peak} B exceeded --memory-limit {limit} B",
+                               details=outcome.details)
+        return outcome
+    last_line = _last_line(log) or (f"unreadable message from the worker: {garbled}" if garbled else "")
+    return _outcome_from_death(case, proc.returncode, stage, last_line, oom_kills_before)
 
 
 def _outcome_from_death(

@@ -10,7 +10,16 @@ from typing import Iterable, Sequence
 
 from fwbench.frameworks import get_runtime
 from fwbench.models import get_model
-from fwbench.spec import Case, Plan, Settings, SkippedCase, SpecError
+from fwbench.spec import (
+    MAX_COUNT,
+    RUNNABLE_DTYPES,
+    RUNNABLE_PHASES,
+    Case,
+    Plan,
+    Settings,
+    SkippedCase,
+    SpecError,
+)
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:
@@ -18,9 +27,10 @@ def parse_positive_ints(option: str, text: str) -> list[int]:
     values: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) <= 0:
+        if not (part.isascii() and part.isdigit()) or not 0 < int(part) <= MAX_COUNT:
             raise SpecError(
-                f"{option} {text!r}: every value must be a positive integer, comma-separated (e.g. 1,2,4)"
+                f"{option} {text!r}: every value must be a positive integer up to {MAX_COUNT}, "
+                "comma-separated (e.g. 1,2,4)"
             )
         values.append(int(part))
     return values
@@ -54,6 +64,10 @@ def build_plan(
     Models without a sequence axis get one cell per batch size (seq_len None). Cells longer than a
     model's maximum are kept as skipped, with the reason; a plan with no runnable cell is an error.
     """
+    if phase not in RUNNABLE_PHASES:
+        raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
+    if dtype not in RUNNABLE_DTYPES:
+        raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
     for name in models:
         get_model(name)
     for name in runtimes:

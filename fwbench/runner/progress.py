@@ -44,7 +44,7 @@ def sweep_progress(total: int, stream: IO[str] | None = None) -> Iterator[Listen
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("ETA"), TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=console, transient=False, refresh_per_second=2) as progress:
         task = progress.add_task("cells", total=total)
 
         def live(outcome: CellOutcome) -> None:

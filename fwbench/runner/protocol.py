@@ -25,16 +25,12 @@ class Job:
 
     case: Case
     settings: Settings
-    cpus: tuple[int, ...]
-    manager_pid: int
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "case": self.case.to_dict(),
                 "settings": self.settings.to_dict(),
-                "cpus": list(self.cpus),
-                "manager_pid": self.manager_pid,
             }
         )
 
@@ -44,8 +40,6 @@ class Job:
         return cls(
             case=Case.from_dict(data["case"]),
             settings=Settings.from_dict(data["settings"]),
-            cpus=tuple(data["cpus"]),
-            manager_pid=int(data["manager_pid"]),
         )
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,58 +20,67 @@ from typing import Any, Iterable, Sequence
 from fwbench.spec import Case, Plan
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+APPLICATION_ID = 0x66776262  # "fwbb": PRAGMA application_id of fwbench databases
 BUSY_TIMEOUT_MS = 60_000
 
-# Forward migrations: MIGRATIONS[i] takes a database from user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        created TEXT NOT NULL,
-        finished TEXT,
-        suite TEXT,
-        command TEXT NOT NULL,
-        settings_json TEXT NOT NULL,
-        plan_json TEXT NOT NULL,
-        environment_json TEXT NOT NULL,
-        fwbench_version TEXT NOT NULL
-    );
-    CREATE TABLE results (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-        case_key TEXT NOT NULL,
-        created TEXT NOT NULL,
-        model TEXT NOT NULL,
-        runtime TEXT NOT NULL,
-        phase TEXT NOT NULL,
-        batch_size INTEGER NOT NULL,
-        seq_len INTEGER,
-        dtype TEXT NOT NULL,
-        device TEXT NOT NULL,
-        status TEXT NOT NULL CHECK (status IN ('ok','oom','timeout','error','skipped','mismatch')),
-        reason TEXT,
-        protocol TEXT,
-        samples_json TEXT NOT NULL DEFAULT '[]',
-        calls_per_sample INTEGER,
-        n_samples INTEGER NOT NULL DEFAULT 0,
-        median_s REAL,
-        ci_low_s REAL,
-        ci_high_s REAL,
-        mean_s REAL,
-        stdev_s REAL,
-        min_s REAL,
-        first_call_s REAL,
-        peak_memory_bytes INTEGER,
-        allocator_peak_bytes INTEGER,
-        threads INTEGER,
-        interop_threads INTEGER,
-        flops INTEGER,
-        wall_s REAL,
-        details_json TEXT NOT NULL DEFAULT '{}',
-        UNIQUE (run_id, case_key)
-    );
-    CREATE INDEX results_by_case ON results (model, runtime, phase, batch_size, seq_len, dtype);
-    """,
+# Forward migrations: MIGRATIONS[i] (a tuple of statements) takes user_version i to i + 1.
+# Migration 1 stamps application_id, so fwbench recognises its own databases.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        """
+        CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            created TEXT NOT NULL,
+            finished TEXT,
+            suite TEXT,
+            command TEXT NOT NULL,
+            settings_json TEXT NOT NULL,
+            plan_json TEXT NOT NULL,
+            environment_json TEXT NOT NULL,
+            fwbench_version TEXT NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE results (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+            case_key TEXT NOT NULL,
+            created TEXT NOT NULL,
+            model TEXT NOT NULL,
+            runtime TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            batch_size INTEGER NOT NULL,
+            seq_len INTEGER,
+            dtype TEXT NOT NULL,
+            device TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('ok','oom','timeout','error','skipped','mismatch')),
+            reason TEXT,
+            protocol TEXT,
+            samples_json TEXT NOT NULL DEFAULT '[]',
+            calls_per_sample INTEGER,
+            n_samples INTEGER NOT NULL DEFAULT 0,
+            median_s REAL,
+            ci_low_s REAL,
+            ci_high_s REAL,
+            mean_s REAL,
+            stdev_s REAL,
+            min_s REAL,
+            first_call_s REAL,
+            peak_memory_bytes INTEGER,
+            allocator_peak_bytes INTEGER,
+            threads INTEGER,
+            interop_threads INTEGER,
+            flops INTEGER,
+            wall_s REAL,
+            details_json TEXT NOT NULL DEFAULT '{}',
+            UNIQUE (run_id, case_key)
+        )
+        """,
+        """
+        CREATE INDEX results_by_case ON results (model, runtime, phase, batch_size, seq_len, dtype)
+        """,
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -117,7 +127,7 @@ def _file_writable(path: Path) -> bool:
     return True
 
 
-def check_database_path(path: Path, *, create: bool) -> None:
+def check_database_path(path: Path, *, create: bool, writable: bool = True) -> None:
     """Raise StoreError unless ``path`` is (or, with ``create``, may become) a writable SQLite file.
 
     Nothing is written: a file that is not SQLite is left byte-for-byte untouched.
@@ -132,7 +142,7 @@ def check_database_path(path: Path, *, create: bool) -> None:
             header = handle.read(len(SQLITE_HEADER))
         if header and header != SQLITE_HEADER:
             raise StoreError(f"--db {path} is not an SQLite database; refusing to touch it")
-        if not _file_writable(path) or not _folder_writable(folder):
+        if writable and (not _file_writable(path) or not _folder_writable(folder)):
             raise StoreError(f"--db {path} is not writable (the file and its folder must be writable)")
         return
     if not create:
@@ -143,7 +153,7 @@ def check_database_path(path: Path, *, create: bool) -> None:
         raise StoreError(f"--db {path}: cannot create it, {folder} is not a writable folder")
 
 
-def migrate(conn: sqlite3.Connection, migrations: Sequence[str] = MIGRATIONS) -> int:
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGRATIONS) -> int:
     """Apply the forward migrations this database lacks, each in its own transaction; return the version."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > len(migrations):
@@ -157,7 +167,7 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[str] = MIGRATIONS) ->
             if conn.execute("PRAGMA user_version").fetchone()[0] >= target:
                 conn.execute("ROLLBACK")
                 continue
-            for statement in filter(str.strip, migrations[target - 1].split(";")):
+            for statement in migrations[target - 1]:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {target}")
             conn.execute("COMMIT")
@@ -165,6 +175,48 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[str] = MIGRATIONS) ->
             conn.execute("ROLLBACK")
             raise
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def check_identity(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> None:
+    """Refuse a database that fwbench did not create, or one this version cannot read; writes nothing."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    if version == 0:
+        has_tables = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] > 0
+        if has_tables or application_id not in (0, APPLICATION_ID):
+            raise StoreError(f"--db {path} is an SQLite database that fwbench did not create; refusing to touch it")
+        if readonly:
+            raise StoreError(f"--db {path} holds no fwbench results yet")
+        return
+    if application_id != APPLICATION_ID:
+        raise StoreError(f"--db {path} is an SQLite database that fwbench did not create; refusing to touch it")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"--db {path}: database schema version {version} is newer than this fwbench supports "
+            f"({SCHEMA_VERSION}); upgrade fwbench"
+        )
+    if readonly and version < SCHEMA_VERSION:
+        raise StoreError(
+            f"--db {path}: schema version {version} predates this fwbench ({SCHEMA_VERSION}); "
+            "the next `fwbench run --db` on it migrates it"
+        )
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL, retrying: the switch needs a lock that SQLite's busy handler does not wait for."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    delay = 0.01
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise StoreError("could not switch the database to WAL mode")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 @dataclass
@@ -201,19 +253,29 @@ class Store:
         self.path = path
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, create: bool = True) -> Store:
+    def open(cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> Store:
+        """Open (and, unless ``readonly``, create and migrate) the database at ``path``.
+
+        A file that is not an fwbench database is refused before anything is written to it.
+        """
         db_path = Path(path)
-        check_database_path(db_path, create=create)
-        if create:
+        check_database_path(db_path, create=create and not readonly, writable=not readonly)
+        if not readonly:
             db_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            if readonly:
+                conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True,
+                                       timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            else:
+                conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            migrate(conn)
+            check_identity(conn, db_path, readonly=readonly)
+            if not readonly:
+                _enable_wal(conn)
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA foreign_keys = ON")
+                migrate(conn)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"--db {db_path}: {exc}") from None
         return cls(conn, db_path)

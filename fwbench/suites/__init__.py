@@ -90,9 +90,11 @@ def load_suite(name_or_path: str) -> Suite:
     if name_or_path.endswith(".toml"):
         path = Path(name_or_path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise SpecError(f"cannot read suite file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise SpecError(f"suite {path}: not UTF-8 text") from None
         return parse_suite(path.stem, text, str(path))
     if name_or_path not in builtin_suites():
         raise SpecError(

@@ -31,6 +31,10 @@ class TensorFlowBackend(Backend):
             "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
         }
 
+    def configure_precision(self) -> dict[str, object]:
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        return {"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()}
+
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[tf.Tensor, ...]:
         with tf.device(self._tf_device):
             return tuple(tf.identity(tf.constant(a)) for a in arrays.values())

@@ -24,6 +24,16 @@ class TorchBackend(Backend):
             pass
         return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
 
+    def configure_precision(self) -> dict[str, object]:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        return {
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        }
+
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for a in arrays.values())
 

@@ -1,0 +1,134 @@
+"""One cell, run inside a worker: build → compile → first call → parity → warm-up → timed samples.
+
+Imported by the worker only after its CPU affinity and thread environment are in place, because
+importing numpy starts BLAS threads that inherit whatever affinity the process has then.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import IO, Any
+
+import numpy as np
+
+from fwbench.measure import memory, timer
+from fwbench.models import get_model
+from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE, Job, stage_message
+from fwbench.spec import RUNNABLE_DTYPES, RUNNABLE_PHASES
+
+
+def parity(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
+    """Relative L2 and max-abs error of each output against the reference; ``ok`` within tolerance."""
+    tolerance = PARITY_REL_L2_TOLERANCE[dtype]
+    per_output: dict[str, dict[str, float]] = {}
+    ok = set(outputs) == set(reference)
+    for name, ref in reference.items():
+        if name not in outputs:
+            continue
+        got = outputs[name].astype(np.float64)
+        if got.shape != ref.shape:
+            per_output[name] = {"rel_l2": float("inf"), "max_abs": float("inf")}
+            ok = False
+            continue
+        denominator = float(np.linalg.norm(ref)) or 1.0
+        rel_l2 = float(np.linalg.norm(got - ref)) / denominator
+        per_output[name] = {"rel_l2": rel_l2, "max_abs": float(np.max(np.abs(got - ref), initial=0.0))}
+        ok = ok and rel_l2 <= tolerance
+    return {"ok": ok, "reference": "numpy-float64", "tolerance_rel_l2": tolerance, "outputs": per_output}
+
+
+class CellRunner:
+    """Runs the job's cell, reporting each stage on ``channel``."""
+
+    def __init__(self, job: Job, channel: IO[str]) -> None:
+        self.job = job
+        self.channel = channel
+        self.backend: Any = None
+        self.result: dict[str, Any] = {"stage_seconds": {}}
+        self._stage_started = time.perf_counter()
+        self._stage = "start"
+
+    def stage(self, name: str) -> None:
+        now = time.perf_counter()
+        self.result["stage_seconds"][self._stage] = now - self._stage_started
+        self._stage, self._stage_started = name, now
+        self.channel.write(stage_message(name))
+        self.channel.flush()
+
+    def run(self) -> dict[str, Any]:
+        case, settings = self.job.case, self.job.settings
+        if case.phase not in RUNNABLE_PHASES or case.dtype not in RUNNABLE_DTYPES:
+            raise NotImplementedError(f"phase {case.phase} with dtype {case.dtype} is not implemented yet")
+        description = get_model(case.model)
+        self.stage("import")
+        from fwbench.frameworks import create_backend
+
+        self.backend = backend = create_backend(case.runtime, case.device, settings)
+        self.result["threads_effective"] = backend.configure_threads(settings.threads, settings.interop_threads)
+        self.result["matmul_precision"] = backend.configure_precision()
+        self.result["versions"] = backend.versions()
+
+        self.stage("build")
+        weights = description.canonical_weights(settings.seed)
+        arrays = description.make_inputs(case.batch_size, case.seq_len, settings.seed)
+        backend.build(description, weights)
+        inputs = backend.make_inputs(arrays)
+
+        self.stage("compile")
+        backend.compile(inputs)
+        step = backend.make_step(inputs)
+
+        self.stage("first_call")
+        self.result["first_call_s"] = timer.time_first_call(step)
+
+        reference = description.reference_forward(weights, arrays)
+        if reference is not None:
+            self.stage("parity")
+            check = parity(backend.to_numpy(backend.infer(inputs)), reference, case.dtype)
+            self.result["parity"] = check
+            if not check["ok"]:
+                worst = max(check["outputs"].items(), key=lambda item: item[1]["rel_l2"], default=("?", {}))
+                self.result["status"] = "mismatch"
+                self.result["reason"] = (
+                    f"outputs differ from the reference: {worst[0]} relative L2 error "
+                    f"{worst[1].get('rel_l2', float('nan')):.3g} > {check['tolerance_rel_l2']:g}"
+                )
+                return self.result
+
+        self.stage("warmup")
+        timer.warm_up(step, settings.warmup_calls)
+        self.result["warmup_calls"] = max(2, settings.warmup_calls)
+
+        self.stage("timing")
+        self.result["rss_before_timing_bytes"] = memory.rss_bytes()
+        self.result["peak_memory_before_timing_bytes"] = memory.peak_rss_bytes()
+        self.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
+        backend.reset_peak_memory()
+        if settings.protocol == "hf2019":
+            timing = timer.run_hf2019(step)
+        else:
+            timing = timer.run_adaptive(step, settings.max_time_s, settings.target_rel_ci, settings.min_block_s)
+        self.result["peak_memory_bytes"] = memory.peak_rss_bytes()
+        self.result.update(backend.memory_stats())
+        self.result.update(
+            status="ok",
+            samples_s=timing.samples_s,
+            calls_per_sample=timing.calls_per_sample,
+            stop_reason=timing.stop_reason,
+            timing_elapsed_s=timing.elapsed_s,
+        )
+        self.stage("done")
+        return self.result
+
+    def failure(self, exc: BaseException) -> dict[str, Any]:
+        """The result for a cell that raised: ``oom`` for allocation failures, else ``error``."""
+        is_oom = isinstance(exc, MemoryError) or (self.backend is not None and self.backend.is_oom(exc))
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+        detail = lines[-1] if lines else ""
+        self.result.update(
+            status="oom" if is_oom else "error",
+            reason=f"{type(exc).__name__} during {self._stage}: {detail}".rstrip(": "),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        return self.result
