@@ -147,6 +147,13 @@ def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
     return ["--" + name.replace("_", "-") for name in names if getattr(args, name) is not None]
 
 
+def check_threads_fit(settings: Settings) -> None:
+    """Refuse a thread budget larger than the CPUs this process may use (it could not be pinned)."""
+    usable = len(os.sched_getaffinity(0))
+    if settings.threads > usable:
+        raise SpecError(f"--threads {settings.threads} exceeds the {usable} CPUs this process may use")
+
+
 def plan_from_args(args: argparse.Namespace) -> Plan:
     """Flags over suite over defaults; SpecError on any invalid choice."""
     if args.suite is None and (args.models is None) != (args.runtimes is None):
@@ -160,9 +167,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         {field: getattr(args, flag) for flag, field in SETTINGS_FLAGS.items() if getattr(args, flag) is not None}
     )
     settings = Settings.from_dict(settings_data)
-    usable = len(os.sched_getaffinity(0))
-    if settings.threads > usable:
-        raise SpecError(f"--threads {settings.threads} exceeds the {usable} CPUs this process may use")
+    check_threads_fit(settings)
 
     def pick(flag: str, parse: Any, from_suite: Any, default: Any) -> Any:
         value = getattr(args, flag)
@@ -199,6 +204,7 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             known = [r.id for r in store.runs()]
             raise SpecError(f"run {args.resume} is not in {args.db}; runs there: {known or 'none'}")
         plan, run_id = record.plan, record.id
+        check_threads_fit(plan.settings)
     else:
         plan = plan_from_args(args)
         store = Store.open(args.db)
@@ -209,8 +215,13 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         remaining = plan.size - len(store.done_keys(run_id))
         err = sys.stderr
         print(f"run {run_id}: {remaining} of {plan.size} cells to run, database {args.db}", file=err, flush=True)
-        with sweep_progress(remaining) as listener:
-            execute(store, run_id, plan, listener)
+        try:
+            with sweep_progress(remaining) as listener:
+                execute(store, run_id, plan, listener)
+        except KeyboardInterrupt:
+            print(f"fwbench: interrupted; finished cells are stored; continue with "
+                  f"`fwbench run --resume {run_id} --db {args.db}`", file=sys.stderr)
+            return 130
         store.finish_run(run_id)
         results = store.results([run_id])
         print_results(results, make_console(), title="fwbench results")
