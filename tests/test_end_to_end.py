@@ -31,7 +31,12 @@ def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
         assert len(r["samples"]) == r["n_samples"] >= 2
         assert r["ci_low_s"] <= r["median_s"] <= r["ci_high_s"]
         assert r["first_call_s"] > 0 and r["peak_memory_bytes"] > 10 * 2**20
-        assert r["details"]["parity"]["ok"] and r["details"]["parity"]["outputs"]["logits"]["rel_l2"] < 1e-5
+        if r["batch_size"] == 1:  # parity is checked once per model × runtime, by the pair's first cell
+            assert r["details"]["parity"]["ok"] and r["details"]["parity"]["outputs"]["logits"]["rel_l2"] < 1e-5
+            assert r["details"]["parity"]["shape"] == [2, None]
+        else:
+            assert "parity" not in r["details"]
+            assert r["details"]["parity_checked_by"] == f"mlp|{r['runtime']}|inference|1|-|fp32|cpu"
         assert r["details"]["threads_effective"]["intra_op"] == 1
         assert r["details"]["thread_cpu_lists"] == [str(r["details"]["cpus"][0])]
         assert r["flops"] == 2 * r["batch_size"] * (64 * 64 + 64 * 64 + 64 * 10)

@@ -113,6 +113,22 @@ def test_sweep_goes_on_after_failures_and_stores_everything(plugin_env: dict[str
     assert "fwbench_no_such_framework is not installed" in statuses["missing:eager"][1]
 
 
+def test_parity_is_checked_once_per_pair_and_a_failure_stops_the_pair(plugin_env: dict[str, str],
+                                                                       db_path: Path) -> None:
+    cases = (cell("wrong", 1), cell("wrong", 2), cell("sleep", 1), cell("sleep", 2))
+    plan = Plan(cases, FAST)
+    with Store.open(db_path) as store:
+        run_id = store.create_run(plan, "test", {}, "0")
+        outcomes = execute(store, run_id, plan)
+    wrong_first, wrong_second, sleep_first, sleep_second = outcomes
+    assert wrong_first.status == "mismatch" and "relative L2 error" in (wrong_first.reason or "")
+    assert wrong_second.status == "mismatch" and "failed the parity check earlier" in (wrong_second.reason or "")
+    assert wrong_second.details == {}  # never ran
+    assert sleep_first.details["parity"]["ok"] and "parity_checked_by" not in sleep_first.details
+    assert "parity" not in sleep_second.details
+    assert sleep_second.details["parity_checked_by"] == sleep_first.case.key
+
+
 def _worker_pids(marker: str) -> list[int]:
     pids = []
     for proc in Path("/proc").iterdir():

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from fwbench.models.base import ModelDescription, ParamSpec
+from fwbench.models.bert import BERT_BASE, BERT_TINY, DISTILBERT_BASE
+from fwbench.models.gpt2 import GPT2_SMALL, GPT2_TINY
 from fwbench.models.mlp import MLP
 from fwbench.spec import SpecError
 
-MODELS: dict[str, ModelDescription] = {m.name: m for m in (MLP(),)}
+MODELS: dict[str, ModelDescription] = {
+    m.name: m for m in (MLP(), BERT_TINY, BERT_BASE, DISTILBERT_BASE, GPT2_TINY, GPT2_SMALL)
+}
 
 
 def get_model(name: str) -> ModelDescription:

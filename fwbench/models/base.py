@@ -29,6 +29,27 @@ def tensor_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
+def normal_weights(schema: list[ParamSpec], seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
+    """Transformer-style seeded weights: N(0, std) everywhere, LayerNorm scales around 1.
+
+    Biases and LayerNorm parameters are non-zero on purpose, so that a tensor mapped to the
+    wrong place, or not at all, changes the outputs and fails parity.
+    """
+    weights: dict[str, np.ndarray] = {}
+    for spec in schema:
+        values = tensor_rng(seed, spec.name).normal(0.0, std, size=spec.shape)
+        if is_layer_norm_scale(spec.name):
+            values += 1.0
+        weights[spec.name] = values.astype(np.float32)
+    return weights
+
+
+def is_layer_norm_scale(name: str) -> bool:
+    lowered = name.lower()
+    return name.endswith(".weight") and ("layernorm" in lowered or "layer_norm" in lowered or ".ln_" in lowered
+                                         or lowered.startswith("ln_"))
+
+
 class ModelDescription(ABC):
     """A model as data: everything a framework needs to build it, and nothing framework-specific.
 
@@ -36,11 +57,11 @@ class ModelDescription(ABC):
     e.g. ``fwbench/frameworks/torch/mlp.py``) and say whether inputs have a sequence axis.
     """
 
-    name: ClassVar[str]
+    name: str
     arch: ClassVar[str]
     has_sequence: ClassVar[bool] = False
-    max_seq_len: ClassVar[int | None] = None
-    output_names: ClassVar[tuple[str, ...]]
+    max_seq_len: int | None = None
+    output_names: tuple[str, ...]
 
     @abstractmethod
     def param_schema(self) -> list[ParamSpec]:
@@ -63,6 +84,10 @@ class ModelDescription(ABC):
     ) -> dict[str, np.ndarray] | None:
         """A float64 numpy forward pass used as the parity reference, or None where there is none."""
         return None
+
+    def parity_shape(self) -> tuple[int, int | None]:
+        """(batch, seq_len) of the small input on which outputs are checked against the reference."""
+        return 2, (min(16, self.max_seq_len or 16) if self.has_sequence else None)
 
     def supports_seq_len(self, seq_len: int | None) -> str | None:
         """None when the model can run at ``seq_len``, else the reason it cannot."""

@@ -89,9 +89,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_worker(case: Case, settings: Settings) -> CellOutcome:
+def run_worker(case: Case, settings: Settings, check_parity: bool = True) -> CellOutcome:
     """Run ``case`` in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
-    job = Job(case=case, settings=settings)
+    job = Job(case=case, settings=settings, check_parity=check_parity)
     cpus = ",".join(str(cpu) for cpu in worker_cpus(settings.threads))
     env = {**os.environ, **thread_environment(settings.threads, settings.interop_threads), "PYTHONUNBUFFERED": "1"}
     oom_kills_before = _oom_kill_count()
@@ -232,9 +232,32 @@ def store_outcome(store: Store, run_id: int, outcome: CellOutcome, settings: Set
     return store.add_result(run_id, case, fields, outcome.samples, outcome.details)
 
 
+def parity_pair(case: Case) -> tuple[str, str, str, str]:
+    """Cells that share one parity check: same model, runtime, dtype and device."""
+    return case.model, case.runtime, case.dtype, case.device
+
+
+def _stored_parity(store: Store, run_id: int) -> dict[tuple[str, str, str, str], str]:
+    """Parity already settled in this run, by pair: the key of the cell that checked it, or 'mismatch'."""
+    settled: dict[tuple[str, str, str, str], str] = {}
+    for row in store.results([run_id]):
+        pair = (row["model"], row["runtime"], row["dtype"], row["device"])
+        if row["status"] == "mismatch":
+            settled[pair] = "mismatch"
+        elif row["status"] == "ok" and row["details"].get("parity", {}).get("ok"):
+            settled.setdefault(pair, row["case_key"])
+    return settled
+
+
 def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = None) -> list[CellOutcome]:
-    """Run every cell of ``plan`` that run ``run_id`` has no status for yet, storing each at once."""
+    """Run every cell of ``plan`` that run ``run_id`` has no status for yet, storing each at once.
+
+    Parity is checked once per (model, runtime, dtype, device) in a run, by the first cell of the
+    pair that completes; once a pair has failed it, its other cells are stored as ``mismatch``
+    without running.
+    """
     done = store.done_keys(run_id)
+    parity = _stored_parity(store, run_id)
     outcomes: list[CellOutcome] = []
 
     def record(outcome: CellOutcome, wall_s: float) -> None:
@@ -250,7 +273,19 @@ def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = N
         if case.key in done:
             continue
         started = time.monotonic()
+        pair = parity_pair(case)
         missing = missing_requirement(get_runtime(case.runtime))
-        outcome = _skipped(case, missing) if missing else run_worker(case, plan.settings)
+        if missing:
+            outcome = _skipped(case, missing)
+        elif parity.get(pair) == "mismatch":
+            outcome = CellOutcome(case, "mismatch", "not run: this runtime failed the parity check earlier in the run")
+        else:
+            outcome = run_worker(case, plan.settings, check_parity=pair not in parity)
+            if pair in parity:
+                outcome.details["parity_checked_by"] = parity[pair]
+            elif outcome.status == "mismatch":
+                parity[pair] = "mismatch"
+            elif outcome.status == "ok":
+                parity[pair] = case.key
         record(outcome, time.monotonic() - started)
     return outcomes

@@ -25,12 +25,14 @@ class Job:
 
     case: Case
     settings: Settings
+    check_parity: bool = True
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "case": self.case.to_dict(),
                 "settings": self.settings.to_dict(),
+                "check_parity": self.check_parity,
             }
         )
 
@@ -40,6 +42,7 @@ class Job:
         return cls(
             case=Case.from_dict(data["case"]),
             settings=Settings.from_dict(data["settings"]),
+            check_parity=bool(data.get("check_parity", True)),
         )
 
 

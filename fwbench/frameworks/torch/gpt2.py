@@ -1,0 +1,84 @@
+"""GPT-2 in PyTorch: causal pre-LN decoder, tanh GELU, LM head tied to the token embedding.
+
+Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
+(batch, seq, hidden) and (batch, seq, vocab). Canonical Conv1D weights (in, out) are transposed
+once into nn.Linear's (out, in) when loading.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fwbench.frameworks.torch.weights import load_canonical
+from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(hidden, eps=eps)
+        self.c_attn = nn.Linear(hidden, 3 * hidden)
+        self.attn_proj = nn.Linear(hidden, hidden)
+        self.ln_2 = nn.LayerNorm(hidden, eps=eps)
+        self.c_fc = nn.Linear(hidden, intermediate)
+        self.mlp_proj = nn.Linear(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
+                   for t in self.c_attn(self.ln_1(x)).split(h, dim=-1))
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        x = x + self.attn_proj(context.transpose(1, 2).reshape(b, s, h))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2Module(nn.Module):
+    def __init__(self, description: GPT2) -> None:
+        super().__init__()
+        c = description.config
+        self.wte = nn.Embedding(c.vocab_size, c.hidden)
+        self.wpe = nn.Embedding(c.max_positions, c.hidden)
+        self.layers = nn.ModuleList(
+            DecoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps) for _ in range(c.layers)
+        )
+        self.ln_f = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        seq = input_ids.shape[1]
+        positions = torch.arange(seq, device=input_ids.device)
+        x = self.wte(input_ids) + self.wpe(positions)
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
+        allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]  # (B, 1, S, S)
+        for layer in self.layers:
+            x = layer(x, allowed)
+        x = self.ln_f(x)
+        return x, F.linear(x, self.wte.weight)
+
+
+# canonical suffix -> this module's parameter suffix; Conv1D weights are transposed.
+_SUFFIXES = {"ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias", "attn.c_attn.weight": "c_attn.weight",
+             "attn.c_attn.bias": "c_attn.bias", "attn.c_proj.weight": "attn_proj.weight",
+             "attn.c_proj.bias": "attn_proj.bias", "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
+             "mlp.c_fc.weight": "c_fc.weight", "mlp.c_fc.bias": "c_fc.bias",
+             "mlp.c_proj.weight": "mlp_proj.weight", "mlp.c_proj.bias": "mlp_proj.bias"}
+assert set(_SUFFIXES) == set(LAYER_SUFFIXES)
+
+
+def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) -> GPT2Module:
+    """GPT-2 with the canonical weights (Conv1D (in, out) → nn.Linear (out, in))."""
+    module = GPT2Module(description)
+    mapping = {"wte.weight": "wte.weight", "wpe.weight": "wpe.weight", "ln_f.weight": "ln_f.weight",
+               "ln_f.bias": "ln_f.bias"}
+    transforms = {}
+    for i in range(description.config.layers):
+        for canonical, own in _SUFFIXES.items():
+            mapping[f"h.{i}.{canonical}"] = f"layers.{i}.{own}"
+            if canonical.endswith("c_attn.weight") or canonical.endswith("c_proj.weight") or \
+                    canonical.endswith("c_fc.weight"):
+                transforms[f"h.{i}.{canonical}"] = np.transpose
+    load_canonical(module, weights, mapping, transforms)
+    return module.to(device).eval()

@@ -1,0 +1,162 @@
+"""The BERT family: BERT encoder + pooler (bert-tiny, bert-base) and DistilBERT (no token types, no pooler).
+
+Post-LN transformer encoder, exact (erf) GELU, LayerNorm eps 1e-12, learned absolute positions.
+Parameter names and layouts are Hugging Face transformers' (``BertModel``, ``DistilBertModel``
+state dicts; linear weights are (out, in)), so a public checkpoint of either architecture loads.
+
+Frameworks address parameters by *role* (``param(role, layer)``), and the description maps roles
+to the variant's own names, so one implementation per framework serves both variants.
+Inputs: input_ids, attention_mask (and token_type_ids for BERT), each (batch, seq) int32.
+Outputs: ``last_hidden_state`` (batch, seq, hidden) and, for BERT, ``pooler_output`` (batch, hidden).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
+from fwbench.models.text import attention, gelu_erf, layer_norm, linear, token_inputs
+from fwbench.spec import Phase, SpecError
+
+# role -> (BERT name, DistilBERT name); "{i}" is the layer index.
+_LAYER_ROLES: dict[str, tuple[str, str]] = {
+    "query": ("encoder.layer.{i}.attention.self.query", "transformer.layer.{i}.attention.q_lin"),
+    "key": ("encoder.layer.{i}.attention.self.key", "transformer.layer.{i}.attention.k_lin"),
+    "value": ("encoder.layer.{i}.attention.self.value", "transformer.layer.{i}.attention.v_lin"),
+    "attention_out": ("encoder.layer.{i}.attention.output.dense", "transformer.layer.{i}.attention.out_lin"),
+    "attention_norm": ("encoder.layer.{i}.attention.output.LayerNorm", "transformer.layer.{i}.sa_layer_norm"),
+    "ffn_in": ("encoder.layer.{i}.intermediate.dense", "transformer.layer.{i}.ffn.lin1"),
+    "ffn_out": ("encoder.layer.{i}.output.dense", "transformer.layer.{i}.ffn.lin2"),
+    "ffn_norm": ("encoder.layer.{i}.output.LayerNorm", "transformer.layer.{i}.output_layer_norm"),
+}
+_GLOBAL_ROLES: dict[str, tuple[str | None, str | None]] = {
+    "word_embeddings": ("embeddings.word_embeddings", "embeddings.word_embeddings"),
+    "position_embeddings": ("embeddings.position_embeddings", "embeddings.position_embeddings"),
+    "token_type_embeddings": ("embeddings.token_type_embeddings", None),
+    "embeddings_norm": ("embeddings.LayerNorm", "embeddings.LayerNorm"),
+    "pooler": ("pooler.dense", None),
+}
+LAYER_ROLES = tuple(_LAYER_ROLES)
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Sizes of a BERT-family encoder; ``distil`` selects DistilBERT's names, no token types, no pooler."""
+
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    vocab_size: int = 30522
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    distil: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads:
+            raise SpecError(f"hidden size {self.hidden} is not divisible by {self.heads} heads")
+
+
+class Bert(ModelDescription):
+    arch = "bert"
+    has_sequence = True
+
+    def __init__(self, name: str, config: BertConfig) -> None:
+        self.name = name
+        self.config = config
+        self.max_seq_len = config.max_positions
+        self.output_names = ("last_hidden_state",) if config.distil else ("last_hidden_state", "pooler_output")
+
+    # -- names ------------------------------------------------------------------------------
+    def param(self, role: str, layer: int | None = None, kind: str = "weight") -> str:
+        """The canonical name of a role's tensor (``kind`` is weight or bias)."""
+        column = 1 if self.config.distil else 0
+        if role in _LAYER_ROLES:
+            if layer is None:
+                raise ValueError(f"role {role} needs a layer index")
+            prefix = _LAYER_ROLES[role][column].format(i=layer)
+        else:
+            found = _GLOBAL_ROLES[role][column]
+            if found is None:
+                raise KeyError(f"{self.name} has no {role}")
+            prefix = found
+        return f"{prefix}.{kind}"
+
+    @property
+    def has_token_types(self) -> bool:
+        return not self.config.distil
+
+    @property
+    def has_pooler(self) -> bool:
+        return not self.config.distil
+
+    def param_schema(self) -> list[ParamSpec]:
+        c = self.config
+        h, inter = c.hidden, c.intermediate
+        specs = [
+            ParamSpec(self.param("word_embeddings"), (c.vocab_size, h)),
+            ParamSpec(self.param("position_embeddings"), (c.max_positions, h)),
+        ]
+        if self.has_token_types:
+            specs.append(ParamSpec(self.param("token_type_embeddings"), (c.type_vocab_size, h)))
+        specs += [ParamSpec(self.param("embeddings_norm"), (h,)), ParamSpec(self.param("embeddings_norm", kind="bias"), (h,))]
+        shapes = {"query": (h, h), "key": (h, h), "value": (h, h), "attention_out": (h, h),
+                  "attention_norm": (h,), "ffn_in": (inter, h), "ffn_out": (h, inter), "ffn_norm": (h,)}
+        for i in range(c.layers):
+            for role, shape in shapes.items():
+                specs.append(ParamSpec(self.param(role, i), shape))
+                specs.append(ParamSpec(self.param(role, i, "bias"), (shape[0],)))
+        if self.has_pooler:
+            specs += [ParamSpec(self.param("pooler"), (h, h)), ParamSpec(self.param("pooler", kind="bias"), (h,))]
+        return specs
+
+    def canonical_weights(self, seed: int = 0) -> dict[str, np.ndarray]:
+        return normal_weights(self.param_schema(), seed)
+
+    def make_inputs(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        if seq_len is None:
+            raise SpecError(f"{self.name} needs a sequence length")
+        return token_inputs(batch_size, seq_len, self.config.vocab_size, seed, self.has_token_types)
+
+    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
+        """Matmul FLOPs: per layer 8·S·H² (Q, K, V, output) + 4·S·H·I (FFN) + 4·S²·H (scores, context)."""
+        c, s = self.config, seq_len or 1
+        per_layer = 8 * s * c.hidden**2 + 4 * s * c.hidden * c.intermediate + 4 * s * s * c.hidden
+        forward = batch_size * (c.layers * per_layer + (2 * c.hidden**2 if self.has_pooler else 0))
+        return forward if phase == "inference" else 3 * forward
+
+    def reference_forward(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        c = self.config
+        w = {name: value.astype(np.float64) for name, value in weights.items()}
+
+        def norm(x: np.ndarray, role: str, layer: int | None = None) -> np.ndarray:
+            return layer_norm(x, w[self.param(role, layer)], w[self.param(role, layer, "bias")], c.layer_norm_eps)
+
+        def dense(x: np.ndarray, role: str, layer: int | None = None) -> np.ndarray:
+            return linear(x, w[self.param(role, layer)], w[self.param(role, layer, "bias")])
+
+        ids = inputs["input_ids"]
+        seq = ids.shape[1]
+        x = w[self.param("word_embeddings")][ids] + w[self.param("position_embeddings")][np.arange(seq)]
+        if self.has_token_types:
+            x = x + w[self.param("token_type_embeddings")][inputs["token_type_ids"]]
+        x = norm(x, "embeddings_norm")
+        allowed = inputs["attention_mask"].astype(bool)[:, None, :]  # (B, 1, S): keys a query may see
+        for i in range(c.layers):
+            context = attention(dense(x, "query", i), dense(x, "key", i), dense(x, "value", i), c.heads, allowed)
+            x = norm(x + dense(context, "attention_out", i), "attention_norm", i)
+            x = norm(x + dense(gelu_erf(dense(x, "ffn_in", i)), "ffn_out", i), "ffn_norm", i)
+        outputs = {"last_hidden_state": x}
+        if self.has_pooler:
+            outputs["pooler_output"] = np.tanh(dense(x[:, 0], "pooler"))
+        return outputs
+
+
+BERT_TINY = Bert("bert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512))
+BERT_BASE = Bert("bert-base", BertConfig(layers=12, hidden=768, heads=12, intermediate=3072))
+DISTILBERT_BASE = Bert("distilbert-base", BertConfig(layers=6, hidden=768, heads=12, intermediate=3072, distil=True))

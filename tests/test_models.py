@@ -1,0 +1,149 @@
+"""Model descriptions and their PyTorch implementations: schemas, references, weight-map errors,
+and oracles nobody here wrote (Hugging Face transformers, test environment only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from fwbench.frameworks.torch import bert as torch_bert
+from fwbench.frameworks.torch import gpt2 as torch_gpt2
+from fwbench.frameworks.torch import mlp as torch_mlp
+from fwbench.models import MODELS, get_model
+from fwbench.models.bert import Bert, BertConfig
+from fwbench.models.gpt2 import GPT2, GPT2Config
+
+DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
+TORCH_BUILDERS = {"mlp": torch_mlp.build_model, "bert": torch_bert.build_model, "gpt2": torch_gpt2.build_model}
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+def run_torch(description, weights, inputs):  # type: ignore[no-untyped-def]
+    module = TORCH_BUILDERS[description.arch](description, weights, "cpu")
+    with torch.inference_mode():
+        outputs = module(*(torch.from_numpy(v) for v in inputs.values()))
+    return dict(zip(description.output_names, (o.numpy() for o in outputs)))
+
+
+def test_registry_and_hf_names() -> None:
+    assert {"mlp", "bert-tiny", "bert-base", "distilbert-base", "gpt2-tiny", "gpt2"} <= set(MODELS)
+    names = {p.name: p.shape for p in get_model("bert-base").param_schema()}
+    assert names["encoder.layer.11.attention.self.query.weight"] == (768, 768)
+    assert names["encoder.layer.0.intermediate.dense.weight"] == (3072, 768)
+    assert names["pooler.dense.bias"] == (768,)
+    assert sum(int(np.prod(s)) for s in names.values()) == 109_482_240  # bert-base-uncased's BertModel
+    distil = {p.name for p in get_model("distilbert-base").param_schema()}
+    assert "transformer.layer.5.ffn.lin1.weight" in distil and not any("token_type" in n for n in distil)
+    gpt2 = {p.name: p.shape for p in get_model("gpt2").param_schema()}
+    assert gpt2["h.0.attn.c_attn.weight"] == (768, 2304)  # Conv1D (in, out)
+    assert sum(int(np.prod(s)) for s in gpt2.values()) == 124_439_808  # GPT-2 small
+
+
+def test_weights_are_seeded_per_tensor_and_every_tensor_matters() -> None:
+    d = get_model("bert-tiny")
+    a, b = d.canonical_weights(0), d.canonical_weights(0)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["pooler.dense.weight"], d.canonical_weights(1)["pooler.dense.weight"])
+    assert all(np.abs(v).max() > 0 for v in a.values())  # no all-zero bias hiding a mapping error
+    assert np.allclose(a["embeddings.LayerNorm.weight"].mean(), 1.0, atol=0.01)
+
+
+def test_text_inputs_pad_part_of_a_row() -> None:
+    inputs = get_model("bert-tiny").make_inputs(3, 16, 0)
+    assert inputs["attention_mask"][:2].all() and inputs["attention_mask"][2].sum() == 12
+    assert inputs["token_type_ids"][:, :8].sum() == 0 and inputs["token_type_ids"][:, 8:].all()
+    assert "token_type_ids" not in get_model("gpt2-tiny").make_inputs(1, 8, 0)
+
+
+@pytest.mark.parametrize("description", [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")],
+                         ids=lambda d: d.name)
+def test_torch_matches_the_float64_reference(description) -> None:  # type: ignore[no-untyped-def]
+    weights = description.canonical_weights(0)
+    batch, seq = description.parity_shape()
+    inputs = description.make_inputs(batch, seq, 0)
+    reference = description.reference_forward(weights, inputs)
+    outputs = run_torch(description, weights, inputs)
+    for name in description.output_names:
+        assert rel_l2(outputs[name], reference[name]) < 1e-5, name
+
+
+def _hf_inputs(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v.astype(np.int64)) for k, v in inputs.items()}
+
+
+def _load_hf(model: torch.nn.Module, weights: dict[str, np.ndarray], prefix: str = "") -> torch.nn.Module:
+    missing, unexpected = model.load_state_dict({prefix + k: torch.from_numpy(v) for k, v in weights.items()},
+                                                strict=False)
+    assert not unexpected and not [m for m in missing if not m.endswith("lm_head.weight")], (missing, unexpected)
+    return model.eval()
+
+
+def test_oracle_bert_is_transformers_bertmodel() -> None:
+    d = get_model("bert-tiny")
+    c = d.config
+    hf = _load_hf(transformers.BertModel(transformers.BertConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
+        intermediate_size=c.intermediate, max_position_embeddings=c.max_positions)), d.canonical_weights(0))
+    inputs = d.make_inputs(3, 24, 0)
+    with torch.no_grad():
+        expected = hf(**_hf_inputs(inputs))
+    ours = run_torch(d, d.canonical_weights(0), inputs)
+    assert rel_l2(ours["last_hidden_state"], expected.last_hidden_state.numpy()) < 1e-5
+    assert rel_l2(ours["pooler_output"], expected.pooler_output.numpy()) < 1e-5
+
+
+def test_oracle_distilbert_is_transformers_distilbertmodel() -> None:
+    c = DISTIL_TINY.config
+    hf = _load_hf(transformers.DistilBertModel(transformers.DistilBertConfig(
+        vocab_size=c.vocab_size, dim=c.hidden, n_layers=c.layers, n_heads=c.heads, hidden_dim=c.intermediate)),
+        DISTIL_TINY.canonical_weights(0))
+    inputs = DISTIL_TINY.make_inputs(3, 24, 0)
+    with torch.no_grad():
+        expected = hf(**_hf_inputs(inputs)).last_hidden_state.numpy()
+    assert rel_l2(run_torch(DISTIL_TINY, DISTIL_TINY.canonical_weights(0), inputs)["last_hidden_state"], expected) < 1e-5
+
+
+def test_oracle_gpt2_is_transformers_gpt2lmheadmodel() -> None:
+    d = get_model("gpt2-tiny")
+    c = d.config
+    hf = _load_hf(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=c.vocab_size, n_positions=c.max_positions, n_embd=c.hidden, n_layer=c.layers, n_head=c.heads)),
+        d.canonical_weights(0), prefix="transformer.")
+    hf.tie_weights()
+    inputs = d.make_inputs(3, 24, 0)
+    with torch.no_grad():
+        expected = hf(**_hf_inputs(inputs), output_hidden_states=True)
+    ours = run_torch(d, d.canonical_weights(0), inputs)
+    assert rel_l2(ours["last_hidden_state"], expected.hidden_states[-1].numpy()) < 1e-5
+    assert rel_l2(ours["logits"], expected.logits.numpy()) < 1e-5
+
+
+@pytest.mark.parametrize("description", [get_model("mlp"), get_model("bert-tiny"), get_model("gpt2-tiny")],
+                         ids=lambda d: d.name)
+def test_weight_map_errors_are_clear(description) -> None:  # type: ignore[no-untyped-def]
+    weights = description.canonical_weights(0)
+    first = next(iter(weights))
+    missing = {k: v for k, v in weights.items() if k != first}
+    with pytest.raises(ValueError, match=rf"missing \['{first}'\]"):
+        description.check_weights(missing)
+    with pytest.raises(ValueError, match=r"tensors unused \['extra.weight'\]"):
+        TORCH_BUILDERS[description.arch](description, {**weights, "extra.weight": np.zeros(2, np.float32)}, "cpu")
+    wrong = dict(weights)
+    wrong[first] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match=rf"{first}.*shape \(3, 3\)"):
+        description.check_weights(wrong)
+    with pytest.raises(ValueError, match=rf"{first}.*shape \(3, 3\)"):
+        TORCH_BUILDERS[description.arch](description, wrong, "cpu")
+
+
+def test_flops() -> None:
+    gpt2 = get_model("gpt2")
+    # 2·params·tokens for the matmuls (embeddings excluded), plus attention and the LM head
+    assert gpt2.flops(1, 128) == 12 * (8 * 128 * 768**2 + 4 * 128 * 768 * 3072 + 4 * 128**2 * 768) \
+        + 2 * 128 * 768 * 50257
+    assert gpt2.flops(8, 128, "training") == 3 * 8 * gpt2.flops(1, 128)
