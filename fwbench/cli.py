@@ -1,4 +1,4 @@
-"""fwbench: benchmark deep-learning frameworks against each other, honestly (run | report | list | env).
+"""fwbench: benchmark deep-learning frameworks against each other, honestly (run | verify | weights | report | list | env).
 
 Bad input gets one line on stderr, exit status 2, and nothing written.
 """
@@ -17,18 +17,21 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fwbench import __version__
-from fwbench.frameworks import missing_requirement, runtimes
+from fwbench.frameworks import get_runtime, missing_requirement, runtimes
 from fwbench.measure import environment
-from fwbench.models import MODELS
+from fwbench.models import MODELS, get_model
+from fwbench.models.weights_io import load_weights, save_weights
 from fwbench.report.export import to_csv, to_json
 from fwbench.report.table import PIPE_WIDTH, make_console, print_results
 from fwbench.report.units import parse_bytes
 from fwbench.runner.manager import execute
 from fwbench.runner.planner import build_plan, parse_names, parse_positive_ints
 from fwbench.runner.progress import sweep_progress
+from fwbench.runner.verify import verify_model
 from fwbench.spec import MAX_COUNT, PROTOCOLS, RUNNABLE_DTYPES, RUNNABLE_PHASES, Plan, Settings, SpecError
 from fwbench.store import DEFAULT_DB, Store, StoreError
 from fwbench.suites import DEFAULT_SUITE, builtin_suites, load_suite
@@ -125,6 +128,31 @@ def build_parser() -> Parser:
     report.add_argument("--run", type=_run_id, metavar="ID", help="only this run, or 'latest' (default: all runs)")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table", help="default: table")
     report.add_argument("--out", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+
+    verify = commands.add_parser(
+        "verify", help="check that runtimes compute the same outputs with the same weights",
+        description="Build each model in each runtime (each in its own worker) with the same weights and inputs, "
+        "compare every output with the first runtime's and with the float64 numpy reference (relative L2 "
+        "error ≤ 1e-4 for fp32), print a table, and exit 1 on any mismatch or failure.",
+    )
+    verify.add_argument("--models", required=True, help="comma-separated model names")
+    verify.add_argument("--runtimes", required=True, help="comma-separated runtimes; the first is the comparison base")
+    verify.add_argument("--weights", type=Path, metavar="FILE", help="safetensors weights (one model only); "
+                        "default: the seeded canonical weights")
+    verify.add_argument("--dump", type=Path, metavar="DIR", help="write DIR/<model>/inputs.npz and "
+                        "DIR/<model>/<framework>_<mode>.npz with every output by name")
+    verify.add_argument("--batch-size", type=_positive_int, help="default: the model's parity shape (2)")
+    verify.add_argument("--seq-len", type=_positive_int, help="default: the model's parity shape (16)")
+    verify.add_argument("--threads", type=_positive_int, help="intra-op threads (default: physical cores)")
+    verify.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    verify.add_argument("--timeout", type=_positive_float, default=600.0, metavar="SECONDS", help="per runtime")
+
+    weights = commands.add_parser("weights", help="write a model's canonical weights to a safetensors file",
+                                  description="Write a model's seeded canonical weights (Hugging Face / "
+                                  "torchvision names and layouts) to a safetensors file.")
+    weights.add_argument("model", help="model name (see `fwbench list`)")
+    weights.add_argument("--out", type=Path, required=True, metavar="FILE.safetensors")
+    weights.add_argument("--seed", type=int, default=0, help="default 0")
 
     commands.add_parser("list", help="show models, runtimes (installed or not) and suites",
                         description="Show models, runtimes (installed or not) and suites.")
@@ -263,6 +291,72 @@ def command_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_verify(args: argparse.Namespace) -> int:
+    models = parse_names("--models", args.models)
+    runtime_names = parse_names("--runtimes", args.runtimes)
+    for name in models:
+        get_model(name)
+    for name in runtime_names:
+        get_runtime(name)
+    if args.weights is not None:
+        if len(models) != 1:
+            raise SpecError("--weights holds one model's weights: give exactly one model")
+        try:
+            load_weights(get_model(models[0]), args.weights)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+    if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
+        raise SpecError(f"--dump {args.dump} is not a folder")
+    for name in models:
+        model = get_model(name)
+        if args.seq_len is not None and model.supports_seq_len(args.seq_len):
+            raise SpecError(model.supports_seq_len(args.seq_len) or "")
+    settings = Settings(threads=args.threads or environment.physical_core_count(), timeout_s=args.timeout,
+                        max_time_s=min(5.0, args.timeout / 2), seed=args.seed)
+    check_threads_fit(settings)
+    table = Table(title="fwbench verify (relative L2 error; max abs error in brackets)")
+    for column in ("model", "runtime", "output", "shape", "vs first runtime", "vs float64 reference", "verdict"):
+        table.add_column(column)
+    failures = 0
+    for name in models:
+        checks = verify_model(name, runtime_names, settings, args.batch_size, args.seq_len, args.weights, args.dump)
+        for check in checks:
+            failures += not check.passed
+            if check.output is None or check.status != "ok":
+                verdict = "skipped" if check.status == "skipped" else f"[red]{check.status}[/]"
+                table.add_row(name, check.runtime, check.output or "—", "—", "—", "—",
+                              f"{verdict}: {escape(check.reason or '')}")
+                continue
+            table.add_row(
+                name, check.runtime, check.output, "×".join(map(str, check.shape or ())),
+                _error_cell(check.rel_l2_vs_first, check.max_abs_vs_first),
+                _error_cell(check.rel_l2_vs_reference, check.max_abs_vs_reference),
+                "ok" if check.passed else f"[red]mismatch (> {check.tolerance:g})[/]",
+            )
+    make_console().print(table)
+    if args.dump is not None:
+        print(f"outputs and inputs written under {args.dump}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _error_cell(rel_l2: float | None, max_abs: float | None) -> str:
+    return "—" if rel_l2 is None else f"{rel_l2:.2e} [{max_abs:.1e}]"
+
+
+def command_weights(args: argparse.Namespace) -> int:
+    model = get_model(args.model)
+    if args.out.is_dir() or not args.out.parent.is_dir():
+        raise SpecError(f"--out {args.out}: give a file path in an existing folder")
+    try:
+        save_weights(model, model.canonical_weights(args.seed), args.out, args.seed)
+    except OSError as exc:
+        raise SpecError(f"--out {args.out}: cannot write it: {exc.strerror or exc}") from None
+    count = sum(math.prod(p.shape) for p in model.param_schema())
+    print(f"wrote {args.out}: {args.model}, {len(model.param_schema())} tensors, {count:,} parameters, seed {args.seed}",
+          file=sys.stderr)
+    return 0
+
+
 def command_list() -> int:
     console = Console()
     models = Table(title="models")
@@ -311,6 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command_run(args, argv)
         if args.command == "report":
             return command_report(args)
+        if args.command == "verify":
+            return command_verify(args)
+        if args.command == "weights":
+            return command_weights(args)
         if args.command == "list":
             return command_list()
         return command_env(args)

@@ -100,7 +100,7 @@ def test_bad_report_arguments(capsys: pytest.CaptureFixture[str], db_path: Path)
 
 
 def test_help_for_every_command() -> None:
-    for command in ([], ["run"], ["report"], ["list"], ["env"]):
+    for command in ([], ["run"], ["verify"], ["weights"], ["report"], ["list"], ["env"]):
         result = run_cli(*command, "--help")
         assert result.returncode == 0 and "usage: fwbench" in result.stdout, result.stderr
 

@@ -50,6 +50,12 @@ def is_layer_norm_scale(name: str) -> bool:
                                          or lowered.startswith("ln_"))
 
 
+def _some(names: list[str], shown: int = 5) -> str:
+    """A list of names for an error line: the first few, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{names[:shown]}{more}"
+
+
 class ModelDescription(ABC):
     """A model as data: everything a framework needs to build it, and nothing framework-specific.
 
@@ -103,7 +109,7 @@ class ModelDescription(ABC):
         missing = sorted(set(schema) - set(weights))
         unused = sorted(set(weights) - set(schema))
         if missing or unused:
-            raise ValueError(f"{self.name} weights: missing {missing}, unexpected {unused}")
+            raise ValueError(f"{self.name} weights: missing {_some(missing)}, unexpected {_some(unused)}")
         for name, shape in schema.items():
             if tuple(weights[name].shape) != shape:
                 raise ValueError(f"{self.name} weight {name}: shape {weights[name].shape}, expected {shape}")

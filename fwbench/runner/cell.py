@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 import traceback
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from fwbench.measure import memory, timer
 from fwbench.models import get_model
+from fwbench.models.weights_io import load_weights
 from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE, Job, stage_message
 from fwbench.spec import RUNNABLE_DTYPES, RUNNABLE_PHASES
 
@@ -70,11 +72,14 @@ class CellRunner:
         self.result["versions"] = backend.versions()
 
         self.stage("build")
-        weights = description.canonical_weights(settings.seed)
+        weights = self.weights(description)
         arrays = description.make_inputs(case.batch_size, case.seq_len, settings.seed)
         backend.build(description, weights)
         del weights  # the framework holds its own copy; the canonical arrays must not sit in the peak
         inputs = backend.make_inputs(arrays)
+
+        if self.job.verify_output is not None:
+            return self.write_outputs(inputs)
 
         self.stage("compile")
         backend.compile(inputs)
@@ -110,12 +115,30 @@ class CellRunner:
         self.stage("done")
         return self.result
 
+    def weights(self, description: Any) -> dict[str, np.ndarray]:
+        """The job's weights: the file it names, else the seeded canonical set."""
+        if self.job.weights_path is not None:
+            return load_weights(description, Path(self.job.weights_path))
+        return description.canonical_weights(self.job.settings.seed)
+
+    def write_outputs(self, inputs: Any) -> dict[str, Any]:
+        """``fwbench verify``: one compiled call at the case's shape, outputs saved by name, nothing timed."""
+        self.stage("compile")
+        self.backend.compile(inputs)
+        self.stage("first_call")
+        outputs = self.backend.to_numpy(self.backend.infer(inputs))
+        assert self.job.verify_output is not None
+        np.savez(self.job.verify_output, **outputs)
+        self.result["status"] = "ok"
+        self.stage("done")
+        return self.result
+
     def check_parity(self, description: Any) -> None:
         """After timing (so first call and samples are untouched): outputs at the description's small
         parity shape against its float64 reference; a failure turns the cell into ``mismatch``."""
         case, settings = self.job.case, self.job.settings
         arrays = description.make_inputs(*description.parity_shape(), settings.seed)
-        reference = description.reference_forward(description.canonical_weights(settings.seed), arrays)
+        reference = description.reference_forward(self.weights(description), arrays)
         if reference is None:
             return
         self.stage("parity")

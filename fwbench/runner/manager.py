@@ -89,9 +89,11 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_worker(case: Case, settings: Settings, check_parity: bool = True) -> CellOutcome:
+def run_worker(case: Case, settings: Settings, check_parity: bool = True, *,
+               verify_output: str | None = None, weights_path: str | None = None) -> CellOutcome:
     """Run ``case`` in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
-    job = Job(case=case, settings=settings, check_parity=check_parity)
+    job = Job(case=case, settings=settings, check_parity=check_parity, verify_output=verify_output,
+              weights_path=weights_path)
     cpus = ",".join(str(cpu) for cpu in worker_cpus(settings.threads))
     env = {**os.environ, **thread_environment(settings.threads, settings.interop_threads), "PYTHONUNBUFFERED": "1"}
     oom_kills_before = _oom_kill_count()

@@ -21,11 +21,18 @@ PARITY_REL_L2_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
 
 @dataclass(frozen=True)
 class Job:
-    """One cell for one worker."""
+    """One cell for one worker.
+
+    With ``verify_output`` set, the worker only builds the model and writes its outputs at the
+    case's shape to that .npz path (``fwbench verify``); nothing is timed. ``weights_path`` is a
+    safetensors file to use instead of the seeded canonical weights.
+    """
 
     case: Case
     settings: Settings
     check_parity: bool = True
+    verify_output: str | None = None
+    weights_path: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -33,6 +40,8 @@ class Job:
                 "case": self.case.to_dict(),
                 "settings": self.settings.to_dict(),
                 "check_parity": self.check_parity,
+                "verify_output": self.verify_output,
+                "weights_path": self.weights_path,
             }
         )
 
@@ -43,6 +52,8 @@ class Job:
             case=Case.from_dict(data["case"]),
             settings=Settings.from_dict(data["settings"]),
             check_parity=bool(data.get("check_parity", True)),
+            verify_output=data.get("verify_output"),
+            weights_path=data.get("weights_path"),
         )
 
 

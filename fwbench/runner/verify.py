@@ -1,0 +1,114 @@
+"""``fwbench verify``: build each model in each runtime with the same weights and inputs, compare outputs.
+
+Each runtime runs in its own worker (this module imports no framework) and writes its outputs to an
+.npz file. Every output is compared with the first runtime's and with the model's float64 numpy
+reference: relative L2 error ‖a − b‖ / ‖b‖ and max absolute error. A runtime passes when every
+relative L2 error is within ``PARITY_REL_L2_TOLERANCE[dtype]`` (1e-4 for fp32).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from fwbench.frameworks import get_runtime, missing_requirement
+from fwbench.models import get_model
+from fwbench.models.weights_io import load_weights
+from fwbench.runner.manager import run_worker
+from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE
+from fwbench.spec import Case, Settings
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output of one runtime, against the first runtime and the reference."""
+
+    model: str
+    runtime: str
+    status: str
+    reason: str | None = None
+    output: str | None = None
+    shape: tuple[int, ...] | None = None
+    rel_l2_vs_first: float | None = None
+    max_abs_vs_first: float | None = None
+    rel_l2_vs_reference: float | None = None
+    max_abs_vs_reference: float | None = None
+    tolerance: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        if self.status == "skipped":
+            return True
+        if self.status != "ok" or self.tolerance is None:
+            return False
+        errors = (self.rel_l2_vs_first, self.rel_l2_vs_reference)
+        return all(e is None or e <= self.tolerance for e in errors)
+
+
+def compare(got: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
+    """(relative L2 error, max absolute error) of ``got`` against ``expected``, in float64."""
+    got64, expected64 = got.astype(np.float64), expected.astype(np.float64)
+    if got64.shape != expected64.shape:
+        return float("inf"), float("inf")
+    denominator = float(np.linalg.norm(expected64)) or 1.0
+    return float(np.linalg.norm(got64 - expected64)) / denominator, float(np.max(np.abs(got64 - expected64), initial=0.0))
+
+
+def verify_model(
+    model: str,
+    runtimes: Sequence[str],
+    settings: Settings,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    weights_path: Path | None = None,
+    dump_dir: Path | None = None,
+) -> list[OutputCheck]:
+    """Checks of every output of ``model`` in each runtime (first runtime = the comparison base)."""
+    description = get_model(model)
+    default_batch, default_seq = description.parity_shape()
+    batch = batch_size or default_batch
+    seq = (seq_len or default_seq) if description.has_sequence else None
+    dtype = "fp32"
+    weights = load_weights(description, weights_path) if weights_path else description.canonical_weights(settings.seed)
+    arrays = description.make_inputs(batch, seq, settings.seed)
+    reference = description.reference_forward(weights, arrays)
+    del weights
+    if dump_dir is not None:
+        (dump_dir / model).mkdir(parents=True, exist_ok=True)
+        np.savez(dump_dir / model / "inputs.npz", **arrays)
+    checks: list[OutputCheck] = []
+    first: dict[str, np.ndarray] | None = None
+    with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
+        for runtime in runtimes:
+            missing = missing_requirement(get_runtime(runtime))
+            if missing:
+                checks.append(OutputCheck(model, runtime, "skipped", missing))
+                continue
+            out_path = Path(scratch) / f"{runtime.replace(':', '_')}.npz"
+            outcome = run_worker(Case(model, runtime, batch_size=batch, seq_len=seq), settings, check_parity=False,
+                                 verify_output=str(out_path), weights_path=str(weights_path) if weights_path else None)
+            if outcome.status != "ok":
+                checks.append(OutputCheck(model, runtime, outcome.status, outcome.reason))
+                continue
+            with np.load(out_path) as data:
+                outputs = {name: data[name] for name in data.files}
+            if dump_dir is not None:
+                shutil.copyfile(out_path, dump_dir / model / out_path.name)
+            if first is None:
+                first = outputs
+            for name in description.output_names:
+                if name not in outputs:
+                    checks.append(OutputCheck(model, runtime, "mismatch", f"output {name} missing", name))
+                    continue
+                vs_first = compare(outputs[name], first[name]) if name in first else (None, None)
+                vs_reference = compare(outputs[name], reference[name]) if reference is not None else (None, None)
+                checks.append(OutputCheck(
+                    model, runtime, "ok", None, name, tuple(outputs[name].shape), vs_first[0], vs_first[1],
+                    vs_reference[0], vs_reference[1], PARITY_REL_L2_TOLERANCE[dtype],
+                ))
+    return checks

@@ -1,0 +1,73 @@
+"""``fwbench weights`` and ``fwbench verify``: files, comparisons, dumps and failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from conftest import run_cli
+from fwbench.models import get_model
+from fwbench.models.weights_io import load_weights
+
+
+def test_weights_command_writes_the_canonical_set(tmp_path: Path) -> None:
+    out = tmp_path / "bert-tiny.safetensors"
+    result = run_cli("weights", "bert-tiny", "--out", str(out), "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    assert "39 tensors, 4,385,920 parameters, seed 3" in result.stderr
+    description = get_model("bert-tiny")
+    loaded = load_weights(description, out)
+    expected = description.canonical_weights(3)
+    assert loaded.keys() == expected.keys() and all(np.array_equal(loaded[k], expected[k]) for k in expected)
+    with safe_open(str(out), "np") as handle:
+        assert handle.metadata() == {"fwbench_model": "bert-tiny", "seed": "3"}
+
+
+def test_verify_dumps_and_agrees(tmp_path: Path) -> None:
+    result = run_cli("verify", "--models", "mlp", "--runtimes", "torch:eager,tensorflow:function",
+                     "--threads", "1", "--dump", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(" ok ") >= 2
+    with np.load(tmp_path / "mlp" / "inputs.npz") as inputs:
+        x = {"x": inputs["x"]}
+    reference = get_model("mlp").reference_forward(get_model("mlp").canonical_weights(0), x)["logits"]
+    for name in ("torch_eager", "tensorflow_function"):
+        with np.load(tmp_path / "mlp" / f"{name}.npz") as outputs:
+            assert outputs.files == ["logits"]
+            assert np.allclose(outputs["logits"], reference, rtol=1e-5, atol=1e-6)
+
+
+def test_verify_fails_on_a_runtime_that_computes_something_else(plugin_env: dict[str, str]) -> None:
+    result = run_cli("verify", "--models", "mlp", "--runtimes", "torch:eager,fake:wrong,fake:crash,missing:eager",
+                     "--threads", "1", env=plugin_env)
+    assert result.returncode == 1
+    text = " ".join(result.stdout.split())
+    assert "mismatch (> 0.0001)" in text and "error: worker killed by SIGSEGV" in text and "skipped" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--models", "mlp,bert-tiny", "--runtimes", "torch:eager", "--weights", "w.safetensors"],
+         "--weights holds one model's weights"),
+        (["--models", "mlp", "--runtimes", "torch:eager", "--weights", "/etc/hostname"], "cannot read weights"),
+        (["--models", "nope", "--runtimes", "torch:eager"], "unknown model 'nope'"),
+        (["--models", "bert-tiny", "--runtimes", "torch:eager", "--seq-len", "600"], "exceeds bert-tiny's maximum of 512"),
+    ],
+)
+def test_verify_bad_input(args: list[str], fragment: str) -> None:
+    result = run_cli("verify", *args)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert fragment in result.stderr
+
+
+def test_verify_rejects_weights_of_another_model(tmp_path: Path) -> None:
+    out = tmp_path / "mlp.safetensors"
+    assert run_cli("weights", "mlp", "--out", str(out)).returncode == 0
+    result = run_cli("verify", "--models", "gpt2-tiny", "--runtimes", "torch:eager", "--weights", str(out))
+    assert result.returncode == 2
+    assert "do not fit gpt2-tiny: gpt2-tiny weights: missing ['h.0.attn.c_attn.bias'" in result.stderr
+    assert "and 23 more" in result.stderr
