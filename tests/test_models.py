@@ -147,3 +147,17 @@ def test_flops() -> None:
     assert gpt2.flops(1, 128) == 12 * (8 * 128 * 768**2 + 4 * 128 * 768 * 3072 + 4 * 128**2 * 768) \
         + 2 * 128 * 768 * 50257
     assert gpt2.flops(8, 128, "training") == 3 * 8 * gpt2.flops(1, 128)
+
+
+@pytest.mark.parametrize("description", [get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")],
+                         ids=lambda d: d.name)
+def test_torch_uses_the_right_gelu(description) -> None:  # type: ignore[no-untyped-def]
+    from model_checks import GELU_TOLERANCE, amplified_weights, gelu_swap_error
+
+    weights = amplified_weights(description)
+    inputs = description.make_inputs(*description.parity_shape(), 0)
+    assert gelu_swap_error(description, weights, inputs) > 4 * GELU_TOLERANCE  # the check below can see a swap
+    reference = description.reference_forward(weights, inputs)
+    outputs = run_torch(description, weights, inputs)
+    for name in description.output_names:
+        assert rel_l2(outputs[name], reference[name]) < GELU_TOLERANCE, name

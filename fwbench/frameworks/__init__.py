@@ -65,6 +65,7 @@ _builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eag
 _builtin(
     "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)"
 )
+_builtin("jax", "jit", ("jax",), "jax.jit of a pure function over a parameter pytree (weights passed as arguments)")
 
 
 def load_plugins() -> None:

@@ -40,7 +40,7 @@ class Backend(ABC):
 
     # -- set-up -------------------------------------------------------------------------------
     @abstractmethod
-    def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, int]:
+    def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
         """Apply the thread budget through the framework's own API; return what it now reports."""
 
     @abstractmethod

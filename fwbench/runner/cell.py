@@ -6,6 +6,7 @@ importing numpy starts BLAS threads that inherit whatever affinity the process h
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from pathlib import Path
@@ -93,6 +94,7 @@ class CellRunner:
         self.result["warmup_calls"] = max(2, settings.warmup_calls)
 
         self.stage("timing")
+        self.result["loadavg_before_timing"] = os.getloadavg()  # other work on the machine skews timings
         self.result["rss_before_timing_bytes"] = memory.rss_bytes()
         self.result["peak_memory_before_timing_bytes"] = memory.peak_rss_bytes()
         self.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"

@@ -1,0 +1,1 @@
+"""JAX: jitted pure functions over a parameter pytree (plain jax, no flax or equinox)."""

@@ -1,0 +1,95 @@
+"""GPT-2 in JAX: causal pre-LN decoder, tanh GELU, LM head tied to the token embedding.
+
+Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
+(batch, seq, hidden) and (batch, seq, vocab). Canonical Conv1D weights are already (in, out), the
+layout used here, so they load unchanged; ``logits = h @ wte.T``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fwbench.frameworks.jax.weights import CanonicalParams
+from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES, GPT2Config
+
+Params = dict[str, Any]
+
+
+def dense(p: Params, x: jax.Array) -> jax.Array:
+    """(..., in) @ kernel (in, out) + bias (out,) → (..., out)."""
+    return x @ p["kernel"] + p["bias"]
+
+
+def layer_norm(p: Params, x: jax.Array, eps: float) -> jax.Array:
+    """LayerNorm over the last axis (two-pass biased variance, like torch and the float64 reference)."""
+    return jax.nn.standardize(x, axis=-1, epsilon=eps, algorithm="stable") * p["scale"] + p["bias"]
+
+
+def decoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:
+    """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H)."""
+    b, s, h = x.shape
+    q, k, v = (t.reshape(b, s, heads, h // heads)  # (B, S, heads, H / heads)
+               for t in jnp.split(dense(p["c_attn"], layer_norm(p["ln_1"], x, eps)), 3, axis=-1))
+    context = jax.nn.dot_product_attention(q, k, v, mask=allowed)
+    x = x + dense(p["attn_proj"], context.reshape(b, s, h))
+    return x + dense(p["mlp_proj"], jax.nn.gelu(dense(p["c_fc"], layer_norm(p["ln_2"], x, eps)), approximate=True))
+
+
+@dataclass(frozen=True, eq=False)
+class GPT2Model:
+    """Static hyperparameters, the parameter pytree, and the forward function. ``apply`` reads weights
+    only from its ``params`` argument, so under ``jax.jit`` they are program inputs, not constants."""
+
+    config: GPT2Config
+    params: Params
+
+    def apply(self, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        c = self.config
+        seq = input_ids.shape[1]
+        x = params["wte"][input_ids] + params["wpe"][:seq]
+        causal = jnp.tril(jnp.ones((seq, seq), dtype=jnp.bool_))
+        allowed = causal[None, None] & attention_mask.astype(jnp.bool_)[:, None, None, :]  # (B, 1, S, S)
+        for layer in params["layers"]:
+            x = decoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps)
+        x = layer_norm(params["ln_f"], x, c.layer_norm_eps)
+        return x, x @ params["wte"].T
+
+
+# canonical suffix -> (this pytree's path within a layer); Conv1D weights keep their (in, out) layout.
+_SUFFIXES = {"ln_1.weight": ("ln_1", "scale"), "ln_1.bias": ("ln_1", "bias"),
+             "attn.c_attn.weight": ("c_attn", "kernel"), "attn.c_attn.bias": ("c_attn", "bias"),
+             "attn.c_proj.weight": ("attn_proj", "kernel"), "attn.c_proj.bias": ("attn_proj", "bias"),
+             "ln_2.weight": ("ln_2", "scale"), "ln_2.bias": ("ln_2", "bias"),
+             "mlp.c_fc.weight": ("c_fc", "kernel"), "mlp.c_fc.bias": ("c_fc", "bias"),
+             "mlp.c_proj.weight": ("mlp_proj", "kernel"), "mlp.c_proj.bias": ("mlp_proj", "bias")}
+assert set(_SUFFIXES) == set(LAYER_SUFFIXES)
+
+
+def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) -> GPT2Model:
+    """GPT-2 with the canonical weights (Conv1D (in, out) kernels used as they are)."""
+    c = description.config
+    h = c.hidden
+    kernels = {"c_attn": (h, 3 * h), "attn_proj": (h, h), "c_fc": (h, c.intermediate), "mlp_proj": (c.intermediate, h)}
+
+    def shape(module: str, leaf: str) -> tuple[int, ...]:  # (in, out) kernels, (out,) biases, (h,) norms
+        if module in kernels:
+            return kernels[module] if leaf == "kernel" else kernels[module][1:]
+        return (h,)
+
+    canonical = CanonicalParams(weights, device)
+    params: Params = {"wte": canonical.take("wte.weight", (c.vocab_size, h)),
+                      "wpe": canonical.take("wpe.weight", (c.max_positions, h)),
+                      "ln_f": {"scale": canonical.take("ln_f.weight", (h,)), "bias": canonical.take("ln_f.bias", (h,))},
+                      "layers": []}
+    for i in range(c.layers):
+        layer: Params = {}
+        for suffix, (module, leaf) in _SUFFIXES.items():
+            layer.setdefault(module, {})[leaf] = canonical.take(f"h.{i}.{suffix}", shape(module, leaf))
+        params["layers"].append(layer)
+    canonical.check_all_used()
+    return GPT2Model(c, params)

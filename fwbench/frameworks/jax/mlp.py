@@ -1,0 +1,45 @@
+"""The MLP in JAX: a pure function over a parameter pytree, matmul + bias with ReLU between layers.
+
+Input ``x``: (batch, in_features) float32 → ``(logits,)`` with logits (batch, out_features).
+Canonical weights are (out, in); kernels here are (in, out), transposed once when loading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from fwbench.frameworks.jax.weights import CanonicalParams, transpose
+from fwbench.models.mlp import MLP
+
+Params = dict[str, Any]  # {"layers": [{"kernel": (in, out), "bias": (out,)}, ...]}
+
+
+@dataclass(frozen=True, eq=False)
+class MLPModel:
+    """The MLP's parameters and its forward function; ``apply`` reads weights only from its argument,
+    so under ``jax.jit`` they are inputs of the compiled program, never baked-in constants."""
+
+    params: Params
+
+    def apply(self, params: Params, x: jax.Array) -> tuple[jax.Array]:
+        """x (batch, in_features) → (logits (batch, out_features),)."""
+        last = len(params["layers"]) - 1
+        for i, layer in enumerate(params["layers"]):
+            x = x @ layer["kernel"] + layer["bias"]
+            if i < last:
+                x = jax.nn.relu(x)
+        return (x,)
+
+
+def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -> MLPModel:
+    """The MLP with the canonical weights, its arrays placed on ``device``."""
+    canonical = CanonicalParams(weights, device)
+    layers = [{"kernel": canonical.take(f"{prefix}.weight", (fan_in, fan_out), transpose),
+               "bias": canonical.take(f"{prefix}.bias", (fan_out,))}
+              for prefix, fan_in, fan_out in description.layers]
+    canonical.check_all_used()
+    return MLPModel({"layers": layers})
