@@ -351,7 +351,7 @@ def command_weights(args: argparse.Namespace) -> int:
         save_weights(model, model.canonical_weights(args.seed), args.out, args.seed)
     except OSError as exc:
         raise SpecError(f"--out {args.out}: cannot write it: {exc.strerror or exc}") from None
-    count = sum(math.prod(p.shape) for p in model.param_schema())
+    count = model.parameter_count()
     print(f"wrote {args.out}: {args.model}, {len(model.param_schema())} tensors, {count:,} parameters, seed {args.seed}",
           file=sys.stderr)
     return 0
@@ -363,7 +363,7 @@ def command_list() -> int:
     for column in ("name", "sequence axis", "max seq len", "parameters"):
         models.add_column(column)
     for name, model in MODELS.items():
-        count = sum(math.prod(p.shape) for p in model.param_schema())
+        count = model.parameter_count()
         models.add_row(name, "yes" if model.has_sequence else "no", str(model.max_seq_len or "—"), f"{count:,}")
     console.print(models)
     table = Table(title="runtimes")

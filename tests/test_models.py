@@ -31,7 +31,8 @@ def run_torch(description, weights, inputs):  # type: ignore[no-untyped-def]
 
 
 def test_registry_and_hf_names() -> None:
-    assert {"mlp", "bert-tiny", "bert-base", "distilbert-base", "gpt2-tiny", "gpt2"} <= set(MODELS)
+    assert {"mlp", "bert-tiny", "bert-base", "distilbert-base", "gpt2-tiny", "gpt2", "resnet-tiny", "resnet50"} \
+        == set(MODELS)
     names = {p.name: p.shape for p in get_model("bert-base").param_schema()}
     assert names["encoder.layer.11.attention.self.query.weight"] == (768, 768)
     assert names["encoder.layer.0.intermediate.dense.weight"] == (3072, 768)
@@ -161,3 +162,10 @@ def test_torch_uses_the_right_gelu(description) -> None:  # type: ignore[no-unty
     outputs = run_torch(description, weights, inputs)
     for name in description.output_names:
         assert rel_l2(outputs[name], reference[name]) < GELU_TOLERANCE, name
+
+
+def test_a_missing_implementation_is_reported_without_importing_anything() -> None:
+    from fwbench.frameworks import get_runtime, missing_implementation
+
+    assert missing_implementation(get_runtime("torch:eager"), "bert") is None
+    assert missing_implementation(get_runtime("jax:jit"), "nosucharch") == "no jax implementation of nosucharch yet"

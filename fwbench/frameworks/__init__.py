@@ -105,6 +105,18 @@ def missing_requirement(info: RuntimeInfo) -> str | None:
     return None
 
 
+def missing_implementation(info: RuntimeInfo, arch: str) -> str | None:
+    """None when a built-in runtime's framework has a ``<arch>.py`` implementation, else why not.
+
+    Plugins build their models themselves and are not checked. Nothing is imported.
+    """
+    if not info.module.startswith(f"fwbench.frameworks.{info.framework}."):
+        return None
+    if importlib.util.find_spec(f"fwbench.frameworks.{info.framework}.{arch}") is None:
+        return f"no {info.framework} implementation of {arch} yet"
+    return None
+
+
 def create_backend(runtime: str, device: str, settings: Settings) -> Backend:
     """Import the runtime's backend module (and so its framework) and make the backend."""
     info = get_runtime(runtime)

@@ -6,6 +6,7 @@ generates, so all frameworks compute the same function with the same numbers.
 
 from __future__ import annotations
 
+import math
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -90,6 +91,10 @@ class ModelDescription(ABC):
     ) -> dict[str, np.ndarray] | None:
         """A float64 numpy forward pass used as the parity reference, or None where there is none."""
         return None
+
+    def parameter_count(self) -> int:
+        """Learnable parameters (buffers such as batch-norm running statistics excluded)."""
+        return sum(math.prod(p.shape) for p in self.param_schema())
 
     def parity_shape(self) -> tuple[int, int | None]:
         """(batch, seq_len) of the small input on which outputs are checked against the reference."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from fwbench.frameworks import get_runtime, missing_requirement
+from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.measure.environment import cpus_one_per_core
 from fwbench.measure.memory import peak_rss_bytes
 from fwbench.measure.stats import summarize
@@ -276,7 +276,8 @@ def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = N
             continue
         started = time.monotonic()
         pair = parity_pair(case)
-        missing = missing_requirement(get_runtime(case.runtime))
+        info = get_runtime(case.runtime)
+        missing = missing_requirement(info) or missing_implementation(info, get_model(case.model).arch)
         if missing:
             outcome = _skipped(case, missing)
         elif parity.get(pair) == "mismatch":

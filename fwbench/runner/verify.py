@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fwbench.frameworks import get_runtime, missing_requirement
+from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.manager import run_worker
@@ -85,7 +85,8 @@ def verify_model(
     first: dict[str, np.ndarray] | None = None
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
         for runtime in runtimes:
-            missing = missing_requirement(get_runtime(runtime))
+            info = get_runtime(runtime)
+            missing = missing_requirement(info) or missing_implementation(info, description.arch)
             if missing:
                 checks.append(OutputCheck(model, runtime, "skipped", missing))
                 continue

@@ -1,0 +1,112 @@
+"""ResNet v1.5 (bottleneck blocks) in PyTorch: nn.Conv2d / nn.BatchNorm2d / nn.MaxPool2d / nn.Linear.
+
+Input ``pixel_values``: (batch, 3, H, W) float32, NCHW → ``(logits,)`` with logits (batch, classes).
+Attribute names are torchvision's (``conv1``, ``bn1``, ``layer{k}.{j}.conv{n}``, ``.downsample.{0,1}``,
+``fc``), so the weight map is an identity, spelled out. BN running statistics are buffers: they
+are loaded through the same strict map as the parameters (:func:`load_canonical_state`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
+
+# Buffers that are not part of the canonical weights: BatchNorm's step counter (used only by a
+# momentum=None running average in training); it keeps its initial value.
+_NOT_CANONICAL = ("num_batches_tracked",)
+
+
+def _conv(v: Conv) -> nn.Conv2d:
+    return nn.Conv2d(v.in_channels, v.out_channels, v.kernel, stride=v.stride, padding=v.padding, bias=False)
+
+
+class Bottleneck(nn.Module):
+    """1x1 → 3x3 (stride here, v1.5) → 1x1 (4x channels), BN after each; ReLU after the sum."""
+
+    def __init__(self, block: Block, eps: float) -> None:
+        super().__init__()
+        first, second, third = block.convs
+        self.conv1, self.bn1 = _conv(first), nn.BatchNorm2d(first.out_channels, eps=eps)
+        self.conv2, self.bn2 = _conv(second), nn.BatchNorm2d(second.out_channels, eps=eps)
+        self.conv3, self.bn3 = _conv(third), nn.BatchNorm2d(third.out_channels, eps=eps)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample: nn.Module | None = None
+        if block.downsample is not None:
+            self.downsample = nn.Sequential(_conv(block.downsample),
+                                            nn.BatchNorm2d(block.downsample.out_channels, eps=eps))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, 4·width, H / stride, W / stride)
+        shortcut = x if self.downsample is None else self.downsample(x)
+        h = self.relu(self.bn1(self.conv1(x)))
+        h = self.relu(self.bn2(self.conv2(h)))
+        h = self.bn3(self.conv3(h))
+        return self.relu(h + shortcut)
+
+
+class ResNetModule(nn.Module):
+    def __init__(self, description: ResNet) -> None:
+        super().__init__()
+        c = description.config
+        self.conv1 = _conv(description.stem)
+        self.bn1 = nn.BatchNorm2d(description.stem.out_channels, eps=c.bn_eps)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        blocks = description.blocks
+        start = 0
+        for stage, count in enumerate(c.blocks):  # layer1..layerN: nn.Sequential, indexed like torchvision
+            self.add_module(f"layer{stage + 1}",
+                            nn.Sequential(*(Bottleneck(b, c.bn_eps) for b in blocks[start:start + count])))
+            start += count
+        self.stages = len(c.blocks)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c.features, c.num_classes)
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor]:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(pixel_values))))  # (B, width, H/4, W/4)
+        for stage in range(self.stages):
+            x = getattr(self, f"layer{stage + 1}")(x)
+        return (self.fc(torch.flatten(self.avgpool(x), 1)),)  # (B, classes)
+
+
+def load_canonical_state(module: nn.Module, weights: dict[str, np.ndarray], mapping: dict[str, str]) -> None:
+    """Set each parameter *or buffer* ``mapping[canonical]`` of ``module`` to ``weights[canonical]``.
+
+    As strict as ``weights.load_canonical``: every canonical tensor used, every parameter and buffer
+    set (those named in ``_NOT_CANONICAL`` excepted), no tensor missing, every shape equal.
+    """
+    targets = dict(module.named_parameters())
+    targets.update((name, b) for name, b in module.named_buffers() if not name.endswith(_NOT_CANONICAL))
+    unset = sorted(set(targets) - set(mapping.values()))
+    unknown = sorted(set(mapping.values()) - set(targets))
+    unused = sorted(set(weights) - set(mapping))
+    missing = sorted(set(mapping) - set(weights))
+    if unset or unknown or unused or missing:
+        raise ValueError(f"weight map: parameters or buffers unset {unset}, unknown {unknown}, "
+                         f"tensors unused {unused}, tensors missing {missing}")
+    if len(set(mapping.values())) != len(mapping):
+        raise ValueError("weight map: a parameter or buffer is the target of more than one tensor")
+    with torch.no_grad():
+        for canonical, target in mapping.items():
+            value = weights[canonical]
+            if tuple(targets[target].shape) != tuple(value.shape):
+                raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(targets[target].shape)}")
+            targets[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
+
+def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:
+    """The ResNet with the canonical weights (torchvision names onto the same attribute paths), on ``device``."""
+    module = ResNetModule(description)
+    mapping = {"conv1.weight": "conv1.weight", "fc.weight": "fc.weight", "fc.bias": "fc.bias"}
+    mapping.update({f"bn1.{s}": f"bn1.{s}" for s in BN_SUFFIXES})
+    for block in description.blocks:  # block.prefix "layer{k}.{j}" is also the nn.Sequential path
+        for n, conv in enumerate(block.convs, start=1):
+            mapping[f"{conv.name}.weight"] = f"{block.prefix}.conv{n}.weight"
+            mapping.update({f"{conv.bn}.{s}": f"{block.prefix}.bn{n}.{s}" for s in BN_SUFFIXES})
+        if block.downsample is not None:
+            mapping[f"{block.downsample.name}.weight"] = f"{block.prefix}.downsample.0.weight"
+            mapping.update({f"{block.downsample.bn}.{s}": f"{block.prefix}.downsample.1.{s}" for s in BN_SUFFIXES})
+    load_canonical_state(module, weights, mapping)
+    return module.to(device).eval()
