@@ -1,0 +1,154 @@
+"""The BERT family in TensorFlow (BERT with pooler, DistilBERT without): post-LN encoder, erf GELU.
+
+Inputs: input_ids, attention_mask[, token_type_ids], each (batch, seq) int32.
+Returns ``(last_hidden_state[, pooler_output])``: (batch, seq, hidden) and (batch, hidden).
+tf.Module and tf ops, not Keras. Hidden states stay 2-D (batch·seq, hidden) between layers, so
+every dense layer is one plain MatMul; Q, K and V are one matmul, their kernels concatenated once
+when loading. Attention is batched matmuls with an additive key mask (0 or -1e9 per key).
+Canonical linear weights are (out, in); kernels here are (in, out), transposed once when loading.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from fwbench.frameworks.tensorflow.weights import Transform, canonical_variable, check_all_used, identity, transpose
+from fwbench.models.bert import Bert
+
+# canonical name, expected shape after the transform, transform -> a checked tf.Variable
+MakeVariable = Callable[[str, tuple[int, ...], Transform], tf.Variable]
+
+MASKED = -1e9  # added to the scores of excluded keys: exp underflows to exactly 0
+
+
+def tracked_variables(weights: dict[str, np.ndarray], used: set[str]) -> MakeVariable:
+    """``canonical_variable`` that records each name in ``used`` (for ``check_all_used``) and raises
+    ValueError for a tensor that is missing or mapped twice."""
+
+    def variable(name: str, shape: tuple[int, ...], transform: Transform) -> tf.Variable:
+        if name not in weights:
+            raise ValueError(f"weight map: tensor {name} missing")
+        if name in used:
+            raise ValueError(f"weight map: tensor {name} mapped twice")
+        used.add(name)
+        return canonical_variable(weights, name, shape, transform)
+
+    return variable
+
+
+def layer_norm(x: tf.Tensor, gamma: tf.Variable, beta: tf.Variable, eps: float) -> tf.Tensor:
+    """LayerNorm over the last axis: two-pass biased variance, like torch and the float64 reference
+    (fewer eager ops than tf.nn.moments + tf.nn.batch_normalization, and as fast in a graph)."""
+    centred = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    variance = tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True)
+    return centred * tf.math.rsqrt(variance + eps) * gamma + beta
+
+
+def gelu_erf(x: tf.Tensor) -> tf.Tensor:
+    """Exact GELU: x·Φ(x) = 0.5·x·(1 + erf(x / √2))."""
+    return 0.5 * x * (1.0 + tf.math.erf(x * (1.0 / float(np.sqrt(2.0)))))
+
+
+def dense(x: tf.Tensor, kernel: tf.Variable, bias: tf.Variable) -> tf.Tensor:
+    """(N, in) @ (in, out) + bias."""
+    return tf.nn.bias_add(tf.matmul(x, kernel), bias)
+
+
+def key_mask(attention_mask: tf.Tensor) -> tf.Tensor:
+    """(B, S) int, 1 = real token → (B, 1, 1, S) additive float32: 0 to attend, -1e9 to exclude."""
+    return (1.0 - tf.cast(attention_mask, tf.float32))[:, None, None, :] * MASKED
+
+
+def dims(input_ids: tf.Tensor) -> tuple[int | tf.Tensor, int | tf.Tensor]:
+    """(batch, seq): Python ints when the shape is static (eager calls, a fixed signature), else tensors."""
+    b, s = input_ids.shape
+    if b is None or s is None:
+        dynamic = tf.shape(input_ids)
+        return dynamic[0], dynamic[1]
+    return b, s
+
+
+class EncoderLayer(tf.Module):
+    def __init__(self, description: Bert, i: int, variable: MakeVariable) -> None:
+        super().__init__(name=f"layer_{i}")
+        c = description.config
+        h, inter = c.hidden, c.intermediate
+        self.heads, self.eps = c.heads, c.layer_norm_eps
+
+        def weight(role: str, shape: tuple[int, ...]) -> tf.Variable:
+            return variable(description.param(role, i), shape, transpose if len(shape) == 2 else identity)
+
+        def bias(role: str, size: int) -> tf.Variable:
+            return variable(description.param(role, i, "bias"), (size,), identity)
+
+        qkv = ("query", "key", "value")  # fused: (h, 3h) kernel, (3h,) bias
+        self.qkv_kernel = tf.Variable(tf.concat([weight(r, (h, h)) for r in qkv], axis=1), name="qkv_kernel")
+        self.qkv_bias = tf.Variable(tf.concat([bias(r, h) for r in qkv], axis=0), name="qkv_bias")
+        self.attention_out = weight("attention_out", (h, h)), bias("attention_out", h)
+        self.attention_norm = weight("attention_norm", (h,)), bias("attention_norm", h)
+        self.ffn_in = weight("ffn_in", (h, inter)), bias("ffn_in", inter)
+        self.ffn_out = weight("ffn_out", (inter, h)), bias("ffn_out", h)
+        self.ffn_norm = weight("ffn_norm", (h,)), bias("ffn_norm", h)
+
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor) -> tf.Tensor:
+        """x (B·S, H), mask (B, 1, 1, S) additive → (B·S, H)."""
+        h = x.shape[-1]
+        d = h // self.heads
+        qkv = tf.reshape(dense(x, self.qkv_kernel, self.qkv_bias), [b, s, 3, self.heads, d])
+        q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each (B, heads, S, d)
+        scores = tf.matmul(q * (1.0 / float(np.sqrt(d))), k, transpose_b=True) + mask  # (B, heads, S, S)
+        context = tf.matmul(tf.nn.softmax(scores, axis=-1), v)  # (B, heads, S, d)
+        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h])
+        x = layer_norm(x + dense(context, *self.attention_out), *self.attention_norm, self.eps)
+        ffn = dense(gelu_erf(dense(x, *self.ffn_in)), *self.ffn_out)
+        return layer_norm(x + ffn, *self.ffn_norm, self.eps)
+
+
+class BertModule(tf.Module):
+    def __init__(self, description: Bert, weights: dict[str, np.ndarray]) -> None:
+        super().__init__(name=description.arch)
+        c = description.config
+        self.with_token_types, self.with_pooler = description.has_token_types, description.has_pooler
+        self.eps = c.layer_norm_eps
+        used: set[str] = set()
+        variable = tracked_variables(weights, used)
+
+        def param(role: str, shape: tuple[int, ...], kind: str = "weight", transform: Transform = identity
+                  ) -> tf.Variable:
+            return variable(description.param(role, kind=kind), shape, transform)
+
+        self.word_embeddings = param("word_embeddings", (c.vocab_size, c.hidden))
+        self.position_embeddings = param("position_embeddings", (c.max_positions, c.hidden))
+        if self.with_token_types:
+            self.token_type_embeddings = param("token_type_embeddings", (c.type_vocab_size, c.hidden))
+        self.embeddings_norm = param("embeddings_norm", (c.hidden,)), param("embeddings_norm", (c.hidden,), "bias")
+        self.layers = [EncoderLayer(description, i, variable) for i in range(c.layers)]
+        if self.with_pooler:
+            self.pooler = (param("pooler", (c.hidden, c.hidden), transform=transpose),
+                           param("pooler", (c.hidden,), "bias"))
+        check_all_used(weights, used)
+
+    def __call__(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
+                 token_type_ids: tf.Tensor | None = None) -> tuple[tf.Tensor, ...]:
+        b, s = dims(input_ids)
+        h = self.word_embeddings.shape[-1]
+        x = tf.gather(self.word_embeddings, input_ids) + self.position_embeddings[:s]
+        if self.with_token_types:
+            x = x + tf.gather(self.token_type_embeddings, token_type_ids)
+        x = layer_norm(tf.reshape(x, [-1, h]), *self.embeddings_norm, self.eps)  # (B·S, H)
+        mask = key_mask(attention_mask)  # (B, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, mask, b, s)
+        x = tf.reshape(x, [b, s, h])
+        if self.with_pooler:
+            return x, tf.tanh(dense(x[:, 0], *self.pooler))
+        return (x,)
+
+
+def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) -> BertModule:
+    """The encoder with the canonical weights, its variables placed on ``device``."""
+    with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
+        return BertModule(description, weights)

@@ -1,0 +1,91 @@
+"""GPT-2 in TensorFlow: causal pre-LN decoder, tanh GELU, LM head tied to the token embedding.
+
+Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
+(batch, seq, hidden) and (batch, seq, vocab). tf.Module and tf ops, not Keras. Canonical Conv1D
+weights are (in, out), which is already the kernel layout here: no transpose when loading.
+Hidden states stay 2-D (batch·seq, hidden) between layers, so every dense layer is one MatMul.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fwbench.frameworks.tensorflow.bert import MASKED, MakeVariable, dense, dims, layer_norm, tracked_variables
+from fwbench.frameworks.tensorflow.weights import check_all_used, identity
+from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
+
+
+def gelu_tanh(x: tf.Tensor) -> tf.Tensor:
+    """GPT-2's tanh GELU, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); x³ as x·x·x, since an eager
+    tf.pow (what tf.nn.gelu(approximate=True) calls) is several times slower."""
+    return 0.5 * x * (1.0 + tf.tanh(float(np.sqrt(2.0 / np.pi)) * (x + 0.044715 * x * x * x)))
+
+
+class DecoderLayer(tf.Module):
+    def __init__(self, description: GPT2, i: int, variable: MakeVariable) -> None:
+        super().__init__(name=f"h_{i}")
+        c = description.config
+        h, inter = c.hidden, c.intermediate
+        self.heads, self.eps = c.heads, c.layer_norm_eps
+
+        def pair(suffix: str, shape: tuple[int, ...]) -> tuple[tf.Variable, tf.Variable]:
+            """(weight, bias) of ``h.{i}.{suffix}``; Conv1D weights are (in, out) kernels as they are."""
+            return (variable(f"h.{i}.{suffix}.weight", shape, identity),
+                    variable(f"h.{i}.{suffix}.bias", (shape[-1],), identity))
+
+        self.ln_1 = pair("ln_1", (h,))
+        self.c_attn = pair("attn.c_attn", (h, 3 * h))
+        self.attn_proj = pair("attn.c_proj", (h, h))
+        self.ln_2 = pair("ln_2", (h,))
+        self.c_fc = pair("mlp.c_fc", (h, inter))
+        self.mlp_proj = pair("mlp.c_proj", (inter, h))
+
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor) -> tf.Tensor:
+        """x (B·S, H), mask (B, 1, S, S) additive → (B·S, H)."""
+        h = x.shape[-1]
+        d = h // self.heads
+        qkv = tf.reshape(dense(layer_norm(x, *self.ln_1, self.eps), *self.c_attn), [b, s, 3, self.heads, d])
+        q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each (B, heads, S, d)
+        scores = tf.matmul(q * (1.0 / float(np.sqrt(d))), k, transpose_b=True) + mask  # (B, heads, S, S)
+        context = tf.matmul(tf.nn.softmax(scores, axis=-1), v)  # (B, heads, S, d)
+        x = x + dense(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h]), *self.attn_proj)
+        return x + dense(gelu_tanh(dense(layer_norm(x, *self.ln_2, self.eps), *self.c_fc)), *self.mlp_proj)
+
+
+class GPT2Module(tf.Module):
+    def __init__(self, description: GPT2, weights: dict[str, np.ndarray]) -> None:
+        super().__init__(name=description.arch)
+        c = description.config
+        self.eps = c.layer_norm_eps
+        used: set[str] = set()
+        variable = tracked_variables(weights, used)
+
+        self.wte = variable("wte.weight", (c.vocab_size, c.hidden), identity)
+        self.wpe = variable("wpe.weight", (c.max_positions, c.hidden), identity)
+        self.layers = [DecoderLayer(description, i, variable) for i in range(c.layers)]
+        self.ln_f = variable("ln_f.weight", (c.hidden,), identity), variable("ln_f.bias", (c.hidden,), identity)
+        check_all_used(weights, used)
+
+    def __call__(self, input_ids: tf.Tensor, attention_mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        b, s = dims(input_ids)
+        h = self.wte.shape[-1]
+        x = tf.reshape(tf.gather(self.wte, input_ids) + self.wpe[:s], [-1, h])  # (B·S, H)
+        causal = tf.linalg.band_part(tf.ones([s, s]), -1, 0)  # (S, S), 1 on and below the diagonal
+        allowed = causal[None, None] * tf.cast(attention_mask, tf.float32)[:, None, None, :]  # (B, 1, S, S)
+        mask = (1.0 - allowed) * MASKED
+        for layer in self.layers:
+            x = layer(x, mask, b, s)
+        x = layer_norm(x, *self.ln_f, self.eps)
+        logits = tf.matmul(x, self.wte, transpose_b=True)  # tied LM head: (B·S, V)
+        return tf.reshape(x, [b, s, h]), tf.reshape(logits, [b, s, -1])
+
+
+assert {f"{n}.{k}" for n in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+        for k in ("weight", "bias")} == set(LAYER_SUFFIXES)
+
+
+def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) -> GPT2Module:
+    """GPT-2 with the canonical weights, its variables placed on ``device``."""
+    with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
+        return GPT2Module(description, weights)
