@@ -9,7 +9,7 @@ STAMP := $(VENV)/.fwbench-installed
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export KERAS_HOME ?= $(CURDIR)/.cache/keras
 
-.PHONY: bench test install clean
+.PHONY: bench test install clean oracles bench-zoo
 
 install: $(STAMP)
 
@@ -25,6 +25,15 @@ bench: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# transformers' TensorFlow models need tf-keras; --no-deps, or it pulls the full tensorflow package.
+oracles: $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps tf-keras==2.21.0
+
+# Our implementations against transformers' (benchmarks/zoo_speed.py); one process per framework.
+bench-zoo: oracles
+	$(BIN)/python benchmarks/zoo_speed.py --framework torch
+	$(BIN)/python benchmarks/zoo_speed.py --framework tensorflow
 
 clean:
 	rm -rf $(VENV) .cache *.egg-info
