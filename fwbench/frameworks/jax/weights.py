@@ -54,3 +54,9 @@ class CanonicalParams:
         unused = sorted(set(self.weights) - self.used)
         if unused:
             raise ValueError(f"weight map: tensors unused {unused}")
+
+
+def hwio(value: np.ndarray) -> np.ndarray:
+    """(out, in, kh, kw) torch layout → (kh, kw, in, out); any other rank passes through unchanged, so
+    that the shape check names the tensor."""
+    return np.ascontiguousarray(value.transpose(2, 3, 1, 0)) if value.ndim == 4 else value

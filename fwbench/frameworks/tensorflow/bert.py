@@ -10,33 +10,19 @@ Canonical linear weights are (out, in); kernels here are (in, out), transposed o
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import tensorflow as tf
 
-from fwbench.frameworks.tensorflow.weights import Transform, canonical_variable, check_all_used, identity, transpose
+from fwbench.frameworks.tensorflow.weights import (
+    MakeVariable,
+    check_all_used,
+    identity,
+    tracked_variables,
+    transpose,
+)
 from fwbench.models.bert import Bert
 
-# canonical name, expected shape after the transform, transform -> a checked tf.Variable
-MakeVariable = Callable[[str, tuple[int, ...], Transform], tf.Variable]
-
 MASKED = -1e9  # added to the scores of excluded keys: exp underflows to exactly 0
-
-
-def tracked_variables(weights: dict[str, np.ndarray], used: set[str]) -> MakeVariable:
-    """``canonical_variable`` that records each name in ``used`` (for ``check_all_used``) and raises
-    ValueError for a tensor that is missing or mapped twice."""
-
-    def variable(name: str, shape: tuple[int, ...], transform: Transform) -> tf.Variable:
-        if name not in weights:
-            raise ValueError(f"weight map: tensor {name} missing")
-        if name in used:
-            raise ValueError(f"weight map: tensor {name} mapped twice")
-        used.add(name)
-        return canonical_variable(weights, name, shape, transform)
-
-    return variable
 
 
 def layer_norm(x: tf.Tensor, gamma: tf.Variable, beta: tf.Variable, eps: float) -> tf.Tensor:

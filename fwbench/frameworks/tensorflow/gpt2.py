@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from fwbench.frameworks.tensorflow.bert import MASKED, MakeVariable, dense, dims, layer_norm, tracked_variables
+from fwbench.frameworks.tensorflow.bert import MASKED, dense, dims, layer_norm
+from fwbench.frameworks.tensorflow.weights import MakeVariable, tracked_variables
 from fwbench.frameworks.tensorflow.weights import check_all_used, identity
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from fwbench.frameworks.tensorflow.weights import canonical_variable, check_all_used, identity, transpose
+from fwbench.frameworks.tensorflow.weights import check_all_used, identity, tracked_variables, transpose
 from fwbench.models.mlp import MLP
 
 
@@ -19,10 +19,10 @@ class MLPModule(tf.Module):
         self.kernels: list[tf.Variable] = []
         self.biases: list[tf.Variable] = []
         used: set[str] = set()
+        variable = tracked_variables(weights, used)
         for prefix, fan_in, fan_out in description.layers:
-            self.kernels.append(canonical_variable(weights, f"{prefix}.weight", (fan_in, fan_out), transpose))
-            self.biases.append(canonical_variable(weights, f"{prefix}.bias", (fan_out,), identity))
-            used |= {f"{prefix}.weight", f"{prefix}.bias"}
+            self.kernels.append(variable(f"{prefix}.weight", (fan_in, fan_out), transpose))
+            self.biases.append(variable(f"{prefix}.bias", (fan_out,), identity))
         check_all_used(weights, used)
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:

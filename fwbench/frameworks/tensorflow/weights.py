@@ -34,3 +34,28 @@ def check_all_used(weights: dict[str, np.ndarray], used: set[str]) -> None:
     unused, unknown = sorted(set(weights) - used), sorted(used - set(weights))
     if unused or unknown:
         raise ValueError(f"weight map: tensors unused {unused}, unknown {unknown}")
+
+
+# canonical name, expected shape after the transform, transform -> a checked tf.Variable
+MakeVariable = Callable[[str, tuple[int, ...], Transform], tf.Variable]
+
+
+def tracked_variables(weights: dict[str, np.ndarray], used: set[str]) -> MakeVariable:
+    """``canonical_variable`` that records each name in ``used`` (for ``check_all_used``) and raises
+    ValueError for a tensor that is missing or mapped twice."""
+
+    def variable(name: str, shape: tuple[int, ...], transform: Transform) -> tf.Variable:
+        if name not in weights:
+            raise ValueError(f"weight map: tensor {name} missing")
+        if name in used:
+            raise ValueError(f"weight map: tensor {name} mapped twice")
+        used.add(name)
+        return canonical_variable(weights, name, shape, transform)
+
+    return variable
+
+
+def hwio(value: np.ndarray) -> np.ndarray:
+    """(out, in, kh, kw) torch layout → (kh, kw, in, out); any other rank passes through unchanged, so
+    that the shape check names the tensor."""
+    return np.ascontiguousarray(value.transpose(2, 3, 1, 0)) if value.ndim == 4 else value

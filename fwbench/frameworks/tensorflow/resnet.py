@@ -1,0 +1,107 @@
+"""ResNet v1.5 (bottleneck blocks) in TensorFlow: tf.nn.conv2d / tf.nn.max_pool2d / tf.matmul (tf.Module, not Keras).
+
+Input ``pixel_values``: (batch, 3, H, W) float32, NCHW → ``(logits,)`` with logits (batch, classes).
+Layout: NHWC internally, NCHW at the boundary. TensorFlow's CPU convolutions want channels-last, so
+the first op of ``__call__`` transposes the input NCHW → NHWC (inside the timed call, so every
+framework is fed the same NCHW tensor), and each conv kernel is transposed once, when loading, from
+the canonical (out, in, kh, kw) to HWIO (kh, kw, in, out). ``fc`` kernel is (in, out), transposed
+once when loading. Padding is explicit and symmetric, as torch's: ``"SAME"`` pads a stride-2 conv
+or pool asymmetrically (more at the end), so it is never used; the max-pool pads with -inf and pools
+``VALID``. Attribute names follow torchvision (``conv1``, ``blocks[i]`` = ``layer{k}.{j}``,
+``.conv{n}``, ``.downsample``, ``fc``), each conv holding the BN after it.
+Batch norm in inference form, ``(x - running_mean)·(weight / √(running_var + eps)) + bias``, is
+computed as ``x·scale + shift`` with ``scale`` and ``shift`` precomputed (float32) when loading from
+the four canonical tensors, each used once (torch's eval BN is one fused op as well).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fwbench.frameworks.tensorflow.bert import dense
+from fwbench.frameworks.tensorflow.weights import (
+    MakeVariable,
+    check_all_used,
+    hwio,
+    identity,
+    tracked_variables,
+    transpose,
+)
+from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
+
+
+def explicit_padding(padding: int) -> str | list[list[int]]:
+    """Symmetric NHWC padding for tf.nn.conv2d (``VALID`` when there is none)."""
+    return "VALID" if padding == 0 else [[0, 0], [padding, padding], [padding, padding], [0, 0]]
+
+
+def max_pool(x: tf.Tensor, kernel: int = 3, stride: int = 2, padding: int = 1) -> tf.Tensor:
+    """torch's MaxPool2d(3, 2, 1) on NHWC: pad with -inf (padding never wins), then a VALID pool."""
+    x = tf.pad(x, [[0, 0], [padding, padding], [padding, padding], [0, 0]], constant_values=float("-inf"))
+    return tf.nn.max_pool2d(x, kernel, stride, "VALID")
+
+
+class ConvBN(tf.Module):
+    """A bias-free conv (HWIO kernel, explicit symmetric padding) and the inference BN after it."""
+
+    def __init__(self, v: Conv, eps: float, variable: MakeVariable) -> None:
+        super().__init__(name=v.name.replace(".", "_"))
+        self.kernel = variable(f"{v.name}.weight", (v.kernel, v.kernel, v.in_channels, v.out_channels), hwio)
+        weight, bias, mean, var = (variable(f"{v.bn}.{s}", (v.out_channels,), identity) for s in BN_SUFFIXES)
+        scale = weight / tf.sqrt(var + eps)
+        self.scale = tf.Variable(scale, name=f"{v.bn}.scale".replace(".", "_"))
+        self.shift = tf.Variable(bias - mean * scale, name=f"{v.bn}.shift".replace(".", "_"))
+        self.stride, self.padding = v.stride, v.padding
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:  # (B, H, W, in) -> (B, H / stride, W / stride, out)
+        y = tf.nn.conv2d(x, self.kernel, self.stride, explicit_padding(self.padding))
+        return y * self.scale + self.shift
+
+
+class Bottleneck(tf.Module):
+    """1x1 → 3x3 (stride here, v1.5) → 1x1 (4x channels), BN after each; ReLU after the sum."""
+
+    def __init__(self, block: Block, eps: float, variable: MakeVariable) -> None:
+        super().__init__(name=block.prefix.replace(".", "_"))
+        first, second, third = block.convs
+        self.conv1 = ConvBN(first, eps, variable)
+        self.conv2 = ConvBN(second, eps, variable)
+        self.conv3 = ConvBN(third, eps, variable)
+        self.downsample: ConvBN | None = None
+        if block.downsample is not None:
+            self.downsample = ConvBN(block.downsample, eps, variable)
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:  # (B, H, W, C) -> (B, H / stride, W / stride, 4·width)
+        shortcut = x if self.downsample is None else self.downsample(x)
+        h = tf.nn.relu(self.conv1(x))
+        h = tf.nn.relu(self.conv2(h))
+        h = self.conv3(h)
+        return tf.nn.relu(h + shortcut)
+
+
+class ResNetModule(tf.Module):
+    def __init__(self, description: ResNet, weights: dict[str, np.ndarray]) -> None:
+        super().__init__(name=description.arch)
+        c = description.config
+        used: set[str] = set()
+        variable = tracked_variables(weights, used)
+        self.conv1 = ConvBN(description.stem, c.bn_eps, variable)  # conv1 + bn1
+        # layer1.0, ..., layerN.{last}: one flat list, in torchvision's order
+        self.blocks = [Bottleneck(b, c.bn_eps, variable) for b in description.blocks]
+        self.fc = (variable("fc.weight", (c.features, c.num_classes), transpose),
+                   variable("fc.bias", (c.num_classes,), identity))
+        check_all_used(weights, used)
+
+    def __call__(self, pixel_values: tf.Tensor) -> tuple[tf.Tensor]:
+        x = tf.transpose(pixel_values, [0, 2, 3, 1])  # NCHW -> NHWC, inside the timed call
+        x = max_pool(tf.nn.relu(self.conv1(x)))  # (B, H/4, W/4, width)
+        for block in self.blocks:
+            x = block(x)
+        return (dense(tf.reduce_mean(x, axis=[1, 2]), *self.fc),)  # (B, classes)
+
+
+def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:
+    """The ResNet with the canonical weights (torchvision names, each mapped once), its variables on ``device``."""
+    with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
+        return ResNetModule(description, weights)
