@@ -117,6 +117,7 @@ def test_resnet_in_a_worker_passes_parity(runtime: str) -> None:
     outcome = run_worker(Case("resnet-tiny", runtime, batch_size=2), Settings(threads=1, max_time_s=0.3))
     assert outcome.status == "ok", outcome.reason
     assert outcome.details["parity"]["ok"] is True
+    assert outcome.details["layout"].startswith("NHWC inside the call")
     assert outcome.samples and outcome.fields["median_s"] > 0
 
 

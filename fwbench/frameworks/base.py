@@ -37,6 +37,7 @@ class Backend(ABC):
         self.settings = settings
         self.description: ModelDescription | None = None
         self.model: Any = None
+        self.layout: str | None = None
 
     # -- set-up -------------------------------------------------------------------------------
     @abstractmethod
@@ -54,6 +55,8 @@ class Backend(ABC):
         module = importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
         self.description = description
         self.model = module.build_model(description, weights, self.device)
+        # Image models say which memory layout they compute in (the canonical inputs are NCHW).
+        self.layout: str | None = getattr(module, "LAYOUT", None)
 
     @abstractmethod
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:

@@ -77,6 +77,8 @@ class CellRunner:
         arrays = description.make_inputs(case.batch_size, case.seq_len, settings.seed)
         backend.build(description, weights)
         del weights  # the framework holds its own copy; the canonical arrays must not sit in the peak
+        if backend.layout is not None:
+            self.result["layout"] = backend.layout
         inputs = backend.make_inputs(arrays)
 
         if self.job.verify_output is not None:

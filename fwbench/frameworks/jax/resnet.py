@@ -28,6 +28,8 @@ from jax import lax
 from fwbench.frameworks.jax.weights import CanonicalParams, hwio, transpose
 from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
 
+LAYOUT = "NHWC inside the call (NCHW input transposed as its first op)"
+
 Params = dict[str, Any]
 
 DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")  # input, kernel, output

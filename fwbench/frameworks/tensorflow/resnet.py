@@ -30,6 +30,8 @@ from fwbench.frameworks.tensorflow.weights import (
 )
 from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
 
+LAYOUT = "NHWC inside the call (NCHW input transposed as its first op)"
+
 
 def explicit_padding(padding: int) -> str | list[list[int]]:
     """Symmetric NHWC padding for tf.nn.conv2d (``VALID`` when there is none)."""

@@ -14,6 +14,8 @@ from torch import nn
 
 from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
 
+LAYOUT = "NCHW"
+
 # Buffers that are not part of the canonical weights: BatchNorm's step counter (used only by a
 # momentum=None running average in training); it keeps its initial value.
 _NOT_CANONICAL = ("num_batches_tracked",)
