@@ -66,6 +66,15 @@ _builtin(
     "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)"
 )
 _builtin("jax", "jit", ("jax",), "jax.jit of a pure function over a parameter pytree (weights passed as arguments)")
+_builtin("keras", "tensorflow", ("keras", "tensorflow"),
+         "Keras 3 on TensorFlow: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
+         "a tf.function, XLA only on a GPU")
+_builtin("keras", "jax", ("keras", "jax"),
+         "Keras 3 on JAX: model.predict_function(state, iter([(x,)])) after model.compile(jit_compile='auto'); "
+         "jax.jit of the stateless predict step, variables donated and the returned state carried to the next call")
+_builtin("keras", "torch", ("keras", "torch"),
+         "Keras 3 on PyTorch: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
+         "eager under torch.no_grad (auto never picks torch.compile)")
 
 
 def load_plugins() -> None:

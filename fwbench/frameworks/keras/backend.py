@@ -1,0 +1,208 @@
+"""Keras 3 backend. Modes: ``tensorflow``, ``jax``, ``torch``: the Keras backend that runs the one Keras
+implementation of each architecture (``fwbench/frameworks/keras/<arch>.py``).
+
+Choosing the Keras backend. Keras reads ``KERAS_BACKEND`` once, when it is first imported, so this
+module imports no framework at its top: :class:`KerasBackend` (made by :func:`create_backend`) sets
+``KERAS_BACKEND`` from the mode (and ``KERAS_TORCH_DEVICE`` from the device), then imports keras, and
+raises if keras was already imported with another backend: one process holds one Keras backend.
+Before keras it imports the native backend module of the same framework
+(``fwbench.frameworks.<framework>.backend``) and delegates everything that is not Keras to it: the
+thread budget, the matmul precision, placing the inputs, device sync, allocator statistics and OOM
+detection, so that ``keras:jax`` and ``jax:jit`` (and so on) run under identical settings. For jax
+that import also puts the XLA thread flags in place before jax loads. (Keras 3.15 imports jax
+whatever its backend when jax is installed, for its orbax checkpoint callback; on the tensorflow and
+torch backends it stays unused.)
+
+What is timed: one step of Keras' own predict loop. ``compile`` calls ``model.compile(jit_compile=
+"auto")`` and ``model.make_predict_function()``; the timed call is that compiled predict function,
+called exactly as ``model.predict`` calls it once per batch, ``x`` being the dict of input tensors:
+
+- keras:tensorflow: ``model.predict_function([(x,)])``: a ``tf.function`` (``reduce_retracing=True``)
+  of the predict step; "auto" gives XLA (an inner ``tf.function(jit_compile=True)``) on a GPU and no
+  XLA on a machine without one (Keras' rule), so on a CPU it is a plain tf.function graph;
+- keras:jax: ``outputs, state = model.predict_function(state, iter([(x,)]))``: ``jax.jit`` of the
+  stateless predict step, the variables passed (and donated) as arguments; the returned state is
+  passed to the next call, as ``model.predict`` does;
+- keras:torch: ``model.predict_function([(x,)])``: the predict step under ``torch.no_grad()``, eager:
+  with the torch backend "auto" never selects ``torch.compile``.
+
+Not timed: what ``model.predict_on_batch`` adds around this step (converting the outputs to numpy
+and, on jax, writing the state back into the model's variables after every call) and
+``model.predict``'s data adapter. ``sync`` blocks as the native backend does: on every output leaf
+for jax, a device sync on CUDA; on a CPU, TF and torch kernels have finished when the call returns.
+
+Reported in the dict ``configure_threads`` returns (stored as ``threads_effective``): ``keras_backend``,
+``jit_compile`` (what "auto" resolves to, by Keras' own resolution on a probe model; ``compile``
+checks the real model resolves the same, and sets :attr:`KerasBackend.jit_compile`) and ``layout``:
+``NHWC``, Keras' channels_last image layout: ``make_inputs`` transposes the descriptions' NCHW
+``pixel_values`` once, outside the timed call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+from typing import Any, Sequence
+
+import numpy as np
+
+from fwbench.frameworks.base import Backend
+from fwbench.spec import Settings
+
+# Keras backend -> (native backend module, its mode) used for threads, precision, inputs, sync, memory.
+_NATIVE = {
+    "tensorflow": ("fwbench.frameworks.tensorflow.backend", "function"),
+    "jax": ("fwbench.frameworks.jax.backend", "jit"),
+    "torch": ("fwbench.frameworks.torch.backend", "eager"),
+}
+LAYOUT = "NHWC"  # Keras' image layout (channels_last), the layout of every image input given to a Keras model
+# Inputs the descriptions give channels-first (batch, C, H, W): transposed to (batch, H, W, C) in make_inputs.
+_CHANNELS_FIRST_INPUTS = frozenset({"pixel_values"})
+
+
+def _check_backend(keras: ModuleType, backend: str) -> None:
+    active = keras.backend.backend()
+    if active != backend:
+        raise RuntimeError(f"keras:{backend} needs Keras' {backend} backend, but keras was imported with the "
+                           f"{active} backend in this process (KERAS_BACKEND is read once, when keras is first "
+                           f"imported): run keras:{backend} in a fresh process")
+
+
+def refuse_other_backend(backend: str) -> None:
+    """RuntimeError if keras is already loaded in this process with a backend other than ``backend``."""
+    loaded = sys.modules.get("keras")
+    if loaded is not None:
+        _check_backend(loaded, backend)
+
+
+def import_keras(backend: str, device: str) -> ModuleType:
+    """keras, imported with ``backend`` as its backend; RuntimeError if it is (already) loaded with another."""
+    refuse_other_backend(backend)
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = backend
+        if backend == "torch":  # where keras.ops create tensors inside a call (arange, ones, ...)
+            os.environ["KERAS_TORCH_DEVICE"] = "cuda" if device == "cuda" else "cpu"
+    import keras
+
+    _check_backend(keras, backend)  # e.g. a keras that ignores KERAS_BACKEND
+    image_format = keras.config.image_data_format()
+    if image_format != "channels_last":
+        raise RuntimeError(f"keras image_data_format is {image_format!r}; the Keras models here are channels_last")
+    return keras
+
+
+class KerasBackend(Backend):
+    framework = "keras"
+    modes = ("tensorflow", "jax", "torch")
+
+    def __init__(self, mode: str, device: str, settings: Settings) -> None:
+        super().__init__(mode, device, settings)  # UnsupportedMode before anything is imported
+        refuse_other_backend(mode)  # before importing a framework for nothing
+        module, native_mode = _NATIVE[mode]
+        self._native: Backend = importlib.import_module(module).create_backend(native_mode, device, settings)
+        self.keras = import_keras(mode, device)
+        self.jit_compile: bool | None = None  # model.jit_compile once compiled ("auto", as Keras resolves it)
+        self._jit_compile_auto: bool | None = None
+        self._compiled: Any = None  # the model compile() prepared _predict for
+        self._predict: Any = None
+        self._output_names: tuple[str, ...] = ()
+        self._state: Any = None  # keras:jax: (trainable, non-trainable) variable values, carried between calls
+        self._input_names: tuple[str, ...] = ()
+
+    # -- set-up -------------------------------------------------------------------------------
+    def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
+        report = dict(self._native.configure_threads(intra_op, inter_op))  # before anything starts the runtime
+        self._jit_compile_auto = self._resolve_auto_jit_compile()
+        report.update(keras_backend=self.keras.backend.backend(), jit_compile=self._jit_compile_auto, layout=LAYOUT)
+        return report
+
+    def _resolve_auto_jit_compile(self) -> bool:
+        """What ``model.compile(jit_compile="auto")`` resolves to on this backend and machine: Keras' own
+        resolution, on a probe model whose only layer supports XLA (as every layer used here does)."""
+        from fwbench.frameworks.keras.weights import keras_device  # imports keras: only once it is loaded
+
+        keras = self.keras
+        with keras.device(keras_device(self.device)):
+            x = keras.Input((1,), name="probe_input")
+            probe = keras.Model(x, keras.layers.Identity(name="probe")(x), name="jit_compile_probe")
+            probe.compile(jit_compile="auto")
+        return bool(probe.jit_compile)
+
+    def configure_precision(self) -> dict[str, object]:
+        report = dict(self._native.configure_precision())
+        report.update(keras_floatx=self.keras.config.floatx(),
+                      keras_dtype_policy=self.keras.config.dtype_policy().name)
+        return report
+
+    def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
+        self._input_names = tuple(arrays)
+        channels_last = {name: np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if name in _CHANNELS_FIRST_INPUTS else a
+                         for name, a in arrays.items()}
+        return self._native.make_inputs(channels_last)  # framework tensors on the device, as the native runtime's
+
+    def compile(self, inputs: Sequence[Any]) -> None:
+        # Once per model: a later call (the parity check, at another shape) reuses the predict function,
+        # which traces again for the new shape. Tracing/compilation happens at the first call.
+        model = self.model
+        if self._compiled is model:
+            return
+        model.compile(jit_compile="auto")
+        if self._jit_compile_auto is None:  # configure_threads was skipped (in-process use)
+            self._jit_compile_auto = self._resolve_auto_jit_compile()
+        if bool(model.jit_compile) != self._jit_compile_auto:
+            raise RuntimeError(f"jit_compile='auto' resolved to {model.jit_compile} for {model.name} but to "
+                               f"{self._jit_compile_auto} on the probe model reported by configure_threads")
+        self.jit_compile = bool(model.jit_compile)
+        model.make_predict_function()
+        self._predict = model.predict_function
+        if self.mode == "jax":
+            # The state model.predict passes: the variables' jax arrays. Each call donates it and returns
+            # the next one (so, as during model.predict, which writes the state back only at its end, the
+            # model's own variables are stale once the first call has run). Committed to the device (no
+            # copy: the variables' buffers) as every returned state is: an uncommitted first state would
+            # make the second call compile the program again.
+            import jax
+
+            from fwbench.frameworks.jax.weights import jax_device
+
+            self._state = jax.device_put(([v.value for v in model.trainable_variables],
+                                          [v.value for v in model.non_trainable_variables]), jax_device(self.device))
+        self._output_names = self.description.output_names if self.description else ()
+        self._compiled = model
+
+    # -- the timed call -----------------------------------------------------------------------
+    def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        batch = [(dict(zip(self._input_names, inputs)),)]  # the structure model.predict passes per batch
+        if self.mode == "jax":
+            outputs, self._state = self._predict(self._state, iter(batch))
+        else:
+            outputs = self._predict(batch)
+        return tuple(outputs[name] for name in self._output_names)
+
+    def sync(self, outputs: Any) -> None:
+        self._native.sync(outputs)
+
+    # -- results and diagnostics --------------------------------------------------------------
+    def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
+        assert self.description is not None
+        convert = self.keras.ops.convert_to_numpy
+        names = self.description.output_names
+        return {name: np.asarray(convert(t), dtype=np.float32) for name, t in zip(names, outputs)}
+
+    def reset_peak_memory(self) -> None:
+        self._native.reset_peak_memory()
+
+    def memory_stats(self) -> dict[str, int | None]:
+        return self._native.memory_stats()
+
+    def versions(self) -> dict[str, str]:
+        return {"keras": self.keras.__version__, **self._native.versions()}
+
+    def is_oom(self, exc: BaseException) -> bool:
+        return self._native.is_oom(exc)
+
+
+def create_backend(mode: str, device: str, settings: Settings) -> KerasBackend:
+    return KerasBackend(mode, device, settings)

@@ -1,0 +1,118 @@
+"""The BERT family in Keras (BERT with pooler, DistilBERT without): post-LN encoder, erf GELU.
+
+Inputs: input_ids, attention_mask[, token_type_ids], each (batch, seq) int32, passed as a dict.
+Returns ``{"last_hidden_state"[, "pooler_output"]}``: (batch, seq, hidden) and (batch, hidden).
+A functional model; each encoder layer is a keras Layer of Dense / LayerNormalization sublayers,
+attention is ``keras.ops.dot_product_attention`` with a boolean key mask (True = attend).
+Canonical linear weights are (out, in); Dense kernels are (in, out), transposed once when loading.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from fwbench.frameworks.keras.weights import OVERWRITTEN, Transform, keras_device, load_canonical, transpose
+from fwbench.models.bert import LAYER_ROLES, Bert
+
+_LINEAR_ROLES = ("query", "key", "value", "attention_out", "ffn_in", "ffn_out")
+_NORM_ROLES = ("attention_norm", "ffn_norm")
+assert set(_LINEAR_ROLES + _NORM_ROLES) == set(LAYER_ROLES)
+
+
+def dense(units: int, name: str, activation: str | None = None) -> layers.Dense:
+    return layers.Dense(units, activation=activation, kernel_initializer=OVERWRITTEN, name=name)
+
+
+def embedding(rows: int, width: int, name: str) -> layers.Embedding:
+    return layers.Embedding(rows, width, embeddings_initializer=OVERWRITTEN, name=name)
+
+
+class PositionEmbedding(layers.Embedding):
+    """Learned absolute positions: the embeddings of 0..seq-1 for token ids (batch, seq) → (seq, hidden)."""
+
+    def call(self, token_ids):  # type: ignore[no-untyped-def]
+        return super().call(ops.arange(ops.shape(token_ids)[1], dtype="int32"))
+
+    def compute_output_shape(self, input_shape):  # type: ignore[no-untyped-def]
+        return (input_shape[1], self.output_dim)
+
+
+class EncoderLayer(layers.Layer):
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.heads, self.hidden, self.intermediate = heads, hidden, intermediate
+        self.query, self.key, self.value = (dense(hidden, n) for n in ("query", "key", "value"))
+        self.attention_out = dense(hidden, "attention_out")
+        self.attention_norm = layers.LayerNormalization(epsilon=eps, name="attention_norm")
+        self.ffn_in = dense(intermediate, "ffn_in")
+        self.ffn_out = dense(hidden, "ffn_out")
+        self.ffn_norm = layers.LayerNormalization(epsilon=eps, name="ffn_norm")
+
+    def build(self, x_shape, allowed_shape):  # type: ignore[no-untyped-def]
+        hidden, intermediate = (None, None, self.hidden), (None, None, self.intermediate)
+        for layer in (self.query, self.key, self.value, self.attention_out, self.attention_norm,
+                      self.ffn_in, self.ffn_norm):
+            layer.build(hidden)
+        self.ffn_out.build(intermediate)
+
+    def call(self, x, allowed):  # type: ignore[no-untyped-def]
+        """x (B, S, H), allowed (B, 1, 1, S) bool → (B, S, H)."""
+        b, s = ops.shape(x)[0], ops.shape(x)[1]
+
+        def split(t):  # type: ignore[no-untyped-def]  # (B, S, H) -> (B, S, heads, H / heads)
+            return ops.reshape(t, (b, s, self.heads, self.hidden // self.heads))
+
+        context = ops.dot_product_attention(
+            split(self.query(x)), split(self.key(x)), split(self.value(x)), mask=allowed
+        )
+        x = self.attention_norm(x + self.attention_out(ops.reshape(context, (b, s, self.hidden))))
+        return self.ffn_norm(x + self.ffn_out(ops.gelu(self.ffn_in(x), approximate=False)))
+
+
+def bert_model(description: Bert) -> keras.Model:
+    c = description.config
+    names = ("input_ids", "attention_mask", "token_type_ids") if description.has_token_types else \
+        ("input_ids", "attention_mask")
+    inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in names}
+    input_ids = inputs["input_ids"]
+    x = embedding(c.vocab_size, c.hidden, "word_embeddings")(input_ids)
+    x = x + PositionEmbedding(c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN,
+                              name="position_embeddings")(input_ids)
+    if description.has_token_types:
+        x = x + embedding(c.type_vocab_size, c.hidden, "token_type_embeddings")(inputs["token_type_ids"])
+    x = layers.LayerNormalization(epsilon=c.layer_norm_eps, name="embeddings_norm")(x)
+    allowed = ops.cast(inputs["attention_mask"], "bool")[:, None, None, :]  # (B, 1, 1, S)
+    for i in range(c.layers):
+        x = EncoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, name=f"layers_{i}")(x, allowed)
+    outputs = {"last_hidden_state": x}
+    if description.has_pooler:
+        outputs["pooler_output"] = dense(c.hidden, "pooler", activation="tanh")(x[:, 0])
+    return keras.Model(inputs, outputs, name=description.name)
+
+
+_DENSE_NAMES = {"weight": "kernel", "bias": "bias"}  # Dense
+_NORM_NAMES = {"weight": "gamma", "bias": "beta"}  # LayerNormalization
+
+
+def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) -> keras.Model:
+    """The encoder with the canonical weights: each role's canonical name mapped onto a variable path."""
+    with keras.device(keras_device(device)):
+        model = bert_model(description)
+    mapping = {description.param("word_embeddings"): "word_embeddings/embeddings",
+               description.param("position_embeddings"): "position_embeddings/embeddings"}
+    if description.has_token_types:
+        mapping[description.param("token_type_embeddings")] = "token_type_embeddings/embeddings"
+    for kind in ("weight", "bias"):
+        mapping[description.param("embeddings_norm", kind=kind)] = f"embeddings_norm/{_NORM_NAMES[kind]}"
+        if description.has_pooler:
+            mapping[description.param("pooler", kind=kind)] = f"pooler/{_DENSE_NAMES[kind]}"
+        for i in range(description.config.layers):
+            for role in _LINEAR_ROLES:
+                mapping[description.param(role, i, kind)] = f"layers_{i}/{role}/{_DENSE_NAMES[kind]}"
+            for role in _NORM_ROLES:
+                mapping[description.param(role, i, kind)] = f"layers_{i}/{role}/{_NORM_NAMES[kind]}"
+    transforms: dict[str, Transform] = {name: transpose for name, path in mapping.items() if path.endswith("/kernel")}
+    load_canonical(model, weights, mapping, transforms)
+    return model

@@ -1,0 +1,36 @@
+"""The MLP in Keras: a functional model of Dense layers, ReLU on all but the last.
+
+Input ``x``: (batch, in_features) float32 → ``{"logits": (batch, out_features)}``.
+Canonical weights are (out, in); Dense kernels are (in, out), transposed once when loading.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import layers
+
+from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical, transpose
+from fwbench.models.mlp import MLP
+
+
+def mlp_model(description: MLP) -> keras.Model:
+    x = keras.Input((description.config.in_features,), dtype="float32", name="x")
+    h = x
+    last = len(description.layers) - 1
+    for i, (prefix, _, fan_out) in enumerate(description.layers):
+        h = layers.Dense(fan_out, activation="relu" if i < last else None, kernel_initializer=OVERWRITTEN,
+                         name=prefix)(h)
+    return keras.Model({"x": x}, {"logits": h}, name="mlp")
+
+
+def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -> keras.Model:
+    """The MLP with the canonical weights (``fcN.weight`` → ``fcN/kernel``, transposed)."""
+    with keras.device(keras_device(device)):
+        model = mlp_model(description)
+    mapping, transforms = {}, {}
+    for prefix, _, _ in description.layers:
+        mapping[f"{prefix}.weight"], transforms[f"{prefix}.weight"] = f"{prefix}/kernel", transpose
+        mapping[f"{prefix}.bias"] = f"{prefix}/bias"
+    load_canonical(model, weights, mapping, transforms)
+    return model

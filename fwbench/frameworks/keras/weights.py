@@ -1,0 +1,79 @@
+"""Assign canonical numpy weights to a Keras model's variables through an explicit map, with shape asserts.
+
+Variables are addressed by their Keras path (``variable.path``, e.g. ``layers_0/query/kernel``: the
+names of the layers that own it, then the variable's name), which is unique in a functional model.
+Layers are created with the :data:`OVERWRITTEN` initializer: ``load_canonical`` sets every variable,
+and Keras' random initializers would compile one random-number program per shape on jax (seconds
+for a ResNet) for values thrown away.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import numpy as np
+
+Transform = Callable[[np.ndarray], np.ndarray]
+
+OVERWRITTEN = "zeros"  # initializer of kernels and embeddings that load_canonical overwrites
+
+
+def identity(value: np.ndarray) -> np.ndarray:
+    return value
+
+
+def transpose(value: np.ndarray) -> np.ndarray:
+    """(out, in) torch layout → (in, out) Dense kernel layout."""
+    return np.ascontiguousarray(value.T)
+
+
+def conv_kernel(value: np.ndarray) -> np.ndarray:
+    """(out, in, kh, kw) torchvision layout → (kh, kw, in, out) Conv2D kernel layout."""
+    return np.ascontiguousarray(value.transpose(2, 3, 1, 0))
+
+
+def load_canonical(
+    model: keras.Model,
+    weights: dict[str, np.ndarray],
+    mapping: dict[str, str],
+    transforms: dict[str, Transform] | None = None,
+) -> None:
+    """Assign ``transforms[canonical](weights[canonical])`` to the variable at path ``mapping[canonical]``.
+
+    Every canonical tensor must be used exactly once, every variable of ``model`` (trainable or not,
+    e.g. batch-norm moving statistics) set exactly once, and every shape equal after the transform
+    (no broadcasting); otherwise ValueError, before any variable is changed.
+    """
+    transforms = transforms or {}
+    variables = {v.path: v for v in model.weights}
+    if len(variables) != len(model.weights):
+        raise ValueError("weight map: two variables of the model share a path")
+    unset = sorted(set(variables) - set(mapping.values()))
+    unknown = sorted(set(mapping.values()) - set(variables))
+    unused = sorted(set(weights) - set(mapping))
+    missing = sorted(set(mapping) - set(weights))
+    if unset or unknown or unused or missing:
+        raise ValueError(f"weight map: variables unset {unset}, unknown {unknown}, "
+                         f"tensors unused {unused}, tensors missing {missing}")
+    if len(set(mapping.values())) != len(mapping):
+        raise ValueError("weight map: a variable is the target of more than one tensor")
+    values: dict[str, np.ndarray] = {}
+    for canonical, target in mapping.items():
+        original = weights[canonical]
+        expected = tuple(variables[target].shape)
+        try:
+            value = transforms.get(canonical, identity)(original)
+        except ValueError:  # e.g. a transpose whose axes do not fit a wrongly shaped tensor
+            value = None
+        if value is None or tuple(value.shape) != expected:
+            after = "" if value is None or value.shape == original.shape else f" ({value.shape} after mapping)"
+            raise ValueError(f"{canonical} -> {target}: shape {original.shape}{after}, variable shape {expected}")
+        values[target] = np.asarray(value, dtype=np.float32)
+    for target, value in values.items():
+        variables[target].assign(value)
+
+
+def keras_device(device: str) -> str:
+    """The Keras device name (for ``keras.device``) of fwbench's device name (``cpu`` or ``cuda``)."""
+    return "gpu:0" if device == "cuda" else "cpu:0"

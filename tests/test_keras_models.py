@@ -1,0 +1,316 @@
+"""The Keras 3 models and the ``keras:<backend>`` backends: parity with the float64 references on every
+Keras backend (the GELU-sensitive check included), the timed predict step, the NHWC inputs, the
+resolved jit_compile, weight-map errors, and one refusal to mix Keras backends in a process.
+
+A process holds one Keras backend (KERAS_BACKEND is read when keras is first imported), so each
+backend runs in its own subprocess: this file run as a script, ``python test_keras_models.py <backend>``,
+does everything for that backend and prints one JSON report; the tests assert on it. This pytest
+process never imports keras.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BACKENDS = ("tensorflow", "jax", "torch")
+MODEL_NAMES = ("mlp", "bert-tiny", "distilbert-tiny", "gpt2-tiny", "resnet-tiny")
+TEXT = ("bert-tiny", "distilbert-tiny", "gpt2-tiny")
+PARITY_TOLERANCE = 1e-5  # float32 lands near 4e-7 on every backend
+OUTPUTS = {"mlp": ["logits"], "bert-tiny": ["last_hidden_state", "pooler_output"],
+           "distilbert-tiny": ["last_hidden_state"], "gpt2-tiny": ["last_hidden_state", "logits"],
+           "resnet-tiny": ["logits"]}
+REPORT_TIMEOUT_S = 300
+CHECKED_ONCE = "torch"  # the backend whose subprocess also checks weight-map errors and the one-backend rule
+
+
+# -- the subprocess side ------------------------------------------------------------------------
+def _descriptions() -> dict[str, Any]:
+    from fwbench.models import get_model
+    from fwbench.models.bert import Bert, BertConfig
+
+    distil = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
+    return {name: distil if name == "distilbert-tiny" else get_model(name) for name in MODEL_NAMES}
+
+
+def _rel_l2(got: Any, reference: Any) -> float:
+    import numpy as np
+
+    return float(np.linalg.norm(got.astype(np.float64) - reference) / np.linalg.norm(reference))
+
+
+def _run_cell(create: Any, description: Any, weights: dict[str, Any],
+              timed_shape: tuple[int, int | None] | None) -> dict[str, Any]:
+    """What a worker does with a backend: build, inputs, compile, first call and timed steps at one shape
+    (unless ``timed_shape`` is None), then the parity check at the description's parity shape (compile
+    again, infer, to_numpy)."""
+    import numpy as np
+
+    backend = create()
+    backend.build(description, weights)
+    repeat_equal, traces_timed = None, None
+    if timed_shape is not None:
+        timed_inputs = backend.make_inputs(description.make_inputs(*timed_shape, 0))
+        backend.compile(timed_inputs)
+        step = backend.make_step(timed_inputs)
+        first = backend.to_numpy(step())
+        for _ in range(3):
+            again = backend.to_numpy(step())
+        repeat_equal = all(np.array_equal(first[name], again[name]) for name in first)
+        tracing = getattr(backend._predict, "experimental_get_tracing_count", None)  # keras:tensorflow
+        traces_timed = tracing() if tracing else None
+    arrays = description.make_inputs(*description.parity_shape(), 0)
+    inputs = backend.make_inputs(arrays)
+    backend.compile(inputs)
+    outputs = backend.infer(inputs)
+    backend.sync(outputs)
+    got = backend.to_numpy(outputs)
+    reference = description.reference_forward(weights, arrays)
+    return {
+        "outputs": list(got),
+        "rel_l2": {name: _rel_l2(got[name], reference[name]) for name in reference},
+        "shapes_ok": all(got[name].shape == reference[name].shape for name in reference),
+        "dtypes": sorted({str(a.dtype) for a in got.values()}),
+        "repeat_equal": repeat_equal,
+        "input_shapes": [list(t.shape) for t in inputs],
+        "jit_compile": backend.jit_compile,
+        "tracing_count_timed": traces_timed,
+    }
+
+
+def _weight_errors(description: Any) -> dict[str, str]:
+    """The ValueError text of a build with a tensor missing, an extra tensor, and wrong shapes."""
+    import importlib
+
+    import numpy as np
+
+    build = importlib.import_module(f"fwbench.frameworks.keras.{description.arch}").build_model
+    weights = description.canonical_weights(0)
+    first, last = list(weights)[0], list(weights)[-1]
+    cases = {
+        "missing": {k: v for k, v in weights.items() if k != last},
+        "unused": {**weights, "extra.weight": np.zeros(2, np.float32)},
+        "shape_first": {**weights, first: np.zeros((3, 3), np.float32)},
+        "shape_last": {**weights, last: np.zeros((3, 3), np.float32)},
+    }
+    errors = {}
+    for case, bad in cases.items():
+        try:
+            build(description, bad, "cpu")
+            errors[case] = "no error"
+        except ValueError as exc:
+            errors[case] = f"{exc}"
+    errors["first"], errors["last"] = first, last
+    return errors
+
+
+def _mapping_errors() -> dict[str, str]:
+    """load_canonical's own checks, which a complete architecture map never reaches: a variable left
+    unset, a map to a path the model does not have, two tensors mapped onto one variable."""
+    from fwbench.frameworks.keras.mlp import mlp_model
+    from fwbench.frameworks.keras.weights import load_canonical
+    from fwbench.models import get_model
+
+    description = get_model("mlp")
+    weights = description.canonical_weights(0)
+    model = mlp_model(description)
+    full = {f"{p}.{kind}": f"{p}/{'kernel' if kind == 'weight' else 'bias'}"
+            for p, _, _ in description.layers for kind in ("weight", "bias")}
+    transposed = {name: (lambda a: a.T) for name in full if name.endswith(".weight")}
+    cases = {
+        "unset": ({k: v for k, v in weights.items() if k != "fc1.bias"},
+                  {k: v for k, v in full.items() if k != "fc1.bias"}),
+        "unknown": (weights, {**full, "fc1.bias": "fc9/bias"}),
+        "twice": ({**weights, "extra.bias": weights["fc1.bias"]}, {**full, "extra.bias": "fc1/bias"}),
+    }
+    errors = {}
+    for case, (tensors, mapping) in cases.items():
+        try:
+            load_canonical(model, tensors, mapping, transposed)
+            errors[case] = "no error"
+        except ValueError as exc:
+            errors[case] = str(exc)
+    return errors
+
+
+def report(backend_name: str) -> dict[str, Any]:
+    from fwbench.frameworks.keras import backend as keras_backend
+
+    frameworks = ("keras", "tensorflow", "torch", "jax")
+    result: dict[str, Any] = {"loaded_by_module_import": [m for m in frameworks if m in sys.modules]}
+    from fwbench.spec import Settings
+
+    settings = Settings(threads=1)
+    backend = keras_backend.create_backend(backend_name, "cpu", settings)
+    result["threads"] = backend.configure_threads(1, 1)
+    result["precision"] = backend.configure_precision()
+    result["versions"] = backend.versions()
+    import keras
+
+    result["keras_backend"] = keras.backend.backend()
+
+    from model_checks import GELU_TOLERANCE, amplified_weights
+
+    def create() -> Any:
+        return keras_backend.create_backend(backend_name, "cpu", settings)
+
+    result["models"] = {}
+    for name, description in _descriptions().items():
+        timed_shape = (1, 8) if description.has_sequence else (1, None)
+        cell = _run_cell(create, description, description.canonical_weights(0), timed_shape)
+        if name in TEXT:  # weights that make erf and tanh GELU differ well above the tolerance
+            amplified = _run_cell(create, description, amplified_weights(description), None)
+            cell["gelu_rel_l2"] = amplified["rel_l2"]
+            cell["gelu_tolerance"] = GELU_TOLERANCE
+        result["models"][name] = cell
+
+    if backend_name == CHECKED_ONCE:  # backend-independent checks, in the quickest subprocess
+        result["weight_errors"] = {name: _weight_errors(d) for name, d in _descriptions().items()}
+        result["mapping_errors"] = _mapping_errors()
+        other = "tensorflow"  # which keras on torch does not import
+        try:
+            keras_backend.create_backend(other, "cpu", settings)
+            result["other_backend"] = "no error"
+        except RuntimeError as exc:
+            result["other_backend"] = str(exc)
+        result["other_framework_loaded"] = other in sys.modules
+    return result
+
+
+# -- the pytest side ----------------------------------------------------------------------------
+@functools.cache
+def _gelu_swap_error(model: str) -> float:
+    from model_checks import amplified_weights, gelu_swap_error
+
+    description = _descriptions()[model]
+    inputs = description.make_inputs(*description.parity_shape(), 0)
+    return gelu_swap_error(description, amplified_weights(description), inputs)
+
+
+def _environment(keras_home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS", "KERAS_TORCH_DEVICE")}
+    root = str(Path(__file__).resolve().parents[1])
+    env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", KERAS_HOME=str(keras_home),
+               PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
+    return env
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """One report per Keras backend; the three subprocesses run side by side."""
+    env = _environment(tmp_path_factory.mktemp("keras_home"))
+    procs = {b: subprocess.Popen([sys.executable, __file__, b], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=env) for b in BACKENDS}
+    results: dict[str, dict[str, Any]] = {}
+    failures = []
+    for name, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=REPORT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"keras:{name} exited with {proc.returncode}:\n{err[-4000:]}")
+            continue
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    assert not failures, "\n".join(failures)
+    return results
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keras_is_imported_late_and_settings_reported(reports, backend: str) -> None:  # type: ignore[no-untyped-def]
+    r = reports[backend]
+    assert r["loaded_by_module_import"] == []  # keras is imported only once KERAS_BACKEND is set
+    assert r["keras_backend"] == backend
+    threads = r["threads"]
+    assert threads["keras_backend"] == backend and threads["layout"] == "NHWC"
+    if backend != "jax":  # jax reports the CPUs it may use: the worker's pinning, not an API, bounds it
+        assert threads["intra_op"] == 1 and threads["inter_op"] == 1
+    # Keras' "auto": XLA via jax.jit on jax; no XLA for TF on a machine without a GPU; never torch.compile
+    assert threads["jit_compile"] is (backend == "jax")
+    if backend == "jax":
+        assert threads["budget_at_import"] == 1 and "--xla_cpu_multi_thread_eigen=false" in threads["xla_flags"]
+    assert r["precision"]["keras_floatx"] == "float32" and r["precision"]["keras_dtype_policy"] == "float32"
+    expected_precision = {"tensorflow": ("tensor_float_32_execution", False),
+                          "jax": ("jax_default_matmul_precision", "highest"),
+                          "torch": ("float32_matmul_precision", "highest")}[backend]
+    assert r["precision"][expected_precision[0]] == expected_precision[1]
+    assert "keras" in r["versions"] and backend in r["versions"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_outputs_match_the_float64_reference(reports, backend: str, model: str) -> None:  # type: ignore[no-untyped-def]
+    cell = reports[backend]["models"][model]
+    assert cell["outputs"] == OUTPUTS[model] and cell["shapes_ok"] and cell["dtypes"] == ["float32"]
+    assert all(error < PARITY_TOLERANCE for error in cell["rel_l2"].values()), cell["rel_l2"]
+    assert cell["repeat_equal"]  # the timed steps recompute the same outputs (jax: the carried state)
+    assert cell["jit_compile"] is (backend == "jax")
+    if backend == "tensorflow":
+        assert cell["tracing_count_timed"] == 1  # first call and timed steps share one trace
+    if model == "resnet-tiny":
+        assert cell["input_shapes"] == [[2, 64, 64, 3]]  # NCHW (2, 3, 64, 64) given to Keras as NHWC
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", TEXT)
+def test_the_right_gelu(reports, backend: str, model: str) -> None:  # type: ignore[no-untyped-def]
+    """With amplified FFN weights a swapped GELU moves the outputs by more than 4x the tolerance;
+    each backend stays within it."""
+    cell = reports[backend]["models"][model]
+    assert _gelu_swap_error(model) > 4 * cell["gelu_tolerance"]
+    assert all(error < cell["gelu_tolerance"] for error in cell["gelu_rel_l2"].values()), cell["gelu_rel_l2"]
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_weight_map_errors_are_clear(reports, model: str) -> None:  # type: ignore[no-untyped-def]
+    errors = reports[CHECKED_ONCE]["weight_errors"][model]
+    first, last = errors["first"], errors["last"]
+    assert f"tensors missing ['{last}']" in errors["missing"]
+    assert "tensors unused ['extra.weight']" in errors["unused"]
+    for case, name in (("shape_first", first), ("shape_last", last)):
+        assert errors[case].startswith(f"{name} -> ") and ": shape (3, 3)" in errors[case], errors[case]
+
+
+def test_load_canonical_refuses_incomplete_maps(reports) -> None:  # type: ignore[no-untyped-def]
+    errors = reports[CHECKED_ONCE]["mapping_errors"]
+    assert "variables unset ['fc1/bias']" in errors["unset"]
+    assert "unknown ['fc9/bias']" in errors["unknown"] and "variables unset ['fc1/bias']" in errors["unknown"]
+    assert "a variable is the target of more than one tensor" in errors["twice"]
+
+
+def test_one_keras_backend_per_process(reports) -> None:  # type: ignore[no-untyped-def]
+    message = reports[CHECKED_ONCE]["other_backend"]
+    assert "keras:tensorflow needs Keras' tensorflow backend" in message and "torch backend" in message
+    assert not reports[CHECKED_ONCE]["other_framework_loaded"]  # refused before importing tensorflow
+
+
+@pytest.mark.parametrize("model", ["bert-tiny", "resnet-tiny"])
+def test_keras_jax_runs_in_a_worker_with_parity(model: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import fwbench.frameworks as registry
+
+    if "keras:jax" not in registry.runtimes():
+        pytest.skip("keras:jax is not registered in fwbench/frameworks/__init__.py yet")
+    from fwbench.runner.manager import run_worker
+    from fwbench.spec import Case, Settings
+
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    seq_len = 16 if model == "bert-tiny" else None
+    outcome = run_worker(Case(model, "keras:jax", batch_size=2, seq_len=seq_len), Settings(threads=1, max_time_s=0.3))
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.details["parity"]["ok"]
+    threads = outcome.details["threads_effective"]
+    assert threads["intra_op"] == 1 and threads["layout"] == "NHWC" and threads["jit_compile"] is True
+    assert outcome.details["versions"]["keras"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(report(sys.argv[1])))
