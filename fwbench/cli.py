@@ -115,6 +115,8 @@ def build_parser() -> Parser:
     timing.add_argument("--warmup", type=_positive_int, metavar="CALLS",
                         help="untimed calls after the first call (default 2, minimum 2)")
     timing.add_argument("--seed", type=int, help="seed of weights and inputs (default 0)")
+    timing.add_argument("--weights", metavar="FILE", help="safetensors weights (Hugging Face / torchvision names) "
+                        "for the one model of the run, instead of the seeded canonical weights")
     limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS", help="per cell (default 600)")
     limits.add_argument("--memory-limit", type=_bytes, metavar="BYTES",
@@ -166,6 +168,7 @@ def build_parser() -> Parser:
 SETTINGS_FLAGS = {
     "threads": "threads", "interop_threads": "interop_threads", "protocol": "protocol", "max_time": "max_time_s",
     "warmup": "warmup_calls", "timeout": "timeout_s", "memory_limit": "memory_limit_bytes", "seed": "seed",
+    "weights": "weights_path",
 }
 GRID_FLAGS = ("suite", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
 
@@ -203,7 +206,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             return parse("--" + flag.replace("_", "-"), value) if parse else value
         return from_suite if suite is not None else default
 
-    return build_plan(
+    plan = build_plan(
         pick("models", parse_names, suite and suite.models, []),
         pick("runtimes", parse_names, suite and suite.runtimes, []),
         pick("batch_sizes", parse_positive_ints, suite and suite.batch_sizes, [1]),
@@ -214,6 +217,20 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         device=pick("device", None, suite and suite.device, "cpu"),
         suite=suite.name if suite else None,
     )
+    if settings.weights_path is not None:
+        check_weights_file(plan, settings.weights_path)
+    return plan
+
+
+def check_weights_file(plan: Plan, path: str) -> None:
+    """A weights file belongs to one model: refuse it for a plan of several, or if it does not fit."""
+    models = sorted({case.model for case in (*plan.cases, *(s.case for s in plan.skipped))})
+    if len(models) != 1:
+        raise SpecError(f"--weights holds one model's weights; the plan has {len(models)} models ({', '.join(models)})")
+    try:
+        load_weights(get_model(models[0]), Path(path))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
 
 
 def _terminate_on_sigterm() -> None:

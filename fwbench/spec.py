@@ -104,6 +104,7 @@ class Settings:
     timeout_s: float = field(default=600.0, metadata={"help": "wall-clock limit per cell, seconds"})
     memory_limit_bytes: int | None = field(default=None, metadata={"help": "kill a worker above this RSS"})
     seed: int = field(default=0, metadata={"help": "seed for weights and inputs"})
+    weights_path: str | None = field(default=None, metadata={"help": "safetensors weights instead of seeded ones"})
 
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +72,28 @@ def test_verify_rejects_weights_of_another_model(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "do not fit gpt2-tiny: gpt2-tiny weights: missing ['h.0.attn.c_attn.bias'" in result.stderr
     assert "and 23 more" in result.stderr
+
+
+def test_a_weights_file_is_really_used_by_verify_and_run(tmp_path: Path) -> None:
+    weights = tmp_path / "mlp-seed7.safetensors"
+    assert run_cli("weights", "mlp", "--out", str(weights), "--seed", "7").returncode == 0
+    for name, extra in (("canonical", []), ("file", ["--weights", str(weights)])):
+        result = run_cli("verify", "--models", "mlp", "--runtimes", "torch:eager", "--threads", "1",
+                         "--dump", str(tmp_path / name), *extra)
+        assert result.returncode == 0, result.stdout + result.stderr
+    with np.load(tmp_path / "file" / "mlp" / "torch_eager.npz") as got, \
+            np.load(tmp_path / "file" / "mlp" / "inputs.npz") as inputs:
+        description = get_model("mlp")
+        expected = description.reference_forward(description.canonical_weights(7), {"x": inputs["x"]})["logits"]
+        assert np.allclose(got["logits"], expected, rtol=1e-5, atol=1e-6)
+        with np.load(tmp_path / "canonical" / "mlp" / "torch_eager.npz") as canonical:
+            assert not np.allclose(got["logits"], canonical["logits"])
+
+    db = tmp_path / "w.db"
+    run = run_cli("run", "--models", "mlp", "--runtimes", "torch:eager", "--weights", str(weights),
+                  "--max-time", "0.2", "--threads", "1", "--db", str(db))
+    assert run.returncode == 0, run.stderr
+    report = run_cli("report", "--db", str(db), "--format", "json")
+    (row,) = json.loads(report.stdout)["results"]
+    assert row["status"] == "ok" and row["details"]["parity"]["ok"]
+    assert json.loads(report.stdout)["runs"][0]["settings"]["weights_path"] == str(weights)

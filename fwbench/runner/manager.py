@@ -283,7 +283,8 @@ def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = N
         elif parity.get(pair) == "mismatch":
             outcome = CellOutcome(case, "mismatch", "not run: this runtime failed the parity check earlier in the run")
         else:
-            outcome = run_worker(case, plan.settings, check_parity=pair not in parity)
+            outcome = run_worker(case, plan.settings, check_parity=pair not in parity,
+                                 weights_path=plan.settings.weights_path)
             if pair in parity:
                 outcome.details["parity_checked_by"] = parity[pair]
             elif outcome.status == "mismatch":
