@@ -19,6 +19,20 @@ from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
 
 
+def check_weight_map(targets: set[str], mapping: dict[str, str], weights: dict[str, np.ndarray]) -> None:
+    """Raise ValueError unless ``mapping`` (canonical name → framework variable) is a bijection between
+    ``weights`` and ``targets``: every tensor used, none missing, every variable set exactly once."""
+    unset = sorted(targets - set(mapping.values()))
+    unknown = sorted(set(mapping.values()) - targets)
+    unused = sorted(set(weights) - set(mapping))
+    missing = sorted(set(mapping) - set(weights))
+    if unset or unknown or unused or missing:
+        raise ValueError(f"weight map: variables unset {unset}, unknown {unknown}, "
+                         f"tensors unused {unused}, tensors missing {missing}")
+    if len(set(mapping.values())) != len(mapping):
+        raise ValueError("weight map: a variable is the target of more than one tensor")
+
+
 class UnsupportedMode(ValueError):
     """The backend has no such mode."""
 

@@ -14,20 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fwbench.frameworks.jax.bert import dense, layer_norm
 from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES, GPT2Config
 
 Params = dict[str, Any]
-
-
-def dense(p: Params, x: jax.Array) -> jax.Array:
-    """(..., in) @ kernel (in, out) + bias (out,) → (..., out)."""
-    return x @ p["kernel"] + p["bias"]
-
-
-def layer_norm(p: Params, x: jax.Array, eps: float) -> jax.Array:
-    """LayerNorm over the last axis (two-pass biased variance, like torch and the float64 reference)."""
-    return jax.nn.standardize(x, axis=-1, epsilon=eps, algorithm="stable") * p["scale"] + p["bias"]
 
 
 def decoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:

@@ -14,6 +14,8 @@ from typing import Callable
 import keras
 import numpy as np
 
+from fwbench.frameworks.base import check_weight_map
+
 Transform = Callable[[np.ndarray], np.ndarray]
 
 OVERWRITTEN = "zeros"  # initializer of kernels and embeddings that load_canonical overwrites
@@ -49,15 +51,7 @@ def load_canonical(
     variables = {v.path: v for v in model.weights}
     if len(variables) != len(model.weights):
         raise ValueError("weight map: two variables of the model share a path")
-    unset = sorted(set(variables) - set(mapping.values()))
-    unknown = sorted(set(mapping.values()) - set(variables))
-    unused = sorted(set(weights) - set(mapping))
-    missing = sorted(set(mapping) - set(weights))
-    if unset or unknown or unused or missing:
-        raise ValueError(f"weight map: variables unset {unset}, unknown {unknown}, "
-                         f"tensors unused {unused}, tensors missing {missing}")
-    if len(set(mapping.values())) != len(mapping):
-        raise ValueError("weight map: a variable is the target of more than one tensor")
+    check_weight_map(set(variables), mapping, weights)
     values: dict[str, np.ndarray] = {}
     for canonical, target in mapping.items():
         original = weights[canonical]

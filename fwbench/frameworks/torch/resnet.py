@@ -3,7 +3,7 @@
 Input ``pixel_values``: (batch, 3, H, W) float32, NCHW → ``(logits,)`` with logits (batch, classes).
 Attribute names are torchvision's (``conv1``, ``bn1``, ``layer{k}.{j}.conv{n}``, ``.downsample.{0,1}``,
 ``fc``), so the weight map is an identity, spelled out. BN running statistics are buffers: they
-are loaded through the same strict map as the parameters (:func:`load_canonical_state`).
+are loaded through the same strict map as the parameters (``weights.load_canonical``).
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from fwbench.frameworks.torch.weights import load_canonical
 from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
 
 LAYOUT = "NCHW"
-
-# Buffers that are not part of the canonical weights: BatchNorm's step counter (used only by a
-# momentum=None running average in training); it keeps its initial value.
-_NOT_CANONICAL = ("num_batches_tracked",)
-
 
 def _conv(v: Conv) -> nn.Conv2d:
     return nn.Conv2d(v.in_channels, v.out_channels, v.kernel, stride=v.stride, padding=v.padding, bias=False)
@@ -73,31 +69,6 @@ class ResNetModule(nn.Module):
         return (self.fc(torch.flatten(self.avgpool(x), 1)),)  # (B, classes)
 
 
-def load_canonical_state(module: nn.Module, weights: dict[str, np.ndarray], mapping: dict[str, str]) -> None:
-    """Set each parameter *or buffer* ``mapping[canonical]`` of ``module`` to ``weights[canonical]``.
-
-    As strict as ``weights.load_canonical``: every canonical tensor used, every parameter and buffer
-    set (those named in ``_NOT_CANONICAL`` excepted), no tensor missing, every shape equal.
-    """
-    targets = dict(module.named_parameters())
-    targets.update((name, b) for name, b in module.named_buffers() if not name.endswith(_NOT_CANONICAL))
-    unset = sorted(set(targets) - set(mapping.values()))
-    unknown = sorted(set(mapping.values()) - set(targets))
-    unused = sorted(set(weights) - set(mapping))
-    missing = sorted(set(mapping) - set(weights))
-    if unset or unknown or unused or missing:
-        raise ValueError(f"weight map: parameters or buffers unset {unset}, unknown {unknown}, "
-                         f"tensors unused {unused}, tensors missing {missing}")
-    if len(set(mapping.values())) != len(mapping):
-        raise ValueError("weight map: a parameter or buffer is the target of more than one tensor")
-    with torch.no_grad():
-        for canonical, target in mapping.items():
-            value = weights[canonical]
-            if tuple(targets[target].shape) != tuple(value.shape):
-                raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(targets[target].shape)}")
-            targets[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))
-
-
 def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:
     """The ResNet with the canonical weights (torchvision names onto the same attribute paths), on ``device``."""
     module = ResNetModule(description)
@@ -110,5 +81,5 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
         if block.downsample is not None:
             mapping[f"{block.downsample.name}.weight"] = f"{block.prefix}.downsample.0.weight"
             mapping.update({f"{block.downsample.bn}.{s}": f"{block.prefix}.downsample.1.{s}" for s in BN_SUFFIXES})
-    load_canonical_state(module, weights, mapping)
+    load_canonical(module, weights, mapping)
     return module.to(device).eval()

@@ -8,6 +8,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from fwbench.frameworks.base import check_weight_map
+
+
+# Buffers that are not part of any canonical weight set: BatchNorm's step counter (used only by a
+# momentum-less running average in training).
+NOT_CANONICAL_BUFFERS = ("num_batches_tracked",)
+
 
 def load_canonical(
     module: nn.Module,
@@ -15,21 +22,19 @@ def load_canonical(
     mapping: dict[str, str],
     transforms: dict[str, Callable[[np.ndarray], np.ndarray]] | None = None,
 ) -> None:
-    """Set each ``module`` parameter ``mapping[canonical]`` to ``weights[canonical]``.
+    """Set each parameter or buffer ``mapping[canonical]`` of ``module`` to ``weights[canonical]``.
 
     ``transforms`` changes a tensor's layout on the way (e.g. a transpose). Every canonical tensor
-    must be used, every parameter set, and every shape equal after the transform (no broadcasting).
+    must be used, every parameter and buffer (but ``NOT_CANONICAL_BUFFERS``) set exactly once, and
+    every shape equal after the transform (no broadcasting); otherwise ValueError.
     """
     transforms = transforms or {}
-    params = dict(module.named_parameters())
-    unset = sorted(set(params) - set(mapping.values()))
-    unknown = sorted(set(mapping.values()) - set(params))
-    unused = sorted(set(weights) - set(mapping))
-    if unset or unknown or unused:
-        raise ValueError(f"weight map: parameters unset {unset}, unknown {unknown}, tensors unused {unused}")
+    targets = dict(module.named_parameters())
+    targets.update((n, b) for n, b in module.named_buffers() if not n.endswith(NOT_CANONICAL_BUFFERS))
+    check_weight_map(set(targets), mapping, weights)
     with torch.no_grad():
         for canonical, target in mapping.items():
             value = transforms.get(canonical, lambda a: a)(weights[canonical])
-            if tuple(params[target].shape) != value.shape:
-                raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(params[target].shape)}")
-            params[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+            if tuple(targets[target].shape) != value.shape:
+                raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(targets[target].shape)}")
+            targets[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))
