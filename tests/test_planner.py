@@ -109,3 +109,15 @@ def test_case_validation(kwargs: dict[str, object]) -> None:
 def test_settings_validation(kwargs: dict[str, object]) -> None:
     with pytest.raises(SpecError):
         Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_hf2019_suite_is_the_2019_grid() -> None:
+    from fwbench.suites import load_suite
+
+    suite = load_suite("hf2019")
+    plan = build_plan(suite.models, suite.runtimes, suite.batch_sizes, suite.seq_lens,
+                      Settings(**suite.settings), suite=suite.name)
+    assert plan.size == 3 * 4 * 4 * 6 and plan.settings.protocol == "hf2019"
+    # BERT and DistilBERT stop at 512 positions: their 1024-token cells are N/A, as in 2019
+    assert {(s.case.model, s.case.seq_len) for s in plan.skipped} == {("bert-base", 1024), ("distilbert-base", 1024)}
+    assert len(plan.skipped) == 2 * 4 * 4

@@ -61,10 +61,14 @@ def _builtin(framework: str, mode: str, requires: tuple[str, ...], description: 
 
 
 _builtin("torch", "eager", ("torch",), "nn.Module called under torch.inference_mode()")
+_builtin("torch", "script", ("torch",), "torch.jit.trace + torch.jit.freeze of the nn.Module, under inference_mode",
+         "TorchScript is deprecated upstream since PyTorch 2.9; kept because the 2019 study used it")
+_builtin("torch", "compile", ("torch",), "torch.compile(fullgraph=True), inductor, default mode, under inference_mode")
 _builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eagerly")
 _builtin(
     "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)"
 )
+_builtin("tensorflow", "xla", ("tensorflow",), "tf.function(jit_compile=True) with the input signature fixed per cell")
 _builtin("jax", "jit", ("jax",), "jax.jit of a pure function over a parameter pytree (weights passed as arguments)")
 _builtin("keras", "tensorflow", ("keras", "tensorflow"),
          "Keras 3 on TensorFlow: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "

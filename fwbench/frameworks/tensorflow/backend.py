@@ -1,5 +1,6 @@
 """TensorFlow backend. Modes: ``eager`` (tf ops called eagerly), ``function`` (tf.function with a
-fixed input signature, so the timed loop never retraces)."""
+fixed input signature, so the timed loop never retraces), ``xla`` (the same with
+``jit_compile=True``: the whole function compiled by XLA)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fwbench.spec import Settings
 
 class TensorFlowBackend(Backend):
     framework = "tensorflow"
-    modes = ("eager", "function")
+    modes = ("eager", "function", "xla")
 
     @property
     def _tf_device(self) -> str:
@@ -44,7 +45,7 @@ class TensorFlowBackend(Backend):
             self._forward = self.model
             return
         signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
-        self._forward = tf.function(self.model.__call__, input_signature=signature)
+        self._forward = tf.function(self.model.__call__, input_signature=signature, jit_compile=self.mode == "xla")
 
     def infer(self, inputs: Sequence[Any]) -> tuple[tf.Tensor, ...]:
         return self._forward(*inputs)

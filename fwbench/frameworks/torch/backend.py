@@ -1,4 +1,10 @@
-"""PyTorch backend. Modes: ``eager`` (nn.Module under torch.inference_mode())."""
+"""PyTorch backend. Modes:
+
+- ``eager``: the nn.Module, called under ``torch.inference_mode()``;
+- ``script``: ``torch.jit.trace`` on the cell's inputs, then ``torch.jit.freeze`` (the 2019 study's
+  TorchScript; deprecated upstream since PyTorch 2.9, whose warnings are left as they are);
+- ``compile``: ``torch.compile(fullgraph=True)`` with inductor; compilation happens in the first call.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from fwbench.spec import Settings
 
 class TorchBackend(Backend):
     framework = "torch"
-    modes = ("eager",)
+    modes = ("eager", "script", "compile")
 
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, int]:
         torch.set_num_threads(intra_op)
@@ -40,9 +46,16 @@ class TorchBackend(Backend):
     def compile(self, inputs: Sequence[Any]) -> None:
         # One worker runs one inference cell, so autograd is switched off for the whole process:
         # no per-call context manager inside the timed loop.
-        self._inference_mode = torch.inference_mode()
-        self._inference_mode.__enter__()
-        self._forward = self.model
+        if not hasattr(self, "_inference_mode"):
+            self._inference_mode = torch.inference_mode()
+            self._inference_mode.__enter__()
+        if self.mode == "script":
+            traced = torch.jit.trace(self.model, tuple(inputs), check_trace=False)
+            self._forward = torch.jit.freeze(traced)
+        elif self.mode == "compile":
+            self._forward = torch.compile(self.model, fullgraph=True)
+        else:
+            self._forward = self.model
 
     def infer(self, inputs: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         return self._forward(*inputs)
