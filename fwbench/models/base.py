@@ -30,6 +30,14 @@ def tensor_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
 
+TRAINING_FLOPS_FACTOR = 3  # forward + backward ≈ 3 forwards (the backward pass costs two matmuls per forward one)
+
+
+def phase_flops(forward: int, phase: Phase) -> int:
+    """FLOPs of one call in ``phase`` from the forward pass's: training counts forward + backward."""
+    return forward if phase == "inference" else TRAINING_FLOPS_FACTOR * forward
+
+
 def normal_weights(schema: list[ParamSpec], seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
     """Transformer-style seeded weights: N(0, std) everywhere, LayerNorm scales around 1.
 

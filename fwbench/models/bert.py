@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
-from fwbench.models.text import attention, gelu_erf, layer_norm, linear, token_inputs
+from fwbench.models.base import ModelDescription, ParamSpec, normal_weights, phase_flops
+from fwbench.models.text import attention, gelu_erf, layer_norm, linear, token_inputs, transformer_layer_flops
 from fwbench.spec import Phase, SpecError
 
 # role -> (BERT name, DistilBERT name); "{i}" is the layer index.
@@ -124,9 +124,9 @@ class Bert(ModelDescription):
     def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
         """Matmul FLOPs: per layer 8·S·H² (Q, K, V, output) + 4·S·H·I (FFN) + 4·S²·H (scores, context)."""
         c, s = self.config, seq_len or 1
-        per_layer = 8 * s * c.hidden**2 + 4 * s * c.hidden * c.intermediate + 4 * s * s * c.hidden
+        per_layer = transformer_layer_flops(s, c.hidden, c.intermediate)
         forward = batch_size * (c.layers * per_layer + (2 * c.hidden**2 if self.has_pooler else 0))
-        return forward if phase == "inference" else 3 * forward
+        return phase_flops(forward, phase)
 
     def reference_forward(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]

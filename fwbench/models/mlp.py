@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
+from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
 from fwbench.spec import Phase, SpecError
 
 
@@ -70,7 +70,7 @@ class MLP(ModelDescription):
     def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
         """2·batch·Σ(in·out) for the matmuls; training (forward + backward) counts 3x that."""
         forward = 2 * batch_size * sum(fan_in * fan_out for _, fan_in, fan_out in self.layers)
-        return forward if phase == "inference" else 3 * forward
+        return phase_flops(forward, phase)
 
     def reference_forward(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]

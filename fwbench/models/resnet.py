@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
+from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
 from fwbench.spec import Phase, SpecError
 
 EXPANSION = 4  # bottleneck output channels = 4 x its inner width
@@ -192,7 +192,7 @@ class ResNet(ModelDescription):
         macs = sum(v.out_size**2 * v.out_channels * v.in_channels * v.kernel**2 for v in self.convs)
         macs += c.features * c.num_classes
         forward = 2 * batch_size * macs
-        return forward if phase == "inference" else 3 * forward
+        return phase_flops(forward, phase)
 
     def parity_shape(self) -> tuple[int, int | None]:
         return 2, None

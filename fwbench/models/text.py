@@ -28,6 +28,12 @@ def token_inputs(batch_size: int, seq_len: int, vocab_size: int, seed: int, toke
     return inputs
 
 
+def transformer_layer_flops(seq_len: int, hidden: int, intermediate: int) -> int:
+    """Matmul FLOPs of one encoder/decoder layer for one sequence: 8·S·H² (Q, K, V, output
+    projections) + 4·S·H·I (feed-forward) + 4·S²·H (attention scores and context)."""
+    return 8 * seq_len * hidden**2 + 4 * seq_len * hidden * intermediate + 4 * seq_len * seq_len * hidden
+
+
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
