@@ -1,4 +1,4 @@
-# fwbench: `make bench` runs the default suite on the CPU; `make test` runs the test suite.
+# fwbench: `make bench` runs the quick suite on the CPU; `make test` runs the test suite.
 # Both create .venv on first use and reuse it afterwards (reinstalling when the pins change).
 
 VENV ?= .venv
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(BIN)/fwbench run --suite default --db results/fwbench.db
+	$(BIN)/fwbench run --suite quick --db results/fwbench.db
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format csv --out results/latest.csv
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format json --out results/latest.json
 

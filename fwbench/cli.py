@@ -1,4 +1,4 @@
-"""fwbench: benchmark deep-learning frameworks against each other, honestly (run | verify | weights | report | list | env).
+"""fwbench: benchmark deep-learning frameworks against each other, honestly (run | verify | weights | report | compare | list | env).
 
 Bad input gets one line on stderr, exit status 2, and nothing written.
 """
@@ -19,26 +19,41 @@ from typing import Any, NoReturn, Sequence
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from fwbench import __version__
 from fwbench.frameworks import get_runtime, missing_requirement, runtimes
 from fwbench.measure import environment
 from fwbench.models import MODELS, get_model
+from fwbench.models.gemm import GEMM
 from fwbench.models.weights_io import load_weights, save_weights
-from fwbench.report.export import to_csv, to_json
-from fwbench.report.table import PIPE_WIDTH, make_console, print_results
-from fwbench.report.units import parse_bytes
+from fwbench.report.compare import DEFAULT_THRESHOLD, compare_runs, comparison_legend, comparison_tables, verdict_line
+from fwbench.report.export import to_csv, to_json, write_csv_dir
+from fwbench.report.html import to_html
+from fwbench.report.peak import PEAK_SUITE, Peak, achieved_gflops, best_cell, latest_peak
+from fwbench.report.summary import DEFAULT_BASELINE, resolve_baseline
+from fwbench.report.table import PIPE_WIDTH, make_console, markdown_report, print_results, to_rich
+from fwbench.report.units import format_gflops, format_seconds, parse_bytes
 from fwbench.runner.manager import execute
-from fwbench.runner.planner import build_plan, parse_names, parse_positive_ints
+from fwbench.runner.planner import build_grids_plan, build_plan, parse_names, parse_positive_ints
 from fwbench.runner.progress import sweep_progress
 from fwbench.runner.verify import verify_model
-from fwbench.spec import MAX_COUNT, PROTOCOLS, RUNNABLE_DTYPES, RUNNABLE_PHASES, Plan, Settings, SpecError
-from fwbench.store import DEFAULT_DB, Store, StoreError
-from fwbench.suites import DEFAULT_SUITE, builtin_suites, load_suite
+from fwbench.spec import (COMPILE_MODES, MAX_COUNT, PROTOCOLS, RUNNABLE_DTYPES, RUNNABLE_PHASES, Plan, Settings,
+                          SpecError)
+from fwbench.store import DEFAULT_DB, RunRecord, Store, StoreError
+from fwbench.runner.estimate import (
+    NOMINAL_FLOPS_PER_S_PER_THREAD,
+    estimate_cell_s,
+    estimate_plan_s,
+    format_estimate,
+)
+from fwbench.suites import DEFAULT_SUITE, Suite, builtin_suites, load_settings_file, load_suite
 
 EXIT_USAGE = 2
 RUN_DEVICES = ("cpu", "cuda")
-REPORT_FORMATS = ("table", "json", "csv")
+REPORT_FORMATS = ("table", "json", "csv", "markdown")
+COMPARE_FORMATS = ("table", "json")
+PEAK_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")  # one native runtime per framework
 
 
 class UsageError(Exception):
@@ -67,6 +82,16 @@ def _positive_int(text: str) -> int:
     if not (digits.isascii() and digits.isdigit()) or not 0 < int(digits) <= MAX_COUNT:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer up to {MAX_COUNT}")
     return int(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative finite number (0.05 = 5%)")
+    return value
 
 
 def _run_id(text: str) -> int | str:
@@ -117,10 +142,18 @@ def build_parser() -> Parser:
     timing.add_argument("--seed", type=int, help="seed of weights and inputs (default 0)")
     timing.add_argument("--weights", metavar="FILE", help="safetensors weights (Hugging Face / torchvision names) "
                         "for the one model of the run, instead of the seeded canonical weights")
+    timing.add_argument("--compile-mode", choices=COMPILE_MODES,
+                        help="torch:compile only (other runtimes ignore it): passed as torch.compile(mode=...); "
+                        "default: default (inductor's balance of compile time and speed); reduce-overhead adds "
+                        "CUDA graphs (GPU only; no effect on a CPU); max-autotune also benchmarks matmul/conv "
+                        "kernel choices while compiling (a much longer first call)")
     limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS", help="per cell (default 600)")
     limits.add_argument("--memory-limit", type=_bytes, metavar="BYTES",
                         help="kill a worker whose resident memory exceeds this (e.g. 2G, 512M)")
+    run.add_argument("--config", type=Path, metavar="FILE", help="TOML file with a [settings] table (keys: the "
+                     "fields of the stored settings, e.g. threads, protocol, max_time_s, timeout_s, "
+                     "memory_limit_bytes); overrides the suite's [settings], flags override it")
     run.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results database (default {DEFAULT_DB})")
     run.add_argument("--resume", type=_positive_int, metavar="RUN_ID",
                      help="run only the cells of that run's stored plan that have no status yet")
@@ -128,8 +161,32 @@ def build_parser() -> Parser:
     report = commands.add_parser("report", help="print stored results", description="Print stored results.")
     report.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results database (default {DEFAULT_DB})")
     report.add_argument("--run", type=_run_id, metavar="ID", help="only this run, or 'latest' (default: all runs)")
-    report.add_argument("--format", choices=REPORT_FORMATS, default="table", help="default: table")
+    report.add_argument("--format", choices=REPORT_FORMATS, help="default: table (with --html: none, unless "
+                        "--format or --out is given)")
     report.add_argument("--out", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+    report.add_argument("--baseline", metavar="RUNTIME", help=f"runtime the speed-ups and the pair summary are "
+                        f"relative to (default {DEFAULT_BASELINE}, or the first runtime when it is absent)")
+    report.add_argument("--csv", type=Path, metavar="DIR", help="also write the 2019 spreadsheet layout into DIR "
+                        "(one CSV per model × runtime: rows batch size, columns sequence length, the median in "
+                        "seconds or N/A) and results.csv, every result in long format")
+    report.add_argument("--html", type=Path, metavar="FILE", help="write one self-contained HTML report to FILE "
+                        "(works offline: summary, flags, heat maps of speed-up, latency and memory plots, parity, "
+                        "environment, every result)")
+
+    compare = commands.add_parser(
+        "compare", help="compare two runs cell by cell; exit 1 on a significant regression",
+        description="Match the cells of two runs by model, runtime, phase, shape, dtype and device; print each "
+        "cell's time ratio B/A with its 95% CI and significance (Mann–Whitney U, Holm-adjusted), the geometric "
+        "mean of B/A, the cells only one run has, and the environment differences. Exit 0 when no cell regressed "
+        "significantly beyond --threshold, 1 when one did (or broke: ok in A, not ok in B), 2 on bad input.")
+    compare.add_argument("run_a", type=_run_id, metavar="RUN_A", help="run id (or 'latest') in --db")
+    compare.add_argument("run_b", type=_run_id, metavar="RUN_B", help="run id (or 'latest') in --db-b")
+    compare.add_argument("--db", default=DEFAULT_DB, help=f"database of RUN_A (default {DEFAULT_DB})")
+    compare.add_argument("--db-b", metavar="PATH", help="database of RUN_B (default: --db)")
+    compare.add_argument("--threshold", type=_fraction, default=DEFAULT_THRESHOLD, metavar="FRACTION",
+                         help=f"slow-down a significant cell may have before it counts as a regression "
+                         f"(default {DEFAULT_THRESHOLD:g}, i.e. {DEFAULT_THRESHOLD * 100:g}%%)")
+    compare.add_argument("--format", choices=COMPARE_FORMATS, default="table", help="default: table")
 
     verify = commands.add_parser(
         "verify", help="check that runtimes compute the same outputs with the same weights",
@@ -147,6 +204,8 @@ def build_parser() -> Parser:
     verify.add_argument("--seq-len", type=_positive_int, help="default: the model's parity shape (16)")
     verify.add_argument("--threads", type=_positive_int, help="intra-op threads (default: physical cores)")
     verify.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    verify.add_argument("--dtype", choices=RUNNABLE_DTYPES, default="fp32",
+                        help="compute dtype, each framework's own way; sets the tolerance (default: fp32)")
     verify.add_argument("--timeout", type=_positive_float, default=600.0, metavar="SECONDS", help="per runtime")
 
     weights = commands.add_parser("weights", help="write a model's canonical weights to a safetensors file",
@@ -158,9 +217,20 @@ def build_parser() -> Parser:
 
     commands.add_parser("list", help="show models, runtimes (installed or not) and suites",
                         description="Show models, runtimes (installed or not) and suites.")
-    env = commands.add_parser("env", help="print the environment record stored with each run",
-                              description="Print the environment record stored with each run, as JSON.")
+    env = commands.add_parser("env", help="print the environment record stored with each run; --peak: measure "
+                              "the machine's fp32 matmul peak",
+                              description="Print the environment record stored with each run. With --peak, "
+                              f"measure the fp32 matmul peak instead: the gemm model ({GEMM.n}×{GEMM.n} weight) at "
+                              f"batch {GEMM.n} in {', '.join(PEAK_RUNTIMES)} (those installed), each in its own "
+                              "worker, stored as a run of suite 'peak' that reports use for their %% peak column.")
     env.add_argument("--format", choices=("json", "table"), default="table", help="default: table")
+    env.add_argument("--peak", action="store_true", help="measure GFLOP/s per runtime and store the best as the peak")
+    env.add_argument("--threads", type=_positive_int, help=f"--peak: intra-op threads (default: physical cores, "
+                     f"here {environment.physical_core_count()})")
+    env.add_argument("--max-time", type=_positive_float, metavar="SECONDS",
+                     help="--peak: timing budget per runtime (default 5)")
+    env.add_argument("--db", help=f"--peak: SQLite results database the peak run is stored in (default {DEFAULT_DB}, "
+                     "where `run` and `report` look by default)")
     return parser
 
 
@@ -168,9 +238,9 @@ def build_parser() -> Parser:
 SETTINGS_FLAGS = {
     "threads": "threads", "interop_threads": "interop_threads", "protocol": "protocol", "max_time": "max_time_s",
     "warmup": "warmup_calls", "timeout": "timeout_s", "memory_limit": "memory_limit_bytes", "seed": "seed",
-    "weights": "weights_path",
+    "weights": "weights_path", "compile_mode": "compile_mode",
 }
-GRID_FLAGS = ("suite", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
+GRID_FLAGS = ("suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
 
 
 def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
@@ -186,7 +256,7 @@ def check_threads_fit(settings: Settings) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
-    """Flags over suite over defaults; SpecError on any invalid choice."""
+    """Flags over settings file over suite over defaults; SpecError on any invalid choice."""
     if args.suite is None and (args.models is None) != (args.runtimes is None):
         raise SpecError("give both --models and --runtimes, or a --suite")
     use_suite = args.suite is not None or args.models is None
@@ -194,6 +264,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     settings_data: dict[str, Any] = {"threads": environment.physical_core_count()}
     if suite is not None:
         settings_data.update(suite.settings)
+    if args.config is not None:
+        settings_data.update(load_settings_file(args.config))
     settings_data.update(
         {field: getattr(args, flag) for flag, field in SETTINGS_FLAGS.items() if getattr(args, flag) is not None}
     )
@@ -206,11 +278,16 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             return parse("--" + flag.replace("_", "-"), value) if parse else value
         return from_suite if suite is not None else default
 
-    plan = build_plan(
-        pick("models", parse_names, suite and suite.models, []),
-        pick("runtimes", parse_names, suite and suite.runtimes, []),
-        pick("batch_sizes", parse_positive_ints, suite and suite.batch_sizes, [1]),
-        pick("seq_lens", parse_positive_ints, suite and suite.seq_lens, []),
+    # A grid flag replaces that axis in every grid of the suite.
+    grids = [
+        (pick("models", parse_names, grid and grid.models, []),
+         pick("runtimes", parse_names, grid and grid.runtimes, []),
+         pick("batch_sizes", parse_positive_ints, grid and grid.batch_sizes, [1]),
+         pick("seq_lens", parse_positive_ints, grid and grid.seq_lens, []))
+        for grid in (suite.grids if suite is not None else [None])
+    ]
+    plan = build_grids_plan(
+        grids,
         settings,
         phase=pick("phase", None, suite and suite.phase, "inference"),
         dtype=pick("dtype", None, suite and suite.dtype, "fp32"),
@@ -220,6 +297,13 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     if settings.weights_path is not None:
         check_weights_file(plan, settings.weights_path)
     return plan
+
+
+def suite_plan(suite: Suite, threads: int) -> Plan:
+    """The plan a suite runs with its own settings and ``threads`` threads (no flags)."""
+    settings = Settings.from_dict({"threads": threads, **suite.settings})
+    grids = [(g.models, g.runtimes, g.batch_sizes, g.seq_lens) for g in suite.grids]
+    return build_grids_plan(grids, settings, suite.phase, suite.dtype, suite.device, suite.name)
 
 
 def check_weights_file(plan: Plan, path: str) -> None:
@@ -259,7 +343,10 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     with store:
         remaining = plan.size - len(store.done_keys(run_id))
         err = sys.stderr
-        print(f"run {run_id}: {remaining} of {plan.size} cells to run, database {args.db}", file=err, flush=True)
+        todo = [case for case in plan.cases if case.key not in store.done_keys(run_id)]
+        estimate = format_estimate(sum(estimate_cell_s(case, plan.settings) for case in todo))
+        print(f"run {run_id}: {remaining} of {plan.size} cells to run (rough estimate {estimate}), database {args.db}",
+              file=err, flush=True)
         try:
             with sweep_progress(remaining) as listener:
                 execute(store, run_id, plan, listener)
@@ -269,7 +356,7 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return 130
         store.finish_run(run_id)
         results = store.results([run_id])
-        print_results(results, make_console(), title="fwbench results")
+        print_results(results, make_console(), title="fwbench results", peak=latest_peak(store))
         counts: dict[str, int] = {}
         for row in results:
             counts[row["status"]] = counts.get(row["status"], 0) + 1
@@ -282,6 +369,8 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def command_report(args: argparse.Namespace) -> int:
     if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
         raise SpecError(f"--out {args.out}: give a file path in an existing folder")
+    if args.html is not None and (args.html.is_dir() or not args.html.parent.is_dir()):
+        raise SpecError(f"--html {args.html}: give a file path in an existing folder")
     with Store.open(args.db, readonly=True) as store:
         run_id = store.latest_run_id() if args.run == "latest" else args.run
         if args.run is not None and (run_id is None or store.get_run(run_id) is None):
@@ -289,13 +378,38 @@ def command_report(args: argparse.Namespace) -> int:
             raise SpecError(f"run {args.run} is not in {args.db}; runs there: {known or 'none'}")
         run_ids = None if run_id is None else [run_id]
         runs, results = store.runs(run_ids), store.results(run_ids)
+        peak = latest_peak(store)
+    try:
+        baseline = resolve_baseline(results, args.baseline)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    if args.csv is not None:
+        if args.csv.exists() and not args.csv.is_dir():
+            raise SpecError(f"--csv {args.csv} is not a folder")
+        try:
+            written = write_csv_dir(results, args.csv, peak)
+        except OSError as exc:
+            raise SpecError(f"--csv {args.csv}: cannot write it: {exc.strerror or exc}") from None
+        print(f"wrote {len(written)} CSV files to {args.csv}", file=sys.stderr)
+    if args.html is not None:
+        page = to_html(runs, results, baseline=baseline, peak=peak, source=str(args.db))
+        try:
+            args.html.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"--html {args.html}: cannot write it: {exc.strerror or exc}") from None
+        print(f"wrote {args.html} ({len(page.encode()) / 2**20:.2f} MiB)", file=sys.stderr)
+        if args.format is None and args.out is None:
+            return 0
+    args.format = args.format or "table"
     if args.format == "json":
-        text = to_json(runs, results) + "\n"
+        text = to_json(runs, results, peak) + "\n"
     elif args.format == "csv":
-        text = to_csv(results)
+        text = to_csv(results, peak)
+    elif args.format == "markdown":
+        text = markdown_report(results, f"fwbench results in {args.db}", peak, baseline)
     else:
         console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if args.out else make_console()
-        print_results(results, console, title=f"fwbench results in {args.db}")
+        print_results(results, console, title=f"fwbench results in {args.db}", peak=peak, baseline=baseline)
         text = console.export_text() if args.out else ""
     if args.out is not None:
         try:
@@ -306,6 +420,46 @@ def command_report(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _run_in(store: Store, run: int | str, db: str, name: str) -> RunRecord:
+    """The run ``run`` (an id or 'latest') of ``store``; SpecError naming the runs there when it is absent."""
+    run_id = store.latest_run_id() if run == "latest" else run
+    record = None if run_id is None else store.get_run(int(run_id))
+    if record is None:
+        known = [r.id for r in store.runs()]
+        raise SpecError(f"{name} {run} is not in {db}; runs there: {known or 'none'}")
+    return record
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    """Exit 0: no significant regression beyond --threshold; 1: at least one (or a cell that broke)."""
+    db_b = args.db_b or args.db
+    with Store.open(args.db, readonly=True) as store_a:
+        run_a = _run_in(store_a, args.run_a, args.db, "RUN_A")
+        results_a = store_a.results([run_a.id])
+        if db_b == args.db:
+            run_b = _run_in(store_a, args.run_b, db_b, "RUN_B")
+            results_b = store_a.results([run_b.id])
+    if db_b != args.db:
+        with Store.open(db_b, readonly=True) as store_b:
+            run_b = _run_in(store_b, args.run_b, db_b, "RUN_B")
+            results_b = store_b.results([run_b.id])
+    comparison = compare_runs(run_a, results_a, run_b, results_b, args.threshold)
+    if not comparison.cells:
+        raise SpecError(f"run {run_a.id} of {args.db} and run {run_b.id} of {db_b} have no cell in common "
+                        "(same model, runtime, phase, shape, dtype and device); nothing to compare")
+    if args.format == "json":
+        print(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
+    else:
+        console = make_console()
+        label_a, label_b = f"run {run_a.id} of {args.db}", f"run {run_b.id} of {db_b}"
+        for data in comparison_tables(comparison, label_a, label_b):
+            console.print(to_rich(data))
+        for line in comparison_legend(comparison):
+            console.print(Text(line, style="dim"))
+        print(verdict_line(comparison))
+    return 1 if comparison.failed else 0
 
 
 def command_verify(args: argparse.Namespace) -> int:
@@ -331,12 +485,13 @@ def command_verify(args: argparse.Namespace) -> int:
     settings = Settings(threads=args.threads or environment.physical_core_count(), timeout_s=args.timeout,
                         max_time_s=min(5.0, args.timeout / 2), seed=args.seed)
     check_threads_fit(settings)
-    table = Table(title="fwbench verify (relative L2 error; max abs error in brackets)")
+    table = Table(title=f"fwbench verify, {args.dtype} (relative L2 error; max abs error in brackets)")
     for column in ("model", "runtime", "output", "shape", "vs first runtime", "vs float64 reference", "verdict"):
         table.add_column(column)
     failures = 0
     for name in models:
-        checks = verify_model(name, runtime_names, settings, args.batch_size, args.seq_len, args.weights, args.dump)
+        checks = verify_model(name, runtime_names, settings, args.batch_size, args.seq_len, args.weights, args.dump,
+                              dtype=args.dtype)
         for check in checks:
             failures += not check.passed
             if check.output is None or check.status != "ok":
@@ -375,7 +530,7 @@ def command_weights(args: argparse.Namespace) -> int:
 
 
 def command_list() -> int:
-    console = Console()
+    console = make_console()
     models = Table(title="models")
     for column in ("name", "sequence axis", "max seq len", "parameters"):
         models.add_column(column)
@@ -390,17 +545,81 @@ def command_list() -> int:
         missing = missing_requirement(info)
         table.add_row(name, "yes" if missing is None else f"no: {missing}", info.description + (f" ({info.note})" if info.note else ""))
     console.print(table)
-    suites = Table(title="suites")
-    for column in ("suite", "cells (at most)", "description"):
-        suites.add_column(column)
+    threads = environment.physical_core_count()
+    suites = Table(title=f"suites (time: a rough estimate at {threads} threads, from FLOPs at a nominal "
+                   f"{NOMINAL_FLOPS_PER_S_PER_THREAD / 1e9:.0f} GFLOP/s per thread plus start-up and compile times)")
+    for column in ("suite", "cells", "runnable", "time", "description"):
+        suites.add_column(column, justify="right" if column in ("cells", "runnable", "time") else "left")
     for name in builtin_suites():
         suite = load_suite(name)
-        suites.add_row(name, str(suite.size), suite.description)
+        try:
+            plan = suite_plan(suite, threads)
+        except SpecError as exc:  # e.g. a runtime registered by a plugin that is not loaded here
+            suites.add_row(name, str(suite.size), "—", "—", f"{suite.description} ({exc})")
+            continue
+        suites.add_row(name, str(plan.size), str(len(plan.cases)), format_estimate(estimate_plan_s(plan)),
+                       suite.description)
     console.print(suites)
     return 0
 
 
-def command_env(args: argparse.Namespace) -> int:
+def command_peak(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``env --peak``: gemm at batch = n in each installed native runtime, each in its own worker through
+    the manager, stored as a run of suite ``peak``; prints GFLOP/s per runtime and the best as the peak."""
+    names = [name for name in PEAK_RUNTIMES if missing_requirement(get_runtime(name)) is None]
+    if not names:
+        raise SpecError(f"env --peak needs one of {', '.join(PEAK_RUNTIMES)}; none is installed")
+    settings_data: dict[str, Any] = {"threads": args.threads or environment.physical_core_count()}
+    if args.max_time is not None:
+        settings_data["max_time_s"] = args.max_time
+    settings = Settings.from_dict(settings_data)
+    check_threads_fit(settings)
+    plan = build_plan([GEMM.name], names, [GEMM.n], [], settings, suite=PEAK_SUITE)
+    db = args.db or DEFAULT_DB
+    store = Store.open(db)
+    run_id = store.create_run(plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__)
+    _terminate_on_sigterm()
+    with store:
+        print(f"run {run_id} (suite {PEAK_SUITE}): gemm at batch {GEMM.n} in {len(names)} runtimes, "
+              f"threads {settings.threads}, database {db}", file=sys.stderr, flush=True)
+        with sweep_progress(plan.size) as listener:
+            execute(store, run_id, plan, listener)
+        store.finish_run(run_id)
+        runs, results = store.runs([run_id]), store.results([run_id])
+    best = best_cell(results)
+    peak = None if best is None else Peak(achieved_gflops(best) or 0.0, best["runtime"], run_id, best["threads"],
+                                          best["dtype"], best["device"])
+    if args.format == "json":
+        print(to_json(runs, results, peak))
+        return 0 if peak else 1
+    flops = GEMM.flops(GEMM.n, None)
+    table = Table(title=f"fp32 matmul peak: gemm x ({GEMM.n}×{GEMM.n}) @ W ({GEMM.n}×{GEMM.n}), "
+                  f"{flops / 1e9:.1f} GFLOP per call, threads {settings.threads}")
+    for column in ("runtime", "status", "median", "GFLOP/s", "GFLOP/s 95% CI", "samples", "note"):
+        table.add_column(column, justify="left" if column in ("runtime", "status", "note") else "right")
+    for row in results:
+        low, high = achieved_gflops(row, "ci_high_s"), achieved_gflops(row, "ci_low_s")
+        table.add_row(
+            row["runtime"], row["status"], format_seconds(row["median_s"]), format_gflops(achieved_gflops(row)),
+            "—" if low is None or high is None else f"{format_gflops(low)}–{format_gflops(high)}",
+            f"{row['n_samples']}×{row['calls_per_sample']}" if row["n_samples"] else "—", escape(row["reason"] or ""),
+        )
+    make_console().print(table)
+    if peak is None:
+        print(f"no runtime measured the peak; run {run_id} in {db} says why", file=sys.stderr)
+        return 1
+    print(f"peak: {format_gflops(peak.gflops)} GFLOP/s ({peak.runtime}, threads {peak.threads}), the best of "
+          f"{len(results)} runtimes. Stored as run {run_id} (suite {PEAK_SUITE}) in {db}; `fwbench report --db {db}` "
+          "shows every cell's % of the latest peak")
+    return 0
+
+
+def command_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if args.peak:
+        return command_peak(args, argv)
+    given = _given(args, ["threads", "max_time", "db"])
+    if given:
+        raise SpecError(f"{', '.join(given)}: only with env --peak")
     record = environment.collect()
     if args.format == "json":
         print(json.dumps(record, indent=2, sort_keys=True))
@@ -422,13 +641,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command_run(args, argv)
         if args.command == "report":
             return command_report(args)
+        if args.command == "compare":
+            return command_compare(args)
         if args.command == "verify":
             return command_verify(args)
         if args.command == "weights":
             return command_weights(args)
         if args.command == "list":
             return command_list()
-        return command_env(args)
+        return command_env(args, argv)
     except (UsageError, SpecError, StoreError) as exc:
         message = str(exc)
         print(message if message.startswith("fwbench") else f"fwbench: error: {message}", file=sys.stderr)

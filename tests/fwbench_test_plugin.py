@@ -10,7 +10,8 @@ PYTHONPATH). Modes (``fake:<mode>``):
 - ``wrong``   — returns outputs that differ from the reference (parity mismatch);
 - ``spike``   — touches $FAKE_HOG_BYTES for a moment while building, frees it, then runs normally;
 - ``slowsync`` — calls return at once; waiting for the result (``sync``) takes $FAKE_SLEEP_S.
-Also ``missing:eager``, whose framework package does not exist (recorded as skipped).
+Also ``missing:eager``, whose framework package does not exist (recorded as skipped), and
+``retrace:jax`` / ``retrace:tensorflow`` (``fwbench_retrace_backends``), which retrace at every call.
 """
 
 from __future__ import annotations
@@ -81,10 +82,13 @@ class FakeBackend(Backend):
         return {"fake": "0"}
 
 
-def create_backend(mode: str, device: str, settings: Settings) -> FakeBackend:
-    return FakeBackend(mode, device, settings)
+def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> FakeBackend:
+    return FakeBackend(mode, device, settings, dtype=dtype)  # fp32 only: any other dtype is refused
 
 
 for _mode in MODES:
     register_runtime(RuntimeInfo(f"fake:{_mode}", __name__, (), f"test-only numpy runtime ({_mode})"))
+for _framework in ("jax", "tensorflow"):  # real frameworks, retracing at every call on purpose
+    register_runtime(RuntimeInfo(f"retrace:{_framework}", "fwbench_retrace_backends", (_framework,),
+                                 f"test-only {_framework} runtime that retraces at every call"))
 register_runtime(RuntimeInfo("missing:eager", __name__, ("fwbench_no_such_framework",), "never installed"))

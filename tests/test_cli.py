@@ -32,7 +32,7 @@ RUN = ["run", "--models", "mlp", "--runtimes", "torch:eager"]
     [
         (["--models", "bert-huge", "--runtimes", "torch:eager"], "unknown model 'bert-huge'; allowed: mlp"),
         (["--models", "mlp", "--runtimes", "torch:turbo"], "unknown runtime 'torch:turbo'; allowed:"),
-        (["--suite", "nightly"], "unknown suite 'nightly'; allowed: default"),
+        (["--suite", "nightly"], "unknown suite 'nightly'; allowed: hf2019, mlp, quick, runtimes"),
         ([*RUN[1:], "--batch-sizes", "0"], "--batch-sizes '0': every value must be a positive integer"),
         ([*RUN[1:], "--batch-sizes", "-3"], "--batch-sizes '-3'"),
         ([*RUN[1:], "--batch-sizes", "1,,2"], "--batch-sizes '1,,2'"),
@@ -53,7 +53,7 @@ RUN = ["run", "--models", "mlp", "--runtimes", "torch:eager"]
         (["--suite", ""], "unknown suite ''"),
         (["--models", "", "--runtimes", "torch:eager"], "--models '': expected comma-separated names"),
         (["--models", "mlp"], "give both --models and --runtimes, or a --suite"),
-        (["--suite", "default", "--resume", "1"], "--resume reruns a stored plan with its stored settings; drop --suite"),
+        (["--suite", "quick", "--resume", "1"], "--resume reruns a stored plan with its stored settings; drop --suite"),
         (["--resume", "1", "--threads", "1"], "drop --threads"),
     ],
 )
@@ -108,7 +108,7 @@ def test_help_for_every_command() -> None:
 def test_list_and_env(plugin_env: dict[str, str]) -> None:
     listing = run_cli("list", env=plugin_env)
     assert listing.returncode == 0
-    for text in ("mlp", "torch:eager", "tensorflow:function", "default", "missing:eager"):
+    for text in ("mlp", "torch:eager", "tensorflow:function", "quick", "missing:eager"):
         assert text in listing.stdout
     assert "fwbench_no_such_framework" in listing.stdout
     missing_rows = [line for line in listing.stdout.splitlines() if "missing:eager" in line]
@@ -136,8 +136,8 @@ def test_manager_side_never_imports_a_framework() -> None:
     [
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = "training"\n',
          "phase 'training' cannot be run yet; runnable: inference"),
-        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ndtype = "bf16"\n',
-         "dtype 'bf16' cannot be run yet; runnable: fp32"),
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ndtype = "fp16"\n',
+         "dtype 'fp16' cannot be run yet; runnable: fp32, bf16"),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [0]\n', "batch_sizes must hold positive"),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\n', "missing keys ['batch_sizes']"),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ncolour = 1\n', "unknown keys ['colour']"),

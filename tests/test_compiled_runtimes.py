@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import run_cli
+from fwbench.cli import main
 from fwbench.runner.manager import run_worker
-from fwbench.spec import Case, Settings
+from fwbench.spec import Case, Settings, SpecError
+from fwbench.store import Store
 
 
 @pytest.mark.parametrize("runtime", ["torch:script", "tensorflow:xla"])
@@ -29,3 +33,75 @@ def test_verify_every_compiled_runtime() -> None:
 def test_list_says_torchscript_is_deprecated() -> None:
     listing = " ".join(run_cli("list").stdout.split())
     assert "TorchScript is deprecated upstream since PyTorch 2.9" in listing.replace("│ ", "").replace(" │", "")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "batch_size", "seq_len", "reexported"),
+                         [("mlp", 3, None, True), ("bert-tiny", 2, 16, False)])
+def test_export_runtime_in_a_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str,
+                                    batch_size: int, seq_len: int | None, reexported: bool) -> None:
+    """torch:export: export + AOTInductor in the compile stage, its seconds stored; parity ok. mlp at batch 3
+    is exported again at the parity shape (batch 2); bert-tiny at its parity shape reuses the timed runner."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the worker's package folder and torch's extraction land here
+    outcome = run_worker(Case(model, "torch:export", batch_size=batch_size, seq_len=seq_len),
+                         Settings(threads=1, max_time_s=0.3))
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.details["parity"]["ok"]
+    report = outcome.details["compile_report"]
+    assert report["export_s"] > 0 and report["aot_compile_s"] > 0 and report["package_bytes"] > 0
+    assert report["input_shapes"][0][0] == batch_size
+    # export and AOT compile happen in the compile stage, not in the timed first call
+    assert outcome.details["stage_seconds"]["compile"] >= report["export_s"] + report["aot_compile_s"]
+    assert outcome.fields["first_call_s"] < report["aot_compile_s"]
+    assert [r["input_shapes"][0][0] for r in report.get("reexports", [])] == ([2] if reexported else [])
+    assert outcome.details["compile_health"]["during_timing"] == {}
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("fwbench-aoti-", "aotinductor_"))]
+
+
+def test_list_shows_torch_export() -> None:
+    rows = [line for line in run_cli("list").stdout.splitlines() if "torch:export" in line]
+    assert rows and "yes" in rows[0] and "torch.export.export" in rows[0]
+
+
+def test_compile_mode_is_validated(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="unknown compile mode 'fast'; allowed: default, reduce-overhead, max-autotune"):
+        Settings(compile_mode="fast")  # type: ignore[arg-type]
+    bad_config = tmp_path / "settings.toml"
+    bad_config.write_text('[settings]\ncompile_mode = "turbo"\n')
+    db = tmp_path / "never.db"
+    for extra, fragment in ((["--compile-mode", "fast"], "--compile-mode: invalid choice: 'fast'"),
+                            (["--config", str(bad_config)], "unknown compile mode 'turbo'")):
+        code = main(["run", "--models", "mlp", "--runtimes", "torch:compile", "--db", str(db), *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
+    assert not db.exists()
+
+
+def test_compile_mode_is_stored_with_the_run(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    for extra, expected in (([], "default"), (["--compile-mode", "max-autotune"], "max-autotune")):
+        result = run_cli("run", "--models", "mlp", "--runtimes", "fake:sleep", "--max-time", "0.1",
+                         "--threads", "1", "--db", str(db), *extra, env=plugin_env)
+        assert result.returncode == 0, result.stderr
+    with Store.open(db, create=False) as store:
+        stored = [store.get_run(i).settings["compile_mode"] for i in (1, 2)]  # type: ignore[union-attr]
+    assert stored == ["default", "max-autotune"]
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
+def test_compile_mode_reaches_torch_compile(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The setting is what torch.compile gets (captured, nothing compiled)."""
+    torch = pytest.importorskip("torch")
+    from fwbench.frameworks import create_backend
+    from fwbench.models import get_model
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
+    backend = create_backend("torch:compile", "cpu", Settings(compile_mode=mode))  # type: ignore[arg-type]
+    description = get_model("mlp")
+    backend.build(description, description.canonical_weights(0))
+    try:
+        backend.compile(backend.make_inputs(description.make_inputs(1, None, 0)))
+    finally:
+        backend._inference_mode.__exit__(None, None, None)  # compile entered it for the process
+    assert calls == [{"fullgraph": True, "mode": mode}]

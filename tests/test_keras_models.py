@@ -72,6 +72,7 @@ def _run_cell(create: Any, description: Any, weights: dict[str, Any],
     outputs = backend.infer(inputs)
     backend.sync(outputs)
     got = backend.to_numpy(outputs)
+    raw_dtypes = sorted({backend.keras.backend.standardize_dtype(o.dtype) for o in outputs})  # before to_numpy
     reference = description.reference_forward(weights, arrays)
     return {
         "outputs": list(got),
@@ -82,6 +83,9 @@ def _run_cell(create: Any, description: Any, weights: dict[str, Any],
         "input_shapes": [list(t.shape) for t in inputs],
         "jit_compile": backend.jit_compile,
         "tracing_count_timed": traces_timed,
+        "raw_dtypes": raw_dtypes,
+        "variable_dtypes": sorted({v.dtype for v in backend.model.weights}),
+        "dtype_policy": backend.keras.config.dtype_policy().name,
     }
 
 
@@ -171,6 +175,14 @@ def report(backend_name: str) -> dict[str, Any]:
             cell["gelu_tolerance"] = GELU_TOLERANCE
         result["models"][name] = cell
 
+    def create_bf16() -> Any:
+        return keras_backend.create_backend(backend_name, "cpu", settings, dtype="bf16")
+
+    result["bf16_precision"] = create_bf16().configure_precision()
+    result["bf16"] = {name: _run_cell(create_bf16, description, description.canonical_weights(0), None)
+                      for name, description in _descriptions().items()}
+    keras.config.set_dtype_policy("float32")  # back to the default for the checks below
+
     if backend_name == CHECKED_ONCE:  # backend-independent checks, in the quickest subprocess
         result["weight_errors"] = {name: _weight_errors(d) for name, d in _descriptions().items()}
         result["mapping_errors"] = _mapping_errors()
@@ -257,6 +269,26 @@ def test_outputs_match_the_float64_reference(reports, backend: str, model: str) 
         assert cell["tracing_count_timed"] == 1  # first call and timed steps share one trace
     if model == "resnet-tiny":
         assert cell["input_shapes"] == [[2, 64, 64, 3]]  # NCHW (2, 3, 64, 64) given to Keras as NHWC
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_bf16_is_the_mixed_bfloat16_policy(reports, backend: str, model: str) -> None:  # type: ignore[no-untyped-def]
+    """bf16: Keras' mixed_bfloat16 policy, set before building: float32 variables, bfloat16 outputs, parity
+    within the bf16 tolerance yet above the fp32 one (so it really computed in bfloat16)."""
+    from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE
+
+    precision = reports[backend]["bf16_precision"]
+    assert precision["keras_dtype_policy"] == "mixed_bfloat16"
+    assert precision["bf16_mechanism"] == "keras mixed_bfloat16 policy (float32 variables, bfloat16 compute)"
+    cell = reports[backend]["bf16"][model]
+    assert cell["dtype_policy"] == "mixed_bfloat16" and cell["variable_dtypes"] == ["float32"]
+    assert "bfloat16" in cell["raw_dtypes"] and cell["dtypes"] == ["float32"] and cell["shapes_ok"]
+    errors = cell["rel_l2"].values()
+    assert all(e <= PARITY_REL_L2_TOLERANCE["bf16"] for e in errors), cell["rel_l2"]
+    assert max(errors) > PARITY_REL_L2_TOLERANCE["fp32"], cell["rel_l2"]  # float32 lands near 4e-7
+    fp32_cell = reports[backend]["models"][model]  # built before, under the default policy
+    assert fp32_cell["dtype_policy"] == "float32" and fp32_cell["raw_dtypes"] == ["float32"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

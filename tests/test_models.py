@@ -31,7 +31,8 @@ def run_torch(description, weights, inputs):  # type: ignore[no-untyped-def]
 
 
 def test_registry_and_hf_names() -> None:
-    assert {"mlp", "bert-tiny", "bert-base", "distilbert-base", "gpt2-tiny", "gpt2", "resnet-tiny", "resnet50"} \
+    assert {"mlp", "bert-tiny", "bert-base", "distilbert-base", "gpt2-tiny", "gpt2", "resnet-tiny", "resnet50",
+            "gemm"} \
         == set(MODELS)
     names = {p.name: p.shape for p in get_model("bert-base").param_schema()}
     assert names["encoder.layer.11.attention.self.query.weight"] == (768, 768)

@@ -115,7 +115,8 @@ def test_hf2019_suite_is_the_2019_grid() -> None:
     from fwbench.suites import load_suite
 
     suite = load_suite("hf2019")
-    plan = build_plan(suite.models, suite.runtimes, suite.batch_sizes, suite.seq_lens,
+    (grid,) = suite.grids
+    plan = build_plan(grid.models, grid.runtimes, grid.batch_sizes, grid.seq_lens,
                       Settings(**suite.settings), suite=suite.name)
     assert plan.size == 3 * 4 * 4 * 6 and plan.settings.protocol == "hf2019"
     # BERT and DistilBERT stop at 512 positions: their 1024-token cells are N/A, as in 2019

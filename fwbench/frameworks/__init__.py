@@ -26,7 +26,8 @@ PLUGIN_GROUP = "fwbench.plugins"
 
 @dataclass(frozen=True)
 class RuntimeInfo:
-    """A runtime: ``name`` is ``framework:mode``; ``module`` defines ``create_backend(mode, device, settings)``."""
+    """A runtime: ``name`` is ``framework:mode``; ``module`` defines
+    ``create_backend(mode, device, settings, *, dtype)`` (dtype: a spec.Dtype, "fp32" by default)."""
 
     name: str
     module: str
@@ -63,7 +64,12 @@ def _builtin(framework: str, mode: str, requires: tuple[str, ...], description: 
 _builtin("torch", "eager", ("torch",), "nn.Module called under torch.inference_mode()")
 _builtin("torch", "script", ("torch",), "torch.jit.trace + torch.jit.freeze of the nn.Module, under inference_mode",
          "TorchScript is deprecated upstream since PyTorch 2.9; kept because the 2019 study used it")
-_builtin("torch", "compile", ("torch",), "torch.compile(fullgraph=True), inductor, default mode, under inference_mode")
+_builtin("torch", "compile", ("torch",), "torch.compile(fullgraph=True), inductor, mode from --compile-mode "
+         "(default: default), under inference_mode")
+_builtin("torch", "export", ("torch",), "torch.export.export per cell shape, compiled ahead of time by AOTInductor "
+         "(aoti_compile_and_package to a .pt2, loaded with aoti_load_package), all before the first call; "
+         "the loaded runner's Python call is timed, under inference_mode",
+         "TorchScript's successor for deployment")
 _builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eagerly")
 _builtin(
     "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)"
@@ -130,9 +136,9 @@ def missing_implementation(info: RuntimeInfo, arch: str) -> str | None:
     return None
 
 
-def create_backend(runtime: str, device: str, settings: Settings) -> Backend:
-    """Import the runtime's backend module (and so its framework) and make the backend."""
+def create_backend(runtime: str, device: str, settings: Settings, *, dtype: str = "fp32") -> Backend:
+    """Import the runtime's backend module (and so its framework) and make the backend for ``dtype``."""
     info = get_runtime(runtime)
     module = importlib.import_module(info.module)
-    backend: Backend = module.create_backend(info.mode, device, settings)
+    backend: Backend = module.create_backend(info.mode, device, settings, dtype=dtype)
     return backend

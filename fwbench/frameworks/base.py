@@ -37,18 +37,28 @@ class UnsupportedMode(ValueError):
     """The backend has no such mode."""
 
 
+class UnsupportedDtype(ValueError):
+    """The backend cannot compute in that dtype."""
+
+
 class Backend(ABC):
     """One framework in one execution mode, on one device."""
 
     framework: ClassVar[str]
     modes: ClassVar[tuple[str, ...]]
+    # The case dtypes (spec.Dtype) this backend computes in; a backend that does not say runs fp32 only.
+    dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
 
-    def __init__(self, mode: str, device: str, settings: Settings) -> None:
+    def __init__(self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> None:
         if mode not in self.modes:
             raise UnsupportedMode(f"{self.framework} has no mode {mode!r}; allowed: {', '.join(self.modes)}")
+        if dtype not in self.dtypes:
+            raise UnsupportedDtype(f"{self.framework}:{mode} cannot compute in {dtype}; "
+                                   f"allowed: {', '.join(self.dtypes)}")
         self.mode = mode
         self.device = device
         self.settings = settings
+        self.dtype = dtype  # the case's dtype: "fp32", or "bf16" computed the framework's own way
         self.description: ModelDescription | None = None
         self.model: Any = None
         self.layout: str | None = None
@@ -61,7 +71,8 @@ class Backend(ABC):
     @abstractmethod
     def configure_precision(self) -> dict[str, object]:
         """Make float32 matmuls/convolutions compute in full float32 (no TF32 or bf16 passes);
-        return the framework's own report of the setting now in force."""
+        return the framework's own report of the setting now in force. With ``dtype`` bf16 the
+        report also has ``bf16_mechanism``: how this framework computes in bfloat16."""
 
     def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
         """Build ``description`` with the canonical ``weights`` from this framework's arch module."""
@@ -104,6 +115,20 @@ class Backend(ABC):
     @abstractmethod
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
         """Outputs by name as numpy arrays (for parity checks)."""
+
+    def compile_counters(self) -> dict[str, int]:
+        """Cumulative compile-health counters of this process, read from the framework (cheap; never
+        called inside the timed window). Keys, each where the framework can tell: ``traces`` (traces
+        or retraces of the timed callable), ``compiles`` (graphs or programs compiled),
+        ``graph_breaks`` and ``eager_fallbacks`` (torch.compile frames left to eager). Any of them
+        growing while the timed loop runs means the loop recompiled. Empty for a mode that compiles
+        nothing at run time."""
+        return {}
+
+    def compile_report(self) -> dict[str, Any]:
+        """What ``compile`` did ahead of the first call, as JSON-ready data the cell stores in its
+        details (e.g. seconds per ahead-of-time step); empty for a mode with nothing to report."""
+        return {}
 
     def reset_peak_memory(self) -> None:
         """Reset the framework allocator's peak counter, where it has one."""

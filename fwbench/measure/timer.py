@@ -52,10 +52,35 @@ def time_first_call(step: Step) -> float:
     return time.perf_counter() - start
 
 
-def warm_up(step: Step, calls: int) -> None:
-    """Make ``calls`` untimed calls (at least 2)."""
-    for _ in range(max(2, calls)):
+SETTLE_RATIO = 1.5  # a warm-up call this close to the fastest one so far counts as settled
+MAX_SETTLE_CALLS = 50
+
+
+def warm_up(
+    step: Step, calls: int, settle_budget_s: float = 0.0, counters: Callable[[], dict[str, int]] | None = None
+) -> list[float]:
+    """Untimed calls until the first-call cost is gone; returns each call's seconds.
+
+    At least ``calls`` (and at least 2) calls; then, while ``settle_budget_s`` lasts (at most
+    ``MAX_SETTLE_CALLS`` more), more calls until one is no slower than ``SETTLE_RATIO`` × the fastest
+    so far and leaves ``counters`` (compile-health counters) unchanged: a mode that is still
+    specialising, profiling or recompiling keeps warming up instead of being timed.
+    """
+    read = counters or dict
+    seconds: list[float] = []
+    deadline = time.perf_counter() + settle_budget_s
+    minimum = max(2, calls)
+    while len(seconds) < minimum + MAX_SETTLE_CALLS:
+        before = read()
+        start = time.perf_counter()
         step()
+        seconds.append(time.perf_counter() - start)
+        if len(seconds) < minimum:
+            continue
+        settled = seconds[-1] <= SETTLE_RATIO * min(seconds) and read() == before
+        if settled or time.perf_counter() >= deadline:
+            break
+    return seconds
 
 
 def run_hf2019(step: Step) -> TimingResult:

@@ -1,18 +1,41 @@
-"""Terminal tables of results with rich: median ± CI half-width, first call, peak memory, status.
+"""Report tables: one per model (rows grouped by shape, the baseline runtime first) with each cell's
+median ± CI, speed-up over the baseline, GFLOP/s, memory, parity and flags; then the pair summary.
 
-Columns whose value is the same in every row (run, phase, dtype, device) move into the title.
+Tables are built once as :class:`TableData` (rich markup cells) and rendered for the terminal
+(:func:`to_rich`) or as Markdown (:func:`to_markdown`). Columns whose value is the same in every row
+(run, phase, dtype, device) move into the title.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from fwbench.report.units import format_bytes, format_seconds
+from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
+from fwbench.report.summary import (
+    ALPHA,
+    CellComparison,
+    GroupedPair,
+    PairSummary,
+    grouped_pairs,
+    resolve_baseline,
+    runtimes_in,
+)
+from fwbench.report.units import (
+    decimals_for,
+    format_bytes,
+    format_fraction,
+    format_gflops,
+    format_seconds,
+    format_seconds_noise,
+    significant_digits,
+)
 
 NOISY_REL_CI = 0.05
 PIPE_WIDTH = 160  # rich would wrap at 80 columns when stdout is not a terminal
@@ -24,43 +47,276 @@ def make_console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
 
 
+def rel_half_width(row: dict[str, Any]) -> float | None:
+    """The stored CI half-width over the median (0.01 = ±1%), or None."""
+    median, low, high = row.get("median_s"), row.get("ci_low_s"), row.get("ci_high_s")
+    if median is None or low is None or high is None or median <= 0:
+        return None
+    return float((high - low) / 2 / median)
+
+
+def is_noisy(row: dict[str, Any]) -> bool:
+    """An ``ok`` cell whose CI half-width exceeds NOISY_REL_CI of its median."""
+    half = rel_half_width(row)
+    return row.get("status") == "ok" and half is not None and half > NOISY_REL_CI
+
+
 def _median_cell(row: dict[str, Any]) -> str:
+    """``'21.34 µs ±0.3%'`` with the digits the CI supports (yellow when noisy); ``N/A oom`` for a non-ok cell."""
+    if row["status"] != "ok":
+        return f"[red]N/A {escape(row['status'])}[/]"
     if row["median_s"] is None:
         return "—"
-    text = format_seconds(row["median_s"])
-    if row["ci_low_s"] is not None and row["median_s"] > 0:
-        half = (row["ci_high_s"] - row["ci_low_s"]) / 2 / row["median_s"]
-        text += f" ±{half:.1%}" + (" [yellow]noisy[/]" if half > NOISY_REL_CI else "")
-    return text
+    text = format_seconds_noise(row["median_s"], row.get("ci_low_s"), row.get("ci_high_s"))
+    half = rel_half_width(row)
+    if half is not None:
+        text += f" ±{half:.1%}"
+    return f"[yellow]{text}[/]" if is_noisy(row) else text
 
 
-def results_table(results: Sequence[dict[str, Any]], title: str | None = None) -> Table:
-    """One row per cell, in stored order; constant columns are stated once in the title."""
-    varying = [(key, label) for key, label in OPTIONAL_COLUMNS if len({r[key] for r in results}) > 1]
-    constant = [f"{label} {results[0][key]}" for key, label in OPTIONAL_COLUMNS if (key, label) not in varying]
-    caption = ", ".join(constant)
-    table = Table(title=f"{title} ({caption})" if title and caption else title or caption)
-    headers = [label for _, label in varying] + [
-        "model", "runtime", "batch", "seq", "status", "median ±95% CI", "first call", "peak RSS", "samples", "note"]
-    for header in headers:
-        right = header in ("run", "batch", "seq", "median ±95% CI", "first call", "peak RSS", "samples")
-        table.add_column(header, justify="right" if right else "left", overflow="fold")
-    for row in results:
-        ok = row["status"] == "ok"
-        table.add_row(
-            *(escape(str(row[key])) for key, _ in varying),
-            escape(row["model"]), escape(row["runtime"]), str(row["batch_size"]),
-            "—" if row["seq_len"] is None else str(row["seq_len"]),
-            row["status"] if ok else f"[red]{row['status']}[/]",
-            _median_cell(row), format_seconds(row["first_call_s"]), format_bytes(row["peak_memory_bytes"]),
-            f"{row['n_samples']}×{row['calls_per_sample']}" if row["n_samples"] else "—",
-            "" if ok else escape(row["reason"] or ""),
-        )
+def compile_flags(row: dict[str, Any]) -> list[str]:
+    """The compile-health flags the worker stored for a cell (recompiles in the timed loop, graph
+    breaks, fallbacks to eager); empty when the mode compiled cleanly or compiles nothing."""
+    return list(row.get("details", {}).get("compile_health", {}).get("flags", []))
+
+
+def _note(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return escape(row["reason"] or "")
+    flags = (["noisy"] if is_noisy(row) else []) + compile_flags(row)
+    return ", ".join(f"[yellow]{escape(flag)}[/]" for flag in flags)
+
+
+@dataclass
+class TableData:
+    """A table whose cells are rich markup (store strings already escaped), for any renderer."""
+
+    title: str | None
+    headers: list[str]
+    right: frozenset[str] = frozenset()  # headers of right-justified columns
+    rows: list[list[str]] = field(default_factory=list)
+    section_ends: set[int] = field(default_factory=set)  # a rule is drawn after these row indices
+    caption: str | None = None
+
+
+RIGHT_COLUMNS = frozenset({"run", "batch", "seq", "median ±95% CI", "GFLOP/s", "% peak", "first call", "peak RSS",
+                           "samples", "parity", "cells both ok", "faster", "slower", "no sig. diff."})
+
+
+def to_rich(data: TableData) -> Table:
+    """The rich table of ``data``."""
+    table = Table(title=data.title, caption=data.caption)
+    for header in data.headers:
+        table.add_column(escape(header), justify="right" if header in data.right else "left", overflow="fold")
+    for index, row in enumerate(data.rows):
+        table.add_row(*row, end_section=index in data.section_ends)
     return table
 
 
-def print_results(results: Sequence[dict[str, Any]], console: Console, title: str | None = None) -> None:
+def plain(markup: str) -> str:
+    """The text of rich markup, styles dropped and escapes undone."""
+    return Text.from_markup(markup).plain
+
+
+MARKDOWN_ESCAPES = str.maketrans({"\\": "\\\\", "|": "\\|", "*": "\\*", "_": "\\_", "`": "\\`", "[": "\\[",
+                                  "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;", "\n": " ", "\r": " "})
+
+
+def markdown_text(text: str) -> str:
+    """``text`` made literal in Markdown (a table cell included): emphasis, links, HTML and pipes escaped."""
+    return text.translate(MARKDOWN_ESCAPES)
+
+
+def to_markdown(data: TableData) -> str:
+    """``data`` as a GitHub-flavoured Markdown table, the title as a heading and the caption below."""
+    lines = []
+    if data.title:
+        lines += [f"### {markdown_text(plain(data.title))}", ""]
+    lines.append("| " + " | ".join(markdown_text(h) for h in data.headers) + " |")
+    lines.append("|" + "|".join("---:" if h in data.right else "---" for h in data.headers) + "|")
+    lines += ["| " + " | ".join(markdown_text(plain(cell)) for cell in row) + " |" for row in data.rows]
+    if data.caption:
+        lines += ["", markdown_text(plain(data.caption))]
+    return "\n".join(lines) + "\n"
+
+
+def ratio_text(ratio: float, low: float | None, high: float | None) -> str:
+    """``'1.99× 1.96–2.02'``: a speed-up and its CI with the digits the CI supports."""
+    half = None if low is None or high is None else (high - low) / 2
+    decimals = decimals_for(ratio, significant_digits(ratio, half))
+    text = f"{ratio:.{decimals}f}×"
+    return text if low is None or high is None else f"{text} {low:.{decimals}f}–{high:.{decimals}f}"
+
+
+def speedup_cell(cell: CellComparison | None, is_baseline: bool) -> str:
+    """The speed-up column: ``baseline``; green when significantly faster, red slower, ``≈`` (dim) when not
+    significant; ``N/A`` when either side did not run ok; ``—`` when the shape has no baseline cell."""
+    if is_baseline:
+        return "[dim]baseline[/]"
+    if cell is None:
+        return "—"
+    if cell.ratio is None:
+        return "[dim]N/A[/]"
+    text = ratio_text(cell.ratio, cell.ci_low, cell.ci_high)
+    if not cell.significant:
+        return f"[dim]≈{text}[/]"
+    return f"[green]{text}[/]" if cell.ratio > 1 else f"[red]{text}[/]"
+
+
+def parity_by_pair(results: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], float | None]:
+    """Per (run, model, runtime, dtype, device): the worst relative L2 error of its parity check, or None
+    when it failed."""
+    out: dict[tuple[Any, ...], float | None] = {}
+    for row in results:
+        check = row.get("details", {}).get("parity")
+        if not isinstance(check, dict) or "ok" not in check:
+            continue
+        errors = [float(o.get("rel_l2", 0.0)) for o in check.get("outputs", {}).values()]
+        pair = (row["run_id"], row["model"], row["runtime"], row["dtype"], row["device"])
+        out[pair] = max(errors, default=0.0) if check["ok"] else None
+    return out
+
+
+def _parity_cell(row: dict[str, Any], parity: dict[tuple[Any, ...], float | None]) -> str:
+    if row["status"] == "mismatch":
+        return "[red]✗[/]"
+    if row["status"] != "ok":
+        return "—"
+    pair = (row["run_id"], row["model"], row["runtime"], row["dtype"], row["device"])
+    if pair not in parity:
+        return "—"
+    worst = parity[pair]
+    return "[red]✗[/]" if worst is None else f"{worst:.0e}"
+
+
+def _shape_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["run_id"], row["phase"], row["dtype"], row["device"], row["batch_size"], row["seq_len"])
+
+
+def result_tables(results: Sequence[dict[str, Any]], title: str | None, peak: Peak | None, baseline: str | None,
+                  pairs: Sequence[GroupedPair]) -> list[TableData]:
+    """One table per model (first-appearance order), rows grouped by shape with a rule between shapes,
+    ``baseline`` first within a shape, then the other runtimes in first-appearance order."""
+    varying = [(key, label) for key, label in OPTIONAL_COLUMNS if len({r[key] for r in results}) > 1]
+    constant = ", ".join(f"{label} {results[0][key]}" for key, label in OPTIONAL_COLUMNS
+                         if (key, label) not in varying)
+    cells = {(c.run_id, c.model, c.phase, c.batch_size, c.seq_len, c.dtype, c.device, c.runtime): c
+             for pair in pairs for c in pair.cells}
+    order = {name: i for i, name in enumerate(sorted(runtimes_in(results), key=lambda r: r != baseline))}
+    groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
+    parity = parity_by_pair(results)
+    headers = [label for _, label in varying] + [
+        "batch", "seq", "runtime", "median ±95% CI", *([f"vs {baseline}"] if baseline else []), "GFLOP/s",
+        *(["% peak"] if peak else []), "first call", "peak RSS", "samples", "parity", "note"]
+    tables = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        rows = sorted((r for r in results if r["model"] == model), key=lambda r: (
+            groups[_shape_key(r)[:4]], r["batch_size"], -1 if r["seq_len"] is None else r["seq_len"],
+            order[r["runtime"]]))
+        heading = f"{title}: {model}" if title else model
+        data = TableData(f"{escape(heading)} ({escape(constant)})" if constant else escape(heading), headers,
+                         RIGHT_COLUMNS)
+        for index, row in enumerate(rows):
+            key = (row["run_id"], model, row["phase"], row["batch_size"], row["seq_len"], row["dtype"], row["device"],
+                   row["runtime"])
+            data.rows.append([
+                *(escape(str(row[k])) for k, _ in varying),
+                str(row["batch_size"]), "—" if row["seq_len"] is None else str(row["seq_len"]), escape(row["runtime"]),
+                _median_cell(row),
+                *([speedup_cell(cells.get(key), row["runtime"] == baseline)] if baseline else []),
+                format_gflops(achieved_gflops(row)), *([format_fraction(peak_fraction(row, peak))] if peak else []),
+                format_seconds(row["first_call_s"]), format_bytes(row["peak_memory_bytes"]),
+                f"{row['n_samples']}×{row['calls_per_sample']}" if row["n_samples"] else "—",
+                _parity_cell(row, parity), _note(row),
+            ])
+            if index + 1 < len(rows) and _shape_key(rows[index + 1]) != _shape_key(row):
+                data.section_ends.add(index)
+        tables.append(data)
+    return tables
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{status} {n}" for status, n in counts.items()) or "—"
+
+
+def summary_cell(summary: PairSummary) -> str:
+    """``'1.41× (1.05–1.89)'``, the geometric-mean speed-up and its CI over cells; ``N/A`` without a common cell."""
+    if summary.geomean_ratio is None:
+        return "[dim]N/A[/]"
+    text = ratio_text(summary.geomean_ratio, summary.ci_low, summary.ci_high)
+    ratio, _, interval = text.partition(" ")
+    return f"{ratio} ({interval})" if interval else ratio
+
+
+def summary_table(pairs: Sequence[GroupedPair], baseline: str) -> TableData:
+    """One row per runtime (and group, where run, phase, dtype or device vary) against ``baseline``."""
+    fields = (("run_id", "run"), ("phase", "phase"), ("dtype", "dtype"), ("device", "device"))
+    varying = [(key, label) for key, label in fields if len({getattr(p, key) for p in pairs}) > 1]
+    headers = [label for _, label in varying] + [
+        "runtime", "cells both ok", "geomean speed-up (95% CI)", "faster", "slower", "no sig. diff.",
+        f"{baseline} not ok", "runtime not ok"]
+    data = TableData(escape(f"speed-up over {baseline}: geometric mean of per-cell ratios over the cells both ran ok"),
+                     headers, RIGHT_COLUMNS)
+    for pair in pairs:
+        s = pair.summary
+        data.rows.append([
+            *(escape(str(getattr(pair, key))) for key, _ in varying), escape(s.runtime), str(s.n_common),
+            summary_cell(s), str(s.n_faster), str(s.n_slower), str(s.n_common - s.n_faster - s.n_slower),
+            escape(_counts_text(s.failed_baseline)), escape(_counts_text(s.failed_runtime)),
+        ])
+    return data
+
+
+def legend(baseline: str | None, peak: Peak | None) -> list[str]:
+    """What the columns mean (plain text lines), printed once under the tables."""
+    lines = []
+    if baseline:
+        lines.append(f"vs {baseline}: its median ÷ the runtime's (>1: the runtime is faster), 95% bootstrap CI; "
+                     f"≈: no significant difference (Mann–Whitney U on the raw samples, Holm-adjusted over the "
+                     f"pair's cells, p ≥ {ALPHA:g}); N/A: a side did not run ok.")
+    lines.append(f"median: digits as many as its CI supports; noisy: CI half-width > {NOISY_REL_CI:.0%} of the median. "
+                 "N/A <status>: the cell did not run ok (note: why).")
+    lines.append("parity: worst relative L2 error against the float64 reference, checked once per model × runtime "
+                 "in a run (✗: failed).")
+    return lines
+
+
+def report_tables(results: Sequence[dict[str, Any]], title: str | None = None, peak: Peak | None = None,
+                  baseline: str | None = None) -> tuple[list[TableData], list[str]]:
+    """Every table of a report (one per model, then the pair summary when the baseline and another runtime
+    share a group) and the legend lines. ``baseline`` as :func:`resolve_baseline` (ValueError when absent)."""
+    if not results:
+        return [], []
+    chosen = resolve_baseline(results, baseline)
+    pairs = grouped_pairs(results, chosen) if chosen else []
+    shown = chosen if pairs else None  # no other runtime to compare: no speed-up column
+    tables = result_tables(results, title, peak, shown, pairs)
+    if peak:
+        tables[-1].caption = (f"% peak: of {format_gflops(peak.gflops)} GFLOP/s, the {peak.dtype} {peak.device} "
+                              f"matmul peak ({peak.runtime}, threads {peak.threads}, run {peak.run_id}: "
+                              "fwbench env --peak)")
+    if pairs and shown:
+        tables.append(summary_table(pairs, shown))
+    return tables, legend(shown, peak)
+
+
+def print_results(results: Sequence[dict[str, Any]], console: Console, title: str | None = None,
+                  peak: Peak | None = None, baseline: str | None = None) -> None:
+    """Print :func:`report_tables` on ``console``."""
     if not results:
         console.print("no results")
         return
-    console.print(results_table(results, title))
+    tables, lines = report_tables(results, title, peak, baseline)
+    for data in tables:
+        console.print(to_rich(data))
+    for line in lines:
+        console.print(Text(line, style="dim"))
+
+
+def markdown_report(results: Sequence[dict[str, Any]], title: str | None = None, peak: Peak | None = None,
+                    baseline: str | None = None) -> str:
+    """:func:`report_tables` as Markdown: a heading and a table per model, the summary, the legend."""
+    if not results:
+        return "no results\n"
+    tables, lines = report_tables(results, title, peak, baseline)
+    return "\n".join([*(to_markdown(data) for data in tables), *(f"- {markdown_text(line)}" for line in lines)]) + "\n"

@@ -37,3 +37,63 @@ def parse_bytes(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise ValueError("expected a positive integer, optionally with K, M, G or T")
     return int(text) * multiplier
+
+
+def format_gflops(value: float | None) -> str:
+    """A rate in GFLOP/s, three significant digits without an exponent: ``171.4`` → ``'171'``,
+    ``94`` → ``'94.0'``, ``0.9921`` → ``'0.992'``; ``'—'`` for None."""
+    if value is None or math.isnan(value):
+        return "—"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:#.3g}" if abs(value) >= 0.001 else f"{value:.1e}"
+
+
+def format_fraction(value: float | None) -> str:
+    """A fraction as a percentage with one decimal (``0.4531`` → ``'45.3%'``), one significant digit
+    below 0.1%; ``'—'`` for None."""
+    if value is None or math.isnan(value):
+        return "—"
+    return f"{value:.1%}" if abs(value) >= 0.001 else f"{value * 100:.1g}%"
+
+
+def significant_digits(value: float, half_width: float | None, default: int = 3, lowest: int = 2,
+                       highest: int = 4) -> int:
+    """How many significant digits of ``value`` its noise supports: down to the decimal place of the
+    leading digit of ``half_width`` (the CI half-width, same unit), clamped to [lowest, highest];
+    ``default`` without a usable half-width. ``21.34`` ± ``0.064`` → 4; ± ``1.1`` → 2."""
+    if half_width is None or not math.isfinite(half_width) or half_width <= 0 or value == 0 or not math.isfinite(value):
+        return default
+    digits = math.floor(math.log10(abs(value))) - math.floor(math.log10(half_width)) + 1
+    return max(lowest, min(highest, digits))
+
+
+def decimals_for(value: float, digits: int) -> int:
+    """Decimal places that show ``digits`` significant digits of ``value`` in fixed-point notation (never
+    negative: integer digits are kept, ``213`` at 2 digits is ``'213'``, not ``'2.1e+02'``)."""
+    if value == 0 or not math.isfinite(value):
+        return max(0, digits - 1)
+    return max(0, digits - 1 - math.floor(math.log10(abs(value))))
+
+
+def format_significant(value: float, digits: int) -> str:
+    """``value`` with ``digits`` significant digits, fixed-point: ``(21.337, 3)`` → ``'21.3'``."""
+    return f"{value:.{decimals_for(value, digits)}f}"
+
+
+def seconds_unit(value: float) -> tuple[float, str]:
+    """The display scale and unit of a duration in seconds: ``2.1e-05`` → ``(1e-06, 'µs')``."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+        if abs(value) >= scale or unit == "ns":
+            return scale, unit
+    raise AssertionError("unreachable")
+
+
+def format_seconds_noise(value: float | None, low: float | None, high: float | None) -> str:
+    """A median in seconds with the digits its CI ``[low, high]`` supports (:func:`significant_digits`):
+    ``2.1337e-05`` with CI ±6.4e-08 → ``'21.34 µs'``, with CI ±1.1e-06 → ``'21 µs'``; ``'—'`` for None."""
+    if value is None or math.isnan(value):
+        return "—"
+    half = None if low is None or high is None else (high - low) / 2
+    scale, unit = seconds_unit(value)
+    return f"{format_significant(value / scale, significant_digits(value, half))} {unit}"

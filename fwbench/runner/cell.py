@@ -41,6 +41,17 @@ def parity(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], dty
     return {"ok": ok, "reference": "numpy-float64", "tolerance_rel_l2": tolerance, "outputs": per_output}
 
 
+def compile_health(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
+    """Compile-health counters around the timed loop (read just before and just after it) and the
+    flags a report shows: any counter that grew during the loop means it recompiled or retraced."""
+    during = {key: after[key] - before.get(key, 0) for key in after}
+    flags = [f"{key.replace('_', ' ')} +{n} in timed loop" for key, n in during.items() if n > 0]
+    flags += [f"{key.replace('_', ' ')} {after[key]}" for key in ("graph_breaks", "eager_fallbacks")
+              if after.get(key, 0) > 0 and during.get(key, 0) == 0]
+    return {"after_warmup": before, "after_timing": after, "during_timing": during,
+            "recompiled_in_timed_loop": any(n > 0 for n in during.values()), "flags": flags}
+
+
 class CellRunner:
     """Runs the job's cell, reporting each stage on ``channel``."""
 
@@ -67,7 +78,7 @@ class CellRunner:
         self.stage("import")
         from fwbench.frameworks import create_backend
 
-        self.backend = backend = create_backend(case.runtime, case.device, settings)
+        self.backend = backend = create_backend(case.runtime, case.device, settings, dtype=case.dtype)
         self.result["threads_effective"] = backend.configure_threads(settings.threads, settings.interop_threads)
         self.result["matmul_precision"] = backend.configure_precision()
         self.result["versions"] = backend.versions()
@@ -86,14 +97,17 @@ class CellRunner:
 
         self.stage("compile")
         backend.compile(inputs)
+        self.record_compile_report()
         step = backend.make_step(inputs)
 
         self.stage("first_call")
         self.result["first_call_s"] = timer.time_first_call(step)
 
         self.stage("warmup")
-        timer.warm_up(step, settings.warmup_calls)
-        self.result["warmup_calls"] = max(2, settings.warmup_calls)
+        warmup_s = timer.warm_up(step, settings.warmup_calls, settings.max_time_s, backend.compile_counters)
+        self.result["warmup_calls"] = len(warmup_s)
+        self.result["warmup_call_s"] = warmup_s
+        counters_before = backend.compile_counters()
 
         self.stage("timing")
         self.result["loadavg_before_timing"] = os.getloadavg()  # other work on the machine skews timings
@@ -106,6 +120,7 @@ class CellRunner:
         else:
             timing = timer.run_adaptive(step, settings.max_time_s, settings.target_rel_ci, settings.min_block_s)
         self.result["peak_memory_bytes"] = memory.peak_rss_bytes()
+        self.result["compile_health"] = compile_health(counters_before, backend.compile_counters())
         self.result.update(backend.memory_stats())
         self.result.update(
             status="ok",
@@ -124,6 +139,12 @@ class CellRunner:
         if self.job.weights_path is not None:
             return load_weights(description, Path(self.job.weights_path))
         return description.canonical_weights(self.job.settings.seed)
+
+    def record_compile_report(self) -> None:
+        """Store the backend's account of its ahead-of-time compile (``compile_report``), if it has one."""
+        report = self.backend.compile_report()
+        if report:
+            self.result["compile_report"] = report
 
     def write_outputs(self, inputs: Any) -> dict[str, Any]:
         """``fwbench verify``: one compiled call at the case's shape, outputs saved by name, nothing timed."""
@@ -148,6 +169,7 @@ class CellRunner:
         self.stage("parity")
         inputs = self.backend.make_inputs(arrays)
         self.backend.compile(inputs)
+        self.record_compile_report()
         check = parity(self.backend.to_numpy(self.backend.infer(inputs)), reference, case.dtype)
         check["shape"] = list(description.parity_shape())
         self.result["parity"] = check

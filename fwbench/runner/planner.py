@@ -6,7 +6,7 @@ Every name and number is validated here, before anything runs or is written.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from fwbench.frameworks import get_runtime
 from fwbench.models import get_model
@@ -48,6 +48,9 @@ def _unique(items: Iterable[object]) -> list:
     return list(dict.fromkeys(items))
 
 
+GridSpec = tuple[Sequence[str], Sequence[str], Sequence[int], Sequence[int]]  # models, runtimes, batches, seqs
+
+
 def build_plan(
     models: Sequence[str],
     runtimes: Sequence[str],
@@ -64,18 +67,47 @@ def build_plan(
     Models without a sequence axis get one cell per batch size (seq_len None). Cells longer than a
     model's maximum are kept as skipped, with the reason; a plan with no runnable cell is an error.
     """
+    return build_grids_plan([(models, runtimes, batch_sizes, seq_lens)], settings, phase, dtype, device, suite)
+
+
+def build_grids_plan(
+    grids: Sequence[GridSpec],
+    settings: Settings,
+    phase: str = "inference",
+    dtype: str = "fp32",
+    device: str = "cpu",
+    suite: str | None = None,
+) -> Plan:
+    """The union of several grids' cells (see :func:`build_plan`), each cell once, in grid order."""
     if phase not in RUNNABLE_PHASES:
         raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
     if dtype not in RUNNABLE_DTYPES:
         raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
+    cases: dict[str, Case] = {}
+    skipped: dict[str, SkippedCase] = {}
+    for models, runtimes, batch_sizes, seq_lens in grids:
+        for case, reason in _grid_cells(models, runtimes, batch_sizes, seq_lens, phase, dtype, device):
+            if reason is None:
+                cases.setdefault(case.key, case)
+            else:
+                skipped.setdefault(case.key, SkippedCase(case, reason))
+    if not cases:
+        reasons = "; ".join(_unique(s.reason for s in skipped.values()))
+        raise SpecError(f"the plan has no runnable cell: {reasons}")
+    return Plan(tuple(cases.values()), settings, tuple(skipped.values()), suite)
+
+
+def _grid_cells(
+    models: Sequence[str], runtimes: Sequence[str], batch_sizes: Sequence[int], seq_lens: Sequence[int],
+    phase: str, dtype: str, device: str,
+) -> Iterator[tuple[Case, str | None]]:
+    """Every cell of one grid with the reason it cannot run (None when it can)."""
     for name in models:
         get_model(name)
     for name in runtimes:
         get_runtime(name)
     if not models or not runtimes or not batch_sizes:
         raise SpecError("a plan needs at least one model, one runtime and one batch size")
-    cases: list[Case] = []
-    skipped: list[SkippedCase] = []
     for model_name, runtime, batch in itertools.product(_unique(models), _unique(runtimes), _unique(batch_sizes)):
         model = get_model(model_name)
         lengths: list[int | None] = _unique(seq_lens) if model.has_sequence else [None]
@@ -83,12 +115,4 @@ def build_plan(
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
         for seq_len in lengths:
             case = Case(model_name, runtime, phase, batch, seq_len, dtype, device)  # type: ignore[arg-type]
-            reason = model.supports_seq_len(seq_len)
-            if reason is None:
-                cases.append(case)
-            else:
-                skipped.append(SkippedCase(case, reason))
-    if not cases:
-        reasons = "; ".join(_unique(s.reason for s in skipped))
-        raise SpecError(f"the plan has no runnable cell: {reasons}")
-    return Plan(tuple(cases), settings, tuple(skipped), suite)
+            yield case, model.supports_seq_len(seq_len)

@@ -1,8 +1,12 @@
 """Suites: named sweeps kept as TOML files in this package, or any ``.toml`` path a user gives.
 
-A suite file holds ``description``, ``models``, ``runtimes``, ``batch_sizes``, optional
-``seq_lens``, ``phase``, ``dtype``, ``device``, and an optional ``[settings]`` table whose keys are
-:class:`fwbench.spec.Settings` fields (command-line flags override them).
+A suite file holds ``description``, ``phase``, ``dtype``, ``device``, an optional ``[settings]``
+table whose keys are :class:`fwbench.spec.Settings` fields (a ``--config`` file and command-line
+flags override them), and one or more grids: ``models``, ``runtimes``, ``batch_sizes`` and optional
+``seq_lens`` at the top level, and/or ``[[grid]]`` tables with the same four keys. The suite's
+plan is the union of its grids' cells, in order.
+
+A settings file (``fwbench run --config FILE``) is TOML with the same ``[settings]`` table only.
 """
 
 from __future__ import annotations
@@ -14,21 +18,36 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from fwbench.frameworks import get_runtime  # the registry: no framework is imported
+from fwbench.models import get_model
 from fwbench.spec import Settings, SpecError
 
-DEFAULT_SUITE = "default"
-_KEYS = {"description", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device", "settings"}
+DEFAULT_SUITE = "quick"
+_GRID_KEYS = {"models", "runtimes", "batch_sizes", "seq_lens"}
+_KEYS = {"description", "phase", "dtype", "device", "settings", "grid", *_GRID_KEYS}
 _SETTINGS_KEYS = {f.name for f in dataclasses.fields(Settings)}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """models × runtimes × batch sizes × sequence lengths (ignored by models without a sequence axis)."""
+
+    models: list[str]
+    runtimes: list[str]
+    batch_sizes: list[int]
+    seq_lens: list[int] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """Upper bound on the cell count (models without a sequence axis have fewer)."""
+        return len(self.models) * len(self.runtimes) * len(self.batch_sizes) * max(1, len(self.seq_lens))
 
 
 @dataclass(frozen=True)
 class Suite:
     name: str
     description: str
-    models: list[str]
-    runtimes: list[str]
-    batch_sizes: list[int]
-    seq_lens: list[int] = field(default_factory=list)
+    grids: list[Grid]
     phase: str = "inference"
     dtype: str = "fp32"
     device: str = "cpu"
@@ -36,8 +55,8 @@ class Suite:
 
     @property
     def size(self) -> int:
-        """Upper bound on the cell count (models without a sequence axis have fewer)."""
-        return len(self.models) * len(self.runtimes) * len(self.batch_sizes) * max(1, len(self.seq_lens))
+        """Upper bound on the cell count (grids may share cells; models without a sequence axis have fewer)."""
+        return sum(grid.size for grid in self.grids)
 
 
 def builtin_suites() -> list[str]:
@@ -53,31 +72,66 @@ def _list_of(name: str, value: Any, kind: type, where: str) -> list:
     return value
 
 
-def parse_suite(name: str, text: str, where: str) -> Suite:
-    """Validate a suite's TOML text; SpecError naming ``where`` on any problem."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"suite {where}: not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise SpecError(f"suite {where}: unknown keys {unknown}; allowed: {sorted(_KEYS)}")
+def _grid(data: dict[str, Any], where: str) -> Grid:
     missing = sorted({"models", "runtimes", "batch_sizes"} - set(data))
     if missing:
         raise SpecError(f"suite {where}: missing keys {missing}")
+    grid = Grid(
+        models=_list_of("models", data["models"], str, where),
+        runtimes=_list_of("runtimes", data["runtimes"], str, where),
+        batch_sizes=_list_of("batch_sizes", data["batch_sizes"], int, where),
+        seq_lens=_list_of("seq_lens", data.get("seq_lens", []), int, where),
+    )
+    try:
+        for model in grid.models:
+            get_model(model)
+        for runtime in grid.runtimes:
+            get_runtime(runtime)
+    except SpecError as exc:
+        raise SpecError(f"suite {where}: {exc}") from None
+    return grid
+
+
+def _load_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{where}: not valid TOML: {exc}") from None
+
+
+def _settings_table(data: dict[str, Any], where: str) -> dict[str, Any]:
     settings = data.get("settings", {})
-    if not isinstance(settings, dict) or set(settings) - _SETTINGS_KEYS:
-        raise SpecError(f"suite {where}: [settings] keys must be among {sorted(_SETTINGS_KEYS)}")
+    if not isinstance(settings, dict):
+        raise SpecError(f"{where}: [settings] must be a table")
+    unknown = sorted(set(settings) - _SETTINGS_KEYS)
+    if unknown:
+        raise SpecError(f"{where}: unknown [settings] keys {unknown}; allowed: {sorted(_SETTINGS_KEYS)}")
+    return settings
+
+
+def parse_suite(name: str, text: str, where: str) -> Suite:
+    """Validate a suite's TOML text; SpecError naming ``where`` on any problem."""
+    data = _load_toml(text, f"suite {where}")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise SpecError(f"suite {where}: unknown keys {unknown}; allowed: {sorted(_KEYS)}")
+    tables = data.get("grid", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise SpecError(f"suite {where}: grid must be an array of tables ([[grid]])")
+    grids = [_grid(data, where)] if _GRID_KEYS & set(data) or not tables else []
+    for number, table in enumerate(tables, 1):
+        extra = sorted(set(table) - _GRID_KEYS)
+        if extra:
+            raise SpecError(f"suite {where}: [[grid]] {number}: unknown keys {extra}; allowed: {sorted(_GRID_KEYS)}")
+        grids.append(_grid(table, f"{where} [[grid]] {number}"))
+    settings = _settings_table(data, f"suite {where}")
     for key in ("description", "phase", "dtype", "device"):
         if key in data and not isinstance(data[key], str):
             raise SpecError(f"suite {where}: {key} must be a string")
     return Suite(
         name=name,
         description=data.get("description", ""),
-        models=_list_of("models", data["models"], str, where),
-        runtimes=_list_of("runtimes", data["runtimes"], str, where),
-        batch_sizes=_list_of("batch_sizes", data["batch_sizes"], int, where),
-        seq_lens=_list_of("seq_lens", data.get("seq_lens", []), int, where),
+        grids=grids,
         phase=data.get("phase", "inference"),
         dtype=data.get("dtype", "fp32"),
         device=data.get("device", "cpu"),
@@ -85,17 +139,32 @@ def parse_suite(name: str, text: str, where: str) -> Suite:
     )
 
 
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{what} {path}: not UTF-8 text") from None
+
+
+def load_settings_file(path: Path) -> dict[str, Any]:
+    """The ``[settings]`` table of a settings file (``fwbench run --config``); SpecError on anything else."""
+    where = f"settings file {path}"
+    data = _load_toml(_read_text(path, "settings file"), where)
+    unknown = sorted(set(data) - {"settings"})
+    if unknown:
+        raise SpecError(f"{where}: unknown keys {unknown}; a settings file holds one [settings] table")
+    if "settings" not in data:
+        raise SpecError(f"{where}: no [settings] table")
+    return _settings_table(data, where)
+
+
 def load_suite(name_or_path: str) -> Suite:
     """A built-in suite by name, or a suite file by path (anything ending in .toml)."""
     if name_or_path.endswith(".toml"):
         path = Path(name_or_path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecError(f"cannot read suite file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise SpecError(f"suite {path}: not UTF-8 text") from None
-        return parse_suite(path.stem, text, str(path))
+        return parse_suite(path.stem, _read_text(path, "suite file"), str(path))
     if name_or_path not in builtin_suites():
         raise SpecError(
             f"unknown suite {name_or_path!r}; allowed: {', '.join(builtin_suites())} or a path to a .toml file"

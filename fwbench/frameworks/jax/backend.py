@@ -8,10 +8,17 @@ bounds it; with a budget of one thread ``--xla_cpu_multi_thread_eigen=false`` al
 kernels single-threaded. (The folklore token ``intra_op_parallelism_threads=N`` is not an XLA flag:
 XLA ignores it after a ``--`` flag and dies taking it for a flags file when it comes first.)
 JAX dispatch is asynchronous: ``sync`` blocks on every output leaf.
+
+bf16 (``dtype="bf16"``): the parameter pytree is built in float32, then every floating-point leaf is
+cast to ``jnp.bfloat16`` (the float32 arrays are dropped), and float inputs are cast to bfloat16 when
+made (integer token ids stay int32). The jitted function then computes in bfloat16 as JAX's own ops
+do (``jnp.mean`` and friends accumulate in float32; ``jax.nn.dot_product_attention`` computes its
+softmax in float32); the outputs are bfloat16 until ``to_numpy``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Sequence
 
@@ -39,17 +46,45 @@ os.environ["XLA_FLAGS"] = _xla_flags(os.environ.get("XLA_FLAGS", ""), _THREADS_A
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # GPU: allocate as needed, like TF's memory growth
 
 import jax  # noqa: E402  (after the XLA environment above)
+import jax.numpy as jnp  # noqa: E402
 import jaxlib  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fwbench.frameworks.base import Backend  # noqa: E402
 from fwbench.frameworks.jax.weights import jax_device  # noqa: E402
+from fwbench.models.base import ModelDescription  # noqa: E402
 from fwbench.spec import Settings  # noqa: E402
+
+
+def cast_floating(tree: Any, dtype: Any) -> Any:
+    """``tree`` with every floating-point array leaf cast to ``dtype`` (integer and bool leaves kept)."""
+    return jax.tree.map(lambda leaf: leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf, tree)
+
+
+# Compile health: JAX reports every trace and every XLA compilation of the process as a monitoring event.
+_TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_EVENT_COUNTS = {_TRACE_EVENT: 0, _COMPILE_EVENT: 0}
+
+
+def _count_event(event: str, duration_s: float, **kwargs: Any) -> None:
+    if event in _EVENT_COUNTS:
+        _EVENT_COUNTS[event] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_event)
+
+
+def compile_counters() -> dict[str, int]:
+    """Process-wide counts since import: ``traces`` (jaxprs traced, i.e. jit cache misses) and
+    ``compiles`` (XLA programs compiled)."""
+    return {"traces": _EVENT_COUNTS[_TRACE_EVENT], "compiles": _EVENT_COUNTS[_COMPILE_EVENT]}
 
 
 class JaxBackend(Backend):
     framework = "jax"
     modes = ("jit",)
+    dtypes = ("fp32", "bf16")
 
     @property
     def _device(self) -> jax.Device:
@@ -69,11 +104,23 @@ class JaxBackend(Backend):
 
     def configure_precision(self) -> dict[str, object]:
         jax.config.update("jax_default_matmul_precision", "highest")
-        return {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+        report: dict[str, object] = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+        if self.dtype == "bf16":
+            report["bf16_mechanism"] = "parameter pytree and float inputs cast to jnp.bfloat16"
+        return report
+
+    def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
+        super().build(description, weights)
+        if self.dtype == "bf16":  # every model here is a frozen dataclass holding its pytree in ``params``
+            self.model = dataclasses.replace(self.model, params=cast_floating(self.model.params, jnp.bfloat16))
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
+        """Device arrays; float arrays cast to bfloat16 for bf16 cells, integer ones (token ids) unchanged."""
         device = self._device
-        return tuple(jax.block_until_ready(jax.device_put(a, device)) for a in arrays.values())
+        placed = (jax.device_put(a, device) for a in arrays.values())
+        if self.dtype == "bf16":
+            placed = (cast_floating(a, jnp.bfloat16) for a in placed)
+        return tuple(jax.block_until_ready(a) for a in placed)
 
     def compile(self, inputs: Sequence[Any]) -> None:
         # Parameters are an argument, not closed over: the compiled program takes them as inputs
@@ -92,6 +139,9 @@ class JaxBackend(Backend):
         assert self.description is not None
         return {name: np.asarray(t, dtype=np.float32) for name, t in zip(self.description.output_names, outputs)}
 
+    def compile_counters(self) -> dict[str, int]:
+        return compile_counters()
+
     def memory_stats(self) -> dict[str, int | None]:
         stats = self._device.memory_stats() if self.device == "cuda" else None
         if stats and "peak_bytes_in_use" in stats:  # process-wide peak: JAX has no way to reset it
@@ -107,5 +157,5 @@ class JaxBackend(Backend):
         )
 
 
-def create_backend(mode: str, device: str, settings: Settings) -> JaxBackend:
-    return JaxBackend(mode, device, settings)
+def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> JaxBackend:
+    return JaxBackend(mode, device, settings, dtype=dtype)

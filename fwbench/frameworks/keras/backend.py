@@ -36,6 +36,13 @@ Reported in the dict ``configure_threads`` returns (stored as ``threads_effectiv
 checks the real model resolves the same, and sets :attr:`KerasBackend.jit_compile`) and ``layout``:
 ``NHWC``, Keras' channels_last image layout: ``make_inputs`` transposes the descriptions' NCHW
 ``pixel_values`` once, outside the timed call.
+
+bf16 (``dtype="bf16"``): Keras' mixed precision policy ``mixed_bfloat16``, set as the global dtype
+policy before the model is built (and reported as ``keras_dtype_policy``): variables stay float32,
+each layer casts its float inputs and reads its variables in bfloat16 and computes in bfloat16, as
+Keras decides per layer (its LayerNormalization and BatchNormalization compute their statistics in
+float32). The inputs given to the model stay float32 (the first layer casts them); the native
+backend is the fp32 one, since Keras, not it, does the casting.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fwbench.frameworks.base import Backend
+from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
 
 # Keras backend -> (native backend module, its mode) used for threads, precision, inputs, sync, memory.
@@ -57,6 +65,7 @@ _NATIVE = {
     "jax": ("fwbench.frameworks.jax.backend", "jit"),
     "torch": ("fwbench.frameworks.torch.backend", "eager"),
 }
+DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}  # case dtype -> Keras' global dtype policy
 LAYOUT = "NHWC"  # Keras' image layout (channels_last), the layout of every image input given to a Keras model
 # Inputs the descriptions give channels-first (batch, C, H, W): transposed to (batch, H, W, C) in make_inputs.
 _CHANNELS_FIRST_INPUTS = frozenset({"pixel_values"})
@@ -96,9 +105,10 @@ def import_keras(backend: str, device: str) -> ModuleType:
 class KerasBackend(Backend):
     framework = "keras"
     modes = ("tensorflow", "jax", "torch")
+    dtypes = ("fp32", "bf16")
 
-    def __init__(self, mode: str, device: str, settings: Settings) -> None:
-        super().__init__(mode, device, settings)  # UnsupportedMode before anything is imported
+    def __init__(self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> None:
+        super().__init__(mode, device, settings, dtype=dtype)  # UnsupportedMode before anything is imported
         refuse_other_backend(mode)  # before importing a framework for nothing
         module, native_mode = _NATIVE[mode]
         self._native: Backend = importlib.import_module(module).create_backend(native_mode, device, settings)
@@ -132,9 +142,20 @@ class KerasBackend(Backend):
 
     def configure_precision(self) -> dict[str, object]:
         report = dict(self._native.configure_precision())
+        self._set_dtype_policy()
         report.update(keras_floatx=self.keras.config.floatx(),
                       keras_dtype_policy=self.keras.config.dtype_policy().name)
+        if self.dtype == "bf16":
+            report["bf16_mechanism"] = "keras mixed_bfloat16 policy (float32 variables, bfloat16 compute)"
         return report
+
+    def _set_dtype_policy(self) -> None:
+        """Keras' global dtype policy for this cell's dtype; layers built afterwards follow it."""
+        self.keras.config.set_dtype_policy(DTYPE_POLICIES[self.dtype])
+
+    def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
+        self._set_dtype_policy()  # again: another backend in this process may have set another policy
+        super().build(description, weights)
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
         self._input_names = tuple(arrays)
@@ -191,6 +212,15 @@ class KerasBackend(Backend):
         names = self.description.output_names
         return {name: np.asarray(convert(t), dtype=np.float32) for name, t in zip(names, outputs)}
 
+    def compile_counters(self) -> dict[str, int]:
+        if self.mode == "tensorflow":  # model.predict_function is a tf.function (reduce_retracing=True)
+            from fwbench.frameworks.tensorflow.backend import tracing_counters
+
+            return tracing_counters(self._predict) if self._predict is not None else {}
+        if self.mode == "jax":  # every trace and XLA compilation of the process, as for jax:jit
+            return self._native.compile_counters()
+        return {}  # torch: the predict step runs eagerly ("auto" never picks torch.compile)
+
     def reset_peak_memory(self) -> None:
         self._native.reset_peak_memory()
 
@@ -204,5 +234,5 @@ class KerasBackend(Backend):
         return self._native.is_oom(exc)
 
 
-def create_backend(mode: str, device: str, settings: Settings) -> KerasBackend:
-    return KerasBackend(mode, device, settings)
+def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> KerasBackend:
+    return KerasBackend(mode, device, settings, dtype=dtype)

@@ -1,6 +1,12 @@
 """TensorFlow backend. Modes: ``eager`` (tf ops called eagerly), ``function`` (tf.function with a
 fixed input signature, so the timed loop never retraces), ``xla`` (the same with
-``jit_compile=True``: the whole function compiled by XLA)."""
+``jit_compile=True``: the whole function compiled by XLA).
+
+bf16 (``dtype="bf16"``): the model is built in float32 as for fp32, then every variable is replaced by
+a tf.bfloat16 copy, and float inputs are cast to tf.bfloat16 when made (integer token ids stay int32);
+every op then computes in bfloat16, softmax and layer norm included (TF's bfloat16 reductions
+accumulate in float32), and the outputs are bfloat16 until ``to_numpy``.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,25 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.base import Backend
+from fwbench.frameworks.tensorflow.weights import cast_variables
+from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
+
+
+def tracing_counters(function: Any) -> dict[str, int]:
+    """``traces``: how many times the tf.function ``function`` has traced (0 before its first call)."""
+    return {"traces": int(function.experimental_get_tracing_count())}
 
 
 class TensorFlowBackend(Backend):
     framework = "tensorflow"
     modes = ("eager", "function", "xla")
+    dtypes = ("fp32", "bf16")
+
+    @property
+    def _float_dtype(self) -> tf.DType:
+        """The dtype of the variables and float inputs."""
+        return tf.bfloat16 if self.dtype == "bf16" else tf.float32
 
     @property
     def _tf_device(self) -> str:
@@ -34,11 +53,23 @@ class TensorFlowBackend(Backend):
 
     def configure_precision(self) -> dict[str, object]:
         tf.config.experimental.enable_tensor_float_32_execution(False)
-        return {"tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()}
+        report: dict[str, object] = {
+            "tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()}
+        if self.dtype == "bf16":
+            report["bf16_mechanism"] = "variables and float inputs cast to tf.bfloat16 (built in float32, cast once)"
+        return report
+
+    def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
+        super().build(description, weights)
+        if self.dtype == "bf16":
+            with tf.device(self._tf_device):
+                cast_variables(self.model, tf.bfloat16)
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[tf.Tensor, ...]:
+        """Device tensors; float arrays in the variables' dtype, integer ones (token ids) unchanged."""
         with tf.device(self._tf_device):
-            return tuple(tf.identity(tf.constant(a)) for a in arrays.values())
+            tensors = (tf.constant(a) for a in arrays.values())
+            return tuple(tf.identity(tf.cast(t, self._float_dtype) if t.dtype.is_floating else t) for t in tensors)
 
     def compile(self, inputs: Sequence[Any]) -> None:
         if self.mode == "eager":
@@ -58,6 +89,11 @@ class TensorFlowBackend(Backend):
         assert self.description is not None
         return {name: np.asarray(t, dtype=np.float32) for name, t in zip(self.description.output_names, outputs)}
 
+    def compile_counters(self) -> dict[str, int]:
+        if self.mode == "eager":
+            return {}
+        return tracing_counters(self._forward)
+
     def reset_peak_memory(self) -> None:
         if self.device == "cuda":
             tf.config.experimental.reset_memory_stats("GPU:0")
@@ -74,5 +110,5 @@ class TensorFlowBackend(Backend):
         return super().is_oom(exc) or isinstance(exc, tf.errors.ResourceExhaustedError)
 
 
-def create_backend(mode: str, device: str, settings: Settings) -> TensorFlowBackend:
-    return TensorFlowBackend(mode, device, settings)
+def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> TensorFlowBackend:
+    return TensorFlowBackend(mode, device, settings, dtype=dtype)

@@ -43,9 +43,10 @@ def dense(x: tf.Tensor, kernel: tf.Variable, bias: tf.Variable) -> tf.Tensor:
     return tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
 
-def key_mask(attention_mask: tf.Tensor) -> tf.Tensor:
-    """(B, S) int, 1 = real token → (B, 1, 1, S) additive float32: 0 to attend, -1e9 to exclude."""
-    return (1.0 - tf.cast(attention_mask, tf.float32))[:, None, None, :] * MASKED
+def key_mask(attention_mask: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """(B, S) int, 1 = real token → (B, 1, 1, S) additive, of the scores' ``dtype``: 0 to attend, -1e9 to
+    exclude (bfloat16 has float32's exponent range, so -1e9 still makes exp underflow to 0)."""
+    return (1.0 - tf.cast(attention_mask, dtype))[:, None, None, :] * MASKED
 
 
 def dims(input_ids: tf.Tensor) -> tuple[int | tf.Tensor, int | tf.Tensor]:
@@ -125,7 +126,7 @@ class BertModule(tf.Module):
         if self.with_token_types:
             x = x + tf.gather(self.token_type_embeddings, token_type_ids)
         x = layer_norm(tf.reshape(x, [-1, h]), *self.embeddings_norm, self.eps)  # (B·S, H)
-        mask = key_mask(attention_mask)  # (B, 1, 1, S)
+        mask = key_mask(attention_mask, x.dtype)  # (B, 1, 1, S), the dtype of the variables
         for layer in self.layers:
             x = layer(x, mask, b, s)
         x = tf.reshape(x, [b, s, h])

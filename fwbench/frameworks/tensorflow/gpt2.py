@@ -72,8 +72,8 @@ class GPT2Module(tf.Module):
         b, s = dims(input_ids)
         h = self.wte.shape[-1]
         x = tf.reshape(tf.gather(self.wte, input_ids) + self.wpe[:s], [-1, h])  # (B·S, H)
-        causal = tf.linalg.band_part(tf.ones([s, s]), -1, 0)  # (S, S), 1 on and below the diagonal
-        allowed = causal[None, None] * tf.cast(attention_mask, tf.float32)[:, None, None, :]  # (B, 1, S, S)
+        causal = tf.linalg.band_part(tf.ones([s, s], x.dtype), -1, 0)  # (S, S), 1 on and below the diagonal
+        allowed = causal[None, None] * tf.cast(attention_mask, x.dtype)[:, None, None, :]  # (B, 1, S, S)
         mask = (1.0 - allowed) * MASKED
         for layer in self.layers:
             x = layer(x, mask, b, s)

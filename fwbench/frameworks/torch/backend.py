@@ -3,12 +3,27 @@
 - ``eager``: the nn.Module, called under ``torch.inference_mode()``;
 - ``script``: ``torch.jit.trace`` on the cell's inputs, then ``torch.jit.freeze`` (the 2019 study's
   TorchScript; deprecated upstream since PyTorch 2.9, whose warnings are left as they are);
-- ``compile``: ``torch.compile(fullgraph=True)`` with inductor; compilation happens in the first call.
+- ``compile``: ``torch.compile(fullgraph=True, mode=settings.compile_mode)`` with inductor; compilation
+  happens in the first call;
+- ``export``: ``torch.export.export`` on the cell's inputs, compiled ahead of time by AOTInductor
+  (``aoti_compile_and_package``) into a ``.pt2`` package in a temporary folder, loaded back with
+  ``aoti_load_package``; the loaded runner is the timed callable. Everything happens in ``compile``.
+
+bf16 (``dtype="bf16"``): every mode traces, compiles or calls the model wrapped in :class:`Autocast`,
+whose forward runs under ``torch.autocast(device, dtype=torch.bfloat16)``: weights and inputs stay
+float32, autocast runs matmuls and convolutions in bfloat16 and the rest as its op lists say (so
+residual sums can stay float32). TorchScript records the casts when tracing and ``torch.export``
+keeps the autocast region, so the compiled modes compute in bfloat16 too (a process-wide autocast
+would not reach an exported graph). Outputs come back as autocast leaves them (bfloat16 or float32);
+``to_numpy`` converts them to float32, outside the timed call.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -18,9 +33,26 @@ from fwbench.frameworks.base import Backend
 from fwbench.spec import Settings
 
 
+class Autocast(torch.nn.Module):
+    """``inner`` called under ``torch.autocast(device_type, dtype=torch.bfloat16)``: same inputs and
+    outputs, matmuls and convolutions in bfloat16."""
+
+    def __init__(self, inner: torch.nn.Module, device_type: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.device_type = device_type
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+            return self.inner(*inputs)
+
+
 class TorchBackend(Backend):
     framework = "torch"
-    modes = ("eager", "script", "compile")
+    modes = ("eager", "script", "compile", "export")
+    dtypes = ("fp32", "bf16")
+    _export_signature: tuple[tuple[tuple[int, ...], str, str], ...] | None = None  # shapes the runner is for
+    _export_log: tuple[dict[str, Any], ...] = ()  # one entry per export + AOT compile, in order
 
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, int]:
         torch.set_num_threads(intra_op)
@@ -38,6 +70,8 @@ class TorchBackend(Backend):
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            **({"bf16_mechanism": f"torch.autocast({self.device}, bfloat16) around the forward; "
+                                  "float32 weights and inputs"} if self.dtype == "bf16" else {}),
         }
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
@@ -50,12 +84,49 @@ class TorchBackend(Backend):
             self._inference_mode = torch.inference_mode()
             self._inference_mode.__enter__()
         if self.mode == "script":
-            traced = torch.jit.trace(self.model, tuple(inputs), check_trace=False)
+            traced = torch.jit.trace(self._module(), tuple(inputs), check_trace=False)
             self._forward = torch.jit.freeze(traced)
         elif self.mode == "compile":
-            self._forward = torch.compile(self.model, fullgraph=True)
+            self._forward = torch.compile(self._module(), fullgraph=True, mode=self.settings.compile_mode)
+        elif self.mode == "export":
+            self._forward = self._export_and_load(inputs)
         else:
-            self._forward = self.model
+            self._forward = self._module()
+
+    def _module(self) -> torch.nn.Module:
+        """What the mode traces, compiles or calls: the model for fp32, the model under autocast for bf16."""
+        return Autocast(self.model, self.device).eval() if self.dtype == "bf16" else self.model
+
+    def _export_and_load(self, inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
+        """``torch.export`` → AOTInductor ``.pt2`` package → loaded runner, specialised to these input
+        shapes; the runner already loaded is reused when the shapes, dtypes and devices are unchanged.
+
+        Exported inside the worker's ``torch.inference_mode()`` like every other mode (torch 2.13
+        exports and AOT-compiles there; parameters are plain tensors made before it was entered).
+        The generated kernels bake in ``torch.get_num_threads()`` of compile time, which the thread
+        budget has set by then. The package folder is deleted once loaded: the runner keeps its
+        own extracted copy (removed by torch when the runner is freed)."""
+        signature = tuple((tuple(t.shape), str(t.dtype), str(t.device)) for t in inputs)
+        if signature == self._export_signature:
+            return self._forward
+        started = time.perf_counter()
+        exported = torch.export.export(self._module(), tuple(inputs))
+        exported_at = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="fwbench-aoti-") as folder:
+            package = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(folder, "model.pt2"))
+            compiled_at = time.perf_counter()
+            package_bytes = os.path.getsize(package)
+            runner = torch._inductor.aoti_load_package(package)
+        del exported
+        self._export_signature = signature
+        self._export_log = (*self._export_log, {
+            "input_shapes": [list(shape) for shape, _, _ in signature],
+            "export_s": exported_at - started,
+            "aot_compile_s": compiled_at - exported_at,
+            "load_s": time.perf_counter() - compiled_at,
+            "package_bytes": package_bytes,
+        })
+        return runner
 
     def infer(self, inputs: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         return self._forward(*inputs)
@@ -72,6 +143,26 @@ class TorchBackend(Backend):
     def to_numpy(self, outputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
         assert self.description is not None
         return {name: t.detach().float().cpu().numpy() for name, t in zip(self.description.output_names, outputs)}
+
+    def compile_counters(self) -> dict[str, int]:
+        if self.mode != "compile":  # eager runs no compiler; script and export compile ahead of the first call
+            return {}
+        from torch._dynamo.utils import counters  # process-wide, cumulative
+
+        frames = counters["frames"]  # counted only for frames that may break the graph (not under fullgraph)
+        return {
+            "compiles": int(counters["stats"]["unique_graphs"]),  # graphs captured: the first and every recompile
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "eager_fallbacks": int(frames["total"] - frames["ok"]),  # e.g. the recompile limit was hit
+        }
+
+    def compile_report(self) -> dict[str, Any]:
+        """export: seconds of ``torch.export``, of the AOTInductor compile and of loading the package
+        for the timed shapes; ``reexports`` lists the same for other shapes compiled later (parity)."""
+        if not self._export_log:
+            return {}
+        first, *later = self._export_log
+        return {**first, "reexports": later} if later else dict(first)
 
     def reset_peak_memory(self) -> None:
         if self.device == "cuda":
@@ -91,5 +182,5 @@ class TorchBackend(Backend):
         return super().is_oom(exc) or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
-def create_backend(mode: str, device: str, settings: Settings) -> TorchBackend:
-    return TorchBackend(mode, device, settings)
+def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> TorchBackend:
+    return TorchBackend(mode, device, settings, dtype=dtype)

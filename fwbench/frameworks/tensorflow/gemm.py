@@ -1,0 +1,30 @@
+"""The gemm microbenchmark in TensorFlow (tf.Module and tf ops, not Keras): one bias-free square matmul.
+
+Input ``x``: (batch, n) float32 → ``(y,)`` with y = x @ weight, (batch, n). The canonical weight is
+already (in, out): no transpose.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fwbench.frameworks.tensorflow.weights import check_all_used, identity, tracked_variables
+from fwbench.models.gemm import Gemm
+
+
+class GemmModule(tf.Module):
+    def __init__(self, description: Gemm, weights: dict[str, np.ndarray]) -> None:
+        super().__init__(name="gemm")
+        used: set[str] = set()
+        self.kernel = tracked_variables(weights, used)("weight", (description.n, description.n), identity)
+        check_all_used(weights, used)
+
+    def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
+        return (tf.matmul(x, self.kernel),)
+
+
+def build_model(description: Gemm, weights: dict[str, np.ndarray], device: str) -> GemmModule:
+    """The matmul with the canonical weight, its variable placed on ``device``."""
+    with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
+        return GemmModule(description, weights)

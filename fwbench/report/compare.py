@@ -1,0 +1,306 @@
+"""Comparing two stored runs (``fwbench compare RUN_A RUN_B``), e.g. to gate a CI job on regressions.
+
+Cells match by (model, runtime, phase, batch size, sequence length, dtype, device). Per matched cell:
+the time ratio B/A = median(B samples) / median(A samples) (> 1: B is slower), its seeded bootstrap
+95% CI, and a two-sided Mann–Whitney U test on the raw samples, Holm-adjusted over every cell both
+runs completed (:mod:`fwbench.report.summary` has the statistics). A cell is a *regression* when the
+difference is significant and B/A > 1 + threshold, an *improvement* when it is significant and
+B/A < 1 / (1 + threshold); a cell that was ``ok`` in A and is not in B is *broken* (also a regression
+for the exit status). Summaries are geometric means of B/A over the cells both runs completed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Sequence
+
+from rich.markup import escape
+
+from fwbench.report.summary import ALPHA, cell_key, estimates, geometric_mean_ci, runtimes_in, sample_median
+from fwbench.report.table import TableData, plain, ratio_text
+from fwbench.report.units import format_seconds_noise
+from fwbench.store import RunRecord
+
+COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device")
+DEFAULT_THRESHOLD = 0.05
+Verdict = Literal["regression", "improvement", "within threshold", "not significant", "broken", "fixed", "not ok"]
+SETTINGS_KEYS = ("threads", "interop_threads", "protocol", "max_time_s", "warmup_calls", "memory_limit_bytes",
+                 "compile_mode", "seed")
+
+
+@dataclass(frozen=True)
+class CellChange:
+    """One cell both runs have. ``ratio`` = median_b / median_a (> 1: B slower) with its 95% CI, ``p_value``
+    (Mann–Whitney U) and ``p_adjusted`` (Holm, over the comparison's cells both ran ok): None unless both
+    cells are ``ok`` with samples. Medians in seconds per call."""
+
+    model: str
+    runtime: str
+    phase: str
+    batch_size: int
+    seq_len: int | None
+    dtype: str
+    device: str
+    status_a: str
+    status_b: str
+    reason_a: str | None
+    reason_b: str | None
+    median_a_s: float | None
+    median_b_s: float | None
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    p_adjusted: float | None
+    significant: bool
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class RatioSummary:
+    """Geometric mean of B/A over ``n_common`` cells both runs completed ``ok``, with its bootstrap CI over
+    cells, and the verdict counts of ``runtime``'s cells (``'all'`` for every runtime together)."""
+
+    runtime: str
+    n_common: int
+    geomean_ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class EnvironmentDifference:
+    """One environment, settings or framework-version entry that differs between the runs (None: absent)."""
+
+    key: str
+    a: str | None
+    b: str | None
+
+
+@dataclass
+class RunComparison:
+    """Everything ``fwbench compare`` prints; :attr:`failed` decides its exit status."""
+
+    run_a: int
+    run_b: int
+    threshold: float
+    cells: list[CellChange]
+    only_a: list[dict[str, Any]]
+    only_b: list[dict[str, Any]]
+    summaries: list[RatioSummary]
+    environment: list[EnvironmentDifference] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[CellChange]:
+        """Cells significantly slower beyond the threshold, or broken (ok in A, not ok in B)."""
+        return [c for c in self.cells if c.verdict in ("regression", "broken")]
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.regressions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_a": self.run_a, "run_b": self.run_b, "threshold": self.threshold, "alpha": ALPHA,
+                "failed": self.failed, "cells": [asdict(c) for c in self.cells],
+                "only_a": [_key_dict(r) for r in self.only_a], "only_b": [_key_dict(r) for r in self.only_b],
+                "summaries": [asdict(s) for s in self.summaries],
+                "environment": [asdict(d) for d in self.environment]}
+
+
+def _key_dict(row: dict[str, Any]) -> dict[str, Any]:
+    return {**{name: row[name] for name in COMPARE_KEY}, "status": row["status"], "reason": row.get("reason")}
+
+
+def _verdict(status_a: str, status_b: str, ratio: float | None, significant: bool, threshold: float) -> Verdict:
+    if status_a == "ok" and status_b != "ok":
+        return "broken"
+    if status_a != "ok" and status_b == "ok":
+        return "fixed"
+    if ratio is None:
+        return "not ok"
+    if not significant:
+        return "not significant"
+    if ratio > 1 + threshold:
+        return "regression"
+    if ratio < 1 / (1 + threshold):
+        return "improvement"
+    return "within threshold"
+
+
+def _summary(runtime: str, cells: Sequence[CellChange]) -> RatioSummary:
+    ratios = [c.ratio for c in cells if c.ratio is not None]
+    centre, low, high = geometric_mean_ci(ratios)
+    counts: dict[str, int] = {}
+    for cell in cells:
+        counts[cell.verdict] = counts.get(cell.verdict, 0) + 1
+    return RatioSummary(runtime, len(ratios), centre, low, high, counts)
+
+
+def compare_results(results_a: Sequence[dict[str, Any]], results_b: Sequence[dict[str, Any]], run_a: int,
+                    run_b: int, threshold: float = DEFAULT_THRESHOLD) -> RunComparison:
+    """Match the cells of two runs' store rows and compare them (see the module docstring); cells in A's model
+    and runtime order, then by phase, dtype, device, batch size and sequence length."""
+    by_key_b = {cell_key(row, COMPARE_KEY): row for row in results_b}
+    keys_a = {cell_key(row, COMPARE_KEY) for row in results_a}
+    models = {m: i for i, m in enumerate(dict.fromkeys(row["model"] for row in results_a))}
+    runtimes = {r: i for i, r in enumerate(runtimes_in(results_a))}
+    ordered = sorted(results_a, key=lambda r: (models[r["model"]], runtimes[r["runtime"]], r["phase"], r["dtype"],
+                                               r["device"], r["batch_size"], -1 if r["seq_len"] is None else r["seq_len"]))
+    pairs = [(by_key_b[cell_key(row, COMPARE_KEY)], row) for row in ordered if cell_key(row, COMPARE_KEY) in by_key_b]
+    cells = []
+    for (b, a), (estimate, p_adjusted) in zip(pairs, estimates(pairs)):
+        significant = p_adjusted is not None and p_adjusted < ALPHA
+        ratio = None if estimate is None else estimate.ratio
+        cells.append(CellChange(
+            model=a["model"], runtime=a["runtime"], phase=a["phase"], batch_size=a["batch_size"], seq_len=a["seq_len"],
+            dtype=a["dtype"], device=a["device"], status_a=a["status"], status_b=b["status"], reason_a=a.get("reason"),
+            reason_b=b.get("reason"), median_a_s=sample_median(a), median_b_s=sample_median(b), ratio=ratio,
+            ci_low=None if estimate is None else estimate.ci_low, ci_high=None if estimate is None else estimate.ci_high,
+            p_value=None if estimate is None else estimate.p_value, p_adjusted=p_adjusted, significant=significant,
+            verdict=_verdict(a["status"], b["status"], ratio, significant, threshold),
+        ))
+    summaries = [_summary(runtime, [c for c in cells if c.runtime == runtime])
+                 for runtime in runtimes_in([{"runtime": c.runtime} for c in cells])]
+    if len(summaries) > 1:
+        summaries.append(_summary("all", cells))
+    return RunComparison(
+        run_a=run_a, run_b=run_b, threshold=threshold, cells=cells,
+        only_a=[row for row in results_a if cell_key(row, COMPARE_KEY) not in by_key_b],
+        only_b=[row for row in results_b if cell_key(row, COMPARE_KEY) not in keys_a],
+        summaries=summaries,
+    )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def framework_versions(results: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """``details.versions`` of a run's cells, flattened (``versions.torch`` → ``'2.13.0'``; several values
+    seen in one run are joined with ``' | '``)."""
+    seen: dict[str, set[str]] = {}
+    for row in results:
+        versions = row.get("details", {}).get("versions")
+        if isinstance(versions, dict):
+            for name, value in versions.items():
+                seen.setdefault(f"versions.{name}", set()).add(str(value))
+    return {key: " | ".join(sorted(values)) for key, values in sorted(seen.items())}
+
+
+def environment_record(run: RunRecord, results: Sequence[dict[str, Any]]) -> dict[str, str | None]:
+    """What :func:`environment_differences` compares: the run's environment record (CPU model and flags,
+    cores, package versions, ...), its measurement settings, the thread counts its cells ran with, and the
+    framework versions its workers reported."""
+    record: dict[str, str | None] = {f"environment.{k}": _text(v) for k, v in sorted(run.environment.items())}
+    record.update({f"settings.{k}": _text(run.settings.get(k)) for k in SETTINGS_KEYS if k in run.settings})
+    threads = sorted({row["threads"] for row in results if row.get("threads") is not None})
+    if threads:
+        record["cells.threads"] = ", ".join(map(str, threads))
+    record.update(framework_versions(results))
+    return record
+
+
+def environment_differences(run_a: RunRecord, results_a: Sequence[dict[str, Any]], run_b: RunRecord,
+                            results_b: Sequence[dict[str, Any]]) -> list[EnvironmentDifference]:
+    """Every entry of :func:`environment_record` whose value differs between the runs, in key order."""
+    a, b = environment_record(run_a, results_a), environment_record(run_b, results_b)
+    return [EnvironmentDifference(key, a.get(key), b.get(key)) for key in sorted({*a, *b}) if a.get(key) != b.get(key)]
+
+
+def compare_runs(run_a: RunRecord, results_a: Sequence[dict[str, Any]], run_b: RunRecord,
+                 results_b: Sequence[dict[str, Any]], threshold: float = DEFAULT_THRESHOLD) -> RunComparison:
+    """:func:`compare_results` plus the :func:`environment_differences` of the two runs."""
+    comparison = compare_results(results_a, results_b, run_a.id, run_b.id, threshold)
+    comparison.environment = environment_differences(run_a, results_a, run_b, results_b)
+    return comparison
+
+
+VERDICT_STYLES = {"regression": "red", "broken": "red", "improvement": "green", "fixed": "green",
+                  "within threshold": "default", "not significant": "dim", "not ok": "dim"}
+SHAPE_LABELS = (("phase", "phase"), ("dtype", "dtype"), ("device", "device"))
+
+
+def percent(fraction: float) -> str:
+    """``0.05`` → ``'5%'``, ``0.025`` → ``'2.5%'``."""
+    return f"{fraction * 100:.4g}%"
+
+
+def _p_text(p_adjusted: float | None) -> str:
+    return "—" if p_adjusted is None else f"{p_adjusted:.2g}"
+
+
+def comparison_tables(comparison: RunComparison, label_a: str, label_b: str) -> list[TableData]:
+    """The per-cell table, the geometric-mean summary, the cells only one run has and the environment
+    differences, as :class:`~fwbench.report.table.TableData` (rich markup, store strings escaped)."""
+    cells = comparison.cells
+    varying = [(key, label) for key, label in SHAPE_LABELS if len({getattr(c, key) for c in cells}) > 1]
+    right = frozenset({"batch", "seq", "A median", "B median", "B/A (95% CI)", "p (Holm)", "cells both ok"})
+    per_cell = TableData(
+        escape(f"fwbench compare: A = {label_a}, B = {label_b} (threshold {percent(comparison.threshold)})"),
+        ["model", "runtime", *(label for _, label in varying), "batch", "seq", "A median", "B median", "B/A (95% CI)",
+         "p (Holm)", "verdict"], right)
+    for c in cells:
+        style = VERDICT_STYLES[c.verdict]
+        why = "" if c.verdict not in ("broken", "fixed", "not ok") else f" ({escape(c.status_a)})" \
+            if c.status_a == c.status_b else f": {escape(c.status_a)} → {escape(c.status_b)}"
+        per_cell.rows.append([
+            escape(c.model), escape(c.runtime), *(escape(str(getattr(c, key))) for key, _ in varying), str(c.batch_size),
+            "—" if c.seq_len is None else str(c.seq_len),
+            format_seconds_noise(c.median_a_s, None, None) if c.median_a_s is not None else f"N/A {escape(c.status_a)}",
+            format_seconds_noise(c.median_b_s, None, None) if c.median_b_s is not None else f"N/A {escape(c.status_b)}",
+            "—" if c.ratio is None else ratio_text(c.ratio, c.ci_low, c.ci_high), _p_text(c.p_adjusted),
+            f"[{style}]{c.verdict}{why}[/]",
+        ])
+    summary = TableData("geometric mean of B/A over the cells both runs completed ok",
+                        ["runtime", "cells both ok", "geomean B/A (95% CI)", "verdicts"], right)
+    for s in comparison.summaries:
+        summary.rows.append([
+            escape(s.runtime), str(s.n_common),
+            "N/A" if s.geomean_ratio is None else ratio_text(s.geomean_ratio, s.ci_low, s.ci_high),
+            ", ".join(f"{escape(v)} {n}" for v, n in sorted(s.counts.items())),
+        ])
+    if len(comparison.summaries) > 1:
+        summary.section_ends.add(len(comparison.summaries) - 2)
+    tables = [per_cell, summary]
+    for name, rows in (("A", comparison.only_a), ("B", comparison.only_b)):
+        if rows:
+            only = TableData(f"{len(rows)} cells only run {name} has", ["model", "runtime", "phase", "batch", "seq",
+                                                                          "dtype", "device", "status"], right)
+            for row in rows:
+                only.rows.append([escape(str(row[k])) if row[k] is not None else "—" for k in COMPARE_KEY[:3]]
+                                 + [str(row["batch_size"]), "—" if row["seq_len"] is None else str(row["seq_len"]),
+                                    escape(row["dtype"]), escape(row["device"]), escape(row["status"])])
+            tables.append(only)
+    if comparison.environment:
+        env = TableData("environment differences",
+                        ["key", "A", "B"])
+        for d in comparison.environment:
+            env.rows.append([escape(d.key), "—" if d.a is None else escape(d.a), "—" if d.b is None else escape(d.b)])
+        tables.append(env)
+    return tables
+
+
+def comparison_legend(comparison: RunComparison) -> list[str]:
+    """What the columns and verdicts mean (plain text lines)."""
+    limit = percent(comparison.threshold)
+    return [
+        "B/A: median of B ÷ median of A (>1: B is slower), 95% bootstrap CI; p (Holm): Mann–Whitney U on the raw "
+        f"samples, Holm-adjusted over the {sum(1 for c in comparison.cells if c.ratio is not None)} cells both runs "
+        "completed ok.",
+        f"regression: p < {ALPHA:g} and B/A > 1 + {limit}; improvement: p < {ALPHA:g} and B/A < 1/(1 + {limit}); "
+        "within threshold: significant but smaller; broken: ok in A, not ok in B (counts as a regression); "
+        "fixed: the reverse.",
+    ]
+
+
+def verdict_line(comparison: RunComparison) -> str:
+    """The closing line: how many cells regressed or broke, and the exit status that follows."""
+    regressions = [c for c in comparison.cells if c.verdict == "regression"]
+    broken = [c for c in comparison.cells if c.verdict == "broken"]
+    improved = sum(1 for c in comparison.cells if c.verdict == "improvement")
+    common = sum(1 for c in comparison.cells if c.ratio is not None)
+    text = (f"{len(regressions)} significant regressions beyond {percent(comparison.threshold)}, {len(broken)} cells broken, "
+            f"{improved} improvements, over {common} cells both runs completed ok "
+            f"({len(comparison.only_a)} only in A, {len(comparison.only_b)} only in B)")
+    return plain(text) + ("; exit 1" if comparison.failed else "; exit 0")

@@ -1,0 +1,70 @@
+"""Achieved GFLOP/s of stored cells, and their fraction of the machine's measured fp32 matmul peak.
+
+The peak is what ``fwbench env --peak`` stores: a run of suite ``peak`` whose cells are the
+``gemm`` model at ``batch = n`` in each framework's native runtime; the peak is its fastest ``ok``
+cell. Everything here reads stored rows only (``flops`` per call and ``median_s`` per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from fwbench.store import Store
+
+PEAK_SUITE = "peak"  # suite name of the runs `fwbench env --peak` stores
+GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The machine's measured matmul peak: ``gflops`` (1e9 FLOP per second) by ``runtime`` in run ``run_id``."""
+
+    gflops: float
+    runtime: str
+    run_id: int
+    threads: int | None
+    dtype: str
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gflops": self.gflops, "runtime": self.runtime, "run_id": self.run_id, "threads": self.threads,
+                "dtype": self.dtype, "device": self.device}
+
+
+def achieved_gflops(row: dict[str, Any], seconds_key: str = "median_s") -> float | None:
+    """``flops / row[seconds_key] / 1e9`` (GFLOP/s) of an ``ok`` cell; None without FLOPs or a time."""
+    flops, seconds = row.get("flops"), row.get(seconds_key)
+    if row.get("status") != "ok" or not flops or seconds is None or seconds <= 0:
+        return None
+    return float(flops) / float(seconds) / GIGA
+
+
+def peak_fraction(row: dict[str, Any], peak: Peak | None) -> float | None:
+    """The cell's achieved GFLOP/s over the peak's; None without a peak, a rate, or for another dtype,
+    device or thread count than the peak was measured with (an fp32 CPU peak on 2 threads says nothing
+    of a bf16, GPU or 1-thread cell)."""
+    if peak is None or any(row.get(key) != getattr(peak, key) for key in ("dtype", "device", "threads")):
+        return None
+    gflops = achieved_gflops(row)
+    return None if gflops is None else gflops / peak.gflops
+
+
+def best_cell(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``ok`` row with the highest achieved GFLOP/s, or None."""
+    rated = [(gflops, row) for row in results if (gflops := achieved_gflops(row)) is not None]
+    return max(rated, key=lambda pair: pair[0])[1] if rated else None
+
+
+def latest_peak(store: Store) -> Peak | None:
+    """The peak of the latest ``peak`` run that has an ``ok`` cell (a failed measurement does not hide an
+    earlier one); None when the database holds none."""
+    for run in reversed(store.runs()):
+        if run.suite != PEAK_SUITE:
+            continue
+        best = best_cell(store.results([run.id]))
+        if best is not None:
+            gflops = achieved_gflops(best)
+            assert gflops is not None
+            return Peak(gflops, best["runtime"], run.id, best["threads"], best["dtype"], best["device"])
+    return None

@@ -1,0 +1,58 @@
+"""A rough wall-clock estimate of a plan, before running it (``fwbench list``, the start of ``run``).
+
+Per cell: a worker's start-up (interpreter and framework import, measured on a 2-core machine),
+building the weights, the mode's compile time, the first call, warm-up, timing (bounded by the
+protocol), and the parity check (which compiles again at the small parity shape). Call times come
+from the model's FLOPs at a nominal throughput, so the estimate is an order of magnitude, not a
+prediction: it is labelled as such wherever it is shown. Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+from fwbench.models import get_model
+from fwbench.measure.timer import HF2019_NUMBER, HF2019_REPEAT, MIN_ADAPTIVE_SAMPLES
+from fwbench.spec import Case, Plan, Settings
+
+# Seconds to start a worker and import the framework (2-core AMD EPYC, warm file cache).
+STARTUP_S = {"torch": 2.0, "tensorflow": 5.5, "jax": 2.0, "keras": 6.0}
+DEFAULT_STARTUP_S = 2.0
+# Seconds a mode spends compiling a small model in its first call (plus the same at the parity shape).
+COMPILE_S = {"compile": 25.0, "export": 20.0, "xla": 3.0, "script": 1.0, "function": 0.5, "jit": 0.5,
+             "tensorflow": 1.0, "jax": 1.0}
+NOMINAL_FLOPS_PER_S_PER_THREAD = 40e9  # fp32, a modern x86 core; real models reach less or more
+BUILD_S_PER_PARAMETER = 3e-8  # seeded weights: generating and converting ~30 ns per parameter
+PER_CALL_OVERHEAD_S = 5e-5  # a framework call on a tiny model
+
+
+def estimate_call_s(case: Case, settings: Settings) -> float:
+    """Seconds of one call of ``case`` at the nominal throughput."""
+    flops = get_model(case.model).flops(case.batch_size, case.seq_len, case.phase)
+    return PER_CALL_OVERHEAD_S + flops / (NOMINAL_FLOPS_PER_S_PER_THREAD * settings.threads)
+
+
+def estimate_cell_s(case: Case, settings: Settings) -> float:
+    """Seconds one cell may take, worker start-up to stored result."""
+    framework, mode = case.runtime.split(":", 1)
+    call = estimate_call_s(case, settings)
+    if settings.protocol == "hf2019":
+        timing = HF2019_REPEAT * HF2019_NUMBER * call
+    else:
+        timing = min(settings.max_time_s, max(MIN_ADAPTIVE_SAMPLES * max(call, settings.min_block_s), 2 * call))
+    compile_s = COMPILE_S.get(mode, 0.0)
+    build = BUILD_S_PER_PARAMETER * get_model(case.model).parameter_count()
+    return (STARTUP_S.get(framework, DEFAULT_STARTUP_S) + build + 2 * compile_s
+            + (1 + max(2, settings.warmup_calls)) * call + timing)
+
+
+def estimate_plan_s(plan: Plan) -> float:
+    """Seconds the plan's runnable cells may take in all (skipped cells cost nothing)."""
+    return sum(estimate_cell_s(case, plan.settings) for case in plan.cases)
+
+
+def format_estimate(seconds: float) -> str:
+    """``~40 s``, ``~12 min``, ``~2.5 h``: one significant-looking figure, an order of magnitude."""
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    if seconds < 5400:
+        return f"~{seconds / 60:.0f} min"
+    return f"~{seconds / 3600:.1f} h"

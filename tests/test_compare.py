@@ -1,0 +1,173 @@
+"""`fwbench compare RUN_A RUN_B`: per-cell B/A ratios, the summary, environment differences, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import run_cli
+from fwbench.cli import main
+from fwbench.report.compare import compare_results
+from fwbench.report.summary import holm, ratio_of_medians
+from fwbench.spec import Case, Settings
+from fwbench.store import Store
+from report_store import Cell, add_run, timed
+
+ENV_A = {"cpu_model": "AMD EPYC", "physical_cores": 2, "version_torch": "2.13.0+cpu"}
+ENV_B = {"cpu_model": "Intel Xeon", "physical_cores": 2, "version_torch": "2.13.0+cpu"}
+
+
+def cells(scale: dict[tuple[str, int], float] | None = None, seed: int = 0, broken: tuple[str, int] | None = None,
+          version: str = "2.13.0") -> list[Cell]:
+    """bert-tiny in torch:eager and jax:jit at batch 1, 2, 4, times multiplied by ``scale[(runtime, batch)]``."""
+    out = []
+    for i, (runtime, batch) in enumerate((rt, b) for rt in ("torch:eager", "jax:jit") for b in (1, 2, 4)):
+        case = Case("bert-tiny", runtime, batch_size=batch, seq_len=8)
+        versions = {"versions": {"torch": version} if runtime.startswith("torch") else {"jax": "0.10.2"}}
+        if (runtime, batch) == broken:
+            out.append(Cell(case, status="oom", reason="killed", details=versions))
+            continue
+        median = 1e-3 * batch * (scale or {}).get((runtime, batch), 1.0)
+        out.append(Cell(case, timed(median, seed=seed * 100 + i), details=versions))
+    return out
+
+
+def compare(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["compare", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """Run 1; run 2 the same distributions (other seeds); run 3 jax:jit b=2 20% slower; run 4 torch b=4 broken."""
+    path = tmp_path / "a.db"
+    with Store.open(path) as store:
+        add_run(store, cells(seed=1), ENV_A)
+        add_run(store, cells(seed=2), ENV_A)
+        add_run(store, cells({("jax:jit", 2): 1.2}, seed=3), ENV_A)
+        add_run(store, cells(seed=4, broken=("torch:eager", 4)), ENV_A)
+    return path
+
+
+def test_no_regression_exits_0(capsys: pytest.CaptureFixture[str], db: Path) -> None:
+    code, out, err = compare(capsys, "1", "2", "--db", str(db))
+    assert code == 0, out + err
+    assert "0 significant regressions beyond 5%, 0 cells broken" in out and out.rstrip().endswith("exit 0")
+    verdicts = {line.split("│")[-2].strip() for line in out.splitlines() if line.count("│") == 10}
+    assert verdicts <= {"not significant", "within threshold"} and len(verdicts) >= 1, verdicts
+
+
+def test_a_significant_regression_beyond_the_threshold_exits_1(capsys: pytest.CaptureFixture[str], db: Path) -> None:
+    code, out, _ = compare(capsys, "1", "3", "--db", str(db))
+    assert code == 1
+    (row,) = [line for line in out.splitlines() if line.count("│") == 10 and "regression" in line]
+    assert "jax:jit" in row and "│     2 │" in row and "1.2" in row
+    assert "1 significant regressions beyond 5%" in out and out.rstrip().endswith("exit 1")
+    # the same slow-down is within a 25% threshold
+    code, out, _ = compare(capsys, "1", "3", "--db", str(db), "--threshold", "0.25")
+    assert code == 0 and "within threshold" in out
+
+
+def test_a_cell_that_broke_exits_1(capsys: pytest.CaptureFixture[str], db: Path) -> None:
+    code, out, _ = compare(capsys, "1", "4", "--db", str(db))
+    assert code == 1 and "broken: ok → oom" in out and "1 cells broken" in out
+    code, out, _ = compare(capsys, "4", "1", "--db", str(db))  # the other way round it was fixed
+    assert code == 0 and "fixed: oom → ok" in out
+
+
+def test_statistics_of_the_comparison(db: Path) -> None:
+    with Store.open(db, readonly=True) as store:
+        a, b = store.results([1]), store.results([3])
+    comparison = compare_results(a, b, 1, 3)
+    assert len(comparison.cells) == 6 and not comparison.only_a and not comparison.only_b
+    for cell, row_a, row_b in zip(comparison.cells, a, b):
+        estimate = ratio_of_medians(row_b["samples"], row_a["samples"])  # B/A: > 1 means B is slower
+        assert (cell.ratio, cell.ci_low, cell.ci_high, cell.p_value) == (
+            estimate.ratio, estimate.ci_low, estimate.ci_high, estimate.p_value)
+    assert [c.p_adjusted for c in comparison.cells] == pytest.approx(holm([c.p_value for c in comparison.cells]))
+    every = comparison.summaries[-1]
+    assert every.runtime == "all" and every.n_common == 6
+    assert every.geomean_ratio == pytest.approx(stats.gmean([c.ratio for c in comparison.cells]))
+    assert [s.runtime for s in comparison.summaries] == ["torch:eager", "jax:jit", "all"]
+    assert comparison.summaries[1].geomean_ratio == pytest.approx(1.2 ** (1 / 3), rel=0.02)
+
+
+def test_runs_from_two_databases_and_environment_differences(capsys: pytest.CaptureFixture[str], db: Path,
+                                                             tmp_path: Path) -> None:
+    other = tmp_path / "b.db"
+    with Store.open(other) as store:
+        extra = [Cell(Case("mlp", "torch:eager", batch_size=1), timed(2e-5))]
+        add_run(store, cells(seed=5, version="2.14.0") + extra, ENV_B, Settings(threads=1))
+    code, out, _ = compare(capsys, "1", "1", "--db", str(db), "--db-b", str(other))
+    assert code == 0
+    assert f"A = run 1 of {db}, B = run 1 of {other}" in " ".join(out.split())
+    env = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") == 4}
+    assert "AMD EPYC" in env["environment.cpu_model"] and "Intel Xeon" in env["environment.cpu_model"]
+    assert "2.13.0" in env["versions.torch"] and "2.14.0" in env["versions.torch"]
+    assert "settings.threads" in env and "versions.jax" not in env
+    assert "1 cells only run B has" in out and "0 only in A, 1 only in B" in out
+    code, out, _ = compare(capsys, "latest", "latest", "--db", str(db), "--db-b", str(other), "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["run_a"] == 4 and data["run_b"] == 1 and data["failed"] is False
+    assert [d["key"] for d in data["environment"]] == ["environment.cpu_model", "settings.threads", "versions.torch"]
+    assert data["only_b"] == [{"model": "mlp", "runtime": "torch:eager", "phase": "inference", "batch_size": 1,
+                               "seq_len": None, "dtype": "fp32", "device": "cpu", "status": "ok", "reason": None}]
+    assert {c["verdict"] for c in data["cells"]} <= {"not significant", "within threshold", "fixed"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["1", "9"], "RUN_B 9 is not in"),
+        (["7", "1"], "RUN_A 7 is not in"),
+        (["1", "2", "--threshold", "-0.1"], "must be a non-negative finite number"),
+        (["1", "2", "--threshold", "nan"], "must be a non-negative finite number"),
+        (["1"], "the following arguments are required: RUN_B"),
+        (["one", "2"], "is not a positive integer"),
+    ],
+)
+def test_bad_input_exits_2(capsys: pytest.CaptureFixture[str], db: Path, argv: list[str], fragment: str) -> None:
+    code, out, err = compare(capsys, *argv, "--db", str(db))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and fragment in lines[0] and "Traceback" not in err, err
+    assert out == ""
+
+
+def test_bad_databases_exit_2(capsys: pytest.CaptureFixture[str], db: Path, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"not a database")
+    for argv, fragment in [
+        (["--db", str(tmp_path / "none.db")], "does not exist"),
+        (["--db", str(db), "--db-b", str(notes)], "is not an SQLite database"),
+        (["--db", str(db), "--db-b", str(tmp_path)], "is a directory"),
+    ]:
+        code, _, err = compare(capsys, "1", "1", *argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
+    assert notes.read_bytes() == b"not a database"
+    disjoint = tmp_path / "c.db"
+    with Store.open(disjoint) as store:
+        add_run(store, [Cell(Case("mlp", "jax:jit", batch_size=3), timed(1e-5))])
+    code, _, err = compare(capsys, "1", "1", "--db", str(db), "--db-b", str(disjoint))
+    assert code == 2 and "have no cell in common" in err
+
+
+def test_compare_help_and_exit_status_from_a_subprocess(db: Path) -> None:
+    assert "RUN_A" in run_cli("compare", "--help").stdout
+    result = run_cli("compare", "1", "3", "--db", str(db))
+    assert result.returncode == 1 and "regression" in result.stdout and result.stderr == ""
+
+
+def test_ratio_orientation_on_fixed_samples() -> None:
+    a = np.full(5, 2.0) * np.array([1.0, 1.01, 0.99, 1.02, 0.98])
+    rows_a = [{"model": "m", "runtime": "r", "phase": "inference", "batch_size": 1, "seq_len": None, "dtype": "fp32",
+               "device": "cpu", "status": "ok", "samples": list(a)}]
+    rows_b = [{**rows_a[0], "samples": list(a * 1.5)}]
+    (cell,) = compare_results(rows_a, rows_b, 1, 2).cells
+    assert cell.ratio == pytest.approx(1.5) and cell.median_a_s == pytest.approx(2.0)
+    assert cell.verdict == "regression" and cell.p_value == pytest.approx(
+        stats.mannwhitneyu(a * 1.5, a, alternative="two-sided").pvalue)

@@ -1,0 +1,133 @@
+"""Suites: built-in files, several grids per suite, a settings file, validation and estimates."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fwbench.cli import build_parser, main, plan_from_args, suite_plan
+from fwbench.frameworks import get_runtime
+from fwbench.models import get_model
+from fwbench.runner.estimate import estimate_cell_s, estimate_plan_s, format_estimate
+from fwbench.spec import Case, Settings, SpecError
+from fwbench.suites import builtin_suites, load_settings_file, load_suite, parse_suite
+
+
+def _run_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_builtin_suites_all_load_and_plan() -> None:
+    assert builtin_suites() == ["hf2019", "mlp", "quick", "runtimes"]
+    for name in builtin_suites():
+        plan = suite_plan(load_suite(name), threads=1)
+        assert plan.cases and plan.suite == name
+
+
+def test_quick_suite_covers_every_framework_and_a_real_size_model() -> None:
+    plan = suite_plan(load_suite("quick"), threads=2)
+    frameworks = {get_runtime(case.runtime).framework for case in plan.cases}
+    assert frameworks == {"torch", "tensorflow", "jax", "keras"}
+    assert {"mlp", "bert-tiny", "bert-base"} <= {case.model for case in plan.cases}
+    assert get_model("bert-base").parameter_count() > 100e6
+    assert estimate_plan_s(plan) < 300  # the issue's budget for the main job: ≤ 5 minutes on 2 cores
+
+
+def test_runtimes_suite_is_every_builtin_runtime_on_bert_base_and_resnet50() -> None:
+    plan = suite_plan(load_suite("runtimes"), threads=2)
+    builtin = {name for name in (case.runtime for case in plan.cases)}
+    assert {"torch:eager", "torch:script", "torch:compile", "tensorflow:xla", "jax:jit", "keras:torch"} <= builtin
+    assert {case.model for case in plan.cases} == {"bert-base", "resnet50"}
+
+
+def test_grids_are_merged_in_order_without_duplicates() -> None:
+    suite = parse_suite("two", """
+models = ["mlp"]
+runtimes = ["torch:eager"]
+batch_sizes = [1, 2]
+
+[[grid]]
+models = ["mlp", "bert-tiny"]
+runtimes = ["torch:eager"]
+batch_sizes = [2]
+seq_lens = [8]
+""", "two.toml")
+    plan = suite_plan(suite, threads=1)
+    assert [(c.model, c.batch_size, c.seq_len) for c in plan.cases] == [
+        ("mlp", 1, None), ("mlp", 2, None), ("bert-tiny", 2, 8)]
+
+
+def test_a_grid_flag_replaces_that_axis_in_every_grid(tmp_path: Path) -> None:
+    plan = plan_from_args(_run_args("--suite", "quick", "--batch-sizes", "3", "--threads", "1"))
+    assert {case.batch_size for case in plan.cases} == {3}
+    assert {case.model for case in plan.cases} == {"mlp", "bert-tiny", "bert-base"}
+
+
+def test_settings_file_sits_between_the_suite_and_the_flags(tmp_path: Path) -> None:
+    config = tmp_path / "settings.toml"
+    config.write_text("[settings]\nmax_time_s = 1.5\ntimeout_s = 100.0\nprotocol = \"hf2019\"\n")
+    plan = plan_from_args(_run_args("--suite", "quick", "--config", str(config), "--timeout", "50", "--threads", "1"))
+    assert plan.settings.max_time_s == 1.5  # the file beats the suite's 2.0
+    assert plan.settings.timeout_s == 50  # the flag beats the file
+    assert plan.settings.protocol == "hf2019"
+    assert load_settings_file(config) == {"max_time_s": 1.5, "timeout_s": 100.0, "protocol": "hf2019"}
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("[settings]\nthreds = 2\n", "unknown [settings] keys ['threds']"),
+        ("threads = 2\n", "unknown keys ['threads']; a settings file holds one [settings] table"),
+        ("# nothing\n", "no [settings] table"),
+        ("[settings]\nprotocol = \"fast\"\n", "unknown protocol 'fast'"),
+        ("[settings\n", "not valid TOML"),
+    ],
+)
+def test_bad_settings_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, fragment: str) -> None:
+    config = tmp_path / "settings.toml"
+    config.write_text(content)
+    db = tmp_path / "x.db"
+    assert main(["run", "--suite", "quick", "--config", str(config), "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ('[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\n', "[[grid]] 1: missing keys ['batch_sizes']"),
+        ('[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = "inference"\n',
+         "[[grid]] 1: unknown keys ['phase']"),
+        ('grid = 3\n', "grid must be an array of tables"),
+        ('[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n'
+         '[[grid]]\nmodels = ["nope"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n', "unknown model 'nope'"),
+        ('models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n[settings]\nspeed = 1\n',
+         "unknown [settings] keys ['speed']"),
+        ('models = "mlp"\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n', "models must be a list of str"),
+    ],
+)
+def test_bad_suite_grids(capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, fragment: str) -> None:
+    suite = tmp_path / "mine.toml"
+    suite.write_text(content)
+    db = tmp_path / "x.db"
+    assert main(["run", "--suite", str(suite), "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and str(suite) in err and len(err.strip().splitlines()) == 1
+    assert not db.exists()
+
+
+def test_estimates_grow_with_the_work() -> None:
+    settings = Settings(threads=1, max_time_s=2.0)
+    small = estimate_cell_s(Case("mlp", "torch:eager"), settings)
+    big = estimate_cell_s(Case("bert-base", "torch:eager", batch_size=8, seq_len=128), settings)
+    compiled = estimate_cell_s(Case("mlp", "torch:compile"), settings)
+    assert 0 < small < big and small < compiled
+    hf2019 = estimate_cell_s(Case("bert-base", "torch:eager", batch_size=8, seq_len=128),
+                             Settings(threads=1, protocol="hf2019"))
+    assert hf2019 > big  # 90 calls of ~1 s each, where adaptive stops at its 2 s budget
+    assert [format_estimate(s) for s in (40, 600, 9000)] == ["~40 s", "~10 min", "~2.5 h"]
+    with pytest.raises(SpecError):
+        suite_plan(parse_suite("x", 'models = ["mlp"]\nruntimes = ["torch:nope"]\nbatch_sizes = [1]\n', "x"), 1)
