@@ -35,6 +35,7 @@ def row(**extra: object) -> dict[str, object]:
 
 def test_units() -> None:
     assert format_seconds(2.13e-5) == "21.3 µs" and format_seconds(1.5) == "1.5 s" and format_seconds(None) == "—"
+    assert format_seconds(0.99963) == "1 s" and format_seconds(9.9996e-4) == "1 ms"  # never "1e+03 ms"
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(512) == "512 B"
     assert parse_bytes("2G") == 2 * 2**30 and parse_bytes("512m") == 512 * 2**20 and parse_bytes("100") == 100
 

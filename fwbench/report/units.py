@@ -9,10 +9,9 @@ def format_seconds(value: float | None, digits: int = 3) -> str:
     """``2.13e-05`` → ``'21.3 µs'``; ``'—'`` for None."""
     if value is None or math.isnan(value):
         return "—"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-        if abs(value) >= scale or unit == "ns":
-            return f"{value / scale:.{digits}g} {unit}"
-    raise AssertionError("unreachable")
+    value = float(f"{value:.{digits}g}")  # round first: 0.9996 s is "1 s", not "1e+03 ms"
+    scale, unit = seconds_unit(value)
+    return f"{value / scale:.{digits}g} {unit}"
 
 
 def format_bytes(value: int | None) -> str:
