@@ -38,8 +38,8 @@ from fwbench.runner.manager import execute
 from fwbench.runner.planner import build_grids_plan, build_plan, parse_names, parse_positive_ints
 from fwbench.runner.progress import sweep_progress
 from fwbench.runner.verify import verify_model
-from fwbench.spec import (COMPILE_MODES, MAX_COUNT, PROTOCOLS, RUNNABLE_DTYPES, RUNNABLE_PHASES, Plan, Settings,
-                          SpecError)
+from fwbench.spec import (COMPILE_MODES, MAX_COUNT, OPTIMIZER_KINDS, PHASES, PROTOCOLS, RUNNABLE_DTYPES, Plan,
+                          Settings, SpecError)
 from fwbench.store import DEFAULT_DB, RunRecord, Store, StoreError
 from fwbench.runner.estimate import (
     NOMINAL_FLOPS_PER_S_PER_THREAD,
@@ -124,7 +124,8 @@ def build_parser() -> Parser:
     grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
     grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a "
                       "sequence axis")
-    grid.add_argument("--phase", choices=RUNNABLE_PHASES, help="default: inference")
+    grid.add_argument("--phase", choices=PHASES, help="inference (default) or training (one optimizer step per "
+                      "timed call, fp32 only); fit cannot be run yet")
     grid.add_argument("--dtype", choices=RUNNABLE_DTYPES, help="default: fp32")
     grid.add_argument("--device", choices=RUN_DEVICES, help="default: cpu")
     timing = run.add_argument_group("measurement")
@@ -147,6 +148,9 @@ def build_parser() -> Parser:
                         "default: default (inductor's balance of compile time and speed); reduce-overhead adds "
                         "CUDA graphs (GPU only; no effect on a CPU); max-autotune also benchmarks matmul/conv "
                         "kernel choices while compiling (a much longer first call)")
+    timing.add_argument("--optimizer", choices=OPTIMIZER_KINDS,
+                        help="--phase training only: the optimizer of every framework's step (default adamw: "
+                        "lr 1e-3, betas 0.9/0.999, eps 1e-10, weight decay 0.01; sgd: lr 1e-2, momentum 0.9)")
     limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS", help="per cell (default 600)")
     limits.add_argument("--memory-limit", type=_bytes, metavar="BYTES",
@@ -238,7 +242,7 @@ def build_parser() -> Parser:
 SETTINGS_FLAGS = {
     "threads": "threads", "interop_threads": "interop_threads", "protocol": "protocol", "max_time": "max_time_s",
     "warmup": "warmup_calls", "timeout": "timeout_s", "memory_limit": "memory_limit_bytes", "seed": "seed",
-    "weights": "weights_path", "compile_mode": "compile_mode",
+    "weights": "weights_path", "compile_mode": "compile_mode", "optimizer": "optimizer",
 }
 GRID_FLAGS = ("suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
 
@@ -545,6 +549,14 @@ def command_list() -> int:
         missing = missing_requirement(info)
         table.add_row(name, "yes" if missing is None else f"no: {missing}", info.description + (f" ({info.note})" if info.note else ""))
     console.print(table)
+    training = Table(title="--phase training: one timed call is one optimizer step (models: "
+                     + ", ".join(n for n, m in MODELS.items() if m.training_unsupported() is None) + ")")
+    for column in ("runtime", "what one timed training call is"):
+        training.add_column(column)
+    for name, info in runtimes().items():
+        if "training" in info.phases:
+            training.add_row(name, info.training)
+    console.print(training)
     threads = environment.physical_core_count()
     suites = Table(title=f"suites (time: a rough estimate at {threads} threads, from FLOPs at a nominal "
                    f"{NOMINAL_FLOPS_PER_S_PER_THREAD / 1e9:.0f} GFLOP/s per thread plus start-up and compile times)")

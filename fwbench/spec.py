@@ -19,19 +19,22 @@ Dtype = Literal["fp32", "bf16"]
 Device = Literal["cpu", "cuda"]
 Protocol = Literal["adaptive", "hf2019"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
+OptimizerKind = Literal["sgd", "adamw"]  # phase training; hyperparameters in fwbench.models.training.OPTIMIZERS
 Status = Literal["ok", "oom", "timeout", "error", "skipped", "mismatch"]
 
 PHASES: tuple[str, ...] = get_args(Phase)
 # What the workers can run today; the other phases come with their backends. bf16 is each framework's
 # own way (torch autocast, TF/JAX weights and inputs cast, Keras' mixed_bfloat16 policy; see the README).
-RUNNABLE_PHASES: tuple[str, ...] = ("inference",)
+RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training")
 RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+TRAINING_DTYPES: tuple[str, ...] = ("fp32",)  # bf16 (mixed-precision) training comes later
 # Largest batch size, sequence length or count accepted (fits every store column and framework index).
 MAX_COUNT = 2**31 - 1
 DTYPES: tuple[str, ...] = get_args(Dtype)
 DEVICES: tuple[str, ...] = get_args(Device)
 PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+OPTIMIZER_KINDS: tuple[str, ...] = get_args(OptimizerKind)
 STATUSES: tuple[str, ...] = get_args(Status)
 
 
@@ -110,12 +113,15 @@ class Settings:
     weights_path: str | None = field(default=None, metadata={"help": "safetensors weights instead of seeded ones"})
     compile_mode: CompileMode = field(default="default",
                                       metadata={"help": "torch:compile only: torch.compile(mode=...)"})
+    optimizer: OptimizerKind = field(default="adamw",
+                                     metadata={"help": "phase training: the optimizer of every framework's step"})
 
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)
         _check_positive_int("interop threads", self.interop_threads)
         _check_choice("protocol", self.protocol, PROTOCOLS)
         _check_choice("compile mode", self.compile_mode, COMPILE_MODES)
+        _check_choice("optimizer", self.optimizer, OPTIMIZER_KINDS)
         _check_positive_int("warm-up calls", self.warmup_calls)
         for name, value in (
             ("max time", self.max_time_s),

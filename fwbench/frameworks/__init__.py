@@ -34,6 +34,9 @@ class RuntimeInfo:
     requires: tuple[str, ...]
     description: str
     note: str = ""
+    # The phases this runtime's backend implements, with what one timed training call is (by phase).
+    phases: tuple[str, ...] = ("inference",)
+    training: str = ""
 
     @property
     def framework(self) -> str:
@@ -55,36 +58,61 @@ def register_runtime(info: RuntimeInfo) -> None:
     _RUNTIMES[info.name] = info
 
 
-def _builtin(framework: str, mode: str, requires: tuple[str, ...], description: str, note: str = "") -> None:
-    register_runtime(
-        RuntimeInfo(f"{framework}:{mode}", f"fwbench.frameworks.{framework}.backend", requires, description, note)
-    )
+def _builtin(framework: str, mode: str, requires: tuple[str, ...], description: str, note: str = "",
+             training: str = "") -> None:
+    """A built-in runtime; ``training`` (what one timed training call is) gives it phase training."""
+    phases = ("inference", "training") if training else ("inference",)
+    register_runtime(RuntimeInfo(f"{framework}:{mode}", f"fwbench.frameworks.{framework}.backend", requires,
+                                 description, note, phases, training))
 
 
-_builtin("torch", "eager", ("torch",), "nn.Module called under torch.inference_mode()")
+def phase_unsupported(info: RuntimeInfo, phase: str) -> str | None:
+    """None when the runtime implements ``phase``, else why not."""
+    return None if phase in info.phases else f"{info.name} has no {phase} phase yet"
+
+
+_builtin("torch", "eager", ("torch",), "nn.Module called under torch.inference_mode()",
+         training="zero_grad, forward + loss, loss.backward(), torch.optim step, eagerly")
 _builtin("torch", "script", ("torch",), "torch.jit.trace + torch.jit.freeze of the nn.Module, under inference_mode",
          "TorchScript is deprecated upstream since PyTorch 2.9; kept because the 2019 study used it")
 _builtin("torch", "compile", ("torch",), "torch.compile(fullgraph=True), inductor, mode from --compile-mode "
-         "(default: default), under inference_mode")
+         "(default: default), under inference_mode",
+         training="forward + loss compiled as one torch.compile(fullgraph=True) graph (AOTAutograd compiles its "
+         "backward too), loss.backward() running that compiled backward, then the torch.optim step compiled by "
+         "its own torch.compile (the optimizer step cannot share the graph: backward is in between)")
 _builtin("torch", "export", ("torch",), "torch.export.export per cell shape, compiled ahead of time by AOTInductor "
          "(aoti_compile_and_package to a .pt2, loaded with aoti_load_package), all before the first call; "
          "the loaded runner's Python call is timed, under inference_mode",
          "TorchScript's successor for deployment")
-_builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eagerly")
+_builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eagerly",
+         training="forward + loss under tf.GradientTape, then a Keras 3 optimizer's apply_gradients on the "
+         "tf.Variables, eagerly")
 _builtin(
-    "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)"
+    "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)",
+    training="one tf.function: forward + loss under tf.GradientTape, gradients, a Keras 3 optimizer's "
+    "apply_gradients on the tf.Variables"
 )
-_builtin("tensorflow", "xla", ("tensorflow",), "tf.function(jit_compile=True) with the input signature fixed per cell")
-_builtin("jax", "jit", ("jax",), "jax.jit of a pure function over a parameter pytree (weights passed as arguments)")
+_builtin("tensorflow", "xla", ("tensorflow",), "tf.function(jit_compile=True) with the input signature fixed per cell",
+         training="the tensorflow:function step under tf.function(jit_compile=True): tape, gradients and "
+         "optimizer update in one XLA program")
+_builtin("jax", "jit", ("jax",), "jax.jit of a pure function over a parameter pytree (weights passed as arguments)",
+         training="one jax.jit of jax.value_and_grad(loss) + optax update + apply_updates, parameters and "
+         "optimizer state donated and carried to the next call")
+KERAS_TRAINING = ("model.train_on_batch(x, y, sample_weight) after model.compile(optimizer, loss, "
+                  "jit_compile='auto'), the loss returned as a Python float: ")
 _builtin("keras", "tensorflow", ("keras", "tensorflow"),
          "Keras 3 on TensorFlow: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
-         "a tf.function, XLA only on a GPU")
+         "a tf.function, XLA only on a GPU",
+         training=KERAS_TRAINING + "a tf.function train step (XLA only on a GPU)")
 _builtin("keras", "jax", ("keras", "jax"),
          "Keras 3 on JAX: model.predict_function(state, iter([(x,)])) after model.compile(jit_compile='auto'); "
-         "jax.jit of the stateless predict step, variables donated and the returned state carried to the next call")
+         "jax.jit of the stateless predict step, variables donated and the returned state carried to the next call",
+         training=KERAS_TRAINING + "jax.jit of the stateless train step; train_on_batch writes the state back "
+         "into the variables after each call")
 _builtin("keras", "torch", ("keras", "torch"),
          "Keras 3 on PyTorch: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
-         "eager under torch.no_grad (auto never picks torch.compile)")
+         "eager under torch.no_grad (auto never picks torch.compile)",
+         training=KERAS_TRAINING + "eager forward, backward and optimizer step (auto never picks torch.compile)")
 
 
 def load_plugins() -> None:

@@ -1,7 +1,8 @@
 """The backend interface every framework implements. No framework is imported here.
 
 One backend instance runs one cell in one worker process:
-``configure_threads → configure_precision → build → make_inputs → compile → make_step / infer / sync``.
+``configure_threads → configure_precision → build → make_inputs → compile → make_step / infer / sync``
+(phase training: ``… → make_inputs → make_targets → make_train_step``).
 Framework modules live in ``fwbench/frameworks/<framework>/`` with the same file names in every
 folder: ``backend.py`` (this interface) and one file per model architecture (``mlp.py``, ...),
 each exporting ``build_model(description, weights)``.
@@ -110,6 +111,26 @@ class Backend(ABC):
             return outputs
 
         return step
+
+    # -- phase training: one optimizer step per timed call ---------------------------------------
+    def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
+        """Framework tensors of ``ModelDescription.make_targets`` (labels, label_weights), built once, untimed."""
+        return self.make_inputs(arrays)
+
+    def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
+        """Prepare training (optimizer from ``settings.optimizer``, compiled step where the mode compiles)
+        and return the zero-argument timed call: ONE optimizer step on this fixed batch (forward, loss,
+        backward, parameter update), synchronised, returning the loss computed before that step's update
+        (read it with :meth:`loss_value`). Tracing and compilation happen at the first call."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} has no training phase yet")
+
+    def loss_value(self, loss: object) -> float:
+        """A loss the train step returned, as a Python float (outside the timed call)."""
+        return float(loss)  # type: ignore[arg-type]
+
+    def loss_after(self, step: Callable[[], object]) -> float:
+        """The loss of one more step (on the parameters the earlier steps left), as a Python float."""
+        return self.loss_value(step())
 
     # -- results and diagnostics --------------------------------------------------------------
     @abstractmethod

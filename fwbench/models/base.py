@@ -100,6 +100,25 @@ class ModelDescription(ABC):
         """A float64 numpy forward pass used as the parity reference, or None where there is none."""
         return None
 
+    # -- phase training (see fwbench/models/training.py) ------------------------------------------
+    def training_unsupported(self) -> str | None:
+        """None when the model has a training phase (targets, a loss, its reference), else why not."""
+        return f"{self.name} has no training phase yet"
+
+    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded targets for the batch ``make_inputs`` gives: ``labels`` (int32) and ``label_weights``
+        (float32, 1 where a position counts in the loss), each (batch,) or (batch, seq)."""
+        raise NotImplementedError(self.training_unsupported() or f"{self.name}: no targets")
+
+    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                       targets: dict[str, np.ndarray]) -> float | None:
+        """The float64 training loss of ``weights`` on this batch (training.reference_loss), or None."""
+        return None
+
+    def frozen_in_training(self) -> tuple[str, ...]:
+        """Canonical tensors the training loss does not depend on: never updated, never decayed."""
+        return ()
+
     def parameter_count(self) -> int:
         """Learnable parameters (buffers such as batch-norm running statistics excluded)."""
         return sum(math.prod(p.shape) for p in self.param_schema())

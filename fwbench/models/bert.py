@@ -8,6 +8,11 @@ Frameworks address parameters by *role* (``param(role, layer)``), and the descri
 to the variant's own names, so one implementation per framework serves both variants.
 Inputs: input_ids, attention_mask (and token_type_ids for BERT), each (batch, seq) int32.
 Outputs: ``last_hidden_state`` (batch, seq, hidden) and, for BERT, ``pooler_output`` (batch, hidden).
+
+Training: a masked-LM style token cross-entropy (text.masked_lm_targets) of the tied logits
+``last_hidden_state @ word_embeddings.T`` (batch, seq, vocab). No prediction-head transform and no
+decoder bias: neither is in the canonical ``BertModel`` weights. The pooler does not reach that loss:
+it is frozen in training (not updated, not decayed).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, normal_weights, phase_flops
-from fwbench.models.text import attention, gelu_erf, layer_norm, linear, token_inputs, transformer_layer_flops
+from fwbench.models.text import (attention, gelu_erf, layer_norm, linear, masked_lm_targets, token_inputs,
+                                 transformer_layer_flops)
+from fwbench.models.training import tied_lm_reference_loss
 from fwbench.spec import Phase, SpecError
 
 # role -> (BERT name, DistilBERT name); "{i}" is the layer index.
@@ -127,6 +134,21 @@ class Bert(ModelDescription):
         per_layer = transformer_layer_flops(s, c.hidden, c.intermediate)
         forward = batch_size * (c.layers * per_layer + (2 * c.hidden**2 if self.has_pooler else 0))
         return phase_flops(forward, phase)
+
+    def training_unsupported(self) -> str | None:
+        return None
+
+    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        return masked_lm_targets(self.make_inputs(batch_size, seq_len, seed), self.config.vocab_size, seed)
+
+    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                       targets: dict[str, np.ndarray]) -> float:
+        hidden = self.reference_forward(weights, inputs)["last_hidden_state"]
+        return tied_lm_reference_loss(hidden, weights[self.param("word_embeddings")], targets["labels"],
+                                      targets["label_weights"])
+
+    def frozen_in_training(self) -> tuple[str, ...]:
+        return (self.param("pooler"), self.param("pooler", kind="bias")) if self.has_pooler else ()
 
     def reference_forward(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]

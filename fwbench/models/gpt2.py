@@ -5,6 +5,7 @@ layers are ``Conv1D``: weights are (in, out), unlike BERT's (out, in); ``attn.c_
 along the output axis. The LM head is the token embedding, transposed (``logits = h @ wte.T``).
 Inputs: input_ids, attention_mask, each (batch, seq) int32; positions are 0..seq-1.
 Outputs: ``last_hidden_state`` (batch, seq, hidden) and ``logits`` (batch, seq, vocab).
+Training: causal LM cross-entropy of ``logits``, position t against input_ids[t + 1] (text.next_token_targets).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, normal_weights, phase_flops
-from fwbench.models.text import attention, gelu_tanh, layer_norm, token_inputs, transformer_layer_flops
+from fwbench.models.text import (attention, gelu_tanh, layer_norm, next_token_targets, token_inputs,
+                                 transformer_layer_flops)
+from fwbench.models.training import tied_lm_reference_loss
 from fwbench.spec import Phase, SpecError
 
 
@@ -82,9 +85,25 @@ class GPT2(ModelDescription):
         forward = batch_size * (c.layers * per_layer + 2 * s * c.hidden * c.vocab_size)
         return phase_flops(forward, phase)
 
+    def training_unsupported(self) -> str | None:
+        return None
+
+    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        return next_token_targets(self.make_inputs(batch_size, seq_len, seed))
+
+    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                       targets: dict[str, np.ndarray]) -> float:
+        hidden = self.reference_hidden(weights, inputs)
+        return tied_lm_reference_loss(hidden, weights["wte.weight"], targets["labels"], targets["label_weights"])
+
     def reference_forward(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
+        x = self.reference_hidden(weights, inputs)
+        return {"last_hidden_state": x, "logits": x @ weights["wte.weight"].astype(np.float64).T}
+
+    def reference_hidden(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The float64 last hidden state (batch, seq, hidden), after ln_f."""
         c = self.config
         w = {name: value.astype(np.float64) for name, value in weights.items()}
         ids = inputs["input_ids"]
@@ -100,8 +119,7 @@ class GPT2(ModelDescription):
             m = layer_norm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], c.layer_norm_eps)
             m = gelu_tanh(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
             x = x + m @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
-        x = layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], c.layer_norm_eps)
-        return {"last_hidden_state": x, "logits": x @ w["wte.weight"].T}
+        return layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], c.layer_norm_eps)
 
 
 GPT2_TINY = GPT2("gpt2-tiny", GPT2Config(layers=2, hidden=128, heads=2))

@@ -2,6 +2,7 @@
 
 Parameters use PyTorch's ``nn.Linear`` layout: ``fcN.weight`` is (out_features, in_features).
 Input ``x``: (batch, in_features) float32. Output ``logits``: (batch, out_features).
+Training: softmax cross-entropy of ``logits`` against seeded class ids (every sample counts).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
+from fwbench.models.training import reference_loss
 from fwbench.spec import Phase, SpecError
 
 
@@ -81,3 +83,17 @@ class MLP(ModelDescription):
             if i < len(self.layers) - 1:
                 h = np.maximum(h, 0.0)
         return {"logits": h}
+
+    def training_unsupported(self) -> str | None:
+        return None
+
+    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        """labels (batch,) int32 class ids in [0, out_features), seeded; label_weights (batch,) all 1."""
+        rng = tensor_rng(seed, f"targets/labels/{batch_size}")
+        labels = rng.integers(0, self.config.out_features, size=batch_size, dtype=np.int64).astype(np.int32)
+        return {"labels": labels, "label_weights": np.ones(batch_size, dtype=np.float32)}
+
+    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                       targets: dict[str, np.ndarray]) -> float:
+        logits = self.reference_forward(weights, inputs)["logits"]
+        return reference_loss(logits, targets["labels"], targets["label_weights"])

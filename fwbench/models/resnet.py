@@ -183,6 +183,9 @@ class ResNet(ModelDescription):
         shape = (batch_size, c.in_channels, c.image_size, c.image_size)
         return {"pixel_values": rng.standard_normal(shape).astype(np.float32)}
 
+    def training_unsupported(self) -> str | None:
+        return f"{self.name} training needs batch norm in training mode (batch statistics), not implemented yet"
+
     def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
         """2·multiply-adds of every conv (out_h·out_w·out_c·in_c·k²) and of ``fc``; training counts 3x.
 

@@ -28,6 +28,36 @@ def token_inputs(batch_size: int, seq_len: int, vocab_size: int, seed: int, toke
     return inputs
 
 
+MLM_FRACTION = 0.15  # share of the real positions a BERT training target counts, as in BERT's pre-training
+
+
+def next_token_targets(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Causal LM targets: position t predicts input_ids[t + 1]; counted where token t + 1 is real (the
+    mask pads only a row's tail, so token t is real too). The last position never counts (label 0).
+    labels (B, S) int32, label_weights (B, S) float32."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    labels = np.zeros_like(ids)
+    weights = np.zeros(ids.shape, dtype=np.float32)
+    labels[:, :-1] = ids[:, 1:]
+    weights[:, :-1] = mask[:, 1:]
+    return {"labels": labels, "label_weights": weights}
+
+
+def masked_lm_targets(inputs: dict[str, np.ndarray], vocab_size: int, seed: int) -> dict[str, np.ndarray]:
+    """Masked-LM style targets: a seeded ~15% of each row's real positions (at least one) count, each
+    with a seeded target token id in [0, vocab); the inputs themselves are left as they are (no [MASK]
+    substitution: the step's cost is the same). labels (B, S) int32 (0 where not counted),
+    label_weights (B, S) float32 (1 where counted)."""
+    mask = inputs["attention_mask"].astype(bool)
+    b, s = mask.shape
+    rng = tensor_rng(seed, f"targets/mlm/{b}x{s}")
+    chosen = (rng.random((b, s)) < MLM_FRACTION) & mask
+    for row in np.flatnonzero(~chosen.any(axis=1)):  # every row counts at least one real position
+        chosen[row, rng.choice(np.flatnonzero(mask[row]))] = True
+    labels = np.where(chosen, rng.integers(0, vocab_size, size=(b, s), dtype=np.int64), 0).astype(np.int32)
+    return {"labels": labels, "label_weights": chosen.astype(np.float32)}
+
+
 def transformer_layer_flops(seq_len: int, hidden: int, intermediate: int) -> int:
     """Matmul FLOPs of one encoder/decoder layer for one sequence: 8·S·H² (Q, K, V, output
     projections) + 4·S·H·I (feed-forward) + 4·S²·H (attention scores and context)."""

@@ -25,7 +25,7 @@ COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "d
 DEFAULT_THRESHOLD = 0.05
 Verdict = Literal["regression", "improvement", "within threshold", "not significant", "broken", "fixed", "not ok"]
 SETTINGS_KEYS = ("threads", "interop_threads", "protocol", "max_time_s", "warmup_calls", "memory_limit_bytes",
-                 "compile_mode", "seed")
+                 "compile_mode", "optimizer", "seed")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
 """One cell, run inside a worker: build → compile → first call → parity → warm-up → timed samples.
 
+Phase training times ``backend.make_train_step`` (one optimizer step per call) through the same first
+call, warm-up and timed loop; its parity check is the first step's loss against the float64 reference.
+
 Imported by the worker only after its CPU affinity and thread environment are in place, because
 importing numpy starts BLAS threads that inherit whatever affinity the process has then.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import time
 import traceback
@@ -18,7 +23,7 @@ from fwbench.measure import memory, timer
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE, Job, stage_message
-from fwbench.spec import RUNNABLE_DTYPES, RUNNABLE_PHASES
+from fwbench.spec import RUNNABLE_DTYPES, RUNNABLE_PHASES, TRAINING_DTYPES
 
 
 def parity(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
@@ -72,9 +77,12 @@ class CellRunner:
 
     def run(self) -> dict[str, Any]:
         case, settings = self.job.case, self.job.settings
-        if case.phase not in RUNNABLE_PHASES or case.dtype not in RUNNABLE_DTYPES:
+        training = case.phase == "training"
+        if case.phase not in RUNNABLE_PHASES or case.dtype not in (TRAINING_DTYPES if training else RUNNABLE_DTYPES):
             raise NotImplementedError(f"phase {case.phase} with dtype {case.dtype} is not implemented yet")
         description = get_model(case.model)
+        if training and description.training_unsupported():
+            raise NotImplementedError(description.training_unsupported())
         self.stage("import")
         from fwbench.frameworks import create_backend
 
@@ -96,12 +104,18 @@ class CellRunner:
             return self.write_outputs(inputs)
 
         self.stage("compile")
-        backend.compile(inputs)
-        self.record_compile_report()
-        step = backend.make_step(inputs)
+        first: list[object] = []  # training: what the first call returned (the loss before any update)
+        if training:
+            targets = description.make_targets(case.batch_size, case.seq_len, settings.seed)
+            step = backend.make_train_step(inputs, backend.make_targets(targets))
+        else:
+            backend.compile(inputs)
+            self.record_compile_report()
+            step = backend.make_step(inputs)
 
         self.stage("first_call")
-        self.result["first_call_s"] = timer.time_first_call(step)
+        first_call = (lambda: first.append(step())) if training else step
+        self.result["first_call_s"] = timer.time_first_call(first_call)
 
         self.stage("warmup")
         warmup_s = timer.warm_up(step, settings.warmup_calls, settings.max_time_s, backend.compile_counters)
@@ -129,10 +143,55 @@ class CellRunner:
             stop_reason=timing.stop_reason,
             timing_elapsed_s=timing.elapsed_s,
         )
-        if self.job.check_parity:
+        if training:
+            self.record_training(description, arrays, targets, backend.loss_value(first[0]),
+                                 backend.loss_after(step), len(warmup_s) + timing.total_calls)
+        elif self.job.check_parity:
             self.check_parity(description)
         self.stage("done")
         return self.result
+
+    def record_training(self, description: Any, arrays: dict[str, np.ndarray], targets: dict[str, np.ndarray],
+                        first_loss: float, final_loss: float, steps_between: int) -> None:
+        """Training details; with ``check_parity``, the first step's loss (computed before any update)
+        against the float64 reference loss at the cell's shape, relative error within the fp32 tolerance.
+        A failed check, or a final loss that is not finite, makes the cell ``mismatch``."""
+        case, settings = self.job.case, self.job.settings
+        from fwbench.models.training import optimizer_spec
+
+        tokens = case.batch_size * case.seq_len if case.seq_len is not None else None
+        self.result["training"] = {
+            "optimizer": dataclasses.asdict(optimizer_spec(settings.optimizer)),
+            "loss": "softmax cross-entropy, mean over the counted positions (fwbench.models.training)",
+            "counted_positions": float(targets["label_weights"].sum()),
+            "samples_per_step": case.batch_size, "tokens_per_step": tokens,
+            "first_loss": first_loss,
+            "final_loss": final_loss,  # the loss of one more step after the timed loop
+            # first call + warm-up + timed samples; the adaptive timer's calibration calls come on top
+            "counted_steps_before_final": 1 + steps_between,
+        }
+        if self.job.check_parity:
+            self.stage("parity")
+            reference = description.reference_loss(self.weights(description), arrays, targets)
+            if reference is not None:
+                tolerance = PARITY_REL_L2_TOLERANCE[case.dtype]
+                rel = abs(first_loss - reference) / abs(reference)
+                self.result["parity"] = {
+                    "ok": rel <= tolerance, "reference": "numpy-float64", "tolerance_rel_l2": tolerance,
+                    "checked": "loss of the first step, before any update",
+                    "outputs": {"loss": {"rel_l2": rel, "max_abs": abs(first_loss - reference)}},
+                    "reference_loss": reference, "shape": [case.batch_size, case.seq_len],
+                }
+                if rel > tolerance:
+                    self.fail_check(f"first-step loss {first_loss:.7g} differs from the reference {reference:.7g}: "
+                                    f"relative error {rel:.3g} > {tolerance:g}")
+                    return
+        if not math.isfinite(final_loss):
+            self.fail_check(f"the loss after more than {1 + steps_between} steps is {final_loss}")
+
+    def fail_check(self, reason: str) -> None:
+        """Turn the cell into ``mismatch``: a runtime that computes something else is never timed."""
+        self.result.update(status="mismatch", reason=reason, samples_s=[])
 
     def weights(self, description: Any) -> dict[str, np.ndarray]:
         """The job's weights: the file it names, else the seeded canonical set."""

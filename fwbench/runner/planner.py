@@ -8,12 +8,13 @@ from __future__ import annotations
 import itertools
 from typing import Iterable, Iterator, Sequence
 
-from fwbench.frameworks import get_runtime
+from fwbench.frameworks import get_runtime, phase_unsupported
 from fwbench.models import get_model
 from fwbench.spec import (
     MAX_COUNT,
     RUNNABLE_DTYPES,
     RUNNABLE_PHASES,
+    TRAINING_DTYPES,
     Case,
     Plan,
     Settings,
@@ -83,6 +84,9 @@ def build_grids_plan(
         raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
     if dtype not in RUNNABLE_DTYPES:
         raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
+    if phase == "training" and dtype not in TRAINING_DTYPES:
+        raise SpecError(f"phase training with dtype {dtype!r} cannot be run yet (mixed-precision training comes "
+                        f"later); training dtypes: {', '.join(TRAINING_DTYPES)}")
     cases: dict[str, Case] = {}
     skipped: dict[str, SkippedCase] = {}
     for models, runtimes, batch_sizes, seq_lens in grids:
@@ -101,7 +105,8 @@ def _grid_cells(
     models: Sequence[str], runtimes: Sequence[str], batch_sizes: Sequence[int], seq_lens: Sequence[int],
     phase: str, dtype: str, device: str,
 ) -> Iterator[tuple[Case, str | None]]:
-    """Every cell of one grid with the reason it cannot run (None when it can)."""
+    """Every cell of one grid with the reason it cannot run (None when it can): a sequence too long for the
+    model, or a phase the runtime or the model does not implement."""
     for name in models:
         get_model(name)
     for name in runtimes:
@@ -110,9 +115,12 @@ def _grid_cells(
         raise SpecError("a plan needs at least one model, one runtime and one batch size")
     for model_name, runtime, batch in itertools.product(_unique(models), _unique(runtimes), _unique(batch_sizes)):
         model = get_model(model_name)
+        unsupported = phase_unsupported(get_runtime(runtime), phase)
+        if unsupported is None and phase == "training":
+            unsupported = model.training_unsupported()
         lengths: list[int | None] = _unique(seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
         for seq_len in lengths:
             case = Case(model_name, runtime, phase, batch, seq_len, dtype, device)  # type: ignore[arg-type]
-            yield case, model.supports_seq_len(seq_len)
+            yield case, unsupported or model.supports_seq_len(seq_len)

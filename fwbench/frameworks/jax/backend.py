@@ -19,8 +19,9 @@ softmax in float32); the outputs are bfloat16 until ``to_numpy``.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 MULTI_THREAD_EIGEN_FLAG = "--xla_cpu_multi_thread_eigen"
 
@@ -138,6 +139,47 @@ class JaxBackend(Backend):
     def to_numpy(self, outputs: Sequence[jax.Array]) -> dict[str, np.ndarray]:
         assert self.description is not None
         return {name: np.asarray(t, dtype=np.float32) for name, t in zip(self.description.output_names, outputs)}
+
+    def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
+        """One ``jax.jit`` of the whole step: ``jax.value_and_grad`` of the loss, the optax update and
+        ``optax.apply_updates``; parameters and optimizer state are donated (updated in place) and carried
+        to the next call. The call blocks on every leaf of the new parameters and state and on the loss."""
+        assert self.description is not None
+        import optax
+
+        from fwbench.frameworks.jax import training
+        from fwbench.models.training import optimizer_spec
+
+        arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
+        model, params = self.model, self.model.params
+        frozen: tuple[str, ...] = getattr(arch, "FROZEN_IN_TRAINING", ()) if self.description.frozen_in_training() \
+            else ()
+        optimizer = training.with_frozen(training.make_optimizer(optimizer_spec(self.settings.optimizer)), params,
+                                         frozen)
+        logits_of, loss_of = arch.training_logits, training.weighted_cross_entropy
+
+        def loss_fn(params: Any, batch: tuple[jax.Array, ...], labels: jax.Array, weights: jax.Array) -> jax.Array:
+            return loss_of(logits_of(model, params, *batch), labels, weights)
+
+        def train_step(params: Any, state: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
+                       weights: jax.Array) -> tuple[Any, Any, jax.Array]:
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch, labels, weights)
+            updates, state = optimizer.update(grads, state, params)
+            return optax.apply_updates(params, updates), state, loss
+
+        jitted = jax.jit(train_step, donate_argnums=(0, 1))
+        # The state committed to the device as every returned state is (optax makes some leaves, such as
+        # Adam's step count, uncommitted): otherwise the second call would compile the program again.
+        carried = [params, jax.block_until_ready(jax.device_put(optimizer.init(params), self._device))]
+        batch, (labels, weights) = tuple(inputs), targets
+
+        def step() -> jax.Array:
+            carried[0], carried[1], loss = jitted(carried[0], carried[1], batch, labels, weights)
+            jax.block_until_ready((carried, loss))
+            return loss
+
+        self._train_state = carried  # the current parameters and optimizer state (tests read them)
+        return step
 
     def compile_counters(self) -> dict[str, int]:
         return compile_counters()

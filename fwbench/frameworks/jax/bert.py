@@ -22,6 +22,7 @@ from fwbench.models.bert import LAYER_ROLES, Bert, BertConfig
 Params = dict[str, Any]
 
 _LINEAR_ROLES = ("query", "key", "value", "attention_out", "ffn_in", "ffn_out")
+FROZEN_IN_TRAINING = ("pooler",)  # top-level pytree keys of Bert.frozen_in_training(): not on the loss's path
 _NORM_ROLES = ("attention_norm", "ffn_norm")
 assert set(_LINEAR_ROLES + _NORM_ROLES) == set(LAYER_ROLES)
 
@@ -110,3 +111,9 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
         params["pooler"] = linear("pooler", h, h)
     canonical.check_all_used()
     return BertModel(c, description.has_token_types, description.has_pooler, params)
+
+
+def training_logits(model: BertModel, params: Params, *inputs: jax.Array) -> jax.Array:
+    """Masked-LM logits from the tied word embeddings, last_hidden_state @ word_embeddings.T (no decoder
+    bias): (batch, seq, vocab)."""
+    return model.apply(params, *inputs)[0] @ params["word_embeddings"].T

@@ -84,3 +84,8 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
         params["layers"].append(layer)
     canonical.check_all_used()
     return GPT2Model(c, params)
+
+
+def training_logits(model: GPT2Model, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """The tied LM head's logits the causal LM loss is taken of: (batch, seq, vocab)."""
+    return model.apply(params, input_ids, attention_mask)[1]

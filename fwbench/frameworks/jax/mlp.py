@@ -43,3 +43,8 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
               for prefix, fan_in, fan_out in description.layers]
     canonical.check_all_used()
     return MLPModel({"layers": layers})
+
+
+def training_logits(model: MLPModel, params: Params, x: jax.Array) -> jax.Array:
+    """The logits the training loss is taken of: (batch, out_features)."""
+    return model.apply(params, x)[0]

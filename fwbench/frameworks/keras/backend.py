@@ -51,7 +51,7 @@ import importlib
 import os
 import sys
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -120,6 +120,7 @@ class KerasBackend(Backend):
         self._output_names: tuple[str, ...] = ()
         self._state: Any = None  # keras:jax: (trainable, non-trainable) variable values, carried between calls
         self._input_names: tuple[str, ...] = ()
+        self._train_model: Any = None  # phase training: the model train_on_batch trains
 
     # -- set-up -------------------------------------------------------------------------------
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
@@ -205,6 +206,52 @@ class KerasBackend(Backend):
     def sync(self, outputs: Any) -> None:
         self._native.sync(outputs)
 
+    # -- phase training -----------------------------------------------------------------------
+    def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
+        return self._native.make_inputs(arrays)  # not self.make_inputs: that records the model's input names
+
+    def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
+        """``model.train_on_batch(x, labels, sample_weight=label_weights)`` of the arch's training model (the
+        same layers and variables, the training logits as its one output) after ``model.compile(optimizer,
+        loss, jit_compile="auto")``: Keras' own train step, loss and optimizer, called as a user calls it;
+        it returns the loss as a Python float (so it has waited for the step): train_on_batch resets the
+        metrics first, so that is this step's loss, computed before its update."""
+        assert self.description is not None
+        from fwbench.frameworks.keras import training
+        from fwbench.models.training import optimizer_spec
+
+        if self.mode == "torch":
+            self._make_variables_leaves()
+        arch = importlib.import_module(f"fwbench.frameworks.keras.{self.description.arch}")
+        model = arch.training_model(self.model, self.description)
+        expected = len(self.description.param_schema()) - len(self.description.frozen_in_training())
+        if len(model.trainable_variables) != expected:
+            raise ValueError(f"the training model has {len(model.trainable_variables)} trainable variables, "
+                             f"expected {expected}")
+        model.compile(optimizer=training.make_optimizer(optimizer_spec(self.settings.optimizer)),
+                      loss=training.loss(), jit_compile="auto")
+        self.jit_compile = bool(model.jit_compile)
+        self._train_model = model
+        x, (labels, weights) = dict(zip(self._input_names, inputs)), targets
+        train_on_batch = model.train_on_batch
+
+        def step() -> float:
+            return train_on_batch(x, labels, sample_weight=weights)
+
+        return step
+
+    def _make_variables_leaves(self) -> None:
+        """keras:torch: make each variable's torch tensor an autograd leaf again. Keras 3.15 creates a torch
+        variable as ``Parameter(value).to(device)``; inside ``keras.device("cpu:0")`` (where the models are
+        built) that ``.to`` is a copy, not a no-op, so the variable holds a non-leaf tensor that autograd
+        gives no ``.grad`` (train_on_batch then fails with "No gradients provided for any variable"; the
+        copy's graph also keeps the original tensor alive). The values are unchanged."""
+        import torch
+
+        for variable in self.model.weights:
+            if not variable.value.is_leaf:
+                variable._value = torch.nn.Parameter(variable.value.detach(), requires_grad=variable.trainable)
+
     # -- results and diagnostics --------------------------------------------------------------
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
         assert self.description is not None
@@ -216,6 +263,7 @@ class KerasBackend(Backend):
         if self.mode == "tensorflow":  # model.predict_function is a tf.function (reduce_retracing=True)
             from fwbench.frameworks.tensorflow.backend import tracing_counters
 
+            # Phase training: Keras keeps the train step's tf.function inside its train_function, out of reach.
             return tracing_counters(self._predict) if self._predict is not None else {}
         if self.mode == "jax":  # every trace and XLA compilation of the process, as for jax:jit
             return self._native.compile_counters()

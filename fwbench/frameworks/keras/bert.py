@@ -116,3 +116,22 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
     transforms: dict[str, Transform] = {name: transpose for name, path in mapping.items() if path.endswith("/kernel")}
     load_canonical(model, weights, mapping, transforms)
     return model
+
+
+class TiedLogits(layers.Layer):
+    """hidden (B, S, H) @ embeddings.T → logits (B, S, V), the embedding table read from ``embedding`` (no
+    decoder bias); the layer has no variables of its own."""
+
+    def __init__(self, embedding: layers.Embedding, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._table = embedding  # underscore: not tracked, so the embedding's variables are listed once
+
+    def call(self, hidden):  # type: ignore[no-untyped-def]
+        return ops.matmul(hidden, ops.transpose(self._table.embeddings))
+
+
+def training_model(model: keras.Model, description: Bert) -> keras.Model:
+    """The model train_on_batch trains: the same layers up to last_hidden_state, then masked-LM logits from
+    the tied word embeddings (batch, seq, vocab) as its one output; the pooler is not on that path."""
+    logits = TiedLogits(model.get_layer("word_embeddings"), name="mlm_logits")(model.output["last_hidden_state"])
+    return keras.Model(model.input, logits, name=f"{model.name}_training")

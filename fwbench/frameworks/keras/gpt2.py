@@ -87,3 +87,9 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
             mapping[f"h.{i}.{canonical}"] = f"layers_{i}/{own}"
     load_canonical(model, weights, mapping)
     return model
+
+
+def training_model(model: keras.Model, description: GPT2) -> keras.Model:
+    """The model train_on_batch trains: the same layers, the tied LM head's logits (batch, seq, vocab) as
+    its one output."""
+    return keras.Model(model.input, model.output["logits"], name=f"{model.name}_training")

@@ -34,3 +34,8 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
         mapping[f"{prefix}.bias"] = f"{prefix}/bias"
     load_canonical(model, weights, mapping, transforms)
     return model
+
+
+def training_model(model: keras.Model, description: MLP) -> keras.Model:
+    """The model train_on_batch trains: the same layers, the logits (batch, out_features) as its one output."""
+    return keras.Model(model.input, model.output["logits"], name=f"{model.name}_training")

@@ -10,7 +10,8 @@ accumulate in float32), and the outputs are bfloat16 until ``to_numpy``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import importlib
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -88,6 +89,53 @@ class TensorFlowBackend(Backend):
     def to_numpy(self, outputs: Sequence[tf.Tensor]) -> dict[str, np.ndarray]:
         assert self.description is not None
         return {name: np.asarray(t, dtype=np.float32) for name, t in zip(self.description.output_names, outputs)}
+
+    def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
+        """The step: forward + loss under ``tf.GradientTape``, gradients of the trained variables (made
+        dense: the embedding gather's IndexedSlices become a full gradient, as in torch and JAX), then a
+        Keras 3 optimizer's ``apply_gradients``. eager: called eagerly; function: one tf.function with the
+        cell's input signature; xla: the same with ``jit_compile=True`` (one XLA program). The optimizer's
+        slot variables are built eagerly first, so the traced step creates no variables."""
+        assert self.description is not None
+        from fwbench.frameworks.keras.backend import import_keras
+
+        import_keras("tensorflow", self.device)  # Keras 3's optimizers, on its tensorflow backend
+        from fwbench.frameworks.keras.training import make_optimizer
+        from fwbench.frameworks.tensorflow import training
+        from fwbench.models.training import optimizer_spec
+
+        arch = importlib.import_module(f"fwbench.frameworks.tensorflow.{self.description.arch}")
+        model = self.model
+        frozen = {training.variable_name(name) for name in self.description.frozen_in_training()}
+        variables = [v for v in model.trainable_variables if v.name.split(":")[0] not in frozen]
+        if len(model.trainable_variables) - len(variables) != len(frozen):
+            raise ValueError(f"frozen variables {sorted(frozen)} not all found among the model's variables")
+        with tf.device(self._tf_device):
+            optimizer = make_optimizer(optimizer_spec(self.settings.optimizer))
+            optimizer.build(variables)
+        logits_of, loss_of, n_inputs = arch.training_logits, training.weighted_cross_entropy, len(inputs)
+
+        def train_step(*tensors: tf.Tensor) -> tf.Tensor:
+            batch, (labels, weights) = tensors[:n_inputs], tensors[n_inputs:]
+            with tf.GradientTape() as tape:
+                loss = loss_of(logits_of(model, *batch), labels, weights)
+            gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+            optimizer.apply_gradients(zip(gradients, variables))
+            return loss
+
+        tensors = (*inputs, *targets)
+        if self.mode != "eager":
+            signature = [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
+            train_step = tf.function(train_step, input_signature=signature, jit_compile=self.mode == "xla")
+            self._forward = train_step  # what compile_counters counts the traces of
+        sync = self.sync
+
+        def step() -> tf.Tensor:
+            loss = train_step(*tensors)
+            sync(loss)
+            return loss
+
+        return step
 
     def compile_counters(self) -> dict[str, int]:
         if self.mode == "eager":

@@ -139,3 +139,12 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
     """The encoder with the canonical weights, its variables placed on ``device``."""
     with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
         return BertModule(description, weights)
+
+
+def training_logits(module: BertModule, *inputs: tf.Tensor) -> tf.Tensor:
+    """Masked-LM logits from the tied word embeddings, last_hidden_state @ word_embeddings.T (no decoder
+    bias): (batch, seq, vocab)."""
+    hidden = module(*inputs)[0]
+    b, s = dims(inputs[0])
+    logits = tf.matmul(tf.reshape(hidden, [-1, hidden.shape[-1]]), module.word_embeddings, transpose_b=True)
+    return tf.reshape(logits, [b, s, -1])

@@ -90,3 +90,8 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
     """GPT-2 with the canonical weights, its variables placed on ``device``."""
     with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
         return GPT2Module(description, weights)
+
+
+def training_logits(module: GPT2Module, input_ids: tf.Tensor, attention_mask: tf.Tensor) -> tf.Tensor:
+    """The tied LM head's logits the causal LM loss is taken of: (batch, seq, vocab)."""
+    return module(input_ids, attention_mask)[1]

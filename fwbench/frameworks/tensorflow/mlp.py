@@ -38,3 +38,8 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
     """The MLP with the canonical weights, its variables placed on ``device``."""
     with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
         return MLPModule(description, weights)
+
+
+def training_logits(module: MLPModule, x: tf.Tensor) -> tf.Tensor:
+    """The logits the training loss is taken of: (batch, out_features)."""
+    return module(x)[0]

@@ -21,6 +21,7 @@ would not reach an exported graph). Outputs come back as autocast leaves them (b
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import tempfile
 import time
@@ -143,6 +144,62 @@ class TorchBackend(Backend):
     def to_numpy(self, outputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
         assert self.description is not None
         return {name: t.detach().float().cpu().numpy() for name, t in zip(self.description.output_names, outputs)}
+
+    # -- phase training -----------------------------------------------------------------------
+    def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """(labels int64, label_weights float32) on the device: F.cross_entropy takes int64 class ids."""
+        labels, weights = self.make_inputs(arrays)
+        return labels.long(), weights
+
+    def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
+        """eager: zero_grad, forward + loss, backward, optimizer step, all eager. compile: forward + loss
+        compiled as one ``torch.compile(fullgraph=True, mode=compile_mode)`` graph (AOTAutograd compiles
+        its backward as well, which ``loss.backward()`` runs), and the optimizer step compiled by a second
+        ``torch.compile`` (PyTorch's recipe for compiled optimizers; the step cannot join the first graph,
+        ``backward`` runs between them). Autograd is on: training never enters inference_mode."""
+        if self.mode not in ("eager", "compile"):
+            raise NotImplementedError(f"torch:{self.mode} has no training phase yet")
+        assert self.description is not None
+        from fwbench.frameworks.torch import training
+        from fwbench.models.training import optimizer_spec
+
+        arch = importlib.import_module(f"fwbench.frameworks.torch.{self.description.arch}")
+        frozen_prefixes: tuple[str, ...] = getattr(arch, "FROZEN_IN_TRAINING", ())
+        model = self.model.train()  # no dropout or batch norm in these models: train() changes nothing else
+        trained = []
+        for name, parameter in model.named_parameters():
+            frozen = bool(self.description.frozen_in_training()) and name.startswith(frozen_prefixes)
+            parameter.requires_grad_(not frozen)
+            if not frozen:
+                trained.append(parameter)
+        expected = len(self.description.param_schema()) - len(self.description.frozen_in_training())
+        if len(trained) != expected:
+            raise ValueError(f"{len(trained)} trained parameters, expected {expected}")
+        optimizer = training.make_optimizer(optimizer_spec(self.settings.optimizer), trained)
+        logits_of, loss_of = arch.training_logits, training.weighted_cross_entropy
+        labels, weights = targets
+
+        def forward_loss(*batch: torch.Tensor) -> torch.Tensor:
+            return loss_of(logits_of(model, *batch), labels, weights)
+
+        def optimizer_step() -> None:
+            optimizer.step()
+
+        if self.mode == "compile":
+            forward_loss = torch.compile(forward_loss, fullgraph=True, mode=self.settings.compile_mode)
+            optimizer_step = torch.compile(optimizer_step, fullgraph=False, mode=self.settings.compile_mode)
+        on_cuda = self.device == "cuda"
+
+        def step() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            loss = forward_loss(*inputs)
+            loss.backward()
+            optimizer_step()
+            if on_cuda:
+                torch.cuda.synchronize()
+            return loss.detach()
+
+        return step
 
     def compile_counters(self) -> dict[str, int]:
         if self.mode != "compile":  # eager runs no compiler; script and export compile ahead of the first call

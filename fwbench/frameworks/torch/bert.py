@@ -16,6 +16,7 @@ from fwbench.frameworks.torch.weights import load_canonical
 from fwbench.models.bert import LAYER_ROLES, Bert
 
 _LINEAR_ROLES = ("query", "key", "value", "attention_out", "ffn_in", "ffn_out")
+FROZEN_IN_TRAINING = ("pooler.",)  # parameter-name prefixes of Bert.frozen_in_training(): not on the loss's path
 
 
 class EncoderLayer(nn.Module):
@@ -89,3 +90,9 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
                 mapping[description.param(role, i, kind)] = f"layers.{i}.{role}.{kind}"
     load_canonical(module, weights, mapping)
     return module.to(device).eval()
+
+
+def training_logits(module: BertModule, *inputs: torch.Tensor) -> torch.Tensor:
+    """Masked-LM logits from the tied word embeddings, last_hidden_state @ word_embeddings.T (no decoder
+    bias): (batch, seq, vocab)."""
+    return F.linear(module(*inputs)[0], module.word_embeddings.weight)

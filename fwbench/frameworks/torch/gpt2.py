@@ -82,3 +82,8 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
                 transforms[f"h.{i}.{canonical}"] = np.transpose
     load_canonical(module, weights, mapping, transforms)
     return module.to(device).eval()
+
+
+def training_logits(module: GPT2Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The tied LM head's logits the causal LM loss is taken of: (batch, seq, vocab)."""
+    return module(input_ids, attention_mask)[1]

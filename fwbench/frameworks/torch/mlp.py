@@ -35,3 +35,8 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
     mapping = {spec.name: spec.name for spec in description.param_schema()}
     load_canonical(module, weights, mapping)
     return module.to(device).eval()
+
+
+def training_logits(module: MLPModule, x: torch.Tensor) -> torch.Tensor:
+    """The logits the training loss is taken of: (batch, out_features)."""
+    return module(x)[0]

@@ -1,0 +1,299 @@
+"""Phase training: targets and the float64 loss reference, the optimizers as data, the planner's and the
+CLI's refusals, the first-step loss against the reference and optimizer parity in every training runtime,
+and one training cell end to end through a worker.
+
+Each runtime runs in its own subprocess (a process holds one Keras backend; TF, JAX and torch stay apart):
+this file run as a script, ``python test_training.py <runtime>``, trains the tiny models there and prints
+one JSON report that the tests assert on.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+OPTIMIZER_PARITY_STEPS = 2
+OPTIMIZER_PARITY_TOLERANCE = 1e-5  # relative L2 error of each MLP parameter after two steps, against torch's
+LOSS_TOLERANCE = 1e-4  # the first-step loss against the float64 reference (the worker's fp32 parity tolerance)
+MODELS = ("mlp", "bert-tiny", "gpt2-tiny")
+REPORT_TIMEOUT_S = 600
+
+
+# -- the subprocess side ------------------------------------------------------------------------
+def _mlp_parameters(backend: Any) -> dict[str, Any]:
+    """The MLP's parameters after training, by canonical name, in the canonical (out, in) layout."""
+    framework, layers = backend.framework, backend.description.layers
+    params: dict[str, Any] = {}
+    for i, (prefix, _, _) in enumerate(layers):
+        if framework == "torch":
+            linear = getattr(backend.model, prefix)
+            weight, bias = linear.weight.detach().cpu().numpy(), linear.bias.detach().cpu().numpy()
+        elif framework == "tensorflow":
+            weight, bias = backend.model.kernels[i].numpy().T, backend.model.biases[i].numpy()
+        elif framework == "jax":
+            layer = backend._train_state[0]["layers"][i]
+            weight, bias = np.asarray(layer["kernel"]).T, np.asarray(layer["bias"])
+        else:  # keras: train_on_batch has written the state back into the variables
+            dense = backend.model.get_layer(prefix)
+            convert = backend.keras.ops.convert_to_numpy
+            weight, bias = convert(dense.kernel).T, convert(dense.bias)
+        params[f"{prefix}.weight"], params[f"{prefix}.bias"] = weight.tolist(), bias.tolist()
+    return params
+
+
+def _pooler_weight(backend: Any) -> Any:
+    """BERT's pooler weight after training, in the canonical (out, in) layout."""
+    framework = backend.framework
+    if framework == "torch":
+        return backend.model.pooler.weight.detach().cpu().numpy()
+    if framework == "tensorflow":
+        return backend.model.pooler[0].numpy().T
+    if framework == "jax":
+        return np.asarray(backend._train_state[0]["pooler"]["kernel"]).T
+    return backend.keras.ops.convert_to_numpy(backend.model.get_layer("pooler").kernel).T
+
+
+def _train(runtime: str, model: str, optimizer: str, steps: int) -> tuple[Any, Any, list[float], float]:
+    """A backend that has taken ``steps`` training steps at the model's parity shape, its step, the losses
+    the steps returned, and the float64 reference loss of the canonical weights on that batch."""
+    from fwbench.frameworks import create_backend
+    from fwbench.models import get_model
+    from fwbench.spec import Settings
+
+    description = get_model(model)
+    backend = create_backend(runtime, "cpu", Settings(optimizer=optimizer))  # type: ignore[arg-type]
+    backend.configure_threads(1, 1)
+    backend.configure_precision()
+    weights = description.canonical_weights(0)
+    batch, seq = description.parity_shape()
+    arrays, targets = description.make_inputs(batch, seq, 0), description.make_targets(batch, seq, 0)
+    backend.build(description, weights)
+    step = backend.make_train_step(backend.make_inputs(arrays), backend.make_targets(targets))
+    losses = [backend.loss_value(step()) for _ in range(steps)]
+    return backend, step, losses, float(description.reference_loss(weights, arrays, targets))
+
+
+def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
+    """What the tests check, for one runtime: per model the first two steps' losses and the reference; for the
+    MLP with each optimizer, the parameters after OPTIMIZER_PARITY_STEPS steps and the compile-health
+    counters after that many steps and after one more."""
+    out: dict[str, Any] = {"loss": {}, "mlp_parameters": {}, "mlp_losses": {}, "mlp_counters": {}}
+    for model in models:
+        backend, _, losses, reference = _train(runtime, model, "adamw", 2)
+        out["loss"][model] = {"first": losses[0], "second": losses[1], "reference": reference}
+        if model == "bert-tiny":  # frozen: AdamW's weight decay would move it otherwise
+            canonical = backend.description.canonical_weights(0)["pooler.dense.weight"]
+            out["bert_pooler_unchanged"] = bool(np.array_equal(_pooler_weight(backend), canonical))
+    for optimizer in ("sgd", "adamw"):
+        backend, step, losses, _ = _train(runtime, "mlp", optimizer, OPTIMIZER_PARITY_STEPS)
+        out["mlp_parameters"][optimizer] = _mlp_parameters(backend)
+        out["mlp_losses"][optimizer] = losses
+        counters = backend.compile_counters()
+        step()
+        out["mlp_counters"][optimizer] = [counters, backend.compile_counters()]
+    return out
+
+
+# -- the pytest side ----------------------------------------------------------------------------
+RUNTIMES = ("torch:eager", "tensorflow:eager", "tensorflow:function", "tensorflow:xla", "jax:jit", "keras:tensorflow",
+            "keras:jax", "keras:torch")
+COMPILED_MLP_ONLY = ("torch:compile",)  # a cold inductor compile per model: the MLP only
+
+
+@functools.cache
+def runtime_report(runtime: str) -> dict[str, Any]:
+    models = ("mlp",) if runtime in COMPILED_MLP_ONLY else MODELS
+    done = subprocess.run([sys.executable, __file__, runtime, ",".join(models)], capture_output=True, text=True,
+                          timeout=REPORT_TIMEOUT_S, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _rel_l2(got: Any, expected: Any) -> float:
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", RUNTIMES + COMPILED_MLP_ONLY)
+def test_first_step_loss_matches_the_float64_reference(runtime: str) -> None:
+    losses = runtime_report(runtime)["loss"]
+    assert set(losses) == ({"mlp"} if runtime in COMPILED_MLP_ONLY else set(MODELS))
+    for model, loss in losses.items():
+        assert abs(loss["first"] - loss["reference"]) / loss["reference"] < LOSS_TOLERANCE, (model, loss)
+        assert loss["second"] < loss["first"], (model, loss)
+    if "bert-tiny" in losses:
+        assert runtime_report(runtime)["bert_pooler_unchanged"]  # frozen: not on the loss's path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", [r for r in RUNTIMES + COMPILED_MLP_ONLY if r != "torch:eager"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_optimizer_steps_give_torchs_parameters(runtime: str, optimizer: str) -> None:
+    """Two steps of SGD (momentum) and of AdamW from the canonical weights: every MLP parameter equals
+    torch.optim's. torch's own parameters have moved far beyond the tolerance, so an optimizer that does
+    nothing, or something else, fails."""
+    from fwbench.models import get_model
+
+    expected = runtime_report("torch:eager")["mlp_parameters"][optimizer]
+    got = runtime_report(runtime)["mlp_parameters"][optimizer]
+    canonical = get_model("mlp").canonical_weights(0)
+    assert set(got) == set(expected) == set(canonical)
+    for name in expected:
+        assert _rel_l2(expected[name], canonical[name]) > 100 * OPTIMIZER_PARITY_TOLERANCE, name  # it moved
+        assert _rel_l2(got[name], expected[name]) < OPTIMIZER_PARITY_TOLERANCE, (name, _rel_l2(got[name], expected[name]))
+    first, second = runtime_report(runtime)["mlp_losses"][optimizer]
+    assert second < first  # the step went downhill
+
+
+COUNTED = ("torch:compile", "tensorflow:function", "tensorflow:xla", "jax:jit", "keras:jax")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", COUNTED)
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_later_steps_compile_nothing(runtime: str, optimizer: str) -> None:
+    """Once two steps have run (a compiled optimizer may specialise on its state made by the first), a
+    step traces and compiles nothing: the timed loop reruns one program. (torch:eager and keras:torch
+    compile nothing at run time; keras:tensorflow keeps its train step's tf.function out of reach.)"""
+    before, after = runtime_report(runtime)["mlp_counters"][optimizer]
+    assert before and any(n > 0 for n in before.values())  # the counters count this runtime's compiles
+    assert before == after
+
+
+# -- framework-free -----------------------------------------------------------------------------
+def test_targets_are_seeded_and_well_formed() -> None:
+    from fwbench.models import get_model
+
+    for name in MODELS:
+        description = get_model(name)
+        batch, seq = 3, (24 if description.has_sequence else None)
+        targets = description.make_targets(batch, seq, seed=0)
+        again, other = description.make_targets(batch, seq, seed=0), description.make_targets(batch, seq, seed=1)
+        assert set(targets) == {"labels", "label_weights"}
+        assert targets["labels"].dtype == np.int32 and targets["label_weights"].dtype == np.float32
+        assert targets["labels"].shape == targets["label_weights"].shape == ((batch,) if seq is None else (batch, seq))
+        assert all(np.array_equal(targets[k], again[k]) for k in targets)
+        assert not np.array_equal(targets["labels"], other["labels"])
+        assert (targets["label_weights"].sum(axis=-1) > 0).all()
+
+
+def test_gpt2_targets_are_the_next_tokens() -> None:
+    from fwbench.models import get_model
+
+    description = get_model("gpt2-tiny")
+    inputs, targets = description.make_inputs(2, 16, 0), description.make_targets(2, 16, 0)
+    ids, mask, weights = inputs["input_ids"], inputs["attention_mask"], targets["label_weights"]
+    assert np.array_equal(targets["labels"][:, :-1], ids[:, 1:])
+    assert (weights[:, -1] == 0).all()
+    assert np.array_equal(weights[:, :-1], mask[:, 1:])  # the padded tail is never a target
+
+
+def test_bert_targets_count_a_share_of_the_real_positions() -> None:
+    from fwbench.models import get_model
+    from fwbench.models.text import MLM_FRACTION
+
+    description = get_model("bert-tiny")
+    inputs, targets = description.make_inputs(8, 128, 0), description.make_targets(8, 128, 0)
+    counted = targets["label_weights"].astype(bool)
+    assert not (counted & (inputs["attention_mask"] == 0)).any()  # never a padded position
+    assert (targets["labels"][~counted] == 0).all()
+    share = counted.sum() / inputs["attention_mask"].sum()
+    assert abs(share - MLM_FRACTION) < 0.05, share
+    assert description.frozen_in_training() == ("pooler.dense.weight", "pooler.dense.bias")
+
+
+def test_reference_loss_is_weighted_softmax_cross_entropy() -> None:
+    """Against scipy's log_softmax written out independently, with non-uniform weights."""
+    from scipy.special import log_softmax
+
+    from fwbench.models.training import reference_loss, tied_lm_reference_loss
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 7))
+    labels = rng.integers(0, 7, size=(3, 5))
+    weights = rng.integers(0, 2, size=(3, 5)).astype(np.float32)
+    weights[0, 0] = 1.0
+    picked = np.take_along_axis(log_softmax(logits, axis=-1), labels[..., None], -1)[..., 0]
+    expected = float(-(picked * weights).sum() / weights.sum())
+    assert math.isclose(reference_loss(logits, labels, weights), expected, rel_tol=1e-12)
+    hidden, table = rng.normal(size=(3, 5, 4)), rng.normal(size=(7, 4))
+    assert math.isclose(tied_lm_reference_loss(hidden, table, labels, weights),
+                        reference_loss(hidden @ table.T, labels, weights), rel_tol=1e-12)
+
+
+def test_optimizers_are_data_and_validated() -> None:
+    from fwbench.models.training import OPTIMIZERS
+    from fwbench.spec import Settings, SpecError
+
+    assert Settings().optimizer == "adamw"
+    assert OPTIMIZERS["sgd"].momentum == 0.9 and OPTIMIZERS["adamw"].weight_decay > 0
+    assert Settings.from_dict(Settings(optimizer="sgd").to_dict()).optimizer == "sgd"
+    with pytest.raises(SpecError, match="unknown optimizer 'foo'; allowed: sgd, adamw"):
+        Settings(optimizer="foo")  # type: ignore[arg-type]
+
+
+def test_planner_skips_what_cannot_train_and_refuses_bf16() -> None:
+    from fwbench.runner.planner import build_plan
+    from fwbench.spec import Settings, SpecError
+
+    plan = build_plan(["mlp", "resnet-tiny"], ["torch:eager", "torch:script"], [2], [], Settings(), phase="training")
+    assert [(c.model, c.runtime) for c in plan.cases] == [("mlp", "torch:eager")]
+    reasons = {(s.case.model, s.case.runtime): s.reason for s in plan.skipped}
+    assert reasons[("mlp", "torch:script")] == "torch:script has no training phase yet"
+    assert "batch norm in training mode" in reasons[("resnet-tiny", "torch:eager")]
+    with pytest.raises(SpecError, match="phase training with dtype 'bf16' cannot be run yet"):
+        build_plan(["mlp"], ["torch:eager"], [2], [], Settings(), phase="training", dtype="bf16")
+    inference = build_plan(["mlp", "resnet-tiny"], ["torch:script"], [2], [], Settings())
+    assert len(inference.cases) == 2 and not inference.skipped  # inference is unchanged
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    (["--phase", "training", "--dtype", "bf16"], "phase training with dtype 'bf16' cannot be run yet"),
+    (["--optimizer", "foo"], "invalid choice: 'foo'"),
+    (["--phase", "fit"], "phase 'fit' cannot be run yet; runnable: inference, training"),
+])
+def test_bad_training_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                extra: list[str], fragment: str) -> None:
+    from fwbench.cli import main
+
+    db = tmp_path / "x.db"
+    code = main(["run", "--models", "mlp", "--runtimes", "torch:eager", "--db", str(db), *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and fragment in lines[0], err
+    assert not db.exists()
+
+
+# -- a worker, end to end -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_training_cell_end_to_end() -> None:
+    from fwbench.models import get_model
+    from fwbench.runner.manager import run_worker
+    from fwbench.spec import Case, Settings
+
+    case = Case("mlp", "torch:eager", phase="training", batch_size=4)
+    outcome = run_worker(case, Settings(threads=1, max_time_s=0.3))
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.samples and outcome.fields["median_s"] > 0
+    parity = outcome.details["parity"]
+    assert parity["ok"] and parity["outputs"]["loss"]["rel_l2"] < LOSS_TOLERANCE
+    training = outcome.details["training"]
+    assert training["samples_per_step"] == 4 and training["tokens_per_step"] is None
+    assert training["optimizer"]["kind"] == "adamw"
+    assert math.isfinite(training["final_loss"]) and training["final_loss"] < training["first_loss"]
+    assert training["counted_steps_before_final"] > len(outcome.samples)
+    assert get_model("mlp").flops(4, None, "training") == 3 * get_model("mlp").flops(4, None)
+
+
+if __name__ == "__main__":
+    print(json.dumps(report(sys.argv[1], tuple(sys.argv[2].split(",")))))
