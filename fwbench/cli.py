@@ -345,9 +345,10 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run_id = store.create_run(plan, command, environment.collect(), __version__)
     _terminate_on_sigterm()
     with store:
-        remaining = plan.size - len(store.done_keys(run_id))
+        done = store.done_keys(run_id)
+        remaining = plan.size - len(done)
         err = sys.stderr
-        todo = [case for case in plan.cases if case.key not in store.done_keys(run_id)]
+        todo = [case for case in plan.cases if case.key not in done]
         estimate = format_estimate(sum(estimate_cell_s(case, plan.settings) for case in todo))
         print(f"run {run_id}: {remaining} of {plan.size} cells to run (rough estimate {estimate}), database {args.db}",
               file=err, flush=True)
