@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fwbench import __version__
-from fwbench.frameworks import get_runtime, missing_requirement, runtimes
+from fwbench.frameworks import get_runtime, missing_requirement, phase_unsupported, runtimes
 from fwbench.measure import environment
 from fwbench.models import MODELS, get_model
 from fwbench.models.gemm import GEMM
@@ -34,11 +34,13 @@ from fwbench.report.peak import PEAK_SUITE, Peak, achieved_gflops, best_cell, la
 from fwbench.report.summary import DEFAULT_BASELINE, resolve_baseline
 from fwbench.report.table import PIPE_WIDTH, make_console, markdown_report, print_results, to_rich
 from fwbench.report.units import format_gflops, format_seconds, parse_bytes
-from fwbench.runner.manager import execute
+from fwbench.report.tensorboard import write_cell, write_results
+from fwbench.runner.manager import CellOutcome, Listener, execute
 from fwbench.runner.planner import build_grids_plan, build_plan, parse_names, parse_positive_ints
 from fwbench.runner.progress import sweep_progress
-from fwbench.runner.verify import verify_model
-from fwbench.spec import (COMPILE_MODES, MAX_COUNT, OPTIMIZER_KINDS, PHASES, PROTOCOLS, RUNNABLE_DTYPES, Plan,
+from fwbench.runner.verify import verify_model, verify_training
+from fwbench.runner.protocol import TRAINING_TOLERANCE
+from fwbench.spec import (COMPILE_MODES, MAX_COUNT, OPTIMIZER_KINDS, PHASES, PROTOCOLS, RUNNABLE_DTYPES, TRAINING_DTYPES, Plan,
                           Settings, SpecError)
 from fwbench.store import DEFAULT_DB, RunRecord, Store, StoreError
 from fwbench.runner.estimate import (
@@ -54,6 +56,10 @@ RUN_DEVICES = ("cpu", "cuda")
 REPORT_FORMATS = ("table", "json", "csv", "markdown")
 COMPARE_FORMATS = ("table", "json")
 PEAK_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")  # one native runtime per framework
+TENSORBOARD_HELP = ("write TensorBoard event files into DIR: one run per model × runtime (DIR/<model>/"
+                    "<framework>_<mode>/), scalars per ok cell tagged <phase>/<metric>/<shape>: loss per optimizer "
+                    "step (training), step_time_s, samples_per_s and tokens_per_s per timed sample, and the "
+                    "settings as text")
 
 
 class UsageError(Exception):
@@ -124,8 +130,9 @@ def build_parser() -> Parser:
     grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
     grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a "
                       "sequence axis")
-    grid.add_argument("--phase", choices=PHASES, help="inference (default) or training (one optimizer step per "
-                      "timed call, fp32 only); fit cannot be run yet")
+    grid.add_argument("--phase", choices=PHASES, help="inference (default), training (one optimizer step per "
+                      "timed call, fp32 only) or fit (--epochs over a seeded in-memory dataset with each "
+                      "runtime's training loop: model.fit, Trainer.fit or a manual loop; one sample per epoch)")
     grid.add_argument("--dtype", choices=RUNNABLE_DTYPES, help="default: fp32")
     grid.add_argument("--device", choices=RUN_DEVICES, help="default: cpu")
     timing = run.add_argument_group("measurement")
@@ -149,8 +156,14 @@ def build_parser() -> Parser:
                         "CUDA graphs (GPU only; no effect on a CPU); max-autotune also benchmarks matmul/conv "
                         "kernel choices while compiling (a much longer first call)")
     timing.add_argument("--optimizer", choices=OPTIMIZER_KINDS,
-                        help="--phase training only: the optimizer of every framework's step (default adamw: "
+                        help="--phase training and fit: the optimizer of every framework (default adamw: "
                         "lr 1e-3, betas 0.9/0.999, eps 1e-10, weight decay 0.01; sgd: lr 1e-2, momentum 0.9)")
+    timing.add_argument("--epochs", type=_positive_int,
+                        help="--phase fit only: epochs (default 5, at least 2; epoch 1 includes compilation and is "
+                        "stored as the first call, epochs 2.. are the samples)")
+    timing.add_argument("--fit-samples", type=_positive_int, metavar="N",
+                        help="--phase fit only: samples of the seeded synthetic dataset (default 4096; a multiple "
+                        "of every batch size)")
     limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS", help="per cell (default 600)")
     limits.add_argument("--memory-limit", type=_bytes, metavar="BYTES",
@@ -161,12 +174,14 @@ def build_parser() -> Parser:
     run.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results database (default {DEFAULT_DB})")
     run.add_argument("--resume", type=_positive_int, metavar="RUN_ID",
                      help="run only the cells of that run's stored plan that have no status yet")
+    run.add_argument("--tensorboard", type=Path, metavar="DIR", help=TENSORBOARD_HELP + "; each cell is written "
+                     "as soon as it is stored")
 
     report = commands.add_parser("report", help="print stored results", description="Print stored results.")
     report.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results database (default {DEFAULT_DB})")
     report.add_argument("--run", type=_run_id, metavar="ID", help="only this run, or 'latest' (default: all runs)")
-    report.add_argument("--format", choices=REPORT_FORMATS, help="default: table (with --html: none, unless "
-                        "--format or --out is given)")
+    report.add_argument("--format", choices=REPORT_FORMATS, help="default: table (with --html or --tensorboard: "
+                        "none, unless --format or --out is given)")
     report.add_argument("--out", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
     report.add_argument("--baseline", metavar="RUNTIME", help=f"runtime the speed-ups and the pair summary are "
                         f"relative to (default {DEFAULT_BASELINE}, or the first runtime when it is absent)")
@@ -176,6 +191,8 @@ def build_parser() -> Parser:
     report.add_argument("--html", type=Path, metavar="FILE", help="write one self-contained HTML report to FILE "
                         "(works offline: summary, flags, heat maps of speed-up, latency and memory plots, parity, "
                         "environment, every result)")
+    report.add_argument("--tensorboard", type=Path, metavar="DIR", help=TENSORBOARD_HELP + " (several runs: "
+                        "under DIR/run<ID>/)")
 
     compare = commands.add_parser(
         "compare", help="compare two runs cell by cell; exit 1 on a significant regression",
@@ -196,14 +213,16 @@ def build_parser() -> Parser:
         "verify", help="check that runtimes compute the same outputs with the same weights",
         description="Build each model in each runtime (each in its own worker) with the same weights and inputs, "
         "compare every output with the first runtime's and with the float64 numpy reference (relative L2 "
-        "error ≤ 1e-4 for fp32), print a table, and exit 1 on any mismatch or failure.",
+        "error ≤ 1e-4 for fp32), print a table, and exit 1 on any mismatch or failure. --phase training compares "
+        "N optimizer steps' loss curves and trained parameters instead.",
     )
     verify.add_argument("--models", required=True, help="comma-separated model names")
     verify.add_argument("--runtimes", required=True, help="comma-separated runtimes; the first is the comparison base")
     verify.add_argument("--weights", type=Path, metavar="FILE", help="safetensors weights (one model only); "
                         "default: the seeded canonical weights")
     verify.add_argument("--dump", type=Path, metavar="DIR", help="write DIR/<model>/inputs.npz and "
-                        "DIR/<model>/<framework>_<mode>.npz with every output by name")
+                        "DIR/<model>/<framework>_<mode>.npz with every output by name (--phase training: "
+                        "DIR/<model>/training_<framework>_<mode>.npz with losses and param/<name>)")
     verify.add_argument("--batch-size", type=_positive_int, help="default: the model's parity shape (2)")
     verify.add_argument("--seq-len", type=_positive_int, help="default: the model's parity shape (16)")
     verify.add_argument("--threads", type=_positive_int, help="intra-op threads (default: physical cores)")
@@ -211,6 +230,15 @@ def build_parser() -> Parser:
     verify.add_argument("--dtype", choices=RUNNABLE_DTYPES, default="fp32",
                         help="compute dtype, each framework's own way; sets the tolerance (default: fp32)")
     verify.add_argument("--timeout", type=_positive_float, default=600.0, metavar="SECONDS", help="per runtime")
+    verify.add_argument("--phase", choices=("inference", "training"), default="inference",
+                        help="training: take --steps optimizer steps in each runtime from the same weights on the same "
+                        "fixed batch and compare the loss curves and trained parameters with the first runtime's "
+                        "(tolerances: fwbench/runner/protocol.py TRAINING_TOLERANCE) (default: inference)")
+    verify.add_argument("--steps", type=_positive_int, help="--phase training: optimizer steps (default 20)")
+    verify.add_argument("--optimizer", choices=OPTIMIZER_KINDS, help="--phase training: default adamw")
+    verify.add_argument("--db", metavar="PATH", help="--phase training with --run: mark the run's training cells "
+                        "of every mismatching model × runtime as mismatch, with the reason")
+    verify.add_argument("--run", type=_run_id, metavar="ID", help="run id (or 'latest') in --db")
 
     weights = commands.add_parser("weights", help="write a model's canonical weights to a safetensors file",
                                   description="Write a model's seeded canonical weights (Hugging Face / "
@@ -243,6 +271,7 @@ SETTINGS_FLAGS = {
     "threads": "threads", "interop_threads": "interop_threads", "protocol": "protocol", "max_time": "max_time_s",
     "warmup": "warmup_calls", "timeout": "timeout_s", "memory_limit": "memory_limit_bytes", "seed": "seed",
     "weights": "weights_path", "compile_mode": "compile_mode", "optimizer": "optimizer",
+    "epochs": "epochs", "fit_samples": "fit_samples",
 }
 GRID_FLAGS = ("suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
 
@@ -326,7 +355,45 @@ def _terminate_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
+def check_tensorboard_dir(path: Path | None) -> None:
+    """Refuse a --tensorboard DIR that is not a folder or cannot be created (nothing is written)."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise SpecError(f"--tensorboard {path} is not a folder")
+    folder = path
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecError(f"--tensorboard {path}: cannot write there, {folder} is not a writable folder")
+
+
+def tensorboard_listener(listener: Listener, store: Store, run_id: int, settings: dict[str, Any],
+                         folder: Path | None) -> Listener:
+    """``listener``, then (with ``folder``) the cell's TensorBoard run, written from what was just stored.
+    A write that fails is reported once on stderr; the sweep goes on."""
+    if folder is None:
+        return listener
+    failed = False
+
+    def listen(outcome: CellOutcome) -> None:
+        nonlocal failed
+        listener(outcome)
+        row = store.result(run_id, outcome.case.key)
+        if row is None or failed:
+            return
+        try:
+            write_cell(folder, row, settings)
+        except OSError as exc:
+            failed = True
+            print(f"fwbench: --tensorboard {folder}: cannot write it: {exc.strerror or exc}; the sweep goes on "
+                  f"(`fwbench report --run {run_id} --tensorboard DIR` writes it later)", file=sys.stderr)
+
+    return listen
+
+
 def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    check_tensorboard_dir(args.tensorboard)
     if args.resume is not None:
         given = _given(args, [*GRID_FLAGS, *SETTINGS_FLAGS])
         if given:
@@ -354,7 +421,8 @@ def command_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
               file=err, flush=True)
         try:
             with sweep_progress(remaining) as listener:
-                execute(store, run_id, plan, listener)
+                execute(store, run_id, plan, tensorboard_listener(listener, store, run_id, plan.settings.to_dict(),
+                                                                  args.tensorboard))
         except KeyboardInterrupt:
             print(f"fwbench: interrupted; finished cells are stored; continue with "
                   f"`fwbench run --resume {run_id} --db {args.db}`", file=sys.stderr)
@@ -376,6 +444,7 @@ def command_report(args: argparse.Namespace) -> int:
         raise SpecError(f"--out {args.out}: give a file path in an existing folder")
     if args.html is not None and (args.html.is_dir() or not args.html.parent.is_dir()):
         raise SpecError(f"--html {args.html}: give a file path in an existing folder")
+    check_tensorboard_dir(args.tensorboard)
     with Store.open(args.db, readonly=True) as store:
         run_id = store.latest_run_id() if args.run == "latest" else args.run
         if args.run is not None and (run_id is None or store.get_run(run_id) is None):
@@ -403,8 +472,15 @@ def command_report(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise SpecError(f"--html {args.html}: cannot write it: {exc.strerror or exc}") from None
         print(f"wrote {args.html} ({len(page.encode()) / 2**20:.2f} MiB)", file=sys.stderr)
-        if args.format is None and args.out is None:
-            return 0
+    if args.tensorboard is not None:
+        try:
+            folders = write_results(args.tensorboard, results, {r.id: r.settings for r in runs})
+        except OSError as exc:
+            raise SpecError(f"--tensorboard {args.tensorboard}: cannot write it: {exc.strerror or exc}") from None
+        print(f"wrote {len(folders)} TensorBoard runs to {args.tensorboard} (tensorboard --logdir "
+              f"{args.tensorboard})", file=sys.stderr)
+    if (args.html is not None or args.tensorboard is not None) and args.format is None and args.out is None:
+        return 0
     args.format = args.format or "table"
     if args.format == "json":
         text = to_json(runs, results, peak) + "\n"
@@ -474,6 +550,21 @@ def command_verify(args: argparse.Namespace) -> int:
         get_model(name)
     for name in runtime_names:
         get_runtime(name)
+    if args.phase != "training":
+        given = [flag for flag, value in (("--steps", args.steps), ("--optimizer", args.optimizer),
+                                          ("--db", args.db), ("--run", args.run)) if value is not None]
+        if given:
+            raise SpecError(f"{', '.join(given)}: only with --phase training")
+    else:
+        if (args.db is None) != (args.run is None):
+            raise SpecError("--db and --run go together: the run whose training cells a mismatch marks")
+        if args.dtype not in TRAINING_DTYPES:
+            raise SpecError(f"--phase training computes in {', '.join(TRAINING_DTYPES)} only, not {args.dtype}")
+        for name in runtime_names:
+            lacking = phase_unsupported(get_runtime(name), "training")
+            if lacking:
+                with_training = [n for n, r in runtimes().items() if "training" in r.phases]
+                raise SpecError(f"--phase training: {lacking}; runtimes with training: {', '.join(with_training)}")
     if args.weights is not None:
         if len(models) != 1:
             raise SpecError("--weights holds one model's weights: give exactly one model")
@@ -490,6 +581,8 @@ def command_verify(args: argparse.Namespace) -> int:
     settings = Settings(threads=args.threads or environment.physical_core_count(), timeout_s=args.timeout,
                         max_time_s=min(5.0, args.timeout / 2), seed=args.seed)
     check_threads_fit(settings)
+    if args.phase == "training":
+        return verify_training_command(args, models, runtime_names, settings)
     table = Table(title=f"fwbench verify, {args.dtype} (relative L2 error; max abs error in brackets)")
     for column in ("model", "runtime", "output", "shape", "vs first runtime", "vs float64 reference", "verdict"):
         table.add_column(column)
@@ -513,6 +606,55 @@ def command_verify(args: argparse.Namespace) -> int:
     make_console().print(table)
     if args.dump is not None:
         print(f"outputs and inputs written under {args.dump}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def verify_training_command(args: argparse.Namespace, models: list[str], runtime_names: list[str],
+                            settings: Settings) -> int:
+    """``verify --phase training``: a table per model × runtime, exit 1 on any mismatch or failure; with
+    ``--db``/``--run`` every training cell of that run with a failing model × runtime becomes ``mismatch``."""
+    import dataclasses
+
+    steps = args.steps or 20
+    settings = dataclasses.replace(settings, optimizer=args.optimizer or settings.optimizer)
+    store, run_id = None, None
+    if args.db is not None:
+        store = Store.open(args.db, create=False)
+        run_id = store.latest_run_id() if args.run == "latest" else args.run
+        if run_id is None or store.get_run(run_id) is None:
+            raise SpecError(f"--run {args.run}: no such run in {args.db}")
+    tolerance = TRAINING_TOLERANCE[args.dtype]
+    table = Table(title=f"fwbench verify --phase training, {args.dtype}, {steps} {settings.optimizer} steps "
+                  f"(errors against the first runtime; limits: loss {tolerance.loss_rel:g}, parameters "
+                  f"{tolerance.params_rel_l2:g}, worst tensor {tolerance.tensor_rel_l2:g})")
+    for column in ("model", "runtime", "first loss", "last loss", "loss curve max rel", "params rel L2",
+                   "worst tensor (rel L2)", "verdict"):
+        table.add_column(column)
+    failures = marked = 0
+    try:
+        for name in models:
+            for check in verify_training(name, runtime_names, settings, steps, args.batch_size, args.seq_len,
+                                         args.weights, args.dump, dtype=args.dtype):
+                failures += not check.passed
+                if check.status != "ok":
+                    verdict = "skipped" if check.status == "skipped" else f"[red]{check.status}[/]"
+                    table.add_row(name, check.runtime, "—", "—", "—", "—", "—",
+                                  f"{verdict}: {escape(check.reason or '')}")
+                else:
+                    table.add_row(name, check.runtime, f"{check.losses[0]:.6g}", f"{check.losses[-1]:.6g}",
+                                  f"{check.loss_rel:.2e}", f"{check.params_rel_l2:.2e}",
+                                  f"{check.worst_tensor} ({check.worst_tensor_rel_l2:.2e})",
+                                  "ok" if check.passed else f"[red]mismatch: {escape(check.failure() or '')}[/]")
+                if store is not None and run_id is not None and not check.passed:
+                    marked += store.mark_mismatch(run_id, name, check.runtime, "training",
+                                                  f"fwbench verify --phase training ({steps} steps): "
+                                                  f"{check.failure()}")
+    finally:
+        if store is not None:
+            store.close()
+    make_console().print(table)
+    if store is not None:
+        print(f"{marked} training cell(s) of run {run_id} in {args.db} marked mismatch", file=sys.stderr)
     return 1 if failures else 0
 
 
@@ -558,6 +700,14 @@ def command_list() -> int:
         if "training" in info.phases:
             training.add_row(name, info.training)
     console.print(training)
+    fit = Table(title="--phase fit: --epochs over a seeded in-memory dataset, one sample per epoch (models: "
+                + ", ".join(n for n, m in MODELS.items() if m.fit_unsupported() is None) + ")")
+    for column in ("runtime", "the training loop"):
+        fit.add_column(column)
+    for name, info in runtimes().items():
+        if "fit" in info.phases:
+            fit.add_row(name, info.fit)
+    console.print(fit)
     threads = environment.physical_core_count()
     suites = Table(title=f"suites (time: a rough estimate at {threads} threads, from FLOPs at a nominal "
                    f"{NOMINAL_FLOPS_PER_S_PER_THREAD / 1e9:.0f} GFLOP/s per thread plus start-up and compile times)")

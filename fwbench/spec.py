@@ -25,9 +25,9 @@ Status = Literal["ok", "oom", "timeout", "error", "skipped", "mismatch"]
 PHASES: tuple[str, ...] = get_args(Phase)
 # What the workers can run today; the other phases come with their backends. bf16 is each framework's
 # own way (torch autocast, TF/JAX weights and inputs cast, Keras' mixed_bfloat16 policy; see the README).
-RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training")
+RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training", "fit")
 RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
-TRAINING_DTYPES: tuple[str, ...] = ("fp32",)  # bf16 (mixed-precision) training comes later
+TRAINING_DTYPES: tuple[str, ...] = ("fp32",)  # bf16 (mixed-precision) training comes later (phases training, fit)
 # Largest batch size, sequence length or count accepted (fits every store column and framework index).
 MAX_COUNT = 2**31 - 1
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -114,7 +114,11 @@ class Settings:
     compile_mode: CompileMode = field(default="default",
                                       metadata={"help": "torch:compile only: torch.compile(mode=...)"})
     optimizer: OptimizerKind = field(default="adamw",
-                                     metadata={"help": "phase training: the optimizer of every framework's step"})
+                                     metadata={"help": "phases training and fit: the optimizer of every framework"})
+    epochs: int = field(default=5, metadata={"help": "phase fit: epochs over the synthetic dataset (at least 2; "
+                                                     "epoch 1 includes compilation and is stored as the first call)"})
+    fit_samples: int = field(default=4096, metadata={"help": "phase fit: samples in the seeded synthetic dataset "
+                                                             "(a multiple of every batch size)"})
 
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)
@@ -123,6 +127,10 @@ class Settings:
         _check_choice("compile mode", self.compile_mode, COMPILE_MODES)
         _check_choice("optimizer", self.optimizer, OPTIMIZER_KINDS)
         _check_positive_int("warm-up calls", self.warmup_calls)
+        _check_positive_int("epochs", self.epochs)
+        _check_positive_int("fit samples", self.fit_samples)
+        if self.epochs < 2:
+            raise SpecError(f"epochs must be at least 2 (epoch 1 includes compilation), got {self.epochs}")
         for name, value in (
             ("max time", self.max_time_s),
             ("timeout", self.timeout_s),

@@ -11,7 +11,8 @@ PYTHONPATH). Modes (``fake:<mode>``):
 - ``spike``   — touches $FAKE_HOG_BYTES for a moment while building, frees it, then runs normally;
 - ``slowsync`` — calls return at once; waiting for the result (``sync``) takes $FAKE_SLEEP_S.
 Also ``missing:eager``, whose framework package does not exist (recorded as skipped), and
-``retrace:jax`` / ``retrace:tensorflow`` (``fwbench_retrace_backends``), which retrace at every call.
+``retrace:jax`` / ``retrace:tensorflow`` (``fwbench_retrace_backends``), which retrace at every call, and
+``wronglr:torch`` (``fwbench_training_backends``), which trains with 1.5x the learning rate.
 """
 
 from __future__ import annotations
@@ -91,4 +92,7 @@ for _mode in MODES:
 for _framework in ("jax", "tensorflow"):  # real frameworks, retracing at every call on purpose
     register_runtime(RuntimeInfo(f"retrace:{_framework}", "fwbench_retrace_backends", (_framework,),
                                  f"test-only {_framework} runtime that retraces at every call"))
+register_runtime(RuntimeInfo("wronglr:torch", "fwbench_training_backends", ("torch",),
+                             "test-only torch:eager training with 1.5x the learning rate",
+                             phases=("inference", "training"), training="torch:eager, learning rate x1.5"))
 register_runtime(RuntimeInfo("missing:eager", __name__, ("fwbench_no_such_framework",), "never installed"))

@@ -134,8 +134,8 @@ def test_manager_side_never_imports_a_framework() -> None:
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
-        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = "fit"\n',
-         "phase 'fit' cannot be run yet; runnable: inference, training"),
+        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [3]\nphase = "fit"\n',
+         "phase fit: batch size 3 does not divide the 4096 fit samples"),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ndtype = "fp16"\n',
          "dtype 'fp16' cannot be run yet; runnable: fp32, bf16"),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [0]\n', "batch_sizes must hold positive"),

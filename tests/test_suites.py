@@ -20,7 +20,7 @@ def _run_args(*argv: str) -> argparse.Namespace:
 
 
 def test_builtin_suites_all_load_and_plan() -> None:
-    assert builtin_suites() == ["hf2019", "mlp", "quick", "runtimes"]
+    assert builtin_suites() == ["hf2019", "mlp", "quick", "runtimes", "training"]
     for name in builtin_suites():
         plan = suite_plan(load_suite(name), threads=1)
         assert plan.cases and plan.suite == name

@@ -259,7 +259,7 @@ def test_planner_skips_what_cannot_train_and_refuses_bf16() -> None:
 @pytest.mark.parametrize(("extra", "fragment"), [
     (["--phase", "training", "--dtype", "bf16"], "phase training with dtype 'bf16' cannot be run yet"),
     (["--optimizer", "foo"], "invalid choice: 'foo'"),
-    (["--phase", "fit"], "phase 'fit' cannot be run yet; runnable: inference, training"),
+    (["--phase", "fit", "--dtype", "bf16"], "phase fit with dtype 'bf16' cannot be run yet"),
 ])
 def test_bad_training_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                 extra: list[str], fragment: str) -> None:

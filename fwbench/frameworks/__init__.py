@@ -37,6 +37,7 @@ class RuntimeInfo:
     # The phases this runtime's backend implements, with what one timed training call is (by phase).
     phases: tuple[str, ...] = ("inference",)
     training: str = ""
+    fit: str = ""  # phase fit: the training loop it runs (fwbench/frameworks/<framework>/fit.py)
 
     @property
     def framework(self) -> str:
@@ -59,11 +60,13 @@ def register_runtime(info: RuntimeInfo) -> None:
 
 
 def _builtin(framework: str, mode: str, requires: tuple[str, ...], description: str, note: str = "",
-             training: str = "") -> None:
-    """A built-in runtime; ``training`` (what one timed training call is) gives it phase training."""
-    phases = ("inference", "training") if training else ("inference",)
+             training: str = "", fit: str = "", inference: bool = True) -> None:
+    """A built-in runtime; ``training`` (what one timed training call is) gives it phase training, ``fit``
+    (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains."""
+    phases = (*(("inference",) if inference else ()), *(("training",) if training else ()),
+              *(("fit",) if fit else ()))
     register_runtime(RuntimeInfo(f"{framework}:{mode}", f"fwbench.frameworks.{framework}.backend", requires,
-                                 description, note, phases, training))
+                                 description, note, phases, training, fit))
 
 
 def phase_unsupported(info: RuntimeInfo, phase: str) -> str | None:
@@ -72,7 +75,13 @@ def phase_unsupported(info: RuntimeInfo, phase: str) -> str | None:
 
 
 _builtin("torch", "eager", ("torch",), "nn.Module called under torch.inference_mode()",
-         training="zero_grad, forward + loss, loss.backward(), torch.optim step, eagerly")
+         training="zero_grad, forward + loss, loss.backward(), torch.optim step, eagerly",
+         fit="manual DataLoader loop: for x, y in DataLoader(TensorDataset, batch_size, shuffle=False): zero_grad, "
+         "forward + F.cross_entropy, backward, torch.optim step, eagerly")
+_builtin("torch", "lightning", ("torch", "lightning"), "PyTorch Lightning (phase fit only)",
+         fit="lightning Trainer.fit: a LightningModule (training_step, configure_optimizers) over the same "
+         "DataLoader; accelerator cpu, 1 device, checkpointing, logger, progress bar and model summary off",
+         inference=False)
 _builtin("torch", "script", ("torch",), "torch.jit.trace + torch.jit.freeze of the nn.Module, under inference_mode",
          "TorchScript is deprecated upstream since PyTorch 2.9; kept because the 2019 study used it")
 _builtin("torch", "compile", ("torch",), "torch.compile(fullgraph=True), inductor, mode from --compile-mode "
@@ -90,29 +99,36 @@ _builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eag
 _builtin(
     "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)",
     training="one tf.function: forward + loss under tf.GradientTape, gradients, a Keras 3 optimizer's "
-    "apply_gradients on the tf.Variables"
+    "apply_gradients on the tf.Variables",
+    fit="manual custom loop: for x, y in tf.data.Dataset.from_tensor_slices(...).batch(batch_size): the "
+    "tf.function step (GradientTape, a Keras 3 optimizer's apply_gradients)"
 )
 _builtin("tensorflow", "xla", ("tensorflow",), "tf.function(jit_compile=True) with the input signature fixed per cell",
          training="the tensorflow:function step under tf.function(jit_compile=True): tape, gradients and "
          "optimizer update in one XLA program")
 _builtin("jax", "jit", ("jax",), "jax.jit of a pure function over a parameter pytree (weights passed as arguments)",
          training="one jax.jit of jax.value_and_grad(loss) + optax update + apply_updates, parameters and "
-         "optimizer state donated and carried to the next call")
+         "optimizer state donated and carried to the next call",
+         fit="manual loop over numpy batch slices: the jitted value_and_grad + optax step, parameters and "
+         "optimizer state donated and carried")
+KERAS_FIT = ("keras model.fit(x, y, batch_size, epochs, shuffle=False, verbose=0) on numpy arrays after "
+             "model.compile(optimizer, loss, jit_compile='auto')")
 KERAS_TRAINING = ("model.train_on_batch(x, y, sample_weight) after model.compile(optimizer, loss, "
                   "jit_compile='auto'), the loss returned as a Python float: ")
 _builtin("keras", "tensorflow", ("keras", "tensorflow"),
          "Keras 3 on TensorFlow: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
          "a tf.function, XLA only on a GPU",
-         training=KERAS_TRAINING + "a tf.function train step (XLA only on a GPU)")
+         training=KERAS_TRAINING + "a tf.function train step (XLA only on a GPU)", fit=KERAS_FIT)
 _builtin("keras", "jax", ("keras", "jax"),
          "Keras 3 on JAX: model.predict_function(state, iter([(x,)])) after model.compile(jit_compile='auto'); "
          "jax.jit of the stateless predict step, variables donated and the returned state carried to the next call",
          training=KERAS_TRAINING + "jax.jit of the stateless train step; train_on_batch writes the state back "
-         "into the variables after each call")
+         "into the variables after each call", fit=KERAS_FIT)
 _builtin("keras", "torch", ("keras", "torch"),
          "Keras 3 on PyTorch: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
          "eager under torch.no_grad (auto never picks torch.compile)",
-         training=KERAS_TRAINING + "eager forward, backward and optimizer step (auto never picks torch.compile)")
+         training=KERAS_TRAINING + "eager forward, backward and optimizer step (auto never picks torch.compile)",
+         fit=KERAS_FIT)
 
 
 def load_plugins() -> None:

@@ -132,6 +132,71 @@ class Backend(ABC):
         """The loss of one more step (on the parameters the earlier steps left), as a Python float."""
         return self.loss_value(step())
 
+    def parameter_arrays(self) -> list[np.ndarray]:
+        """The current (trained) values of the model's floating variables, float32, in the framework's
+        layout and in ``fwbench.frameworks.<framework>.weights.parameter_arrays`` order."""
+        weights = importlib.import_module(f"fwbench.frameworks.{self.framework}.weights")
+        return weights.parameter_arrays(self.model)
+
+    def trained_parameters(self) -> dict[str, np.ndarray]:
+        """Every canonical tensor's current value (after the training steps taken so far) by canonical name,
+        in the canonical layout and shape, float32.
+
+        The inverse of the weight map is read off the forward map itself: the model is built once more
+        (float32, same arch module and map) from probe weights whose elements hold their own global index
+        (digits in base 2**22, exact in float32; one build per digit), so every element of every framework
+        variable names the canonical element it was set from, whatever transposes or fusions the map does.
+        Variables whose probe values are not indices (not set from the canonical weights) are left out;
+        ValueError if some canonical element is held by no variable."""
+        assert self.description is not None, "build() first"
+        description = self.description
+        arch = importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
+        weights_module = importlib.import_module(f"fwbench.frameworks.{self.framework}.weights")
+        schema = {spec.name: tuple(spec.shape) for spec in description.param_schema()}
+        sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in schema.items()}
+        total = sum(sizes.values())
+        base, digits = 2**22, 1
+        while base**digits < total:
+            digits += 1
+        ids: list[np.ndarray | None] = []
+        for digit in range(digits):
+            offset, probe = 0, {}
+            for name, shape in schema.items():
+                index = np.arange(offset, offset + sizes[name], dtype=np.int64)
+                probe[name] = ((index // base**digit) % base + 1).astype(np.float32).reshape(shape)
+                offset += sizes[name]
+            model = arch.build_model(description, probe, self.device)
+            arrays = weights_module.parameter_arrays(model.params if self.framework == "jax" else model)
+            del model, probe
+            if not ids:
+                ids = [np.zeros(a.shape, dtype=np.int64) for a in arrays]
+            for i, array in enumerate(arrays):
+                held = ids[i]
+                if held is None:
+                    continue
+                value = np.rint(array).astype(np.int64)
+                if not (np.array_equal(value, array) and value.min(initial=1) >= 1 and value.max(initial=1) <= base) \
+                        or (digit == 0 and array.size > 1 and value.min() == value.max()):
+                    ids[i] = None  # not set from the canonical weights (e.g. a constant mask buffer)
+                    continue
+                held += (value - 1) * base**digit
+        trained = self.parameter_arrays()
+        if len(trained) != len(ids):
+            raise ValueError(f"{self.framework}: {len(trained)} variables now, {len(ids)} in the probe model")
+        flat = np.zeros(total, dtype=np.float32)
+        covered = np.zeros(total, dtype=bool)
+        for held, array in zip(ids, trained):
+            if held is not None:
+                flat[held.ravel()] = array.ravel()
+                covered[held.ravel()] = True
+        result, offset = {}, 0
+        for name, shape in schema.items():
+            if not covered[offset:offset + sizes[name]].all():
+                raise ValueError(f"{self.framework}: canonical tensor {name} is not (fully) held by any variable")
+            result[name] = flat[offset:offset + sizes[name]].reshape(shape).copy()
+            offset += sizes[name]
+        return result
+
     # -- results and diagnostics --------------------------------------------------------------
     @abstractmethod
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:

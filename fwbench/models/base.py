@@ -35,7 +35,7 @@ TRAINING_FLOPS_FACTOR = 3  # forward + backward ≈ 3 forwards (the backward pas
 
 def phase_flops(forward: int, phase: Phase) -> int:
     """FLOPs of one call in ``phase`` from the forward pass's: training counts forward + backward."""
-    return forward if phase == "inference" else TRAINING_FLOPS_FACTOR * forward
+    return forward if phase == "inference" else TRAINING_FLOPS_FACTOR * forward  # fit: per optimizer step
 
 
 def normal_weights(schema: list[ParamSpec], seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
@@ -104,6 +104,11 @@ class ModelDescription(ABC):
     def training_unsupported(self) -> str | None:
         """None when the model has a training phase (targets, a loss, its reference), else why not."""
         return f"{self.name} has no training phase yet"
+
+    def fit_unsupported(self) -> str | None:
+        """None when the model has a fit phase (fwbench.models.fit: a synthetic dataset of one input,
+        class labels from a teacher of the same architecture), else why not."""
+        return f"{self.name} has no fit phase yet"
 
     def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
         """Seeded targets for the batch ``make_inputs`` gives: ``labels`` (int32) and ``label_weights``

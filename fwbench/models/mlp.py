@@ -87,6 +87,9 @@ class MLP(ModelDescription):
     def training_unsupported(self) -> str | None:
         return None
 
+    def fit_unsupported(self) -> str | None:
+        return None
+
     def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
         """labels (batch,) int32 class ids in [0, out_features), seeded; label_weights (batch,) all 1."""
         rng = tensor_rng(seed, f"targets/labels/{batch_size}")

@@ -12,20 +12,24 @@ from typing import Any, Sequence
 
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.table import compile_flags
+from fwbench.report.throughput import throughput
 from fwbench.store import RunRecord
 
 CSV_COLUMNS = (
     "run_id", "model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "status", "reason",
     "protocol", "n_samples", "calls_per_sample", "median_s", "ci_low_s", "ci_high_s", "mean_s", "stdev_s",
     "min_s", "first_call_s", "peak_memory_bytes", "allocator_peak_bytes", "threads", "interop_threads",
-    "flops", "achieved_gflops", "peak_fraction", "wall_s", "compile_flags", "samples",
+    "flops", "achieved_gflops", "peak_fraction", "samples_per_s", "tokens_per_s", "wall_s", "compile_flags",
+    "samples",
 )
 
 
 def with_rates(row: dict[str, Any], peak: Peak | None) -> dict[str, Any]:
-    """``row`` plus ``achieved_gflops`` (flops / median_s / 1e9, None when not ok) and, with a peak,
-    ``peak_fraction`` (achieved over the peak's GFLOP/s; None for another dtype or device)."""
-    rated = {**row, "achieved_gflops": achieved_gflops(row)}
+    """``row`` plus ``achieved_gflops`` (flops / median_s / 1e9, None when not ok), ``samples_per_s`` and
+    ``tokens_per_s`` (training cells: batch, × seq_len for a sequence model, over median_s; else None) and,
+    with a peak, ``peak_fraction`` (achieved over the peak's GFLOP/s; None for another dtype or device)."""
+    samples_s, tokens_s = throughput(row)
+    rated = {**row, "achieved_gflops": achieved_gflops(row), "samples_per_s": samples_s, "tokens_per_s": tokens_s}
     if peak is not None:
         rated["peak_fraction"] = peak_fraction(row, peak)
     return rated

@@ -42,7 +42,8 @@ from fwbench.report.summary import (
     runtimes_in,
     split_groups,
 )
-from fwbench.report.table import NOISY_REL_CI, compile_flags, is_noisy, rel_half_width
+from fwbench.report.table import NOISY_REL_CI, compile_flags, is_noisy, rel_half_width, throughput_headers
+from fwbench.report.throughput import format_rate, throughput
 from fwbench.report.units import format_bytes, format_fraction, format_gflops, format_seconds, format_seconds_noise
 from fwbench.store import RunRecord
 
@@ -449,9 +450,10 @@ def environment_section(runs: Sequence[RunRecord]) -> str:
 def results_section(results: Sequence[dict[str, Any]], ratios: dict[tuple[Any, ...], CellComparison],
                     baseline: str | None, peak: Peak | None) -> str:
     """Every stored cell, one row each, in stored order."""
+    rate_headers = throughput_headers(results)  # training cells: samples/s (tokens/s); none for inference only
     headers = ["run", "model", "runtime", "phase", "batch", "seq", "dtype", "device", "status", "median",
                "±95% CI", f"speed-up vs {esc(baseline)}", "first call", "peak RSS", "GFLOP/s",
-               *(["% peak"] if peak else []), "samples", "note"]
+               *(["% peak"] if peak else []), *rate_headers, "samples", "note"]
     rows, classes = [], []
     for r in results:
         ok = r["status"] == "ok"
@@ -470,9 +472,10 @@ def results_section(results: Sequence[dict[str, Any]], ratios: dict[tuple[Any, .
             "—" if half is None else f"±{half:.1%}", speed, esc(format_seconds(r["first_call_s"])),
             esc(format_bytes(r["peak_memory_bytes"])), esc(format_gflops(achieved_gflops(r))),
             *([esc(format_fraction(peak_fraction(r, peak)))] if peak else []),
+            *(esc(format_rate(rate)) for rate in throughput(r)[:len(rate_headers)]),
             f"{r['n_samples']}×{esc(r['calls_per_sample'])}" if r["n_samples"] else "—", note])
         classes.append("" if ok and not is_noisy(r) else ("noisy" if ok else "bad"))
-    numeric = [0, 4, 5, 9, 10, 11, 12, 13, 14] + ([15, 16] if peak else [15])
+    numeric = [0, 4, 5, *range(9, len(headers) - 1)]  # every column from the median on, but the note
     peak_note = "" if peak is None else (
         f" % peak: of {esc(format_gflops(peak.gflops))} GFLOP/s, the {esc(peak.dtype)} {esc(peak.device)} matmul "
         f"peak ({esc(peak.runtime)}, threads {esc(peak.threads)}, run {esc(peak.run_id)}).")

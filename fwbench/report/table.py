@@ -17,6 +17,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from fwbench.report.fit import HEADERS as FIT_HEADERS
+from fwbench.report.fit import LEGEND as FIT_LEGEND
+from fwbench.report.fit import RIGHT as FIT_RIGHT
+from fwbench.report.fit import fit_table_cells, overhead_tables
+from fwbench.report.fit import section_ends as fit_section_ends
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.summary import (
     ALPHA,
@@ -27,6 +32,7 @@ from fwbench.report.summary import (
     resolve_baseline,
     runtimes_in,
 )
+from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
 from fwbench.report.units import (
     decimals_for,
     format_bytes,
@@ -99,7 +105,8 @@ class TableData:
     caption: str | None = None
 
 
-RIGHT_COLUMNS = frozenset({"run", "batch", "seq", "median ±95% CI", "GFLOP/s", "% peak", "first call", "peak RSS",
+RIGHT_COLUMNS = frozenset({"run", "batch", "seq", "median ±95% CI", "GFLOP/s", "% peak", "samples/s", "tokens/s",
+                           "first call", "peak RSS",
                            "samples", "parity", "cells both ok", "faster", "slower", "no sig. diff."})
 
 
@@ -205,9 +212,10 @@ def result_tables(results: Sequence[dict[str, Any]], title: str | None, peak: Pe
     order = {name: i for i, name in enumerate(sorted(runtimes_in(results), key=lambda r: r != baseline))}
     groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
     parity = parity_by_pair(results)
+    rate_headers = throughput_headers(results)
     headers = [label for _, label in varying] + [
         "batch", "seq", "runtime", "median ±95% CI", *([f"vs {baseline}"] if baseline else []), "GFLOP/s",
-        *(["% peak"] if peak else []), "first call", "peak RSS", "samples", "parity", "note"]
+        *(["% peak"] if peak else []), *rate_headers, "first call", "peak RSS", "samples", "parity", "note"]
     tables = []
     for model in dict.fromkeys(r["model"] for r in results):
         rows = sorted((r for r in results if r["model"] == model), key=lambda r: (
@@ -225,6 +233,7 @@ def result_tables(results: Sequence[dict[str, Any]], title: str | None, peak: Pe
                 _median_cell(row),
                 *([speedup_cell(cells.get(key), row["runtime"] == baseline)] if baseline else []),
                 format_gflops(achieved_gflops(row)), *([format_fraction(peak_fraction(row, peak))] if peak else []),
+                *map(format_rate, throughput(row)[:len(rate_headers)]),
                 format_seconds(row["first_call_s"]), format_bytes(row["peak_memory_bytes"]),
                 f"{row['n_samples']}×{row['calls_per_sample']}" if row["n_samples"] else "—",
                 _parity_cell(row, parity), _note(row),
@@ -233,6 +242,15 @@ def result_tables(results: Sequence[dict[str, Any]], title: str | None, peak: Pe
                 data.section_ends.add(index)
         tables.append(data)
     return tables
+
+
+def throughput_headers(results: Sequence[dict[str, Any]]) -> list[str]:
+    """``samples/s`` when a row is a training cell, ``tokens/s`` too when one of those has a sequence axis;
+    none for inference-only results (their layout is unchanged)."""
+    rows = [r for r in results if r["phase"] in THROUGHPUT_PHASES]
+    if not rows:
+        return []
+    return ["samples/s", *(["tokens/s"] if any(r["seq_len"] is not None for r in rows) else [])]
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -267,7 +285,7 @@ def summary_table(pairs: Sequence[GroupedPair], baseline: str) -> TableData:
     return data
 
 
-def legend(baseline: str | None, peak: Peak | None) -> list[str]:
+def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False) -> list[str]:
     """What the columns mean (plain text lines), printed once under the tables."""
     lines = []
     if baseline:
@@ -278,6 +296,10 @@ def legend(baseline: str | None, peak: Peak | None) -> list[str]:
                  "N/A <status>: the cell did not run ok (note: why).")
     lines.append("parity: worst relative L2 error against the float64 reference, checked once per model × runtime "
                  "in a run (✗: failed).")
+    if show_rates:
+        lines.append("samples/s, tokens/s (training cells): batch size (× sequence length) over the median step "
+                     "time; GFLOP/s counts forward + backward (3 × the forward FLOPs); first call: the first "
+                     "optimizer step, compilation included.")
     return lines
 
 
@@ -297,7 +319,14 @@ def report_tables(results: Sequence[dict[str, Any]], title: str | None = None, p
                               "fwbench env --peak)")
     if pairs and shown:
         tables.append(summary_table(pairs, shown))
-    return tables, legend(shown, peak)
+    lines = legend(shown, peak, bool(throughput_headers(results)))
+    fit = overhead_tables(results)
+    for table in fit:  # phase fit: high-level APIs against the manual loops
+        tables.append(TableData(escape(table["title"]), list(FIT_HEADERS), FIT_RIGHT, fit_table_cells(table),
+                                fit_section_ends(table)))
+    if fit:
+        lines.append(FIT_LEGEND)
+    return tables, lines
 
 
 def print_results(results: Sequence[dict[str, Any]], console: Console, title: str | None = None,

@@ -15,7 +15,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import numpy as np
 
@@ -57,6 +57,19 @@ def compile_health(before: dict[str, int], after: dict[str, int]) -> dict[str, A
             "recompiled_in_timed_loop": any(n > 0 for n in during.values()), "flags": flags}
 
 
+def recording(step: Callable[[], object], losses: list[object]) -> Callable[[], object]:
+    """``step`` that also appends what it returned (a training step's loss, not read: no sync, no float
+    conversion) to ``losses``; the timed window gains one call and one list append per step."""
+    append = losses.append
+
+    def recorded() -> object:
+        loss = step()
+        append(loss)
+        return loss
+
+    return recorded
+
+
 class CellRunner:
     """Runs the job's cell, reporting each stage on ``channel``."""
 
@@ -78,11 +91,14 @@ class CellRunner:
     def run(self) -> dict[str, Any]:
         case, settings = self.job.case, self.job.settings
         training = case.phase == "training"
-        if case.phase not in RUNNABLE_PHASES or case.dtype not in (TRAINING_DTYPES if training else RUNNABLE_DTYPES):
+        trains = case.phase in ("training", "fit")
+        if case.phase not in RUNNABLE_PHASES or case.dtype not in (TRAINING_DTYPES if trains else RUNNABLE_DTYPES):
             raise NotImplementedError(f"phase {case.phase} with dtype {case.dtype} is not implemented yet")
         description = get_model(case.model)
         if training and description.training_unsupported():
             raise NotImplementedError(description.training_unsupported())
+        if case.phase == "fit" and description.fit_unsupported():
+            raise NotImplementedError(description.fit_unsupported())
         self.stage("import")
         from fwbench.frameworks import create_backend
 
@@ -98,13 +114,14 @@ class CellRunner:
         del weights  # the framework holds its own copy; the canonical arrays must not sit in the peak
         if backend.layout is not None:
             self.result["layout"] = backend.layout
+        if case.phase == "fit":
+            return self.run_fit(description)
         inputs = backend.make_inputs(arrays)
 
         if self.job.verify_output is not None:
-            return self.write_outputs(inputs)
+            return self.write_training(description, inputs) if training else self.write_outputs(inputs)
 
         self.stage("compile")
-        first: list[object] = []  # training: what the first call returned (the loss before any update)
         if training:
             targets = description.make_targets(case.batch_size, case.seq_len, settings.seed)
             step = backend.make_train_step(inputs, backend.make_targets(targets))
@@ -114,8 +131,11 @@ class CellRunner:
             step = backend.make_step(inputs)
 
         self.stage("first_call")
-        first_call = (lambda: first.append(step())) if training else step
-        self.result["first_call_s"] = timer.time_first_call(first_call)
+        losses: list[object] = []  # training: every step's returned loss object, read after timing
+        untimed_step = step  # loss_after's extra step is not recorded
+        if training:
+            step = recording(step, losses)
+        self.result["first_call_s"] = timer.time_first_call(step)
 
         self.stage("warmup")
         warmup_s = timer.warm_up(step, settings.warmup_calls, settings.max_time_s, backend.compile_counters)
@@ -144,22 +164,29 @@ class CellRunner:
             timing_elapsed_s=timing.elapsed_s,
         )
         if training:
-            self.record_training(description, arrays, targets, backend.loss_value(first[0]),
-                                 backend.loss_after(step), len(warmup_s) + timing.total_calls)
+            step_losses = [backend.loss_value(loss) for loss in losses]
+            del losses[:]  # the loss objects are not needed any more
+            self.record_training(description, arrays, targets, step_losses, len(warmup_s), timing.total_calls,
+                                 backend.loss_after(untimed_step))
         elif self.job.check_parity:
             self.check_parity(description)
         self.stage("done")
         return self.result
 
     def record_training(self, description: Any, arrays: dict[str, np.ndarray], targets: dict[str, np.ndarray],
-                        first_loss: float, final_loss: float, steps_between: int) -> None:
+                        step_losses: list[float], warmup_steps: int, timed_steps: int, final_loss: float) -> None:
         """Training details; with ``check_parity``, the first step's loss (computed before any update)
         against the float64 reference loss at the cell's shape, relative error within the fp32 tolerance.
-        A failed check, or a final loss that is not finite, makes the cell ``mismatch``."""
+        A failed check, or a final loss that is not finite, makes the cell ``mismatch``.
+
+        ``step_losses``: the loss of every step the loop ran, in order (first call, warm-up, the adaptive
+        timer's calibration calls, timed calls), each computed before that step's update."""
         case, settings = self.job.case, self.job.settings
         from fwbench.models.training import optimizer_spec
 
         tokens = case.batch_size * case.seq_len if case.seq_len is not None else None
+        first_loss = step_losses[0]
+        steps_between = warmup_steps + timed_steps
         self.result["training"] = {
             "optimizer": dataclasses.asdict(optimizer_spec(settings.optimizer)),
             "loss": "softmax cross-entropy, mean over the counted positions (fwbench.models.training)",
@@ -169,6 +196,10 @@ class CellRunner:
             "final_loss": final_loss,  # the loss of one more step after the timed loop
             # first call + warm-up + timed samples; the adaptive timer's calibration calls come on top
             "counted_steps_before_final": 1 + steps_between,
+            # one loss per step run before the final one, in order; the parts say which step was which
+            "step_losses": step_losses,
+            "step_loss_parts": {"first_call": 1, "warmup": warmup_steps,
+                                "calibration": len(step_losses) - 1 - steps_between, "timed": timed_steps},
         }
         if self.job.check_parity:
             self.stage("parity")
@@ -188,6 +219,46 @@ class CellRunner:
                     return
         if not math.isfinite(final_loss):
             self.fail_check(f"the loss after more than {1 + steps_between} steps is {final_loss}")
+
+    def run_fit(self, description: Any) -> dict[str, Any]:
+        """Phase fit: the framework's ``fit.py`` trains ``settings.epochs`` epochs of the seeded dataset
+        (fwbench.models.fit). Epoch 1 (tracing and compilation included) is stored as ``first_call_s``,
+        epochs 2.. are the samples (one epoch each); ``details.fit`` holds every epoch's seconds and mean
+        loss and the final full-dataset loss and accuracy. Agreement across runtimes is checked in reports.
+        A final loss that is not finite makes the cell ``mismatch``."""
+        import importlib
+
+        from fwbench.models.fit import evaluate, make_fit_dataset
+
+        case, settings = self.job.case, self.job.settings
+        dataset = make_fit_dataset(description, settings.fit_samples, settings.seed)
+        fit = importlib.import_module(f"fwbench.frameworks.{case.framework}.fit").fit
+        self.stage("fit")
+        self.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
+        self.result["loadavg_before_timing"] = os.getloadavg()
+        outcome = fit(self.backend, dataset, settings.epochs, case.batch_size)
+        self.result["peak_memory_bytes"] = memory.peak_rss_bytes()
+        self.stage("evaluate")
+        final = evaluate(outcome.logits, dataset.labels)
+        if len(outcome.epoch_s) != settings.epochs or len(outcome.epoch_loss) != settings.epochs:
+            raise RuntimeError(f"{case.runtime} fit reported {len(outcome.epoch_s)} epoch times and "
+                               f"{len(outcome.epoch_loss)} epoch losses for {settings.epochs} epochs")
+        from fwbench.models.training import optimizer_spec
+
+        self.result["fit"] = {
+            "loop": outcome.loop, "epochs": settings.epochs, "samples": dataset.size, "batch_size": case.batch_size,
+            "steps_per_epoch": dataset.size // case.batch_size, "epoch_s": outcome.epoch_s,
+            "epoch_loss": outcome.epoch_loss, "total_s": outcome.total_s, "final_loss": final["loss"],
+            "final_accuracy": final["accuracy"], "optimizer": dataclasses.asdict(optimizer_spec(settings.optimizer)),
+            "samples_are": "wall seconds of epochs 2.. (epoch 1, compilation included, is first_call_s)",
+            **outcome.extra,
+        }
+        self.result.update(status="ok", first_call_s=outcome.epoch_s[0], samples_s=outcome.epoch_s[1:],
+                           calls_per_sample=1, stop_reason="epochs", timing_elapsed_s=sum(outcome.epoch_s[1:]))
+        if not math.isfinite(final["loss"]):
+            self.fail_check(f"the final loss after {settings.epochs} epochs is {final['loss']}")
+        self.stage("done")
+        return self.result
 
     def fail_check(self, reason: str) -> None:
         """Turn the cell into ``mismatch``: a runtime that computes something else is never timed."""
@@ -213,6 +284,23 @@ class CellRunner:
         outputs = self.backend.to_numpy(self.backend.infer(inputs))
         assert self.job.verify_output is not None
         np.savez(self.job.verify_output, **outputs)
+        self.result["status"] = "ok"
+        self.stage("done")
+        return self.result
+
+    def write_training(self, description: Any, inputs: Any) -> dict[str, Any]:
+        """``fwbench verify --phase training``: ``job.train_steps`` optimizer steps on the case's fixed batch,
+        nothing timed; saves ``losses`` (steps,) float64, each step's loss before its update, and every
+        trained parameter as ``param/<canonical name>`` (canonical layout, float32)."""
+        case, settings = self.job.case, self.job.settings
+        self.stage("compile")
+        targets = description.make_targets(case.batch_size, case.seq_len, settings.seed)
+        step = self.backend.make_train_step(inputs, self.backend.make_targets(targets))
+        self.stage("first_call")
+        losses = np.array([self.backend.loss_value(step()) for _ in range(self.job.train_steps)], dtype=np.float64)
+        parameters = self.backend.trained_parameters()
+        assert self.job.verify_output is not None
+        np.savez(self.job.verify_output, losses=losses, **{f"param/{k}": v for k, v in parameters.items()})
         self.result["status"] = "ok"
         self.stage("done")
         return self.result

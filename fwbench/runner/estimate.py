@@ -22,6 +22,7 @@ COMPILE_S = {"compile": 25.0, "export": 20.0, "xla": 3.0, "script": 1.0, "functi
 NOMINAL_FLOPS_PER_S_PER_THREAD = 40e9  # fp32, a modern x86 core; real models reach less or more
 BUILD_S_PER_PARAMETER = 3e-8  # seeded weights: generating and converting ~30 ns per parameter
 PER_CALL_OVERHEAD_S = 5e-5  # a framework call on a tiny model
+FIT_STEP_OVERHEAD_S = 1e-3  # phase fit: data loading, the API's callbacks and loss bookkeeping per step (MLP, 2 cores)
 
 
 def estimate_call_s(case: Case, settings: Settings) -> float:
@@ -40,6 +41,10 @@ def estimate_cell_s(case: Case, settings: Settings) -> float:
         timing = min(settings.max_time_s, max(MIN_ADAPTIVE_SAMPLES * max(call, settings.min_block_s), 2 * call))
     compile_s = COMPILE_S.get(mode, 0.0)
     build = BUILD_S_PER_PARAMETER * get_model(case.model).parameter_count()
+    if case.phase == "fit":  # epochs × steps, each step its FLOPs plus a training loop's per-step cost
+        steps = settings.epochs * (settings.fit_samples // case.batch_size)
+        timing = steps * (call + FIT_STEP_OVERHEAD_S)
+        return STARTUP_S.get(framework, DEFAULT_STARTUP_S) + build + 2 * compile_s + timing
     return (STARTUP_S.get(framework, DEFAULT_STARTUP_S) + build + 2 * compile_s
             + (1 + max(2, settings.warmup_calls)) * call + timing)
 

@@ -90,10 +90,11 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_worker(case: Case, settings: Settings, check_parity: bool = True, *,
-               verify_output: str | None = None, weights_path: str | None = None) -> CellOutcome:
+               verify_output: str | None = None, weights_path: str | None = None,
+               train_steps: int = 20) -> CellOutcome:
     """Run ``case`` in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
     job = Job(case=case, settings=settings, check_parity=check_parity, verify_output=verify_output,
-              weights_path=weights_path)
+              weights_path=weights_path, train_steps=train_steps)
     cpus = ",".join(str(cpu) for cpu in worker_cpus(settings.threads))
     env = {**os.environ, **thread_environment(settings.threads, settings.interop_threads), "PYTHONUNBUFFERED": "1"}
     oom_kills_before = _oom_kill_count()
@@ -229,7 +230,8 @@ def store_outcome(store: Store, run_id: int, outcome: CellOutcome, settings: Set
     fields.update(
         status=outcome.status, reason=outcome.reason, protocol=settings.protocol, threads=settings.threads,
         interop_threads=settings.interop_threads, wall_s=wall_s,
-        flops=get_model(case.model).flops(case.batch_size, case.seq_len, case.phase),
+        flops=get_model(case.model).flops(case.batch_size, case.seq_len, case.phase)
+        * (settings.fit_samples // case.batch_size if case.phase == "fit" else 1),  # fit: one sample is an epoch
     )
     return store.add_result(run_id, case, fields, outcome.samples, outcome.details)
 

@@ -84,9 +84,15 @@ def build_grids_plan(
         raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
     if dtype not in RUNNABLE_DTYPES:
         raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
-    if phase == "training" and dtype not in TRAINING_DTYPES:
-        raise SpecError(f"phase training with dtype {dtype!r} cannot be run yet (mixed-precision training comes "
+    if phase in ("training", "fit") and dtype not in TRAINING_DTYPES:
+        raise SpecError(f"phase {phase} with dtype {dtype!r} cannot be run yet (mixed-precision training comes "
                         f"later); training dtypes: {', '.join(TRAINING_DTYPES)}")
+    if phase == "fit":
+        for _, _, batch_sizes, _ in grids:
+            uneven = [b for b in batch_sizes if settings.fit_samples % b]
+            if uneven:
+                raise SpecError(f"phase fit: batch size {uneven[0]} does not divide the {settings.fit_samples} fit "
+                                "samples (--fit-samples must be a multiple of every batch size)")
     cases: dict[str, Case] = {}
     skipped: dict[str, SkippedCase] = {}
     for models, runtimes, batch_sizes, seq_lens in grids:
@@ -118,6 +124,8 @@ def _grid_cells(
         unsupported = phase_unsupported(get_runtime(runtime), phase)
         if unsupported is None and phase == "training":
             unsupported = model.training_unsupported()
+        if unsupported is None and phase == "fit":
+            unsupported = model.fit_unsupported()
         lengths: list[int | None] = _unique(seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")

@@ -5,6 +5,10 @@ Each runtime runs in its own worker (this module imports no framework) and write
 reference: relative L2 error ‖a − b‖ / ‖b‖ and max absolute error. A runtime passes when every
 relative L2 error is within ``PARITY_REL_L2_TOLERANCE[dtype]`` (1e-4 for fp32, 2e-2 for bf16, which
 each runtime computes its framework's own way).
+
+``--phase training`` (:func:`verify_training`) takes N optimizer steps in each runtime from the same weights
+on the same fixed batch and compares the loss curve and the trained parameters with the first runtime's,
+within ``TRAINING_TOLERANCE[dtype]`` (fwbench/runner/protocol.py, where the values are justified).
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from typing import Sequence
 
 import numpy as np
 
-from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
+from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement, phase_unsupported
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.manager import run_worker
-from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE
+from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE, TRAINING_TOLERANCE, TrainingTolerance
 from fwbench.spec import Case, Settings
 
 
@@ -116,4 +120,122 @@ def verify_model(
                     model, runtime, "ok", None, name, tuple(outputs[name].shape), vs_first[0], vs_first[1],
                     vs_reference[0], vs_reference[1], PARITY_REL_L2_TOLERANCE[dtype],
                 ))
+    return checks
+
+
+@dataclass(frozen=True)
+class TrainingCheck:
+    """One runtime's ``steps`` training steps against the first runtime's (``fwbench verify --phase training``).
+
+    ``loss_rel``: max over steps of |loss − first's loss| / |first's loss|; ``params_rel_l2``: ‖Δ‖ / ‖first‖
+    over the concatenation of every trained parameter; ``worst_tensor``/``worst_tensor_rel_l2``: the single
+    parameter with the largest relative L2 error. ``losses``: this runtime's loss per step."""
+
+    model: str
+    runtime: str
+    status: str
+    reason: str | None = None
+    steps: int = 0
+    losses: tuple[float, ...] = ()
+    loss_rel: float | None = None
+    params_rel_l2: float | None = None
+    worst_tensor: str | None = None
+    worst_tensor_rel_l2: float | None = None
+    tolerance: TrainingTolerance | None = None
+
+    @property
+    def passed(self) -> bool:
+        if self.status == "skipped":
+            return True
+        if self.status != "ok" or self.tolerance is None:
+            return False
+        limits = ((self.loss_rel, self.tolerance.loss_rel), (self.params_rel_l2, self.tolerance.params_rel_l2),
+                  (self.worst_tensor_rel_l2, self.tolerance.tensor_rel_l2))
+        return all(value is None or value <= limit for value, limit in limits)
+
+    def failure(self) -> str | None:
+        """Why the check failed, in one line (None when it passed)."""
+        if self.passed:
+            return None
+        if self.status != "ok" or self.tolerance is None:
+            return self.reason or self.status
+        parts = []
+        if self.loss_rel is not None and self.loss_rel > self.tolerance.loss_rel:
+            parts.append(f"loss curve max relative error {self.loss_rel:.3g} > {self.tolerance.loss_rel:g}")
+        if self.params_rel_l2 is not None and self.params_rel_l2 > self.tolerance.params_rel_l2:
+            parts.append(f"trained parameters relative L2 {self.params_rel_l2:.3g} > {self.tolerance.params_rel_l2:g}")
+        if self.worst_tensor_rel_l2 is not None and self.worst_tensor_rel_l2 > self.tolerance.tensor_rel_l2:
+            parts.append(f"{self.worst_tensor} relative L2 {self.worst_tensor_rel_l2:.3g} > "
+                         f"{self.tolerance.tensor_rel_l2:g}")
+        return "; ".join(parts)
+
+
+def compare_training(losses: np.ndarray, params: dict[str, np.ndarray], first_losses: np.ndarray,
+                     first_params: dict[str, np.ndarray]) -> tuple[float, float, str | None, float]:
+    """(loss-curve max relative error, relative L2 of all parameters, worst tensor, its relative L2), float64."""
+    if losses.shape != first_losses.shape or set(params) != set(first_params):
+        return float("inf"), float("inf"), None, float("inf")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss_rel = float(np.max(np.abs(losses - first_losses) / np.maximum(np.abs(first_losses), 1e-12), initial=0.0))
+    names = sorted(first_params)
+    got = np.concatenate([params[n].astype(np.float64).ravel() for n in names])
+    expected = np.concatenate([first_params[n].astype(np.float64).ravel() for n in names])
+    all_rel = compare(got, expected)[0] if got.size else 0.0
+    per_tensor = {n: compare(params[n], first_params[n])[0] for n in names}
+    worst = max(per_tensor, key=lambda n: per_tensor[n], default=None)
+    loss_rel = loss_rel if np.isfinite(losses).all() else float("inf")
+    return loss_rel, all_rel, worst, (per_tensor[worst] if worst is not None else 0.0)
+
+
+def verify_training(
+    model: str,
+    runtimes: Sequence[str],
+    settings: Settings,
+    steps: int,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    weights_path: Path | None = None,
+    dump_dir: Path | None = None,
+    *,
+    dtype: str = "fp32",
+) -> list[TrainingCheck]:
+    """``steps`` optimizer steps (``settings.optimizer``) of ``model`` in each runtime from the same weights
+    on the same fixed batch; each runtime's loss curve and trained parameters against the first runtime's."""
+    description = get_model(model)
+    unsupported = description.training_unsupported()
+    if unsupported:
+        return [TrainingCheck(model, runtime, "skipped", unsupported) for runtime in runtimes]
+    default_batch, default_seq = description.parity_shape()
+    batch = batch_size or default_batch
+    seq = (seq_len or default_seq) if description.has_sequence else None
+    tolerance = TRAINING_TOLERANCE[dtype]
+    checks: list[TrainingCheck] = []
+    first: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
+    with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
+        for runtime in runtimes:
+            info = get_runtime(runtime)
+            missing = (missing_requirement(info) or missing_implementation(info, description.arch)
+                       or phase_unsupported(info, "training"))
+            if missing:
+                checks.append(TrainingCheck(model, runtime, "skipped", missing))
+                continue
+            out_path = Path(scratch) / f"{runtime.replace(':', '_')}.npz"
+            case = Case(model, runtime, phase="training", batch_size=batch, seq_len=seq,  # type: ignore[arg-type]
+                        dtype=dtype)  # type: ignore[arg-type]
+            outcome = run_worker(case, settings, check_parity=False, verify_output=str(out_path),
+                                 weights_path=str(weights_path) if weights_path else None, train_steps=steps)
+            if outcome.status != "ok":
+                checks.append(TrainingCheck(model, runtime, outcome.status, outcome.reason, steps))
+                continue
+            with np.load(out_path) as data:
+                losses = data["losses"]
+                params = {name[len("param/"):]: data[name] for name in data.files if name.startswith("param/")}
+            if dump_dir is not None:
+                (dump_dir / model).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(out_path, dump_dir / model / f"training_{out_path.name}")
+            if first is None:
+                first = (losses, params)
+            loss_rel, params_rel, worst, worst_rel = compare_training(losses, params, *first)
+            checks.append(TrainingCheck(model, runtime, "ok", None, steps, tuple(float(x) for x in losses), loss_rel,
+                                        params_rel, worst, worst_rel, tolerance))
     return checks

@@ -345,6 +345,15 @@ class Store:
         )
         return cursor.rowcount == 1
 
+    def mark_mismatch(self, run_id: int, model: str, runtime: str, phase: str, reason: str) -> int:
+        """Set status ``mismatch`` and ``reason`` on every cell of run ``run_id`` with this model, runtime and
+        phase (``fwbench verify --phase training --db --run``); the number of cells changed."""
+        with self.conn:
+            cursor = self.conn.execute(
+                "UPDATE results SET status = 'mismatch', reason = ? WHERE run_id = ? AND model = ? AND runtime = ? "
+                "AND phase = ?", (reason, run_id, model, runtime, phase))
+        return cursor.rowcount
+
     def done_keys(self, run_id: int) -> set[str]:
         """Keys of the run's cells that already have a (terminal) status."""
         rows = self.conn.execute("SELECT case_key FROM results WHERE run_id = ?", (run_id,)).fetchall()
@@ -353,14 +362,22 @@ class Store:
     def results(self, run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
         """Result rows as dicts, ``samples`` and ``details`` decoded, in run then insertion order."""
         where, params = _id_filter("run_id", run_ids)
-        rows = self.conn.execute(f"SELECT * FROM results{where} ORDER BY run_id, id", params).fetchall()
+        return self._rows(f"{where} ORDER BY run_id, id", params)
+
+    def _rows(self, clause: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """Result rows selected by ``clause`` (WHERE / ORDER BY), ``samples`` and ``details`` decoded."""
         out = []
-        for row in rows:
+        for row in self.conn.execute(f"SELECT * FROM results {clause}", params).fetchall():
             record = dict(row)
             record["samples"] = json.loads(record.pop("samples_json"))
             record["details"] = json.loads(record.pop("details_json"))
             out.append(record)
         return out
+
+    def result(self, run_id: int, case_key: str) -> dict[str, Any] | None:
+        """One stored cell of run ``run_id`` as :meth:`results` gives it, or None."""
+        rows = self._rows("WHERE run_id = ? AND case_key = ?", (run_id, case_key))
+        return rows[0] if rows else None
 
     def integrity_ok(self) -> bool:
         return self.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -181,6 +181,13 @@ class JaxBackend(Backend):
         self._train_state = carried  # the current parameters and optimizer state (tests read them)
         return step
 
+    def parameter_arrays(self) -> list[np.ndarray]:
+        """The current parameters: the training state's once a train step was made, else the model's."""
+        from fwbench.frameworks.jax.weights import parameter_arrays
+
+        trained = getattr(self, "_train_state", None)
+        return parameter_arrays(trained[0] if trained is not None else self.model.params)
+
     def compile_counters(self) -> dict[str, int]:
         return compile_counters()
 

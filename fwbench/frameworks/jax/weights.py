@@ -60,3 +60,11 @@ def hwio(value: np.ndarray) -> np.ndarray:
     """(out, in, kh, kw) torch layout → (kh, kw, in, out); any other rank passes through unchanged, so
     that the shape check names the tensor."""
     return np.ascontiguousarray(value.transpose(2, 3, 1, 0)) if value.ndim == 4 else value
+
+
+def parameter_arrays(params: object) -> list[np.ndarray]:
+    """Every floating leaf of the parameter pytree ``params`` (``jax.tree_util.tree_leaves`` order) as
+    float32 numpy copies."""
+    leaves = jax.tree_util.tree_leaves(params)
+    return [np.asarray(leaf, dtype=np.float32) for leaf in leaves if np.issubdtype(np.dtype(leaf.dtype), np.floating)
+            or str(leaf.dtype) == "bfloat16"]

@@ -71,3 +71,10 @@ def load_canonical(
 def keras_device(device: str) -> str:
     """The Keras device name (for ``keras.device``) of fwbench's device name (``cpu`` or ``cuda``)."""
     return "gpu:0" if device == "cuda" else "cpu:0"
+
+
+def parameter_arrays(model: keras.Model) -> list[np.ndarray]:
+    """Every floating variable of ``model`` (``model.weights`` order, trainable or not) as float32 numpy
+    copies; after ``train_on_batch`` the variables hold the trained values."""
+    return [np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32) for v in model.weights
+            if "float" in str(v.dtype)]

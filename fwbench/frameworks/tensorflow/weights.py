@@ -96,3 +96,8 @@ def cast_variables(module: tf.Module, dtype: tf.DType) -> None:
     left = sorted(v.name for v in module.variables if v.dtype.is_floating and v.dtype != dtype)
     if left:
         raise ValueError(f"variables not cast to {dtype.name}: {left}")
+
+
+def parameter_arrays(model: tf.Module) -> list[np.ndarray]:
+    """Every floating variable of ``model`` (``tf.Module.variables`` order) as float32 numpy copies."""
+    return [np.asarray(tf.cast(v, tf.float32).numpy()) for v in model.variables if v.dtype.is_floating]

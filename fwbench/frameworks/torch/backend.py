@@ -50,7 +50,7 @@ class Autocast(torch.nn.Module):
 
 class TorchBackend(Backend):
     framework = "torch"
-    modes = ("eager", "script", "compile", "export")
+    modes = ("eager", "script", "compile", "export", "lightning")  # lightning: phase fit only (fit.py)
     dtypes = ("fp32", "bf16")
     _export_signature: tuple[tuple[tuple[int, ...], str, str], ...] | None = None  # shapes the runner is for
     _export_log: tuple[dict[str, Any], ...] = ()  # one entry per export + AOT compile, in order

@@ -38,3 +38,11 @@ def load_canonical(
             if tuple(targets[target].shape) != value.shape:
                 raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(targets[target].shape)}")
             targets[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
+
+def parameter_arrays(model: nn.Module) -> list[np.ndarray]:
+    """Every floating parameter and buffer of ``model`` (in ``named_parameters`` then ``named_buffers``
+    order, ``NOT_CANONICAL_BUFFERS`` left out) as float32 numpy copies, in the module's own layout."""
+    tensors = [p for _, p in model.named_parameters()]
+    tensors += [b for n, b in model.named_buffers() if not n.endswith(NOT_CANONICAL_BUFFERS)]
+    return [t.detach().to("cpu", torch.float32).numpy().copy() for t in tensors if t.is_floating_point()]

@@ -1,0 +1,63 @@
+"""Phase fit in JAX (``jax:jit``): the manual loop JAX users write, a Python ``for`` over numpy batch slices
+of the in-memory dataset (no shuffle) calling one ``jax.jit`` step (``jax.value_and_grad`` of the mean
+softmax cross-entropy, the optax update and ``optax.apply_updates``; parameters and optimizer state donated
+and carried). fwbench.models.fit says what is trained.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from fwbench.frameworks.base import Backend
+from fwbench.frameworks.jax.training import make_optimizer
+from fwbench.models.fit import FitDataset, FitResult
+from fwbench.models.training import optimizer_spec
+
+
+def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
+    """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring)."""
+    assert backend.description is not None
+    if backend.mode != "jit":
+        raise NotImplementedError(f"jax:{backend.mode} has no fit phase")
+    arch = importlib.import_module(f"fwbench.frameworks.jax.{backend.description.arch}")
+    model = backend.model
+    optimizer = make_optimizer(optimizer_spec(backend.settings.optimizer))
+
+    def loss_fn(params: Any, xs: tuple[jax.Array, ...], labels: jax.Array) -> jax.Array:
+        logits = arch.training_logits(model, params, *xs)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    def train_step(params: Any, state: Any, xs: tuple[jax.Array, ...],
+                   labels: jax.Array) -> tuple[Any, Any, jax.Array]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, xs, labels)
+        updates, state = optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss
+
+    epoch_s: list[float] = []
+    epoch_loss: list[float] = []
+    started = time.perf_counter()
+    step = jax.jit(train_step, donate_argnums=(0, 1))
+    params = model.params
+    state = jax.device_put(optimizer.init(params), backend._device)  # type: ignore[attr-defined]
+    inputs, labels = list(dataset.inputs.values()), dataset.labels
+    for _ in range(epochs):
+        epoch_start = time.perf_counter()
+        losses = []
+        for start in range(0, dataset.size, batch_size):
+            end = start + batch_size
+            params, state, loss = step(params, state, tuple(a[start:end] for a in inputs), labels[start:end])
+            losses.append(loss)
+        mean = float(np.mean(jax.device_get(losses)))  # waits for the epoch's last step
+        jax.block_until_ready(params)
+        epoch_s.append(time.perf_counter() - epoch_start)
+        epoch_loss.append(mean)
+    total_s = time.perf_counter() - started
+    logits = jax.jit(lambda p, *xs: arch.training_logits(model, p, *xs))(params, *inputs)
+    return FitResult("manual loop + jax.jit step", epoch_s, epoch_loss, np.asarray(logits, dtype=np.float32),
+                     total_s)

@@ -1,0 +1,65 @@
+"""Phase fit in TensorFlow (``tensorflow:function``): the custom training loop of TensorFlow's guide, a
+Python ``for`` over ``tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(batch_size)`` (no shuffle)
+calling one tf.function step (forward + mean sparse softmax cross-entropy under tf.GradientTape, a Keras 3
+optimizer's apply_gradients on the model's tf.Variables). fwbench.models.fit says what is trained.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from fwbench.frameworks.base import Backend
+from fwbench.models.fit import FitDataset, FitResult
+from fwbench.models.training import optimizer_spec
+
+
+def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
+    """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring)."""
+    assert backend.description is not None
+    if backend.mode != "function":
+        raise NotImplementedError(f"tensorflow:{backend.mode} has no fit phase")
+    from fwbench.frameworks.keras.backend import import_keras
+
+    import_keras("tensorflow", backend.device)  # Keras 3's optimizers, on its tensorflow backend
+    from fwbench.frameworks.keras.training import make_optimizer
+
+    arch = importlib.import_module(f"fwbench.frameworks.tensorflow.{backend.description.arch}")
+    model, device = backend.model, backend._tf_device  # type: ignore[attr-defined]
+    variables = list(model.trainable_variables)
+    n_inputs = len(dataset.inputs)
+    epoch_s: list[float] = []
+    epoch_loss: list[float] = []
+    started = time.perf_counter()
+    with tf.device(device):
+        optimizer = make_optimizer(optimizer_spec(backend.settings.optimizer))
+        optimizer.build(variables)
+        data = tf.data.Dataset.from_tensor_slices((*dataset.inputs.values(), dataset.labels)).batch(batch_size)
+
+        @tf.function(reduce_retracing=True)
+        def train_step(*batch: tf.Tensor) -> tf.Tensor:
+            xs, labels = batch[:n_inputs], batch[n_inputs]
+            with tf.GradientTape() as tape:
+                logits = arch.training_logits(model, *xs)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return loss
+
+        for _ in range(epochs):
+            epoch_start = time.perf_counter()
+            total, batches = tf.zeros(()), 0
+            for batch in data:
+                total += train_step(*batch)
+                batches += 1
+            mean = float(total) / batches  # reads the loss: the epoch's work has finished
+            epoch_s.append(time.perf_counter() - epoch_start)
+            epoch_loss.append(mean)
+        total_s = time.perf_counter() - started
+        logits = arch.training_logits(model, *(tf.constant(a) for a in dataset.inputs.values()))
+    return FitResult("manual tf.data loop + tf.function step", epoch_s, epoch_loss,
+                     np.asarray(logits, dtype=np.float32), total_s,
+                     {"traces": int(train_step.experimental_get_tracing_count())})

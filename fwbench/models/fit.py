@@ -1,0 +1,84 @@
+"""What phase ``fit`` trains on and reports, framework-free: a seeded synthetic classification dataset held
+in memory, the result every framework's ``fit`` returns, and the final loss/accuracy and their agreement.
+
+Dataset: ``n`` inputs from the model's own ``make_inputs(n, None, seed)`` (the MLP: x (n, 64) float32,
+standard normal) and class labels (n,) int32 = argmax of the logits of a *teacher*: the same architecture
+with the canonical weights of seed ``seed + 1`` in float64 (learnable, fixed, no framework involved).
+Every loop visits the samples in the same order every epoch (no shuffling), in batches of the cell's
+batch size (the sample count must be a multiple of it), with the training loss of ``models.training``
+(softmax cross-entropy, mean over the batch) and the optimizer of ``Settings.optimizer``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fwbench.models.base import ModelDescription
+from fwbench.models.training import reference_loss
+
+# Final full-dataset loss of a loop vs torch:eager's manual loop after the same epochs: relative difference
+# at most FIT_LOSS_RTOL, accuracy within FIT_ACCURACY_ATOL (absolute fraction). Same data, order, weights and
+# optimizer numbers; what differs is float32 summation order and Keras' AdamW adding ε to √v rather than √v̂
+# (the Keras optimizer is also what tensorflow:function uses), both amplified by training. Measured on the
+# MLP, AdamW: 2 epochs × 512 samples, batch 64: ≤ 1.2e-6 relative, same accuracy; 5 epochs × 4096, batch 32
+# (640 steps): torch:lightning 0, jax:jit and keras:torch 4.6e-5, the Keras-optimizer loops 5.5e-4,
+# accuracy within 0.002. The tolerance is about 4x the largest of these.
+FIT_LOSS_RTOL = 2e-3
+FIT_ACCURACY_ATOL = 0.01
+
+
+@dataclass(frozen=True)
+class FitDataset:
+    """Inputs by name (each (n, ...)) and labels (n,) int32 class ids, in the order every epoch visits them."""
+
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass
+class FitResult:
+    """What one framework's ``fit`` returns. ``epoch_s``: wall seconds per epoch as the user's loop sees them
+    (epoch 1 includes tracing/compilation); ``epoch_loss``: the mean training loss of each epoch's batches;
+    ``logits``: (n, classes) of the whole dataset after training (computed untimed); ``total_s``: the whole
+    call, set-up (DataLoader, tf.data, Trainer, model.compile) included; ``loop``: what the loop is."""
+
+    loop: str
+    epoch_s: list[float]
+    epoch_loss: list[float]
+    logits: np.ndarray
+    total_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_fit_dataset(description: ModelDescription, n: int, seed: int) -> FitDataset:
+    """The seeded dataset of ``n`` samples (see the module docstring); raises if the model has no fit phase."""
+    if (reason := description.fit_unsupported()) is not None:
+        raise NotImplementedError(reason)
+    inputs = description.make_inputs(n, None, seed)
+    teacher = description.reference_forward(description.canonical_weights(seed + 1), inputs)
+    if teacher is None:
+        raise NotImplementedError(f"{description.name} has no float64 reference to label a fit dataset with")
+    logits = teacher[description.output_names[0]]
+    return FitDataset(inputs, logits.argmax(-1).astype(np.int32))
+
+
+def evaluate(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Mean softmax cross-entropy (float64) and accuracy (fraction of argmax == label) of (n, classes) logits."""
+    loss = reference_loss(logits, labels, np.ones(labels.shape, dtype=np.float32))
+    return {"loss": loss, "accuracy": float((logits.argmax(-1) == labels).mean())}
+
+
+def agreement(final: dict[str, float], reference: dict[str, float]) -> dict[str, Any]:
+    """``final`` (evaluate's dict) against the reference loop's: relative loss difference, accuracy difference,
+    ``ok`` within FIT_LOSS_RTOL and FIT_ACCURACY_ATOL."""
+    rel = abs(final["loss"] - reference["loss"]) / abs(reference["loss"])
+    acc = abs(final["accuracy"] - reference["accuracy"])
+    return {"loss_rel_diff": rel, "accuracy_diff": acc, "ok": rel <= FIT_LOSS_RTOL and acc <= FIT_ACCURACY_ATOL,
+            "loss_rtol": FIT_LOSS_RTOL, "accuracy_atol": FIT_ACCURACY_ATOL}

@@ -1,0 +1,52 @@
+"""Throughput of stored cells: samples/s and, for models with a sequence axis, tokens/s.
+
+One timed call processes ``batch_size`` samples (``batch_size × seq_len`` tokens): one forward pass
+(phase inference) or one optimizer step (phase training). Reports show it for training cells, where
+samples/s is the usual way to state a training step's speed; TensorBoard gets it for every cell.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+THROUGHPUT_PHASES = ("training",)  # phases whose report rows show samples/s and tokens/s
+
+
+def per_call(row: dict[str, Any]) -> tuple[int, int | None]:
+    """(samples, tokens or None) one timed call of ``row`` processes."""
+    batch, seq = int(row["batch_size"]), row.get("seq_len")
+    return batch, None if seq is None else batch * int(seq)
+
+
+def rates(row: dict[str, Any], seconds: float | None) -> tuple[float | None, float | None]:
+    """(samples/s, tokens/s or None) of calls of ``row`` that take ``seconds`` each."""
+    if seconds is None or seconds <= 0:
+        return None, None
+    samples, tokens = per_call(row)
+    return samples / seconds, None if tokens is None else tokens / seconds
+
+
+def throughput(row: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(samples/s, tokens/s) at the median of an ``ok`` training cell; (None, None) otherwise."""
+    if row.get("status") != "ok" or row.get("phase") not in THROUGHPUT_PHASES:
+        return None, None
+    return rates(row, row.get("median_s"))
+
+
+def format_rate(value: float | None) -> str:
+    """``'1.23k'``, ``'456'``, ``'12.3M'``: three significant digits with an SI prefix; ``—`` for None."""
+    if value is None:
+        return "—"
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor * 0.9995:
+            return f"{value / factor:.3g}{prefix}"
+    return f"{value:.3g}"
+
+
+def throughput_text(row: dict[str, Any]) -> str:
+    """``'1.23k samples/s, 157k tokens/s'`` (tokens only for a sequence model); ``—`` when not shown."""
+    samples, tokens = throughput(row)
+    if samples is None:
+        return "—"
+    text = f"{format_rate(samples)} samples/s"
+    return text if tokens is None else f"{text}, {format_rate(tokens)} tokens/s"

@@ -1,0 +1,162 @@
+"""Phase fit: the seeded dataset, the planner's and the CLI's refusals, the overhead table's arithmetic, and
+one `fwbench run --phase fit` of the MLP in every fit runtime (2 epochs, 512 samples, batch 64) whose stored
+cells must agree with torch:eager's manual loop (fwbench.models.fit's tolerance), with every loss falling,
+and whose report has the overhead section.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fwbench.spec import Settings, SpecError
+
+FIT_RUNTIMES = ("torch:eager", "torch:lightning", "tensorflow:function", "jax:jit", "keras:tensorflow", "keras:jax",
+                "keras:torch")
+EPOCHS, SAMPLES, BATCH = 2, 512, 64
+
+
+# -- framework-free -------------------------------------------------------------------------------
+def test_fit_dataset_is_seeded_and_learnable() -> None:
+    from fwbench.models import get_model
+    from fwbench.models.fit import make_fit_dataset
+
+    mlp = get_model("mlp")
+    a, b, other = (make_fit_dataset(mlp, 256, seed) for seed in (0, 0, 1))
+    assert a.size == 256 and a.inputs["x"].shape == (256, 64) and a.labels.dtype == np.int32
+    assert np.array_equal(a.labels, b.labels) and np.array_equal(a.inputs["x"], b.inputs["x"])
+    assert not np.array_equal(a.labels, other.labels)
+    assert len(np.unique(a.labels)) >= 3  # a teacher, not a constant
+    with pytest.raises(NotImplementedError, match="bert-tiny has no fit phase yet"):
+        make_fit_dataset(get_model("bert-tiny"), 8, 0)
+
+
+def _row(runtime: str, median: float, loss: float, accuracy: float = 0.5) -> dict[str, Any]:
+    fit = {"loop": "x", "epochs": 3, "samples": 64, "steps_per_epoch": 4, "final_loss": loss,
+           "final_accuracy": accuracy}
+    return {"run_id": 1, "model": "mlp", "phase": "fit", "status": "ok", "batch_size": 16, "dtype": "fp32",
+            "device": "cpu", "runtime": runtime, "median_s": median, "first_call_s": 1.0, "details": {"fit": fit}}
+
+
+def test_overhead_table_pairs_each_api_with_its_frameworks_manual_loop() -> None:
+    from fwbench.report.fit import overhead_tables
+
+    rows = [_row("torch:eager", 0.010, 2.0), _row("torch:lightning", 0.030, 2.0 * (1 + 5e-4)),
+            _row("keras:torch", 0.020, 2.1), _row("keras:jax", 0.5, 2.0), _row("jax:jit", 0.25, 2.0, 0.52)]
+    (table,) = overhead_tables(rows)
+    by = {e["runtime"]: e for e in table["rows"]}
+    assert [e["runtime"] for e in table["rows"]][:3] == ["torch:eager", "keras:torch", "torch:lightning"]
+    assert by["torch:eager"]["is_manual"] and by["torch:eager"]["ratio"] is None
+    assert by["torch:lightning"]["ratio"] == pytest.approx(3.0)
+    assert by["torch:lightning"]["per-step overhead"] == pytest.approx(0.005)
+    assert by["keras:jax"]["manual"] == "jax:jit" and by["keras:jax"]["ratio"] == pytest.approx(2.0)
+    assert by["torch:lightning"]["agreement"]["ok"]
+    assert not by["keras:torch"]["agreement"]["ok"]  # 5% off torch:eager's loss
+    assert not by["jax:jit"]["agreement"]["ok"]  # same loss, accuracy 0.02 off
+
+
+# -- refusals ---------------------------------------------------------------------------------------
+def test_planner_skips_models_and_runtimes_without_fit() -> None:
+    from fwbench.runner.planner import build_plan
+
+    plan = build_plan(["mlp", "bert-tiny"], ["torch:eager", "torch:compile"], [64], [8], Settings(), phase="fit")
+    assert [(c.model, c.runtime) for c in plan.cases] == [("mlp", "torch:eager")]
+    reasons = {(s.case.model, s.case.runtime): s.reason for s in plan.skipped}
+    assert reasons[("mlp", "torch:compile")] == "torch:compile has no fit phase yet"
+    assert reasons[("bert-tiny", "torch:eager")] == "bert-tiny has no fit phase yet"
+    inference = build_plan(["mlp"], ["torch:eager", "torch:lightning"], [2], [], Settings())
+    assert [s.reason for s in inference.skipped] == ["torch:lightning has no inference phase yet"]
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    (["--models", "bert-tiny", "--runtimes", "torch:eager", "--seq-lens", "8"],
+     "no runnable cell: bert-tiny has no fit phase yet"),
+    (["--models", "mlp", "--runtimes", "torch:script"], "no runnable cell: torch:script has no fit phase yet"),
+    (["--models", "mlp", "--runtimes", "torch:eager", "--batch-sizes", "3"],
+     "batch size 3 does not divide the 4096 fit samples"),
+    (["--models", "mlp", "--runtimes", "torch:eager", "--epochs", "1"], "epochs must be at least 2"),
+    (["--models", "mlp", "--runtimes", "torch:eager", "--dtype", "bf16"], "phase fit with dtype 'bf16' cannot be run"),
+])
+def test_bad_fit_input_is_a_one_line_error(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str],
+                                           fragment: str) -> None:
+    from fwbench.cli import main
+
+    db = tmp_path / "x.db"
+    code = main(["run", "--phase", "fit", "--db", str(db), *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and fragment in lines[0], err
+    assert not db.exists()
+
+
+def test_settings_refuse_one_epoch() -> None:
+    with pytest.raises(SpecError, match="epochs must be at least 2"):
+        Settings(epochs=1)
+
+
+# -- every fit runtime, end to end ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fwbench.cli import main
+
+    db = tmp_path_factory.mktemp("fit") / "fit.db"
+    code = main(["run", "--phase", "fit", "--models", "mlp", "--runtimes", ",".join(FIT_RUNTIMES),
+                 "--batch-sizes", str(BATCH), "--epochs", str(EPOCHS), "--fit-samples", str(SAMPLES),
+                 "--threads", "1", "--db", str(db)])
+    assert code == 0
+    return db
+
+
+def _results(db: Path) -> dict[str, dict[str, Any]]:
+    from fwbench.store.db import Store
+
+    with Store.open(db, readonly=True) as store:
+        return {r["runtime"]: r for r in store.results()}
+
+
+@pytest.mark.slow
+def test_fit_loops_agree_on_the_mlp(fit_db: Path) -> None:
+    from fwbench.models.fit import FIT_ACCURACY_ATOL, FIT_LOSS_RTOL
+
+    results = _results(fit_db)
+    assert set(results) == set(FIT_RUNTIMES)
+    assert all(r["status"] == "ok" for r in results.values()), {k: r["reason"] for k, r in results.items()}
+    reference = results["torch:eager"]["details"]["fit"]
+    loops = set()
+    for runtime, row in results.items():
+        fit = row["details"]["fit"]
+        loops.add(fit["loop"])
+        assert fit["samples"] == SAMPLES and fit["steps_per_epoch"] == SAMPLES // BATCH
+        assert len(fit["epoch_s"]) == len(fit["epoch_loss"]) == EPOCHS
+        assert row["first_call_s"] == fit["epoch_s"][0] and row["samples"] == fit["epoch_s"][1:]
+        assert all(b < a for a, b in zip(fit["epoch_loss"], fit["epoch_loss"][1:])), (runtime, fit["epoch_loss"])
+        assert fit["final_loss"] < fit["epoch_loss"][0] and math.isfinite(fit["final_loss"])
+        rel = abs(fit["final_loss"] - reference["final_loss"]) / reference["final_loss"]
+        assert rel <= FIT_LOSS_RTOL, (runtime, fit["final_loss"], reference["final_loss"])
+        assert abs(fit["final_accuracy"] - reference["final_accuracy"]) <= FIT_ACCURACY_ATOL, runtime
+        # the first epoch's mean loss, before much training, agrees far more tightly
+        assert fit["epoch_loss"][0] == pytest.approx(reference["epoch_loss"][0], rel=1e-5), runtime
+    assert {"lightning Trainer.fit", "manual DataLoader loop"} <= loops
+    # Keras says whether "auto" compiled: XLA on the tensorflow and jax backends, nothing on torch
+    assert results["keras:jax"]["details"]["fit"]["loop"] == "keras model.fit (jit_compile=True)"
+    assert results["keras:torch"]["details"]["fit"]["loop"] == "keras model.fit (jit_compile=False)"
+    assert results["torch:lightning"]["details"]["fit"]["torch_threads_after"] == 1  # Lightning kept the budget
+
+
+@pytest.mark.slow
+def test_fit_report_has_the_overhead_section(fit_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fwbench.cli import main
+
+    assert main(["report", "--db", str(fit_db), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "phase fit: high-level API vs manual loop, mlp" in out
+    section = out.split("phase fit: high-level API vs manual loop")[1]
+    for runtime in FIT_RUNTIMES:
+        assert runtime in section
+    assert section.count("| manual loop |") == 3  # torch:eager, tensorflow:function, jax:jit
+    assert "| ✗ |" not in section and section.count("| ✓ |") == len(FIT_RUNTIMES)

@@ -1,0 +1,123 @@
+"""``fwbench verify --phase training``: trained parameters read back canonically, loss-curve and parameter
+parity across runtimes, an injected learning-rate change caught (exit 1, stored cells marked mismatch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from fwbench.models import get_model
+from fwbench.spec import Case, Plan, Settings
+from fwbench.store import Store
+
+# Run in a subprocess (one framework per interpreter): the canonical weights, built, read back before any step.
+READ_BACK = """
+import json, sys
+import numpy as np
+from fwbench.frameworks import create_backend
+from fwbench.models import get_model
+from fwbench.spec import Settings
+runtime, out = sys.argv[1], {}
+for name in sys.argv[2].split(","):
+    description = get_model(name)
+    backend = create_backend(runtime, "cpu", Settings(threads=1))
+    backend.configure_threads(1, 1)
+    weights = description.canonical_weights(3)
+    backend.build(description, weights)
+    got = backend.trained_parameters()
+    out[name] = {"names_equal": sorted(got) == sorted(weights),
+                 "max_abs": max(float(np.max(np.abs(got[k] - weights[k]))) for k in weights),
+                 "shapes_equal": all(got[k].shape == weights[k].shape for k in weights)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["torch:eager", "tensorflow:function", "jax:jit", "keras:jax"])
+def test_trained_parameters_before_any_step_are_the_canonical_weights(runtime: str) -> None:
+    done = subprocess.run([sys.executable, "-c", READ_BACK, runtime, "mlp,bert-tiny"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for model in ("mlp", "bert-tiny"):
+        assert report[model] == {"names_equal": True, "max_abs": 0.0, "shapes_equal": True}, (model, report)
+
+
+@pytest.mark.slow
+def test_resnet_parameters_read_back_or_the_models_own_refusal() -> None:
+    refusal = get_model("resnet-tiny").training_unsupported()
+    if refusal:
+        pytest.skip(f"resnet-tiny: {refusal}")
+    done = subprocess.run([sys.executable, "-c", READ_BACK, "torch:eager", "resnet-tiny"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])["resnet-tiny"]
+    assert report == {"names_equal": True, "max_abs": 0.0, "shapes_equal": True}, report
+
+
+def _store_with_training_cells(path: Path) -> int:
+    cases = (Case("mlp", "torch:eager", phase="training"), Case("mlp", "wronglr:torch", phase="training"),
+             Case("mlp", "wronglr:torch"))
+    with Store.open(path) as store:
+        run_id = store.create_run(Plan(cases, Settings()), "fwbench run (test)", {}, "0")
+        for case in cases:
+            store.add_result(run_id, case, {"status": "ok"}, [0.1, 0.1], {})
+    return run_id
+
+
+@pytest.mark.slow
+def test_training_verify_agrees_across_frameworks() -> None:
+    result = run_cli("verify", "--phase", "training", "--models", "mlp", "--runtimes",
+                     "torch:eager,jax:jit,tensorflow:function", "--steps", "5", "--threads", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = " ".join(result.stdout.split())
+    assert text.count(" ok ") == 3 and "5 adamw steps" in text and "mismatch" not in text
+
+
+@pytest.mark.slow
+def test_a_different_learning_rate_is_caught_and_marks_the_stored_cells(plugin_env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    run_id = _store_with_training_cells(db)
+    result = run_cli("verify", "--phase", "training", "--models", "mlp", "--runtimes", "torch:eager,wronglr:torch",
+                     "--steps", "5", "--threads", "1", "--db", str(db), "--run", str(run_id), env=plugin_env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    text = " ".join(result.stdout.split())
+    assert "mismatch: loss curve max relative error" in text or "mismatch: trained parameters" in text, text
+    assert "1 training cell(s) of run" in result.stderr
+    with Store.open(db, create=False) as store:
+        rows = {(r["runtime"], r["phase"]): r for r in store.results([run_id])}
+    assert rows[("wronglr:torch", "training")]["status"] == "mismatch"
+    assert "fwbench verify --phase training (5 steps)" in rows[("wronglr:torch", "training")]["reason"]
+    assert rows[("torch:eager", "training")]["status"] == "ok"  # the comparison base matched itself
+    assert rows[("wronglr:torch", "inference")]["status"] == "ok"  # only training cells are marked
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--phase", "training", "--steps", "0"], "'0' is not a positive integer"),
+        (["--phase", "training", "--runtimes", "torch:eager,fake:sleep"], "fake:sleep has no training phase yet"),
+        (["--steps", "3"], "--steps: only with --phase training"),
+        (["--phase", "training", "--db", "x.db"], "--db and --run go together"),
+        (["--phase", "training", "--dtype", "bf16"], "--phase training computes in fp32 only"),
+    ],
+)
+def test_training_verify_bad_input(plugin_env: dict[str, str], args: list[str], fragment: str) -> None:
+    base = ["--models", "mlp"] + ([] if "--runtimes" in args else ["--runtimes", "torch:eager"])
+    result = run_cli("verify", *base, *args, env=plugin_env)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+def test_an_unknown_run_is_one_line(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    _store_with_training_cells(db)
+    result = run_cli("verify", "--phase", "training", "--models", "mlp", "--runtimes", "torch:eager",
+                     "--db", str(db), "--run", "99", env=plugin_env)
+    assert result.returncode == 2 and "--run 99: no such run" in result.stderr, result.stderr
