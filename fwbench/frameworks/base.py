@@ -138,6 +138,11 @@ class Backend(ABC):
         weights = importlib.import_module(f"fwbench.frameworks.{self.framework}.weights")
         return weights.parameter_arrays(self.model)
 
+    def model_arrays(self, model: Any) -> list[np.ndarray]:
+        """The floating variables of a model ``build_model`` made, in :meth:`parameter_arrays` order."""
+        weights = importlib.import_module(f"fwbench.frameworks.{self.framework}.weights")
+        return weights.parameter_arrays(model)
+
     def trained_parameters(self) -> dict[str, np.ndarray]:
         """Every canonical tensor's current value (after the training steps taken so far) by canonical name,
         in the canonical layout and shape, float32.
@@ -151,7 +156,6 @@ class Backend(ABC):
         assert self.description is not None, "build() first"
         description = self.description
         arch = importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
-        weights_module = importlib.import_module(f"fwbench.frameworks.{self.framework}.weights")
         schema = {spec.name: tuple(spec.shape) for spec in description.param_schema()}
         sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in schema.items()}
         total = sum(sizes.values())
@@ -166,7 +170,7 @@ class Backend(ABC):
                 probe[name] = ((index // base**digit) % base + 1).astype(np.float32).reshape(shape)
                 offset += sizes[name]
             model = arch.build_model(description, probe, self.device)
-            arrays = weights_module.parameter_arrays(model.params if self.framework == "jax" else model)
+            arrays = self.model_arrays(model)
             del model, probe
             if not ids:
                 ids = [np.zeros(a.shape, dtype=np.int64) for a in arrays]

@@ -124,9 +124,19 @@ class ModelDescription(ABC):
         """Canonical tensors the training loss does not depend on: never updated, never decayed."""
         return ()
 
+    def running_statistics(self) -> tuple[str, ...]:
+        """Canonical tensors that are state, not parameters (batch-norm running statistics): a training
+        step updates them the framework's own way, with no gradient and no weight decay."""
+        return ()
+
+    def trained_tensor_count(self) -> int:
+        """How many canonical tensors an optimizer updates: all but the frozen ones and the running statistics."""
+        return len(self.param_schema()) - len(self.frozen_in_training()) - len(self.running_statistics())
+
     def parameter_count(self) -> int:
         """Learnable parameters (buffers such as batch-norm running statistics excluded)."""
-        return sum(math.prod(p.shape) for p in self.param_schema())
+        running = set(self.running_statistics())
+        return sum(math.prod(p.shape) for p in self.param_schema() if p.name not in running)
 
     def parity_shape(self) -> tuple[int, int | None]:
         """(batch, seq_len) of the small input on which outputs are checked against the reference."""

@@ -1,4 +1,5 @@
-"""ResNet v1.5 with bottleneck blocks (resnet-tiny, resnet50), batch norm in inference form.
+"""ResNet v1.5 with bottleneck blocks (resnet-tiny, resnet50); batch norm in inference form, or in
+training form for phase training.
 
 Stem: 7x7 conv stride 2 pad 3, BN, ReLU, 3x3 max-pool stride 2 pad 1. Four stages of bottleneck
 blocks (1x1 conv, 3x3 conv, 1x1 conv with 4x expansion, each followed by BN; ReLU after the first
@@ -10,6 +11,14 @@ Parameter names and layouts are torchvision's ``resnet50`` state dict (conv weig
 (out, in, kh, kw); ``fc.weight`` is (classes, features)) without ``num_batches_tracked``; the BN
 running statistics (``running_mean``, ``running_var``) are part of the canonical weights.
 Input ``pixel_values``: (batch, 3, H, W) float32, NCHW. Output ``logits``: (batch, classes).
+
+Training: softmax cross-entropy of ``logits`` against seeded class ids (every sample counts), with every
+BN in training mode: it normalises with the batch's own mean and biased variance over (N, H, W), eps as
+in inference, and updates its running statistics as torch does (momentum ``BN_MOMENTUM`` = 0.1:
+``running ← 0.9·running + 0.1·batch``, the running variance from the *unbiased* batch variance,
+n/(n − 1)·biased, n = N·H·W; in Keras' and flax's convention that is momentum 0.9). The running
+statistics are state, not trained parameters (``running_statistics``: no gradient, no weight decay);
+BN weight and bias are trained.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
+from fwbench.models.training import reference_loss
 from fwbench.spec import Phase, SpecError
 
 EXPANSION = 4  # bottleneck output channels = 4 x its inner width
@@ -28,6 +38,10 @@ BN_SUFFIXES = ("weight", "bias", "running_mean", "running_var")
 # running statistics that do not match the activations, the residual stream grows geometrically
 # (resnet50 logits std ~1e3); at 0.2 activations stay between 1 and 5 RMS through all 16 blocks.
 RESIDUAL_BN_SCALE = 0.2
+# Phase training: running ← (1 − BN_MOMENTUM)·running + BN_MOMENTUM·batch (torch's momentum; Keras' and
+# flax's ``momentum`` is 1 − BN_MOMENTUM), the running variance from the unbiased batch variance.
+BN_MOMENTUM = 0.1
+RUNNING_SUFFIXES = ("running_mean", "running_var")
 
 
 @dataclass(frozen=True)
@@ -145,10 +159,9 @@ class ResNet(ModelDescription):
         specs += [ParamSpec("fc.weight", (c.num_classes, c.features)), ParamSpec("fc.bias", (c.num_classes,))]
         return specs
 
-    def parameter_count(self) -> int:
-        """Parameters a framework trains (BN running statistics excluded)."""
-        return sum(int(np.prod(s.shape)) for s in self.param_schema()
-                   if not s.name.endswith(("running_mean", "running_var")))
+    def running_statistics(self) -> tuple[str, ...]:
+        """Every BN's ``running_mean`` and ``running_var``: updated by a training step, never trained."""
+        return tuple(s.name for s in self.param_schema() if s.name.endswith(RUNNING_SUFFIXES))
 
     def canonical_weights(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Seeded per tensor; every tensor non-zero so that a mapping error changes the logits.
@@ -184,7 +197,36 @@ class ResNet(ModelDescription):
         return {"pixel_values": rng.standard_normal(shape).astype(np.float32)}
 
     def training_unsupported(self) -> str | None:
-        return f"{self.name} training needs batch norm in training mode (batch statistics), not implemented yet"
+        return None
+
+    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        """labels (batch,) int32 class ids in [0, num_classes), seeded; label_weights (batch,) all 1."""
+        rng = tensor_rng(seed, f"targets/labels/{batch_size}")
+        labels = rng.integers(0, self.config.num_classes, size=batch_size, dtype=np.int64).astype(np.int32)
+        return {"labels": labels, "label_weights": np.ones(batch_size, dtype=np.float32)}
+
+    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                       targets: dict[str, np.ndarray]) -> float:
+        """The float64 loss of the training-mode forward (every BN on its batch statistics)."""
+        logits, _ = self._reference(weights, inputs, training=True)
+        return reference_loss(logits, targets["labels"], targets["label_weights"])
+
+    def reference_batch_statistics(self, weights: dict[str, np.ndarray],
+                                   inputs: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+        """Per BN (its canonical prefix, e.g. ``layer1.0.bn2``): the float64 batch mean and biased variance its
+        input has in the training-mode forward, and n = N·H·W, the count they are over."""
+        return self._reference(weights, inputs, training=True)[1]
+
+    def reference_running_statistics(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                                     momentum: float = BN_MOMENTUM) -> dict[str, np.ndarray]:
+        """Every running statistic after one training step on ``inputs`` from ``weights``, float64, by
+        canonical name: (1 − m)·running + m·batch (the running variance from the unbiased batch variance)."""
+        updated: dict[str, np.ndarray] = {}
+        for bn, (mean, var, count) in self.reference_batch_statistics(weights, inputs).items():
+            running_mean, running_var = (weights[f"{bn}.{s}"].astype(np.float64) for s in RUNNING_SUFFIXES)
+            updated[f"{bn}.running_mean"] = (1 - momentum) * running_mean + momentum * mean
+            updated[f"{bn}.running_var"] = (1 - momentum) * running_var + momentum * var * count / (count - 1)
+        return updated
 
     def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
         """2·multiply-adds of every conv (out_h·out_w·out_c·in_c·k²) and of ``fc``; training counts 3x.
@@ -203,14 +245,26 @@ class ResNet(ModelDescription):
     def reference_forward(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        """float64 numpy, channels-last inside (convs as im2col + one matmul each)."""
+        """float64 numpy, channels-last inside (convs as im2col + one matmul each), BN in inference form."""
+        return {"logits": self._reference(weights, inputs, training=False)[0]}
+
+    def _reference(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], training: bool
+                   ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray, int]]]:
+        """(logits, batch statistics) in float64. ``training``: every BN normalises with its input's batch
+        mean and biased variance over (N, H, W), recorded per BN as (mean, variance, N·H·W); otherwise with
+        its running statistics (and nothing is recorded)."""
         eps = self.config.bn_eps
         w = {name: value.astype(np.float64) for name, value in weights.items()}
+        statistics: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
 
         def conv_bn(x: np.ndarray, v: Conv, relu: bool) -> np.ndarray:
             y = conv2d_nhwc(x, w[f"{v.name}.weight"], v.stride, v.padding)
-            y = batch_norm(y, w[f"{v.bn}.weight"], w[f"{v.bn}.bias"],
-                           w[f"{v.bn}.running_mean"], w[f"{v.bn}.running_var"], eps)
+            if training:
+                mean, var = y.mean(axis=(0, 1, 2)), y.var(axis=(0, 1, 2))
+                statistics[v.bn] = (mean, var, y.shape[0] * y.shape[1] * y.shape[2])
+            else:
+                mean, var = w[f"{v.bn}.running_mean"], w[f"{v.bn}.running_var"]
+            y = batch_norm(y, w[f"{v.bn}.weight"], w[f"{v.bn}.bias"], mean, var, eps)
             return np.maximum(y, 0.0) if relu else y
 
         x = inputs["pixel_values"].astype(np.float64).transpose(0, 2, 3, 1)  # (B, H, W, C)
@@ -221,7 +275,7 @@ class ResNet(ModelDescription):
             shortcut = conv_bn(x, block.downsample, False) if block.downsample else x
             x = np.maximum(h + shortcut, 0.0)
         pooled = x.mean(axis=(1, 2))  # (B, features)
-        return {"logits": pooled @ w["fc.weight"].T + w["fc.bias"]}
+        return pooled @ w["fc.weight"].T + w["fc.bias"], statistics
 
 
 # -- numpy building blocks (channels-last) ------------------------------------------------------
@@ -257,7 +311,8 @@ def max_pool_nhwc(x: np.ndarray, kernel: int, stride: int, padding: int) -> np.n
 
 def batch_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray,
                eps: float) -> np.ndarray:
-    """Inference-form BN over the last (channel) axis."""
+    """BN over the last (channel) axis with the given statistics: the running ones (inference) or the
+    batch's mean and biased variance (training)."""
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 

@@ -19,6 +19,7 @@ softmax in float32); the outputs are bfloat16 until ``to_numpy``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 from typing import Any, Callable, Sequence
@@ -142,8 +143,10 @@ class JaxBackend(Backend):
 
     def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
         """One ``jax.jit`` of the whole step: ``jax.value_and_grad`` of the loss, the optax update and
-        ``optax.apply_updates``; parameters and optimizer state are donated (updated in place) and carried
-        to the next call. The call blocks on every leaf of the new parameters and state and on the loss."""
+        ``optax.apply_updates``; parameters, optimizer state and the model's non-trained state (ResNet's
+        batch-norm running statistics, which the forward returns updated; empty for the other models) are
+        donated (updated in place) and carried to the next call. The call blocks on every leaf of the new
+        parameters and states and on the loss."""
         assert self.description is not None
         import optax
 
@@ -151,42 +154,71 @@ class JaxBackend(Backend):
         from fwbench.models.training import optimizer_spec
 
         arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
-        model, params = self.model, self.model.params
+        model = self.model
+        params, stats = self._training_trees(model)
+        if len(jax.tree_util.tree_leaves(stats)) != len(self.description.running_statistics()):
+            raise ValueError(f"{len(jax.tree_util.tree_leaves(stats))} running statistics in the training state, "
+                             f"expected {len(self.description.running_statistics())}")
         frozen: tuple[str, ...] = getattr(arch, "FROZEN_IN_TRAINING", ()) if self.description.frozen_in_training() \
             else ()
         optimizer = training.with_frozen(training.make_optimizer(optimizer_spec(self.settings.optimizer)), params,
                                          frozen)
-        logits_of, loss_of = arch.training_logits, training.weighted_cross_entropy
+        loss_of = training.weighted_cross_entropy
+        if hasattr(arch, "training_logits_and_stats"):  # logits and the updated state
+            forward = functools.partial(arch.training_logits_and_stats, model)
+        else:  # stateless: the state is the empty pytree, passed through
+            def forward(params: Any, stats: Any, *batch: jax.Array) -> tuple[jax.Array, Any]:
+                return arch.training_logits(model, params, *batch), stats
 
-        def loss_fn(params: Any, batch: tuple[jax.Array, ...], labels: jax.Array, weights: jax.Array) -> jax.Array:
-            return loss_of(logits_of(model, params, *batch), labels, weights)
+        def loss_fn(params: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
+                    weights: jax.Array) -> tuple[jax.Array, Any]:
+            logits, stats = forward(params, stats, *batch)
+            return loss_of(logits, labels, weights), stats
 
-        def train_step(params: Any, state: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
-                       weights: jax.Array) -> tuple[Any, Any, jax.Array]:
-            loss, grads = jax.value_and_grad(loss_fn)(params, batch, labels, weights)
+        def train_step(params: Any, state: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
+                       weights: jax.Array) -> tuple[Any, Any, Any, jax.Array]:
+            (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, batch, labels, weights)
             updates, state = optimizer.update(grads, state, params)
-            return optax.apply_updates(params, updates), state, loss
+            return optax.apply_updates(params, updates), state, stats, loss
 
-        jitted = jax.jit(train_step, donate_argnums=(0, 1))
+        jitted = jax.jit(train_step, donate_argnums=(0, 1, 2))
         # The state committed to the device as every returned state is (optax makes some leaves, such as
         # Adam's step count, uncommitted): otherwise the second call would compile the program again.
-        carried = [params, jax.block_until_ready(jax.device_put(optimizer.init(params), self._device))]
+        carried = [params, jax.block_until_ready(jax.device_put(optimizer.init(params), self._device)), stats]
         batch, (labels, weights) = tuple(inputs), targets
 
         def step() -> jax.Array:
-            carried[0], carried[1], loss = jitted(carried[0], carried[1], batch, labels, weights)
+            carried[0], carried[1], carried[2], loss = jitted(*carried, batch, labels, weights)
             jax.block_until_ready((carried, loss))
             return loss
 
-        self._train_state = carried  # the current parameters and optimizer state (tests read them)
+        self._train_state = carried  # the current parameters, optimizer state and model state (tests read them)
         return step
 
+    def _training_trees(self, model: Any) -> tuple[Any, Any]:
+        """(parameters an optimizer trains, non-trained state) of a built model: the arch's
+        ``training_variables`` where it has one (ResNet: unfolded batch norm and its running statistics),
+        else the model's own parameter pytree and no state."""
+        assert self.description is not None
+        arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
+        if hasattr(arch, "training_variables"):
+            return arch.training_variables(model)
+        return model.params, {}
+
+    def model_arrays(self, model: Any) -> list[np.ndarray]:
+        """The floating arrays of a built model, in the order :meth:`parameter_arrays` gives a trained one's:
+        the training parameters, then the training state."""
+        from fwbench.frameworks.jax.weights import parameter_arrays
+
+        return parameter_arrays(self._training_trees(model))
+
     def parameter_arrays(self) -> list[np.ndarray]:
-        """The current parameters: the training state's once a train step was made, else the model's."""
+        """The current parameters and model state: the training state's once a train step was made, else
+        the model's."""
         from fwbench.frameworks.jax.weights import parameter_arrays
 
         trained = getattr(self, "_train_state", None)
-        return parameter_arrays(trained[0] if trained is not None else self.model.params)
+        return parameter_arrays((trained[0], trained[2])) if trained is not None else self.model_arrays(self.model)
 
     def compile_counters(self) -> dict[str, int]:
         return compile_counters()

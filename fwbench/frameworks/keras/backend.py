@@ -224,7 +224,7 @@ class KerasBackend(Backend):
             self._make_variables_leaves()
         arch = importlib.import_module(f"fwbench.frameworks.keras.{self.description.arch}")
         model = arch.training_model(self.model, self.description)
-        expected = len(self.description.param_schema()) - len(self.description.frozen_in_training())
+        expected = self.description.trained_tensor_count()  # BN moving statistics are non-trainable variables
         if len(model.trainable_variables) != expected:
             raise ValueError(f"the training model has {len(model.trainable_variables)} trainable variables, "
                              f"expected {expected}")

@@ -9,6 +9,13 @@ asymmetrically where torch pads both sides; zero padding before the max-pool equ
 padding there, since the pool's input is a ReLU output (≥ 0). Batch norm runs in inference form
 (``training=False``) on its moving statistics, loaded from the canonical running_mean / running_var.
 Conv weights (out, in, kh, kw) become Conv2D kernels (kh, kw, in, out) when loading.
+
+Phase training (``training_model``, trained by ``train_on_batch``, which calls the model with
+``training=True``): every :class:`BatchNorm` normalises with its batch's mean and biased variance and
+updates its moving statistics itself, as Keras' BatchNormalization does, with ``momentum`` 0.9 (Keras'
+convention for torch's 0.1, BN_MOMENTUM) and one difference: the moving variance averages the *unbiased*
+batch variance (n/(n − 1)·biased, n = N·H·W), as torch does, where Keras' own layer averages the biased
+one. The moving statistics are non-trainable variables (no gradient, no weight decay); gamma and beta train.
 """
 
 from __future__ import annotations
@@ -19,11 +26,35 @@ from keras import layers, ops
 
 from fwbench.frameworks.keras.weights import (OVERWRITTEN, Transform, conv_kernel, keras_device, load_canonical,
                                             transpose)
-from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
+from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
 
 # canonical BN suffix -> BatchNormalization variable name
 _BN_NAMES = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 assert set(_BN_NAMES) == set(BN_SUFFIXES)
+
+
+class BatchNorm(layers.BatchNormalization):
+    """Keras' BatchNormalization (momentum 1 − BN_MOMENTUM), whose training call updates the moving variance
+    from the unbiased batch variance, as torch does (Keras' own layer uses the biased one there). Inference,
+    and normalisation in training (batch mean, biased variance), are Keras' own. Training computes in
+    float32 (phase training is fp32 only); masks and batch renormalisation are Keras' own code path."""
+
+    def __init__(self, epsilon: float, name: str) -> None:
+        super().__init__(momentum=1.0 - BN_MOMENTUM, epsilon=epsilon, name=name)
+
+    def call(self, inputs, training=None, mask=None):  # type: ignore[no-untyped-def]
+        if not (training and self.trainable) or mask is not None or self.renorm:
+            return super().call(inputs, training=training, mask=mask)
+        x = ops.cast(inputs, "float32")
+        mean, variance = self._moments(x, None)  # over every axis but the channels; biased
+        count = ops.cast(ops.size(x), "float32") / x.shape[self.axis]
+        unbiased = ops.stop_gradient(variance) * count / (count - 1.0)
+        m = self.momentum
+        self.moving_mean.assign(self.moving_mean * m + ops.stop_gradient(mean) * (1.0 - m))
+        self.moving_variance.assign(self.moving_variance * m + unbiased * (1.0 - m))
+        outputs = ops.batch_normalization(x, mean, variance, axis=self.axis, offset=self.beta, scale=self.gamma,
+                                          epsilon=self.epsilon)
+        return ops.cast(outputs, self.compute_dtype)
 
 
 def _conv(v: Conv, name: str) -> layers.Conv2D:
@@ -42,14 +73,14 @@ class Bottleneck(layers.Layer):
         super().__init__(**kwargs)
         self.block = block
         first, second, third = block.convs
-        self.conv1, self.bn1 = _conv(first, "conv1"), layers.BatchNormalization(epsilon=eps, name="bn1")
+        self.conv1, self.bn1 = _conv(first, "conv1"), BatchNorm(eps, name="bn1")
         self.pad2 = _pad(second, "pad2")
-        self.conv2, self.bn2 = _conv(second, "conv2"), layers.BatchNormalization(epsilon=eps, name="bn2")
-        self.conv3, self.bn3 = _conv(third, "conv3"), layers.BatchNormalization(epsilon=eps, name="bn3")
-        self.downsample: tuple[layers.Conv2D, layers.BatchNormalization] | None = None
+        self.conv2, self.bn2 = _conv(second, "conv2"), BatchNorm(eps, name="bn2")
+        self.conv3, self.bn3 = _conv(third, "conv3"), BatchNorm(eps, name="bn3")
+        self.downsample: tuple[layers.Conv2D, BatchNorm] | None = None
         if block.downsample is not None:
             self.downsample = (_conv(block.downsample, "downsample_0"),
-                               layers.BatchNormalization(epsilon=eps, name="downsample_1"))
+                               BatchNorm(eps, name="downsample_1"))
 
     def build(self, input_shape):  # type: ignore[no-untyped-def]
         pairs = [(self.conv1, self.bn1), (self.conv2, self.bn2), (self.conv3, self.bn3)]
@@ -78,7 +109,7 @@ def resnet_model(description: ResNet) -> keras.Model:
     stem = description.stem
     pixels = keras.Input((c.image_size, c.image_size, c.in_channels), dtype="float32", name="pixel_values")
     x = _conv(stem, "conv1")(layers.ZeroPadding2D(stem.padding, name="conv1_pad")(pixels))
-    x = layers.ReLU(name="relu")(layers.BatchNormalization(epsilon=c.bn_eps, name="bn1")(x))
+    x = layers.ReLU(name="relu")(BatchNorm(c.bn_eps, name="bn1")(x))
     x = layers.MaxPooling2D(3, strides=2, name="maxpool")(layers.ZeroPadding2D(1, name="maxpool_pad")(x))
     for block in description.blocks:  # block.prefix "layer{k}.{j}" -> layer name "layer{k}_{j}"
         x = Bottleneck(block, c.bn_eps, name=block.prefix.replace(".", "_"))(x)
@@ -106,3 +137,9 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
     transforms["fc.weight"] = transpose  # (classes, features) -> Dense (features, classes)
     load_canonical(model, weights, mapping, transforms)
     return model
+
+
+def training_model(model: keras.Model, description: ResNet) -> keras.Model:
+    """The model train_on_batch trains: the same layers, the logits (batch, classes) as its one output; with
+    ``training=True`` every BatchNorm uses batch statistics and updates its moving ones."""
+    return keras.Model(model.input, model.output["logits"], name=f"{model.name}_training")

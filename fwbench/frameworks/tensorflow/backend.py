@@ -110,6 +110,9 @@ class TensorFlowBackend(Backend):
         variables = [v for v in model.trainable_variables if v.name.split(":")[0] not in frozen]
         if len(model.trainable_variables) - len(variables) != len(frozen):
             raise ValueError(f"frozen variables {sorted(frozen)} not all found among the model's variables")
+        running = {training.variable_name(name) for name in self.description.running_statistics()}
+        if trained_running := sorted(v.name for v in variables if v.name.split(":")[0] in running):
+            raise ValueError(f"running statistics among the trainable variables: {trained_running}")
         with tf.device(self._tf_device):
             optimizer = make_optimizer(optimizer_spec(self.settings.optimizer))
             optimizer.build(variables)

@@ -11,7 +11,14 @@ or pool asymmetrically (more at the end), so it is never used; the max-pool pads
 ``.conv{n}``, ``.downsample``, ``fc``), each conv holding the BN after it.
 Batch norm in inference form, ``(x - running_mean)·(weight / √(running_var + eps)) + bias``, is
 computed as ``x·scale + shift`` with ``scale`` and ``shift`` precomputed (float32) when loading from
-the four canonical tensors, each used once (torch's eval BN is one fused op as well).
+the four canonical tensors, each used once (torch's eval BN is one fused op as well); ``scale`` and
+``shift`` are not trainable.
+
+Phase training (``training_logits``): the four BN tensors are kept as variables too (``weight`` and
+``bias`` trainable, ``running_mean`` and ``running_var`` not), and every BN normalises with its batch's
+mean and biased variance over (N, H, W) (``tf.nn.moments``), assigning the running statistics inside the
+step (so inside the tf.function / XLA program): ``(1 − m)·running + m·batch``, m = BN_MOMENTUM (torch's
+0.1), the unbiased batch variance for the variance, with no gradient through the update.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from fwbench.frameworks.tensorflow.weights import (
     tracked_variables,
     transpose,
 )
-from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
+from fwbench.models.resnet import BN_MOMENTUM, Block, Conv, ResNet
 
 LAYOUT = "NHWC inside the call (NCHW input transposed as its first op)"
 
@@ -45,20 +52,33 @@ def max_pool(x: tf.Tensor, kernel: int = 3, stride: int = 2, padding: int = 1) -
 
 
 class ConvBN(tf.Module):
-    """A bias-free conv (HWIO kernel, explicit symmetric padding) and the inference BN after it."""
+    """A bias-free conv (HWIO kernel, explicit symmetric padding) and the BN after it: inference form (folded
+    ``scale`` and ``shift``) or training form (batch statistics, running statistics updated)."""
 
     def __init__(self, v: Conv, eps: float, variable: MakeVariable) -> None:
         super().__init__(name=v.name.replace(".", "_"))
         self.kernel = variable(f"{v.name}.weight", (v.kernel, v.kernel, v.in_channels, v.out_channels), hwio)
-        weight, bias, mean, var = (variable(f"{v.bn}.{s}", (v.out_channels,), identity) for s in BN_SUFFIXES)
-        scale = weight / tf.sqrt(var + eps)
-        self.scale = tf.Variable(scale, name=f"{v.bn}.scale".replace(".", "_"))
-        self.shift = tf.Variable(bias - mean * scale, name=f"{v.bn}.shift".replace(".", "_"))
-        self.stride, self.padding = v.stride, v.padding
+        shape = (v.out_channels,)
+        self.weight, self.bias = (variable(f"{v.bn}.{s}", shape, identity) for s in ("weight", "bias"))
+        self.running_mean, self.running_var = (variable(f"{v.bn}.{s}", shape, identity, trainable=False)
+                                               for s in ("running_mean", "running_var"))
+        scale = self.weight / tf.sqrt(self.running_var + eps)
+        self.scale = tf.Variable(scale, name=f"{v.bn}.scale".replace(".", "_"), trainable=False)
+        self.shift = tf.Variable(self.bias - self.running_mean * scale, name=f"{v.bn}.shift".replace(".", "_"),
+                                 trainable=False)
+        self.stride, self.padding, self.eps = v.stride, v.padding, eps
 
-    def __call__(self, x: tf.Tensor) -> tf.Tensor:  # (B, H, W, in) -> (B, H / stride, W / stride, out)
+    def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        """(B, H, W, in) -> (B, H / stride, W / stride, out)."""
         y = tf.nn.conv2d(x, self.kernel, self.stride, explicit_padding(self.padding))
-        return y * self.scale + self.shift
+        if not training:
+            return y * self.scale + self.shift
+        mean, var = tf.nn.moments(y, axes=[0, 1, 2])  # biased variance, as BN normalises
+        count = y.shape[0] * y.shape[1] * y.shape[2]  # static: the step's input signature is fixed
+        m = BN_MOMENTUM
+        self.running_mean.assign((1 - m) * self.running_mean + m * tf.stop_gradient(mean))
+        self.running_var.assign((1 - m) * self.running_var + m * tf.stop_gradient(var) * (count / (count - 1)))
+        return tf.nn.batch_normalization(y, mean, var, self.bias, self.weight, self.eps)
 
 
 class Bottleneck(tf.Module):
@@ -74,11 +94,12 @@ class Bottleneck(tf.Module):
         if block.downsample is not None:
             self.downsample = ConvBN(block.downsample, eps, variable)
 
-    def __call__(self, x: tf.Tensor) -> tf.Tensor:  # (B, H, W, C) -> (B, H / stride, W / stride, 4·width)
-        shortcut = x if self.downsample is None else self.downsample(x)
-        h = tf.nn.relu(self.conv1(x))
-        h = tf.nn.relu(self.conv2(h))
-        h = self.conv3(h)
+    def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        """(B, H, W, C) -> (B, H / stride, W / stride, 4·width)."""
+        shortcut = x if self.downsample is None else self.downsample(x, training)
+        h = tf.nn.relu(self.conv1(x, training))
+        h = tf.nn.relu(self.conv2(h, training))
+        h = self.conv3(h, training)
         return tf.nn.relu(h + shortcut)
 
 
@@ -96,14 +117,24 @@ class ResNetModule(tf.Module):
         check_all_used(weights, used)
 
     def __call__(self, pixel_values: tf.Tensor) -> tuple[tf.Tensor]:
+        return (self.forward(pixel_values, training=False),)
+
+    def forward(self, pixel_values: tf.Tensor, training: bool) -> tf.Tensor:
+        """NCHW pixels → logits (B, classes); ``training``: BN on batch statistics, running ones updated."""
         x = tf.transpose(pixel_values, [0, 2, 3, 1])  # NCHW -> NHWC, inside the timed call
-        x = max_pool(tf.nn.relu(self.conv1(x)))  # (B, H/4, W/4, width)
+        x = max_pool(tf.nn.relu(self.conv1(x, training)))  # (B, H/4, W/4, width)
         for block in self.blocks:
-            x = block(x)
-        return (dense(tf.reduce_mean(x, axis=[1, 2]), *self.fc),)  # (B, classes)
+            x = block(x, training)
+        return dense(tf.reduce_mean(x, axis=[1, 2]), *self.fc)  # (B, classes)
 
 
 def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:
     """The ResNet with the canonical weights (torchvision names, each mapped once), its variables on ``device``."""
     with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
         return ResNetModule(description, weights)
+
+
+def training_logits(module: ResNetModule, pixel_values: tf.Tensor) -> tf.Tensor:
+    """The logits the training loss is taken of: (batch, classes), BN in training form (each call assigns
+    the running statistics)."""
+    return module.forward(pixel_values, training=True)

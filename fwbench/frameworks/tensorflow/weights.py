@@ -3,7 +3,7 @@ cast a built module's variables to another dtype (bf16 cells)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -21,13 +21,15 @@ def transpose(value: np.ndarray) -> np.ndarray:
 
 
 def canonical_variable(
-    weights: dict[str, np.ndarray], name: str, expected_shape: tuple[int, ...], transform: Transform = identity
+    weights: dict[str, np.ndarray], name: str, expected_shape: tuple[int, ...], transform: Transform = identity,
+    trainable: bool = True,
 ) -> tf.Variable:
-    """A variable holding ``transform(weights[name])``, which must have ``expected_shape``."""
+    """A variable holding ``transform(weights[name])``, which must have ``expected_shape``; ``trainable=False``
+    for state that training updates without a gradient (batch-norm running statistics)."""
     value = transform(weights[name])
     if tuple(value.shape) != tuple(expected_shape):
         raise ValueError(f"{name}: shape {value.shape} after mapping, expected {expected_shape}")
-    return tf.Variable(value, name=name.replace(".", "_"), trainable=True)
+    return tf.Variable(value, name=name.replace(".", "_"), trainable=trainable)
 
 
 def check_all_used(weights: dict[str, np.ndarray], used: set[str]) -> None:
@@ -37,21 +39,24 @@ def check_all_used(weights: dict[str, np.ndarray], used: set[str]) -> None:
         raise ValueError(f"weight map: tensors unused {unused}, unknown {unknown}")
 
 
-# canonical name, expected shape after the transform, transform -> a checked tf.Variable
-MakeVariable = Callable[[str, tuple[int, ...], Transform], tf.Variable]
+class MakeVariable(Protocol):
+    """canonical name, expected shape after the transform, transform[, trainable] -> a checked tf.Variable"""
+
+    def __call__(self, name: str, shape: tuple[int, ...], transform: Transform,
+                 trainable: bool = True) -> tf.Variable: ...
 
 
 def tracked_variables(weights: dict[str, np.ndarray], used: set[str]) -> MakeVariable:
     """``canonical_variable`` that records each name in ``used`` (for ``check_all_used``) and raises
     ValueError for a tensor that is missing or mapped twice."""
 
-    def variable(name: str, shape: tuple[int, ...], transform: Transform) -> tf.Variable:
+    def variable(name: str, shape: tuple[int, ...], transform: Transform, trainable: bool = True) -> tf.Variable:
         if name not in weights:
             raise ValueError(f"weight map: tensor {name} missing")
         if name in used:
             raise ValueError(f"weight map: tensor {name} mapped twice")
         used.add(name)
-        return canonical_variable(weights, name, shape, transform)
+        return canonical_variable(weights, name, shape, transform, trainable)
 
     return variable
 

@@ -165,14 +165,16 @@ class TorchBackend(Backend):
 
         arch = importlib.import_module(f"fwbench.frameworks.torch.{self.description.arch}")
         frozen_prefixes: tuple[str, ...] = getattr(arch, "FROZEN_IN_TRAINING", ())
-        model = self.model.train()  # no dropout or batch norm in these models: train() changes nothing else
+        # train(): batch norm (ResNet) normalises with batch statistics and updates its running buffers
+        # (momentum 0.1, unbiased running variance: nn.BatchNorm2d's defaults); no model here has dropout.
+        model = self.model.train()
         trained = []
-        for name, parameter in model.named_parameters():
+        for name, parameter in model.named_parameters():  # buffers (running statistics) are not parameters
             frozen = bool(self.description.frozen_in_training()) and name.startswith(frozen_prefixes)
             parameter.requires_grad_(not frozen)
             if not frozen:
                 trained.append(parameter)
-        expected = len(self.description.param_schema()) - len(self.description.frozen_in_training())
+        expected = self.description.trained_tensor_count()
         if len(trained) != expected:
             raise ValueError(f"{len(trained)} trained parameters, expected {expected}")
         optimizer = training.make_optimizer(optimizer_spec(self.settings.optimizer), trained)

@@ -4,6 +4,8 @@ Input ``pixel_values``: (batch, 3, H, W) float32, NCHW → ``(logits,)`` with lo
 Attribute names are torchvision's (``conv1``, ``bn1``, ``layer{k}.{j}.conv{n}``, ``.downsample.{0,1}``,
 ``fc``), so the weight map is an identity, spelled out. BN running statistics are buffers: they
 are loaded through the same strict map as the parameters (``weights.load_canonical``).
+Phase training: the backend puts the module in ``train()`` mode, so every nn.BatchNorm2d normalises with
+the batch's statistics and updates its running buffers (momentum 0.1, unbiased running variance).
 """
 
 from __future__ import annotations
@@ -13,9 +15,14 @@ import torch
 from torch import nn
 
 from fwbench.frameworks.torch.weights import load_canonical
-from fwbench.models.resnet import BN_SUFFIXES, Block, Conv, ResNet
+from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
 
 LAYOUT = "NCHW"
+
+def _bn(channels: int, eps: float) -> nn.BatchNorm2d:
+    """BN with torch's running-statistics momentum (BN_MOMENTUM, 0.1: nn.BatchNorm2d's default)."""
+    return nn.BatchNorm2d(channels, eps=eps, momentum=BN_MOMENTUM)
+
 
 def _conv(v: Conv) -> nn.Conv2d:
     return nn.Conv2d(v.in_channels, v.out_channels, v.kernel, stride=v.stride, padding=v.padding, bias=False)
@@ -27,14 +34,14 @@ class Bottleneck(nn.Module):
     def __init__(self, block: Block, eps: float) -> None:
         super().__init__()
         first, second, third = block.convs
-        self.conv1, self.bn1 = _conv(first), nn.BatchNorm2d(first.out_channels, eps=eps)
-        self.conv2, self.bn2 = _conv(second), nn.BatchNorm2d(second.out_channels, eps=eps)
-        self.conv3, self.bn3 = _conv(third), nn.BatchNorm2d(third.out_channels, eps=eps)
+        self.conv1, self.bn1 = _conv(first), _bn(first.out_channels, eps)
+        self.conv2, self.bn2 = _conv(second), _bn(second.out_channels, eps)
+        self.conv3, self.bn3 = _conv(third), _bn(third.out_channels, eps)
         self.relu = nn.ReLU(inplace=True)
         self.downsample: nn.Module | None = None
         if block.downsample is not None:
             self.downsample = nn.Sequential(_conv(block.downsample),
-                                            nn.BatchNorm2d(block.downsample.out_channels, eps=eps))
+                                            _bn(block.downsample.out_channels, eps))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, 4·width, H / stride, W / stride)
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -49,7 +56,7 @@ class ResNetModule(nn.Module):
         super().__init__()
         c = description.config
         self.conv1 = _conv(description.stem)
-        self.bn1 = nn.BatchNorm2d(description.stem.out_channels, eps=c.bn_eps)
+        self.bn1 = _bn(description.stem.out_channels, c.bn_eps)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         blocks = description.blocks
@@ -83,3 +90,11 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
             mapping.update({f"{block.downsample.bn}.{s}": f"{block.prefix}.downsample.1.{s}" for s in BN_SUFFIXES})
     load_canonical(module, weights, mapping)
     return module.to(device).eval()
+
+
+def training_logits(module: ResNetModule, pixel_values: torch.Tensor) -> torch.Tensor:
+    """The logits the training loss is taken of: (batch, classes), every BN on its batch statistics (the
+    backend has put the module in train() mode; each call updates the running buffers)."""
+    if not module.training:
+        raise RuntimeError("ResNet training logits need the module in train() mode (batch-norm batch statistics)")
+    return module(pixel_values)[0]
