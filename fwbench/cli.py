@@ -100,6 +100,14 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _directory(text: str) -> str:
+    """An absolute directory path (workers may not share the caller's relative view); an existing file is refused."""
+    path = Path(text).expanduser().resolve()
+    if not text or path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    return str(path)
+
+
 def _run_id(text: str) -> int | str:
     return "latest" if text == "latest" else _positive_int(text)
 
@@ -131,8 +139,9 @@ def build_parser() -> Parser:
     grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a "
                       "sequence axis")
     grid.add_argument("--phase", choices=PHASES, help="inference (default), training (one optimizer step per "
-                      "timed call, fp32 only) or fit (--epochs over a seeded in-memory dataset with each "
-                      "runtime's training loop: model.fit, Trainer.fit or a manual loop; one sample per epoch)")
+                      "timed call; bf16: mixed precision, float32 master weights) or fit (fp32; --epochs over a seeded "
+                      "in-memory dataset with each runtime's training loop: model.fit, Trainer.fit or a manual loop; "
+                      "one sample per epoch)")
     grid.add_argument("--dtype", choices=RUNNABLE_DTYPES, help="default: fp32")
     grid.add_argument("--device", choices=RUN_DEVICES, help="default: cpu")
     timing = run.add_argument_group("measurement")
@@ -164,6 +173,12 @@ def build_parser() -> Parser:
     timing.add_argument("--fit-samples", type=_positive_int, metavar="N",
                         help="--phase fit only: samples of the seeded synthetic dataset (default 4096; a multiple "
                         "of every batch size)")
+    timing.add_argument("--fit-logging", type=_directory, metavar="DIR",
+                        help="--phase fit, torch:lightning only (other runtimes ignore it): turn on Lightning's "
+                        "CSVLogger (DIR/<model>-b<batch>/version_<n>/metrics.csv: train_loss per epoch, and per step every 50 "
+                        "steps, Lightning's default) and "
+                        "ModelCheckpoint (the last epoch's .ckpt in that version's checkpoints/); default: both off, "
+                        "nothing written")
     limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
     limits.add_argument("--timeout", type=_positive_float, metavar="SECONDS", help="per cell (default 600)")
     limits.add_argument("--memory-limit", type=_bytes, metavar="BYTES",
@@ -271,7 +286,7 @@ SETTINGS_FLAGS = {
     "threads": "threads", "interop_threads": "interop_threads", "protocol": "protocol", "max_time": "max_time_s",
     "warmup": "warmup_calls", "timeout": "timeout_s", "memory_limit": "memory_limit_bytes", "seed": "seed",
     "weights": "weights_path", "compile_mode": "compile_mode", "optimizer": "optimizer",
-    "epochs": "epochs", "fit_samples": "fit_samples",
+    "epochs": "epochs", "fit_samples": "fit_samples", "fit_logging": "fit_logging",
 }
 GRID_FLAGS = ("suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
 

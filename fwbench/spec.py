@@ -27,7 +27,10 @@ PHASES: tuple[str, ...] = get_args(Phase)
 # own way (torch autocast, TF/JAX weights and inputs cast, Keras' mixed_bfloat16 policy; see the README).
 RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training", "fit")
 RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
-TRAINING_DTYPES: tuple[str, ...] = ("fp32",)  # bf16 (mixed-precision) training comes later (phases training, fit)
+# Phase training: bf16 is mixed precision with float32 master weights (torch autocast, Keras mixed_bfloat16,
+# JAX parameters cast inside the loss, TF a bfloat16 working copy of the float32 variables). Phase fit: fp32.
+TRAINING_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+FIT_DTYPES: tuple[str, ...] = ("fp32",)
 # Largest batch size, sequence length or count accepted (fits every store column and framework index).
 MAX_COUNT = 2**31 - 1
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -119,6 +122,9 @@ class Settings:
                                                      "epoch 1 includes compilation and is stored as the first call)"})
     fit_samples: int = field(default=4096, metadata={"help": "phase fit: samples in the seeded synthetic dataset "
                                                              "(a multiple of every batch size)"})
+    fit_logging: str | None = field(default=None, metadata={"help": "phase fit, torch:lightning only: directory "
+                                                            "for Lightning's CSVLogger and ModelCheckpoint (both "
+                                                            "off when unset)"})
 
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)
@@ -131,6 +137,8 @@ class Settings:
         _check_positive_int("fit samples", self.fit_samples)
         if self.epochs < 2:
             raise SpecError(f"epochs must be at least 2 (epoch 1 includes compilation), got {self.epochs}")
+        if self.fit_logging is not None and (not isinstance(self.fit_logging, str) or not self.fit_logging):
+            raise SpecError(f"fit logging must be a directory path, got {self.fit_logging!r}")
         for name, value in (
             ("max time", self.max_time_s),
             ("timeout", self.timeout_s),

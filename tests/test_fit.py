@@ -1,7 +1,10 @@
 """Phase fit: the seeded dataset, the planner's and the CLI's refusals, the overhead table's arithmetic, and
 one `fwbench run --phase fit` of the MLP in every fit runtime (2 epochs, 512 samples, batch 64) whose stored
 cells must agree with torch:eager's manual loop (fwbench.models.fit's tolerance), with every loss falling,
-and whose report has the overhead section.
+and whose report has the overhead section; the same for resnet-tiny (2 epochs, 256 samples, batch 32: batch
+norm in training mode during the epochs, the final evaluation on the running statistics), run with
+--fit-logging so Lightning's CSV log and checkpoint are written there, while the MLP run (without it, in an
+empty working directory) writes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from fwbench.spec import Settings, SpecError
 FIT_RUNTIMES = ("torch:eager", "torch:lightning", "tensorflow:function", "jax:jit", "keras:tensorflow", "keras:jax",
                 "keras:torch")
 EPOCHS, SAMPLES, BATCH = 2, 512, 64
+RESNET_EPOCHS, RESNET_SAMPLES, RESNET_BATCH = 2, 256, 32
 
 
 # -- framework-free -------------------------------------------------------------------------------
@@ -33,6 +37,22 @@ def test_fit_dataset_is_seeded_and_learnable() -> None:
     assert len(np.unique(a.labels)) >= 3  # a teacher, not a constant
     with pytest.raises(NotImplementedError, match="bert-tiny has no fit phase yet"):
         make_fit_dataset(get_model("bert-tiny"), 8, 0)
+
+
+def test_resnet_tiny_fit_dataset_is_labelled_in_chunks_and_resnet50_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fwbench.models import fit as fit_module
+    from fwbench.models import get_model
+
+    resnet = get_model("resnet-tiny")
+    monkeypatch.setattr(fit_module, "TEACHER_CHUNK", 16)
+    dataset = fit_module.make_fit_dataset(resnet, 40, 0)  # chunks of 16, 16, 8
+    assert dataset.inputs["pixel_values"].shape == (40, 3, 64, 64) and dataset.labels.shape == (40,)
+    logits = resnet.reference_forward(resnet.canonical_weights(1), dataset.inputs)["logits"]  # in one piece
+    assert np.array_equal(dataset.labels, (logits - logits.mean(axis=0)).argmax(-1))  # centred per class
+    assert len(np.unique(dataset.labels)) >= 5  # centred: not one class for most samples, as the raw teacher
+    with pytest.raises(NotImplementedError, match="resnet50 has no fit phase"):
+        fit_module.make_fit_dataset(get_model("resnet50"), 8, 0)
 
 
 def _row(runtime: str, median: float, loss: float, accuracy: float = 0.5) -> dict[str, Any]:
@@ -99,17 +119,54 @@ def test_settings_refuse_one_epoch() -> None:
         Settings(epochs=1)
 
 
+def test_planner_runs_resnet_tiny_fit_and_skips_resnet50() -> None:
+    from fwbench.runner.planner import build_plan
+
+    plan = build_plan(["resnet-tiny", "resnet50"], ["torch:lightning"], [32], [], Settings(), phase="fit")
+    assert [(c.model, c.runtime) for c in plan.cases] == [("resnet-tiny", "torch:lightning")]
+    assert "resnet50 has no fit phase" in plan.skipped[0].reason
+
+
+def test_fit_logging_must_be_a_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from fwbench.cli import main
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    code = main(["run", "--phase", "fit", "--models", "mlp", "--runtimes", "torch:lightning", "--fit-logging",
+                 str(a_file), "--db", str(tmp_path / "x.db")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "is not a directory" in err, err
+    with pytest.raises(SpecError, match="fit logging must be a directory path"):
+        Settings(fit_logging="")
+
+
 # -- every fit runtime, end to end ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fwbench.cli import main
 
     db = tmp_path_factory.mktemp("fit") / "fit.db"
-    code = main(["run", "--phase", "fit", "--models", "mlp", "--runtimes", ",".join(FIT_RUNTIMES),
-                 "--batch-sizes", str(BATCH), "--epochs", str(EPOCHS), "--fit-samples", str(SAMPLES),
-                 "--threads", "1", "--db", str(db)])
+    with pytest.MonkeyPatch.context() as patch:  # the workers' working directory: where Lightning would write
+        patch.chdir(db.parent)
+        code = main(["run", "--phase", "fit", "--models", "mlp", "--runtimes", ",".join(FIT_RUNTIMES),
+                     "--batch-sizes", str(BATCH), "--epochs", str(EPOCHS), "--fit-samples", str(SAMPLES),
+                     "--threads", "1", "--db", str(db)])
     assert code == 0
     return db
+
+
+@pytest.fixture(scope="module")
+def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(database, --fit-logging directory) of one resnet-tiny fit run in every fit runtime."""
+    from fwbench.cli import main
+
+    root = tmp_path_factory.mktemp("resnet_fit")
+    db, logs = root / "fit.db", root / "lightning"
+    code = main(["run", "--phase", "fit", "--models", "resnet-tiny", "--runtimes", ",".join(FIT_RUNTIMES),
+                 "--batch-sizes", str(RESNET_BATCH), "--epochs", str(RESNET_EPOCHS),
+                 "--fit-samples", str(RESNET_SAMPLES), "--threads", "1", "--fit-logging", str(logs), "--db", str(db)])
+    assert code == 0
+    return db, logs
 
 
 def _results(db: Path) -> dict[str, dict[str, Any]]:
@@ -146,6 +203,47 @@ def test_fit_loops_agree_on_the_mlp(fit_db: Path) -> None:
     assert results["keras:jax"]["details"]["fit"]["loop"] == "keras model.fit (jit_compile=True)"
     assert results["keras:torch"]["details"]["fit"]["loop"] == "keras model.fit (jit_compile=False)"
     assert results["torch:lightning"]["details"]["fit"]["torch_threads_after"] == 1  # Lightning kept the budget
+    # no --fit-logging: Lightning wrote no log and no checkpoint (the workers ran in the database's directory)
+    assert results["torch:lightning"]["details"]["fit"]["logging"] is None
+    assert sorted(p.name for p in fit_db.parent.iterdir() if not p.name.startswith("fit.db")) == []
+
+
+@pytest.mark.slow
+def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path]) -> None:
+    from fwbench.models.fit import fit_tolerance
+
+    rtol, atol = fit_tolerance("resnet-tiny")
+    results = _results(resnet_fit[0])
+    assert set(results) == set(FIT_RUNTIMES)
+    assert all(r["status"] == "ok" for r in results.values()), {k: r["reason"] for k, r in results.items()}
+    reference = results["torch:eager"]["details"]["fit"]
+    for runtime, row in results.items():
+        fit = row["details"]["fit"]
+        assert fit["samples"] == RESNET_SAMPLES and len(fit["epoch_loss"]) == RESNET_EPOCHS
+        assert fit["epoch_loss"][1] < fit["epoch_loss"][0] and math.isfinite(fit["final_loss"]), runtime
+        rel = abs(fit["final_loss"] - reference["final_loss"]) / reference["final_loss"]
+        assert rel <= rtol, (runtime, fit["final_loss"], reference["final_loss"])
+        assert abs(fit["final_accuracy"] - reference["final_accuracy"]) <= atol, runtime
+        # epoch 1's mean training loss (batch norm on batch statistics) agrees far more tightly
+        assert fit["epoch_loss"][0] == pytest.approx(reference["epoch_loss"][0], rel=1e-4), runtime
+
+
+@pytest.mark.slow
+def test_fit_logging_writes_lightnings_log_and_checkpoint(resnet_fit: tuple[Path, Path]) -> None:
+    db, logs = resnet_fit
+    logging = _results(db)["torch:lightning"]["details"]["fit"]["logging"]
+    version = Path(logging["log_dir"])
+    assert version.parent == logs / f"resnet-tiny-b{RESNET_BATCH}" and version.name == "version_0"
+    header, *rows = (version / "metrics.csv").read_text().splitlines()
+    assert "train_loss_epoch" in header.split(",") and "epoch" in header.split(",")
+    assert len([r for r in rows if r.split(",")[header.split(",").index("train_loss_epoch")]]) == RESNET_EPOCHS
+    steps = RESNET_EPOCHS * RESNET_SAMPLES // RESNET_BATCH
+    checkpoint = Path(logging["checkpoint"])
+    assert checkpoint.parent == version / "checkpoints"
+    assert checkpoint.name == f"epoch={RESNET_EPOCHS - 1}-step={steps}.ckpt"
+    assert checkpoint.stat().st_size > 0
+    # only torch:lightning writes there: one model × batch directory, nothing else
+    assert [p.name for p in logs.iterdir()] == [f"resnet-tiny-b{RESNET_BATCH}"]
 
 
 @pytest.mark.slow

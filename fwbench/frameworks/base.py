@@ -60,6 +60,9 @@ class Backend(ABC):
         self.device = device
         self.settings = settings
         self.dtype = dtype  # the case's dtype: "fp32", or "bf16" computed the framework's own way
+        # The case's phase, set before build: bf16 training keeps float32 master weights where bf16 inference
+        # casts the weights themselves (TF, JAX).
+        self.phase = "inference"
         self.description: ModelDescription | None = None
         self.model: Any = None
         self.layout: str | None = None

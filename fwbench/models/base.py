@@ -77,6 +77,8 @@ class ModelDescription(ABC):
     has_sequence: ClassVar[bool] = False
     max_seq_len: int | None = None
     output_names: tuple[str, ...]
+    # Phase fit (fwbench.models.fit): label by the teacher's logits minus each class's mean over the dataset
+    fit_teacher_centred: ClassVar[bool] = False
 
     @abstractmethod
     def param_schema(self) -> list[ParamSpec]:

@@ -19,6 +19,9 @@ in inference, and updates its running statistics as torch does (momentum ``BN_MO
 n/(n − 1)·biased, n = N·H·W; in Keras' and flax's convention that is momentum 0.9). The running
 statistics are state, not trained parameters (``running_statistics``: no gradient, no weight decay);
 BN weight and bias are trained.
+
+Phase fit (resnet-tiny only, ``fit_unsupported``): the same training-mode BN during the epochs; the final
+loss/accuracy is evaluated in inference form, on the running statistics the epochs left.
 """
 
 from __future__ import annotations
@@ -107,10 +110,14 @@ class ResNet(ModelDescription):
     arch = "resnet"
     has_sequence = False
     output_names = ("logits",)
+    # A seeded ResNet teacher puts ~94% of resnet-tiny's samples in one class (the pooled features share a
+    # large positive mean, so fc's row sums decide); centred per class over the dataset, all classes occur.
+    fit_teacher_centred = True
 
-    def __init__(self, name: str, config: ResNetConfig) -> None:
+    def __init__(self, name: str, config: ResNetConfig, fit_phase: bool = False) -> None:
         self.name = name
         self.config = config
+        self.fit_phase = fit_phase  # phase fit: only where the float64 numpy teacher labels a dataset quickly
 
     # -- structure --------------------------------------------------------------------------
     @property
@@ -198,6 +205,13 @@ class ResNet(ModelDescription):
 
     def training_unsupported(self) -> str | None:
         return None
+
+    def fit_unsupported(self) -> str | None:
+        """Phase fit (fwbench.models.fit): resnet-tiny. A larger ResNet is refused: its float64 numpy teacher
+        (im2col convs) would spend minutes labelling a dataset of thousands of images before the first epoch."""
+        if self.fit_phase:
+            return None
+        return f"{self.name} has no fit phase (its float64 teacher is too slow to label a dataset; resnet-tiny has one)"
 
     def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
         """labels (batch,) int32 class ids in [0, num_classes), seeded; label_weights (batch,) all 1."""
@@ -316,5 +330,6 @@ def batch_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndar
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
-RESNET_TINY = ResNet("resnet-tiny", ResNetConfig(blocks=(1, 1, 1, 1), width=16, image_size=64, num_classes=10))
+RESNET_TINY = ResNet("resnet-tiny", ResNetConfig(blocks=(1, 1, 1, 1), width=16, image_size=64, num_classes=10),
+                     fit_phase=True)
 RESNET50 = ResNet("resnet50", ResNetConfig(blocks=(3, 4, 6, 3), width=64, image_size=224, num_classes=1000))

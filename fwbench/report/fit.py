@@ -70,7 +70,7 @@ def overhead_tables(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             agree = None
             if reference is not None:
                 ref = reference["details"]["fit"]
-                agree = agreement(final, {"loss": ref["final_loss"], "accuracy": ref["final_accuracy"]})
+                agree = agreement(final, {"loss": ref["final_loss"], "accuracy": ref["final_accuracy"]}, model)
             table["rows"].append({
                 "batch": batch, "framework": engine(row["runtime"]), "runtime": row["runtime"], "loop": fit["loop"],
                 "per-epoch median": row["median_s"], "ratio": ratio, "manual": manual_name, "is_manual": is_manual,

@@ -23,7 +23,7 @@ from fwbench.measure import memory, timer
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE, Job, stage_message
-from fwbench.spec import RUNNABLE_DTYPES, RUNNABLE_PHASES, TRAINING_DTYPES
+from fwbench.spec import FIT_DTYPES, RUNNABLE_DTYPES, RUNNABLE_PHASES, TRAINING_DTYPES
 
 
 def parity(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
@@ -91,8 +91,8 @@ class CellRunner:
     def run(self) -> dict[str, Any]:
         case, settings = self.job.case, self.job.settings
         training = case.phase == "training"
-        trains = case.phase in ("training", "fit")
-        if case.phase not in RUNNABLE_PHASES or case.dtype not in (TRAINING_DTYPES if trains else RUNNABLE_DTYPES):
+        dtypes = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES}.get(case.phase, RUNNABLE_DTYPES)
+        if case.phase not in RUNNABLE_PHASES or case.dtype not in dtypes:
             raise NotImplementedError(f"phase {case.phase} with dtype {case.dtype} is not implemented yet")
         description = get_model(case.model)
         if training and description.training_unsupported():
@@ -103,6 +103,7 @@ class CellRunner:
         from fwbench.frameworks import create_backend
 
         self.backend = backend = create_backend(case.runtime, case.device, settings, dtype=case.dtype)
+        backend.phase = case.phase  # before build: bf16 training keeps float32 master weights
         self.result["threads_effective"] = backend.configure_threads(settings.threads, settings.interop_threads)
         self.result["matmul_precision"] = backend.configure_precision()
         self.result["versions"] = backend.versions()

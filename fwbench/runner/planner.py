@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Sequence
 from fwbench.frameworks import get_runtime, phase_unsupported
 from fwbench.models import get_model
 from fwbench.spec import (
+    FIT_DTYPES,
     MAX_COUNT,
     RUNNABLE_DTYPES,
     RUNNABLE_PHASES,
@@ -84,9 +85,10 @@ def build_grids_plan(
         raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
     if dtype not in RUNNABLE_DTYPES:
         raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
-    if phase in ("training", "fit") and dtype not in TRAINING_DTYPES:
-        raise SpecError(f"phase {phase} with dtype {dtype!r} cannot be run yet (mixed-precision training comes "
-                        f"later); training dtypes: {', '.join(TRAINING_DTYPES)}")
+    allowed = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES}.get(phase, RUNNABLE_DTYPES)
+    if dtype not in allowed:
+        raise SpecError(f"phase {phase} with dtype {dtype!r} cannot be run yet; phase {phase} dtypes: "
+                        f"{', '.join(allowed)}")
     if phase == "fit":
         for _, _, batch_sizes, _ in grids:
             uneven = [b for b in batch_sizes if settings.fit_samples % b]

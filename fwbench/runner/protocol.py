@@ -35,7 +35,13 @@ class TrainingTolerance:
 # loss curve 3.3e-5, all parameters 5.8e-4, single tensor 7.0e-2 (attention query/key biases, whose gradient
 # is ~0 in exact arithmetic: Adam normalises rounding noise into full-size steps). Limits ≈ 30×, 9×, 3.5× that.
 # keras:tensorflow on bert-tiny is the one outlier (loss 1.5e-3, parameters 1.4e-2): caught, as it should be.
-TRAINING_TOLERANCE = {"fp32": TrainingTolerance(loss_rel=1e-3, params_rel_l2=5e-3, tensor_rel_l2=0.25)}
+# bf16 (mixed precision), measured 2026-12-03 the same way on mlp, bert-tiny, gpt2-tiny, resnet-tiny in torch:eager
+# (first) against tensorflow (eager, function, xla), jax:jit, keras:*, torch:compile: text models and the MLP
+# ≤ 5.4e-3 / 7.4e-3 / 0.34; resnet-tiny, which memorises its batch (loss 2.25 → 0.0084, so relative errors of the
+# late losses grow), loss curve ≤ 7.7e-2, parameters ≤ 8.1e-2, worst tensor 0.39 (layer4.0.bn2.running_mean,
+# means over N·H·W = 8 values); torch:compile against torch:eager alone gives 2.3e-2 / 6.3e-2 / 0.29.
+TRAINING_TOLERANCE = {"fp32": TrainingTolerance(loss_rel=1e-3, params_rel_l2=5e-3, tensor_rel_l2=0.25),
+                      "bf16": TrainingTolerance(loss_rel=0.15, params_rel_l2=0.15, tensor_rel_l2=1.0)}
 
 
 @dataclass(frozen=True)

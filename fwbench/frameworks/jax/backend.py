@@ -107,13 +107,18 @@ class JaxBackend(Backend):
     def configure_precision(self) -> dict[str, object]:
         jax.config.update("jax_default_matmul_precision", "highest")
         report: dict[str, object] = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
-        if self.dtype == "bf16":
+        if self.dtype == "bf16" and self.phase == "training":
+            report["bf16_mechanism"] = ("mixed precision: float32 master parameters and optimizer state, cast to "
+                                        "jnp.bfloat16 inside the jitted loss function")
+        elif self.dtype == "bf16":
             report["bf16_mechanism"] = "parameter pytree and float inputs cast to jnp.bfloat16"
         return report
 
     def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
         super().build(description, weights)
-        if self.dtype == "bf16":  # every model here is a frozen dataclass holding its pytree in ``params``
+        # Every model here is a frozen dataclass holding its pytree in ``params``. bf16 training keeps it float32:
+        # the master weights, cast to bfloat16 inside the loss (make_train_step).
+        if self.dtype == "bf16" and self.phase != "training":
             self.model = dataclasses.replace(self.model, params=cast_floating(self.model.params, jnp.bfloat16))
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
@@ -141,12 +146,19 @@ class JaxBackend(Backend):
         assert self.description is not None
         return {name: np.asarray(t, dtype=np.float32) for name, t in zip(self.description.output_names, outputs)}
 
+    def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
+        """(labels int32, label_weights float32) on the device: the loss is float32 in every dtype."""
+        return tuple(jax.block_until_ready(jax.device_put(a, self._device)) for a in arrays.values())
+
     def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
         """One ``jax.jit`` of the whole step: ``jax.value_and_grad`` of the loss, the optax update and
         ``optax.apply_updates``; parameters, optimizer state and the model's non-trained state (ResNet's
         batch-norm running statistics, which the forward returns updated; empty for the other models) are
         donated (updated in place) and carried to the next call. The call blocks on every leaf of the new
-        parameters and states and on the loss."""
+        parameters and states and on the loss. bf16: the parameters stay float32 (the master weights) and are
+        cast to bfloat16 inside the loss function, so the forward and backward compute in bfloat16 and the
+        gradients, optimizer state and update are float32; the loss is taken of float32 logits; ResNet's running
+        statistics stay float32."""
         assert self.description is not None
         import optax
 
@@ -156,6 +168,8 @@ class JaxBackend(Backend):
         arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
         model = self.model
         params, stats = self._training_trees(model)
+        if self.dtype == "bf16" and any(leaf.dtype == jnp.bfloat16 for leaf in jax.tree_util.tree_leaves(params)):
+            raise RuntimeError("bf16 training needs phase 'training' set before build (float32 master weights)")
         if len(jax.tree_util.tree_leaves(stats)) != len(self.description.running_statistics()):
             raise ValueError(f"{len(jax.tree_util.tree_leaves(stats))} running statistics in the training state, "
                              f"expected {len(self.description.running_statistics())}")
@@ -170,10 +184,14 @@ class JaxBackend(Backend):
             def forward(params: Any, stats: Any, *batch: jax.Array) -> tuple[jax.Array, Any]:
                 return arch.training_logits(model, params, *batch), stats
 
+        compute_dtype = jnp.bfloat16 if self.dtype == "bf16" else None
+
         def loss_fn(params: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
                     weights: jax.Array) -> tuple[jax.Array, Any]:
+            if compute_dtype is not None:  # mixed precision: the float32 master weights cast for the forward
+                params = cast_floating(params, compute_dtype)  # (gradients flow back through the cast: float32)
             logits, stats = forward(params, stats, *batch)
-            return loss_of(logits, labels, weights), stats
+            return loss_of(logits.astype(jnp.float32), labels, weights), stats
 
         def train_step(params: Any, state: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
                        weights: jax.Array) -> tuple[Any, Any, Any, jax.Array]:

@@ -1,14 +1,17 @@
 """Phase fit in JAX (``jax:jit``): the manual loop JAX users write, a Python ``for`` over numpy batch slices
 of the in-memory dataset (no shuffle) calling one ``jax.jit`` step (``jax.value_and_grad`` of the mean
 softmax cross-entropy, the optax update and ``optax.apply_updates``; parameters and optimizer state donated
-and carried). fwbench.models.fit says what is trained.
+and carried). fwbench.models.fit says what is trained. ResNet: the step also carries (and donates) the batch-norm
+running statistics (``training_variables``, ``training_logits_and_stats``: BN on batch statistics, torch's
+update rule); the final logits are in inference form (``inference_logits``: BN on the running statistics).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -20,6 +23,18 @@ from fwbench.models.fit import FitDataset, FitResult
 from fwbench.models.training import optimizer_spec
 
 
+def _training_forward(arch: Any, model: Any) -> Callable[..., tuple[jax.Array, Any]]:
+    """(params, stats, *inputs) -> (training logits, updated stats): the arch's ``training_logits_and_stats``
+    where it has model state (ResNet's running statistics), else its stateless ``training_logits``."""
+    if hasattr(arch, "training_logits_and_stats"):
+        return functools.partial(arch.training_logits_and_stats, model)
+
+    def forward(params: Any, stats: Any, *xs: jax.Array) -> tuple[jax.Array, Any]:
+        return arch.training_logits(model, params, *xs), stats
+
+    return forward
+
+
 def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
     """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring)."""
     assert backend.description is not None
@@ -28,22 +43,23 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     arch = importlib.import_module(f"fwbench.frameworks.jax.{backend.description.arch}")
     model = backend.model
     optimizer = make_optimizer(optimizer_spec(backend.settings.optimizer))
+    forward = _training_forward(arch, model)
 
-    def loss_fn(params: Any, xs: tuple[jax.Array, ...], labels: jax.Array) -> jax.Array:
-        logits = arch.training_logits(model, params, *xs)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    def loss_fn(params: Any, stats: Any, xs: tuple[jax.Array, ...], labels: jax.Array) -> tuple[jax.Array, Any]:
+        logits, stats = forward(params, stats, *xs)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), stats
 
-    def train_step(params: Any, state: Any, xs: tuple[jax.Array, ...],
-                   labels: jax.Array) -> tuple[Any, Any, jax.Array]:
-        loss, grads = jax.value_and_grad(loss_fn)(params, xs, labels)
+    def train_step(params: Any, state: Any, stats: Any, xs: tuple[jax.Array, ...],
+                   labels: jax.Array) -> tuple[Any, Any, Any, jax.Array]:
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, xs, labels)
         updates, state = optimizer.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
+        return optax.apply_updates(params, updates), state, stats, loss
 
     epoch_s: list[float] = []
     epoch_loss: list[float] = []
     started = time.perf_counter()
-    step = jax.jit(train_step, donate_argnums=(0, 1))
-    params = model.params
+    step = jax.jit(train_step, donate_argnums=(0, 1, 2))
+    params, stats = backend._training_trees(model)  # type: ignore[attr-defined]
     state = jax.device_put(optimizer.init(params), backend._device)  # type: ignore[attr-defined]
     inputs, labels = list(dataset.inputs.values()), dataset.labels
     for _ in range(epochs):
@@ -51,13 +67,14 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
         losses = []
         for start in range(0, dataset.size, batch_size):
             end = start + batch_size
-            params, state, loss = step(params, state, tuple(a[start:end] for a in inputs), labels[start:end])
+            params, state, stats, loss = step(params, state, stats, tuple(a[start:end] for a in inputs),
+                                              labels[start:end])
             losses.append(loss)
         mean = float(np.mean(jax.device_get(losses)))  # waits for the epoch's last step
-        jax.block_until_ready(params)
+        jax.block_until_ready((params, stats))
         epoch_s.append(time.perf_counter() - epoch_start)
         epoch_loss.append(mean)
     total_s = time.perf_counter() - started
-    logits = jax.jit(lambda p, *xs: arch.training_logits(model, p, *xs))(params, *inputs)
+    logits = jax.jit(lambda p, s, *xs: arch.inference_logits(model, p, s, *xs))(params, stats, *inputs)
     return FitResult("manual loop + jax.jit step", epoch_s, epoch_loss, np.asarray(logits, dtype=np.float32),
                      total_s)

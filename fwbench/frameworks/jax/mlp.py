@@ -45,6 +45,11 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
     return MLPModel({"layers": layers})
 
 
+def inference_logits(model: MLPModel, params: Params, stats: Any, x: jax.Array) -> jax.Array:
+    """The logits (batch, out_features) after training (phase fit's evaluation); ``stats``: the empty state."""
+    return model.apply(params, x)[0]
+
+
 def training_logits(model: MLPModel, params: Params, x: jax.Array) -> jax.Array:
     """The logits the training loss is taken of: (batch, out_features)."""
     return model.apply(params, x)[0]

@@ -178,6 +178,21 @@ def _flat_convs(model: ResNetModel) -> dict[str, Params]:
     return flat
 
 
+def inference_logits(model: ResNetModel, params: Params, stats: Params, pixel_values: jax.Array) -> jax.Array:
+    """(batch, classes) logits in inference form from the training pytrees (phase fit's evaluation after
+    training): every BN folded into ``scale`` and ``shift`` from its trained weight and bias and its running
+    ``mean`` and ``var``, as ``build_model`` folds the loaded ones."""
+    def fold(p: Params, s: Params) -> Params:
+        scale = p["weight"] / jnp.sqrt(s["var"] + model.eps)
+        return {"kernel": p["kernel"], "scale": scale, "shift": p["bias"] - s["mean"] * scale}
+
+    folded = {"conv1": fold(params["conv1"], stats["conv1"]),
+              "layers": [{key: fold(p[key], s[key]) for key in p}
+                         for p, s in zip(params["layers"], stats["layers"], strict=True)],
+              "fc": params["fc"]}
+    return forward(folded, pixel_values, model.stem, model.blocks)
+
+
 def training_logits_and_stats(model: ResNetModel, params: Params, stats: Params, pixel_values: jax.Array,
                               momentum: float = BN_MOMENTUM) -> tuple[jax.Array, Params]:
     """The training logits (batch, classes), every BN on its batch's mean and biased variance over (N, H, W),

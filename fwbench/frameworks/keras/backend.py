@@ -215,7 +215,9 @@ class KerasBackend(Backend):
         same layers and variables, the training logits as its one output) after ``model.compile(optimizer,
         loss, jit_compile="auto")``: Keras' own train step, loss and optimizer, called as a user calls it;
         it returns the loss as a Python float (so it has waited for the step): train_on_batch resets the
-        metrics first, so that is this step's loss, computed before its update."""
+        metrics first, so that is this step's loss, computed before its update. bf16: the model was built under
+        the ``mixed_bfloat16`` policy, Keras' own mixed precision: float32 variables and optimizer (the master
+        weights), layers computing in bfloat16, the loss in float32 (a Keras loss computes in floatx)."""
         assert self.description is not None
         from fwbench.frameworks.keras import training
         from fwbench.models.training import optimizer_spec

@@ -2,7 +2,8 @@
 calls it, on the numpy arrays, after ``model.compile(optimizer, loss, jit_compile="auto")`` of the arch's
 training model (the same layers and variables, the logits as its one output). Per-epoch wall time from a
 Keras callback (on_epoch_begin / on_epoch_end), per-epoch loss from the History. fwbench.models.fit says
-what is trained.
+what is trained. ResNet: ``fit`` calls the model with ``training=True`` (every BatchNorm on batch statistics,
+updating its moving ones, torch's rule), ``predict`` with ``training=False`` (the moving statistics).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ assert set(_BN_NAMES) == set(BN_SUFFIXES)
 class BatchNorm(layers.BatchNormalization):
     """Keras' BatchNormalization (momentum 1 − BN_MOMENTUM), whose training call updates the moving variance
     from the unbiased batch variance, as torch does (Keras' own layer uses the biased one there). Inference,
-    and normalisation in training (batch mean, biased variance), are Keras' own. Training computes in
-    float32 (phase training is fp32 only); masks and batch renormalisation are Keras' own code path."""
+    and normalisation in training (batch mean, biased variance), are Keras' own. Training computes its
+    statistics and normalises in float32 (also under mixed_bfloat16, as Keras' own layer); masks and batch renormalisation are Keras' own code path."""
 
     def __init__(self, epsilon: float, name: str) -> None:
         super().__init__(momentum=1.0 - BN_MOMENTUM, epsilon=epsilon, name=name)

@@ -31,6 +31,7 @@ class TensorFlowBackend(Backend):
     framework = "tensorflow"
     modes = ("eager", "function", "xla")
     dtypes = ("fp32", "bf16")
+    _working: tf.Module | None = None  # bf16 training: the bfloat16 copy the step computes with (build)
 
     @property
     def _float_dtype(self) -> tf.DType:
@@ -56,15 +57,27 @@ class TensorFlowBackend(Backend):
         tf.config.experimental.enable_tensor_float_32_execution(False)
         report: dict[str, object] = {
             "tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()}
-        if self.dtype == "bf16":
+        if self.dtype == "bf16" and self.phase == "training":
+            report["bf16_mechanism"] = ("mixed precision: float32 master variables and optimizer; the step computes "
+                                        "with a tf.bfloat16 copy of them, refreshed after every update")
+        elif self.dtype == "bf16":
             report["bf16_mechanism"] = "variables and float inputs cast to tf.bfloat16 (built in float32, cast once)"
         return report
 
     def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
+        """bf16 inference: the model's variables cast to bfloat16. bf16 training: the model stays float32 (the
+        master weights) and a second, bfloat16 copy built from the same weights is what the step computes with."""
         super().build(description, weights)
+        self._working = None
         if self.dtype == "bf16":
             with tf.device(self._tf_device):
-                cast_variables(self.model, tf.bfloat16)
+                if self.phase == "training":
+                    arch = importlib.import_module(f"fwbench.frameworks.tensorflow.{description.arch}")
+                    self._working = arch.build_model(description, weights, self.device)
+                    cast_variables(self._working, tf.bfloat16)
+                    self._share_running_statistics(description)
+                else:
+                    cast_variables(self.model, tf.bfloat16)
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[tf.Tensor, ...]:
         """Device tensors; float arrays in the variables' dtype, integer ones (token ids) unchanged."""
@@ -90,13 +103,24 @@ class TensorFlowBackend(Backend):
         assert self.description is not None
         return {name: np.asarray(t, dtype=np.float32) for name, t in zip(self.description.output_names, outputs)}
 
+    def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[tf.Tensor, ...]:
+        """(labels int32, label_weights float32) on the device: the loss is float32 in every dtype."""
+        with tf.device(self._tf_device):
+            return tuple(tf.identity(tf.constant(a)) for a in arrays.values())
+
     def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
         """The step: forward + loss under ``tf.GradientTape``, gradients of the trained variables (made
         dense: the embedding gather's IndexedSlices become a full gradient, as in torch and JAX), then a
         Keras 3 optimizer's ``apply_gradients``. eager: called eagerly; function: one tf.function with the
         cell's input signature; xla: the same with ``jit_compile=True`` (one XLA program). The optimizer's
-        slot variables are built eagerly first, so the traced step creates no variables."""
+        slot variables are built eagerly first, so the traced step creates no variables. bf16 (mixed precision
+        with float32 master weights): the forward and backward run on the bfloat16 working copy (``build``),
+        the loss is taken of float32 logits, the gradients are cast to float32 and applied to the float32
+        variables, and inside the same step the working copy is refreshed from them (ResNet's running
+        statistics are the float32 model's own variables, shared with the working copy)."""
         assert self.description is not None
+        if self.dtype == "bf16" and self._working is None:
+            raise RuntimeError("bf16 training needs phase 'training' set before build (float32 master weights)")
         from fwbench.frameworks.keras.backend import import_keras
 
         import_keras("tensorflow", self.device)  # Keras 3's optimizers, on its tensorflow backend
@@ -117,13 +141,18 @@ class TensorFlowBackend(Backend):
             optimizer = make_optimizer(optimizer_spec(self.settings.optimizer))
             optimizer.build(variables)
         logits_of, loss_of, n_inputs = arch.training_logits, training.weighted_cross_entropy, len(inputs)
+        working, working_variables, refreshed, copied_back = self._working_copy(variables, running)
 
         def train_step(*tensors: tf.Tensor) -> tf.Tensor:
             batch, (labels, weights) = tensors[:n_inputs], tensors[n_inputs:]
             with tf.GradientTape() as tape:
-                loss = loss_of(logits_of(model, *batch), labels, weights)
-            gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+                loss = loss_of(tf.cast(logits_of(working, *batch), tf.float32), labels, weights)
+            gradients = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in tape.gradient(loss, working_variables)]
             optimizer.apply_gradients(zip(gradients, variables))
+            for copy, master in refreshed:  # bf16: the working copy from the updated master weights
+                copy.assign(tf.cast(master, copy.dtype))
+            for master, copy in copied_back:  # bf16: the running statistics the forward updated
+                master.assign(tf.cast(copy, master.dtype))
             return loss
 
         tensors = (*inputs, *targets)
@@ -139,6 +168,41 @@ class TensorFlowBackend(Backend):
             return loss
 
         return step
+
+    def _share_running_statistics(self, description: ModelDescription) -> None:
+        """bf16 training: the working copy uses the float32 model's own running-statistics variables (ResNet's
+        batch norm), so the step updates them in float32, as torch and JAX keep them."""
+        from fwbench.frameworks.tensorflow.training import variable_name
+
+        assert self._working is not None
+        running = {variable_name(name) for name in description.running_statistics()}
+        shared = 0
+        for master, copy in zip((self.model, *self.model.submodules), (self._working, *self._working.submodules),
+                                strict=True):
+            for attribute, value in vars(master).items():
+                if isinstance(value, tf.Variable) and value.name.split(":")[0] in running:
+                    setattr(copy, attribute, value)
+                    shared += 1
+        if shared != len(running):
+            raise ValueError(f"{shared} running statistics shared with the bf16 working copy, expected {len(running)}")
+
+    def _working_copy(self, variables: list[tf.Variable], running: set[str]) -> tuple[
+            tf.Module, list[tf.Variable], list[tuple[tf.Variable, tf.Variable]], list[tuple[tf.Variable, tf.Variable]]]:
+        """(the module the step computes with, its variables the gradients are taken of, (copy, master) pairs
+        refreshed after the update, (master, copy) running statistics copied back). fp32: the model itself,
+        ``variables``, nothing to copy. bf16: the working copy's variables matched to the master's by position (the
+        running statistics are shared, ``_share_running_statistics``: nothing to copy back)."""
+        if self._working is None:
+            return self.model, variables, [], []
+        # Both modules are built by the same code from the same weights: tf.Module lists their variables in the
+        # same order (names can repeat, e.g. BERT's, so they are matched by position, names and shapes checked).
+        masters, copies = self.model.variables, self._working.variables
+        if [(v.name, v.shape) for v in masters] != [(v.name, v.shape) for v in copies]:
+            raise ValueError("the bf16 working copy's variables are not the model's (names or shapes differ)")
+        copy_of = {id(master): copy for master, copy in zip(masters, copies)}
+        working_variables = [copy_of[id(v)] for v in variables]
+        stats = [(v, copy_of[id(v)]) for v in masters if v.name.split(":")[0] in running and copy_of[id(v)] is not v]
+        return self._working, working_variables, list(zip(working_variables, variables)), stats
 
     def compile_counters(self) -> dict[str, int]:
         if self.mode == "eager":

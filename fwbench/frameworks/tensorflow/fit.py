@@ -1,7 +1,9 @@
 """Phase fit in TensorFlow (``tensorflow:function``): the custom training loop of TensorFlow's guide, a
 Python ``for`` over ``tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(batch_size)`` (no shuffle)
 calling one tf.function step (forward + mean sparse softmax cross-entropy under tf.GradientTape, a Keras 3
-optimizer's apply_gradients on the model's tf.Variables). fwbench.models.fit says what is trained.
+optimizer's apply_gradients on the model's tf.Variables). fwbench.models.fit says what is trained. ResNet:
+batch norm in training form in the step (batch statistics, running statistics assigned inside it); the final
+logits in inference form (``inference_logits``: BN refolded from the trained variables, running statistics).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     with tf.device(device):
         optimizer = make_optimizer(optimizer_spec(backend.settings.optimizer))
         optimizer.build(variables)
-        data = tf.data.Dataset.from_tensor_slices((*dataset.inputs.values(), dataset.labels)).batch(batch_size)
+        # drop_remainder drops nothing (batch_size divides the samples) and gives the batches a static shape
+        data = tf.data.Dataset.from_tensor_slices((*dataset.inputs.values(), dataset.labels)).batch(
+            batch_size, drop_remainder=True)
 
         @tf.function(reduce_retracing=True)
         def train_step(*batch: tf.Tensor) -> tf.Tensor:
@@ -59,7 +63,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
             epoch_s.append(time.perf_counter() - epoch_start)
             epoch_loss.append(mean)
         total_s = time.perf_counter() - started
-        logits = arch.training_logits(model, *(tf.constant(a) for a in dataset.inputs.values()))
+        logits = arch.inference_logits(model, *(tf.constant(a) for a in dataset.inputs.values()))
     return FitResult("manual tf.data loop + tf.function step", epoch_s, epoch_loss,
                      np.asarray(logits, dtype=np.float32), total_s,
                      {"traces": int(train_step.experimental_get_tracing_count())})

@@ -40,6 +40,11 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
         return MLPModule(description, weights)
 
 
+def inference_logits(module: MLPModule, x: tf.Tensor) -> tf.Tensor:
+    """The logits (batch, out_features) after training (phase fit's evaluation): the forward itself."""
+    return module(x)[0]
+
+
 def training_logits(module: MLPModule, x: tf.Tensor) -> tf.Tensor:
     """The logits the training loss is taken of: (batch, out_features)."""
     return module(x)[0]

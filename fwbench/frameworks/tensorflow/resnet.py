@@ -68,6 +68,13 @@ class ConvBN(tf.Module):
                                  trainable=False)
         self.stride, self.padding, self.eps = v.stride, v.padding, eps
 
+    def fold(self) -> None:
+        """Recompute the inference ``scale`` and ``shift`` from the current BN weight, bias and running statistics
+        (after training changed them), as loading does."""
+        scale = self.weight / tf.sqrt(self.running_var + self.eps)
+        self.scale.assign(scale)
+        self.shift.assign(self.bias - self.running_mean * scale)
+
     def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
         """(B, H, W, in) -> (B, H / stride, W / stride, out)."""
         y = tf.nn.conv2d(x, self.kernel, self.stride, explicit_padding(self.padding))
@@ -76,8 +83,10 @@ class ConvBN(tf.Module):
         mean, var = tf.nn.moments(y, axes=[0, 1, 2])  # biased variance, as BN normalises
         count = y.shape[0] * y.shape[1] * y.shape[2]  # static: the step's input signature is fixed
         m = BN_MOMENTUM
-        self.running_mean.assign((1 - m) * self.running_mean + m * tf.stop_gradient(mean))
-        self.running_var.assign((1 - m) * self.running_var + m * tf.stop_gradient(var) * (count / (count - 1)))
+        mean_dtype = self.running_mean.dtype  # float32 also in bf16 training (shared with the float32 model)
+        batch_mean, batch_var = (tf.cast(tf.stop_gradient(s), mean_dtype) for s in (mean, var))
+        self.running_mean.assign((1 - m) * self.running_mean + m * batch_mean)
+        self.running_var.assign((1 - m) * self.running_var + m * batch_var * (count / (count - 1)))
         return tf.nn.batch_normalization(y, mean, var, self.bias, self.weight, self.eps)
 
 
@@ -132,6 +141,15 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
     """The ResNet with the canonical weights (torchvision names, each mapped once), its variables on ``device``."""
     with tf.device("/GPU:0" if device == "cuda" else "/CPU:0"):
         return ResNetModule(description, weights)
+
+
+def inference_logits(module: ResNetModule, pixel_values: tf.Tensor) -> tf.Tensor:
+    """(batch, classes) logits in inference form with the current variables (phase fit's evaluation after
+    training): every BN's scale and shift refolded from its trained weight, bias and running statistics first."""
+    for conv_bn in module.submodules:
+        if isinstance(conv_bn, ConvBN):
+            conv_bn.fold()
+    return module(pixel_values)[0]
 
 
 def training_logits(module: ResNetModule, pixel_values: tf.Tensor) -> tf.Tensor:

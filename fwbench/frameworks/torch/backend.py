@@ -156,7 +156,9 @@ class TorchBackend(Backend):
         compiled as one ``torch.compile(fullgraph=True, mode=compile_mode)`` graph (AOTAutograd compiles
         its backward as well, which ``loss.backward()`` runs), and the optimizer step compiled by a second
         ``torch.compile`` (PyTorch's recipe for compiled optimizers; the step cannot join the first graph,
-        ``backward`` runs between them). Autograd is on: training never enters inference_mode."""
+        ``backward`` runs between them). Autograd is on: training never enters inference_mode. bf16: the
+        forward under ``torch.autocast(device, bfloat16)``, the loss in float32 of the float32-cast logits;
+        parameters, gradients and optimizer state stay float32 (the master weights)."""
         if self.mode not in ("eager", "compile"):
             raise NotImplementedError(f"torch:{self.mode} has no training phase yet")
         assert self.description is not None
@@ -180,9 +182,15 @@ class TorchBackend(Backend):
         optimizer = training.make_optimizer(optimizer_spec(self.settings.optimizer), trained)
         logits_of, loss_of = arch.training_logits, training.weighted_cross_entropy
         labels, weights = targets
+        autocast = self.dtype == "bf16"  # mixed precision: float32 parameters (the master weights) and optimizer
+        device_type = self.device
 
         def forward_loss(*batch: torch.Tensor) -> torch.Tensor:
-            return loss_of(logits_of(model, *batch), labels, weights)
+            if not autocast:
+                return loss_of(logits_of(model, *batch), labels, weights)
+            with torch.autocast(device_type, dtype=torch.bfloat16):  # matmuls, convolutions in bfloat16
+                logits = logits_of(model, *batch)
+            return loss_of(logits.float(), labels, weights)  # the loss in float32, outside autocast
 
         def optimizer_step() -> None:
             optimizer.step()

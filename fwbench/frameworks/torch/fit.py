@@ -1,5 +1,11 @@
 """Phase fit in PyTorch: ``torch:eager`` is the manual DataLoader loop, ``torch:lightning`` Lightning's
 ``Trainer.fit`` over the same DataLoader and the same nn.Module (fwbench.models.fit says what is trained).
+Lightning's logger and checkpointing are off unless ``Settings.fit_logging`` names a directory: then a
+``CSVLogger`` (``<dir>/<model>-b<batch>/version_<n>/metrics.csv``: ``train_loss`` per epoch, and per step
+every ``log_every_n_steps`` = 50, Lightning's default) and a
+``ModelCheckpoint`` into that version's ``checkpoints/`` (the last epoch's ``.ckpt``).
+ResNet: the module is in train() mode during the epochs (batch norm on batch statistics, running buffers
+updated, momentum 0.1) and in eval() mode for the final logits (the running statistics).
 
 Both build ``DataLoader(TensorDataset(*inputs, labels), batch_size, shuffle=False)`` (single process, the
 default collate) and ``torch.optim`` from ``Settings.optimizer``; the loss is ``F.cross_entropy`` (mean).
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import time
 import warnings
 from typing import Any
@@ -31,11 +38,12 @@ def _loader(backend: Backend, dataset: FitDataset, batch_size: int) -> DataLoade
                       pin_memory=backend.device == "cuda")
 
 
-def _logits(backend: Backend, arch: Any, dataset: FitDataset) -> np.ndarray:
-    """(n, classes) logits of the whole dataset with the trained parameters, float32 → numpy (untimed)."""
+def _logits(backend: Backend, dataset: FitDataset) -> np.ndarray:
+    """(n, classes) logits of the whole dataset with the trained parameters, float32 → numpy (untimed), in
+    eval() mode: ResNet's batch norm on the running statistics the epochs left."""
     tensors = [torch.from_numpy(np.ascontiguousarray(a)).to(backend.device) for a in dataset.inputs.values()]
     with torch.no_grad():
-        return arch.training_logits(backend.model.eval(), *tensors).float().cpu().numpy()
+        return backend.model.eval()(*tensors)[0].float().cpu().numpy()
 
 
 def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
@@ -76,7 +84,7 @@ def _manual(backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, data
         epoch_s.append(time.perf_counter() - epoch_start)
         epoch_loss.append(mean)
     total_s = time.perf_counter() - started
-    return FitResult("manual DataLoader loop", epoch_s, epoch_loss, _logits(backend, arch, dataset), total_s,
+    return FitResult("manual DataLoader loop", epoch_s, epoch_loss, _logits(backend, dataset), total_s,
                      {"torch_threads_after": torch.get_num_threads()})
 
 
@@ -97,6 +105,8 @@ def _lightning(backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, d
             *xs, y = batch
             loss = F.cross_entropy(arch.training_logits(self.model, *xs), y)
             self.losses.append(loss.detach())
+            if log_dir is not None:  # only when asked: self.log costs time in every step
+                self.log("train_loss", loss, on_step=True, on_epoch=True)
             return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -118,12 +128,26 @@ def _lightning(backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, d
                 torch.cuda.synchronize()
             epoch_s.append(time.perf_counter() - self.start)
 
+    log_dir = backend.settings.fit_logging
     started = time.perf_counter()
     module = Module()
+    callbacks: list[Any] = [EpochClock()]
+    logger: Any = False
+    if log_dir is not None:  # Settings.fit_logging: a CSVLogger and a ModelCheckpoint under it
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        from lightning.pytorch.loggers import CSVLogger
+
+        logger = CSVLogger(log_dir, name=f"{backend.description.name}-b{batch_size}")
+        callbacks.append(ModelCheckpoint(dirpath=os.path.join(logger.log_dir, "checkpoints")))
     trainer = L.Trainer(accelerator="gpu" if backend.device == "cuda" else "cpu", devices=1, max_epochs=epochs,
-                        enable_checkpointing=False, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[EpochClock()])
+                        enable_checkpointing=log_dir is not None, logger=logger, default_root_dir=log_dir,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        callbacks=callbacks)
     trainer.fit(module, train_dataloaders=_loader(backend, dataset, batch_size))
     total_s = time.perf_counter() - started
-    return FitResult("lightning Trainer.fit", epoch_s, epoch_loss, _logits(backend, arch, dataset), total_s,
-                     {"torch_threads_after": torch.get_num_threads(), "lightning": L.__version__})
+    extra = {"torch_threads_after": torch.get_num_threads(), "lightning": L.__version__, "logging": None}
+    if log_dir is not None:
+        checkpoint = trainer.checkpoint_callback
+        extra["logging"] = {"log_dir": logger.log_dir,
+                            "checkpoint": checkpoint.last_model_path or checkpoint.best_model_path}
+    return FitResult("lightning Trainer.fit", epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)
