@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
-from fwbench.models.training import reference_loss
+from fwbench.models.training import class_targets, reference_loss
 from fwbench.spec import Phase, SpecError
 
 
@@ -92,9 +92,7 @@ class MLP(ModelDescription):
 
     def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
         """labels (batch,) int32 class ids in [0, out_features), seeded; label_weights (batch,) all 1."""
-        rng = tensor_rng(seed, f"targets/labels/{batch_size}")
-        labels = rng.integers(0, self.config.out_features, size=batch_size, dtype=np.int64).astype(np.int32)
-        return {"labels": labels, "label_weights": np.ones(batch_size, dtype=np.float32)}
+        return class_targets(batch_size, self.config.out_features, seed)
 
     def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
                        targets: dict[str, np.ndarray]) -> float:
