@@ -179,10 +179,16 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGR
 
 def check_identity(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> None:
     """Refuse a database that fwbench did not create, or one this version cannot read; writes nothing."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
-    if version == 0:
+    # One read transaction, so the three reads see one snapshot: read one by one, a process that
+    # commits the first migration in between makes a fresh database look like a foreign one.
+    conn.execute("BEGIN")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
         has_tables = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] > 0
+    finally:
+        conn.execute("COMMIT")
+    if version == 0:
         if has_tables or application_id not in (0, APPLICATION_ID):
             raise StoreError(f"--db {path} is an SQLite database that fwbench did not create; refusing to touch it")
         if readonly:

@@ -19,7 +19,6 @@ softmax in float32); the outputs are bfloat16 until ``to_numpy``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import os
 from typing import Any, Callable, Sequence
@@ -167,7 +166,7 @@ class JaxBackend(Backend):
 
         arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
         model = self.model
-        params, stats = self._training_trees(model)
+        params, stats = training.training_trees(arch, model)
         if self.dtype == "bf16" and any(leaf.dtype == jnp.bfloat16 for leaf in jax.tree_util.tree_leaves(params)):
             raise RuntimeError("bf16 training needs phase 'training' set before build (float32 master weights)")
         if len(jax.tree_util.tree_leaves(stats)) != len(self.description.running_statistics()):
@@ -178,11 +177,7 @@ class JaxBackend(Backend):
         optimizer = training.with_frozen(training.make_optimizer(optimizer_spec(self.settings.optimizer)), params,
                                          frozen)
         loss_of = training.weighted_cross_entropy
-        if hasattr(arch, "training_logits_and_stats"):  # logits and the updated state
-            forward = functools.partial(arch.training_logits_and_stats, model)
-        else:  # stateless: the state is the empty pytree, passed through
-            def forward(params: Any, stats: Any, *batch: jax.Array) -> tuple[jax.Array, Any]:
-                return arch.training_logits(model, params, *batch), stats
+        forward = training.training_forward(arch, model)  # (params, stats, *batch) -> (logits, updated stats)
 
         compute_dtype = jnp.bfloat16 if self.dtype == "bf16" else None
 
@@ -213,22 +208,15 @@ class JaxBackend(Backend):
         self._train_state = carried  # the current parameters, optimizer state and model state (tests read them)
         return step
 
-    def _training_trees(self, model: Any) -> tuple[Any, Any]:
-        """(parameters an optimizer trains, non-trained state) of a built model: the arch's
-        ``training_variables`` where it has one (ResNet: unfolded batch norm and its running statistics),
-        else the model's own parameter pytree and no state."""
-        assert self.description is not None
-        arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
-        if hasattr(arch, "training_variables"):
-            return arch.training_variables(model)
-        return model.params, {}
-
     def model_arrays(self, model: Any) -> list[np.ndarray]:
         """The floating arrays of a built model, in the order :meth:`parameter_arrays` gives a trained one's:
         the training parameters, then the training state."""
+        assert self.description is not None
+        from fwbench.frameworks.jax.training import training_trees
         from fwbench.frameworks.jax.weights import parameter_arrays
 
-        return parameter_arrays(self._training_trees(model))
+        arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
+        return parameter_arrays(training_trees(arch, model))
 
     def parameter_arrays(self) -> list[np.ndarray]:
         """The current parameters and model state: the training state's once a train step was made, else

@@ -8,31 +8,19 @@ update rule); the final logits are in inference form (``inference_logits``: BN o
 
 from __future__ import annotations
 
-import functools
 import importlib
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
 import optax
 
 from fwbench.frameworks.base import Backend
-from fwbench.frameworks.jax.training import make_optimizer
+from fwbench.frameworks.jax.training import make_optimizer, training_forward, training_trees
+from fwbench.frameworks.jax.weights import jax_device
 from fwbench.models.fit import FitDataset, FitResult
 from fwbench.models.training import optimizer_spec
-
-
-def _training_forward(arch: Any, model: Any) -> Callable[..., tuple[jax.Array, Any]]:
-    """(params, stats, *inputs) -> (training logits, updated stats): the arch's ``training_logits_and_stats``
-    where it has model state (ResNet's running statistics), else its stateless ``training_logits``."""
-    if hasattr(arch, "training_logits_and_stats"):
-        return functools.partial(arch.training_logits_and_stats, model)
-
-    def forward(params: Any, stats: Any, *xs: jax.Array) -> tuple[jax.Array, Any]:
-        return arch.training_logits(model, params, *xs), stats
-
-    return forward
 
 
 def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
@@ -43,7 +31,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     arch = importlib.import_module(f"fwbench.frameworks.jax.{backend.description.arch}")
     model = backend.model
     optimizer = make_optimizer(optimizer_spec(backend.settings.optimizer))
-    forward = _training_forward(arch, model)
+    forward = training_forward(arch, model)
 
     def loss_fn(params: Any, stats: Any, xs: tuple[jax.Array, ...], labels: jax.Array) -> tuple[jax.Array, Any]:
         logits, stats = forward(params, stats, *xs)
@@ -59,8 +47,8 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     epoch_loss: list[float] = []
     started = time.perf_counter()
     step = jax.jit(train_step, donate_argnums=(0, 1, 2))
-    params, stats = backend._training_trees(model)  # type: ignore[attr-defined]
-    state = jax.device_put(optimizer.init(params), backend._device)  # type: ignore[attr-defined]
+    params, stats = training_trees(arch, model)
+    state = jax.device_put(optimizer.init(params), jax_device(backend.device))
     inputs, labels = list(dataset.inputs.values()), dataset.labels
     for _ in range(epochs):
         epoch_start = time.perf_counter()

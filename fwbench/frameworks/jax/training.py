@@ -5,12 +5,35 @@ The loss is ``models.training``'s: Σ w·CE(logits, labels) / Σ w, softmax cros
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 import optax
 
 from fwbench.models.training import OptimizerSpec
+
+
+def training_trees(arch: Any, model: Any) -> tuple[Any, Any]:
+    """(parameters an optimizer trains, non-trained state) of a built model: the arch module's
+    ``training_variables`` where it has one (ResNet: unfolded batch norm and its running statistics), else
+    the model's own parameter pytree and no state."""
+    if hasattr(arch, "training_variables"):
+        return arch.training_variables(model)
+    return model.params, {}
+
+
+def training_forward(arch: Any, model: Any) -> Callable[..., tuple[jax.Array, Any]]:
+    """(params, stats, *inputs) -> (training logits, updated stats): the arch module's
+    ``training_logits_and_stats`` where the model has state (ResNet: batch norm on batch statistics and
+    the running statistics' update), else its stateless ``training_logits`` with the state passed through."""
+    if hasattr(arch, "training_logits_and_stats"):
+        return functools.partial(arch.training_logits_and_stats, model)
+
+    def forward(params: Any, stats: Any, *inputs: jax.Array) -> tuple[jax.Array, Any]:
+        return arch.training_logits(model, params, *inputs), stats
+
+    return forward
 
 
 def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
