@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from types import ModuleType
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
@@ -78,10 +79,17 @@ class Backend(ABC):
         return the framework's own report of the setting now in force. With ``dtype`` bf16 the
         report also has ``bf16_mechanism``: how this framework computes in bfloat16."""
 
+    def arch_module(self, description: ModelDescription | None = None) -> ModuleType:
+        """This framework's module for ``description``'s architecture (default: the built model's),
+        ``fwbench.frameworks.<framework>.<arch>``."""
+        description = self.description if description is None else description
+        assert description is not None, "build() first"
+        return importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
+
     def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
         """Build ``description`` with the canonical ``weights`` from this framework's arch module."""
         description.check_weights(weights)
-        module = importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
+        module = self.arch_module(description)
         self.description = description
         self.model = module.build_model(description, weights, self.device)
         # Image models say which memory layout they compute in (the canonical inputs are NCHW).
@@ -158,7 +166,7 @@ class Backend(ABC):
         ValueError if some canonical element is held by no variable."""
         assert self.description is not None, "build() first"
         description = self.description
-        arch = importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
+        arch = self.arch_module()
         schema = {spec.name: tuple(spec.shape) for spec in description.param_schema()}
         sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in schema.items()}
         total = sum(sizes.values())

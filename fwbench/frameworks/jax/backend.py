@@ -19,7 +19,6 @@ softmax in float32); the outputs are bfloat16 until ``to_numpy``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from typing import Any, Callable, Sequence
 
@@ -164,7 +163,7 @@ class JaxBackend(Backend):
         from fwbench.frameworks.jax import training
         from fwbench.models.training import optimizer_spec
 
-        arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
+        arch = self.arch_module()
         model = self.model
         params, stats = training.training_trees(arch, model)
         if self.dtype == "bf16" and any(leaf.dtype == jnp.bfloat16 for leaf in jax.tree_util.tree_leaves(params)):
@@ -211,12 +210,10 @@ class JaxBackend(Backend):
     def model_arrays(self, model: Any) -> list[np.ndarray]:
         """The floating arrays of a built model, in the order :meth:`parameter_arrays` gives a trained one's:
         the training parameters, then the training state."""
-        assert self.description is not None
         from fwbench.frameworks.jax.training import training_trees
         from fwbench.frameworks.jax.weights import parameter_arrays
 
-        arch = importlib.import_module(f"fwbench.frameworks.jax.{self.description.arch}")
-        return parameter_arrays(training_trees(arch, model))
+        return parameter_arrays(training_trees(self.arch_module(), model))
 
     def parameter_arrays(self) -> list[np.ndarray]:
         """The current parameters and model state: the training state's once a train step was made, else

@@ -8,7 +8,6 @@ update rule); the final logits are in inference form (``inference_logits``: BN o
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     assert backend.description is not None
     if backend.mode != "jit":
         raise NotImplementedError(f"jax:{backend.mode} has no fit phase")
-    arch = importlib.import_module(f"fwbench.frameworks.jax.{backend.description.arch}")
+    arch = backend.arch_module()
     model = backend.model
     optimizer = make_optimizer(optimizer_spec(backend.settings.optimizer))
     forward = training_forward(arch, model)

@@ -224,7 +224,7 @@ class KerasBackend(Backend):
 
         if self.mode == "torch":
             self._make_variables_leaves()
-        arch = importlib.import_module(f"fwbench.frameworks.keras.{self.description.arch}")
+        arch = self.arch_module()
         model = arch.training_model(self.model, self.description)
         expected = self.description.trained_tensor_count()  # BN moving statistics are non-trainable variables
         if len(model.trainable_variables) != expected:

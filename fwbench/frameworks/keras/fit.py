@@ -8,7 +8,6 @@ updating its moving ones, torch's rule), ``predict`` with ``training=False`` (th
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -42,7 +41,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     assert backend.description is not None
     if backend.mode == "torch":
         backend._make_variables_leaves()  # type: ignore[attr-defined]
-    arch = importlib.import_module(f"fwbench.frameworks.keras.{backend.description.arch}")
+    arch = backend.arch_module()
     clock = EpochClock()
     started = time.perf_counter()
     model = arch.training_model(backend.model, backend.description)

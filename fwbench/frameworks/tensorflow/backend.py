@@ -10,7 +10,6 @@ accumulate in float32), and the outputs are bfloat16 until ``to_numpy``.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -72,8 +71,7 @@ class TensorFlowBackend(Backend):
         if self.dtype == "bf16":
             with tf.device(self._tf_device):
                 if self.phase == "training":
-                    arch = importlib.import_module(f"fwbench.frameworks.tensorflow.{description.arch}")
-                    self._working = arch.build_model(description, weights, self.device)
+                    self._working = self.arch_module(description).build_model(description, weights, self.device)
                     cast_variables(self._working, tf.bfloat16)
                     self._share_running_statistics(description)
                 else:
@@ -128,7 +126,7 @@ class TensorFlowBackend(Backend):
         from fwbench.frameworks.tensorflow import training
         from fwbench.models.training import optimizer_spec
 
-        arch = importlib.import_module(f"fwbench.frameworks.tensorflow.{self.description.arch}")
+        arch = self.arch_module()
         model = self.model
         frozen = {training.variable_name(name) for name in self.description.frozen_in_training()}
         variables = [v for v in model.trainable_variables if v.name.split(":")[0] not in frozen]

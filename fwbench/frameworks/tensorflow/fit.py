@@ -8,7 +8,6 @@ logits in inference form (``inference_logits``: BN refolded from the trained var
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -30,7 +29,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     import_keras("tensorflow", backend.device)  # Keras 3's optimizers, on its tensorflow backend
     from fwbench.frameworks.keras.training import make_optimizer
 
-    arch = importlib.import_module(f"fwbench.frameworks.tensorflow.{backend.description.arch}")
+    arch = backend.arch_module()
     model, device = backend.model, backend._tf_device  # type: ignore[attr-defined]
     variables = list(model.trainable_variables)
     n_inputs = len(dataset.inputs)

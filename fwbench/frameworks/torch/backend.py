@@ -21,7 +21,6 @@ would not reach an exported graph). Outputs come back as autocast leaves them (b
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import tempfile
 import time
@@ -165,7 +164,7 @@ class TorchBackend(Backend):
         from fwbench.frameworks.torch import training
         from fwbench.models.training import optimizer_spec
 
-        arch = importlib.import_module(f"fwbench.frameworks.torch.{self.description.arch}")
+        arch = self.arch_module()
         frozen_prefixes: tuple[str, ...] = getattr(arch, "FROZEN_IN_TRAINING", ())
         # train(): batch norm (ResNet) normalises with batch statistics and updates its running buffers
         # (momentum 0.1, unbiased running variance: nn.BatchNorm2d's defaults); no model here has dropout.

@@ -13,7 +13,6 @@ default collate) and ``torch.optim`` from ``Settings.optimizer``; the loss is ``
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
@@ -52,7 +51,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     assert backend.description is not None
     if backend.mode not in ("eager", "lightning"):
         raise NotImplementedError(f"torch:{backend.mode} has no fit phase")
-    arch = importlib.import_module(f"fwbench.frameworks.torch.{backend.description.arch}")
+    arch = backend.arch_module()
     model = backend.model.train()
     spec = optimizer_spec(backend.settings.optimizer)
     run = _lightning if backend.mode == "lightning" else _manual
