@@ -9,7 +9,7 @@ STAMP := $(VENV)/.fwbench-installed
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export KERAS_HOME ?= $(CURDIR)/.cache/keras
 
-.PHONY: bench test install clean oracles bench-zoo
+.PHONY: bench test test-avx2 format install clean oracles bench-zoo
 
 install: $(STAMP)
 
@@ -23,8 +23,28 @@ bench: $(STAMP)
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format csv --out results/latest.csv
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format json --out results/latest.json
 
+# Lint, format and type checks, then the tests: the parallel part in one pytest-xdist process per physical core
+# (each pinned to its own core, tests/conftest.py), then the tests that need the whole machine.
+TEST_PROCS ?= $(shell $(BIN)/python -c "from fwbench.measure.environment import physical_core_count as n; print(max(1, n()))" 2>/dev/null || echo 1)
+CHECKED := fwbench tests benchmarks
+
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	scripts/ensure-chromium
+	$(BIN)/ruff check $(CHECKED)
+	$(BIN)/ruff format --check $(CHECKED)
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "not serial"
+	$(BIN)/python -m pytest -m serial
+
+# The same tests with every framework capped to AVX2 kernels (for AVX-512 / AVX512_BF16 / AMX machines: one machine
+# checks that no numeric threshold depends on the ISA).
+test-avx2: $(STAMP)
+	FWBENCH_TEST_ISA=avx2 $(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "not serial"
+
+# Apply the formatter and the safe lint fixes that `make test` checks for.
+format: $(STAMP)
+	$(BIN)/ruff check --fix $(CHECKED)
+	$(BIN)/ruff format $(CHECKED)
 
 # transformers' TensorFlow models need tf-keras; --no-deps, or it pulls the full tensorflow package.
 oracles: $(STAMP)

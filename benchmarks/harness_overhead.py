@@ -24,11 +24,12 @@ import subprocess
 import sys
 import time
 import timeit
+from collections.abc import Callable
 
 from fwbench.measure import environment, timer
 from fwbench.measure.stats import summarize
 from fwbench.runner.manager import run_worker, worker_cpus
-from fwbench.runner.protocol import thread_environment
+from fwbench.runner.messages import thread_environment
 from fwbench.spec import Case, Settings
 
 
@@ -54,13 +55,17 @@ def bare(runtime: str, threads: int, number: int, repeat: int) -> None:
 def bare_in_child(runtime: str, threads: int, number: int) -> float:
     cpus = worker_cpus(threads)
     env = {**os.environ, **thread_environment(threads, 1)}
-    code = (f"import os; os.sched_setaffinity(0, {list(cpus)}); import sys; sys.argv = {sys.argv[:1]!r}; "
-            f"import runpy; m = runpy.run_path({__file__!r}); m['bare']({runtime!r}, {threads}, {number}, 100)")
+    code = (
+        f"import os; os.sched_setaffinity(0, {list(cpus)}); import sys; sys.argv = {sys.argv[:1]!r}; "
+        f"import runpy; m = runpy.run_path({__file__!r}); m['bare']({runtime!r}, {threads}, {number}, 100)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return float(json.loads(out.stdout.strip().splitlines()[-1])["median_s"])
 
 
-def spin(seconds: float):
+def spin(seconds: float) -> Callable[[], None]:
+    """A step that busy-waits ``seconds`` (a call whose cost is known)."""
+
     def step() -> None:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -87,18 +92,23 @@ def main() -> None:
         worker_median = outcome.fields["median_s"]
         bare_median = bare_in_child(args.runtime, threads, outcome.fields["calls_per_sample"])
         ratios.append(worker_median / bare_median)
-        print(f"   round {i}: fwbench worker {worker_median * 1e6:.3f} µs "
-              f"({outcome.fields['calls_per_sample']} calls/sample), bare timeit {bare_median * 1e6:.3f} µs, "
-              f"ratio {ratios[-1]:.4f}")
-    print(f"   median ratio worker/bare over {args.rounds} rounds: {statistics.median(ratios):.4f} "
-          f"(min {min(ratios):.4f}, max {max(ratios):.4f})")
+        print(
+            f"   round {i}: fwbench worker {worker_median * 1e6:.3f} µs "
+            f"({outcome.fields['calls_per_sample']} calls/sample), bare timeit {bare_median * 1e6:.3f} µs, "
+            f"ratio {ratios[-1]:.4f}"
+        )
+    print(
+        f"   median ratio worker/bare over {args.rounds} rounds: {statistics.median(ratios):.4f} "
+        f"(min {min(ratios):.4f}, max {max(ratios):.4f})"
+    )
 
     noop = spin(10e-6)
     noop_ratios = []
     for _ in range(args.rounds):
         harness = timer.run_adaptive(noop, args.max_time)
-        direct = statistics.median(t / harness.calls_per_sample
-                                   for t in timeit.repeat(noop, number=harness.calls_per_sample, repeat=100))
+        direct = statistics.median(
+            t / harness.calls_per_sample for t in timeit.repeat(noop, number=harness.calls_per_sample, repeat=100)
+        )
         noop_ratios.append(summarize(harness.samples_s).median_s / direct)
     print(f"2. 10 µs spin: median ratio adaptive/bare timeit {statistics.median(noop_ratios):.4f}")
 
@@ -107,9 +117,11 @@ def main() -> None:
         fields = outcome.fields
         half = (fields["ci_high_s"] - fields["ci_low_s"]) / 2 / fields["median_s"]
         calls = len(outcome.samples) * fields["calls_per_sample"]
-        print(f"3. {protocol}: {calls} timed calls ({len(outcome.samples)} samples × {fields['calls_per_sample']}), "
-              f"median {fields['median_s'] * 1e6:.3f} µs, 95% CI half-width {half:.2%}, "
-              f"stop: {outcome.details['stop_reason']}, {outcome.details['timing_elapsed_s']:.2f} s")
+        print(
+            f"3. {protocol}: {calls} timed calls ({len(outcome.samples)} samples × {fields['calls_per_sample']}), "
+            f"median {fields['median_s'] * 1e6:.3f} µs, 95% CI half-width {half:.2%}, "
+            f"stop: {outcome.details['stop_reason']}, {outcome.details['timing_elapsed_s']:.2f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -23,10 +23,11 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fwbench.measure import environment
-from fwbench.runner.protocol import thread_environment
+from fwbench.runner.messages import thread_environment
 
 
 def hf_torch_model(description: Any) -> Any:
@@ -35,14 +36,24 @@ def hf_torch_model(description: Any) -> Any:
     import transformers
 
     c = description.config
+    model: Any
     if description.arch == "gpt2":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=c.vocab_size, n_positions=c.max_positions, n_embd=c.hidden, n_layer=c.layers, n_head=c.heads))
+        model = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                vocab_size=c.vocab_size, n_positions=c.max_positions, n_embd=c.hidden, n_layer=c.layers, n_head=c.heads
+            )
+        )
         prefix = "transformer."
     else:
-        model = transformers.BertModel(transformers.BertConfig(
-            vocab_size=c.vocab_size, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
-            intermediate_size=c.intermediate))
+        model = transformers.BertModel(
+            transformers.BertConfig(
+                vocab_size=c.vocab_size,
+                hidden_size=c.hidden,
+                num_hidden_layers=c.layers,
+                num_attention_heads=c.heads,
+                intermediate_size=c.intermediate,
+            )
+        )
         prefix = ""
     weights = {prefix + k: torch.from_numpy(v) for k, v in description.canonical_weights(0).items()}
     missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -80,8 +91,9 @@ def main() -> None:
     from fwbench.models import get_model
     from fwbench.spec import Settings
 
-    backend = create_backend(f"{args.framework}:{'eager' if args.framework == 'torch' else 'function'}", "cpu",
-                             Settings(threads=threads))
+    backend = create_backend(
+        f"{args.framework}:{'eager' if args.framework == 'torch' else 'function'}", "cpu", Settings(threads=threads)
+    )
     backend.configure_threads(threads, 1)
     backend.configure_precision()
     if args.framework == "torch":
@@ -96,7 +108,6 @@ def main() -> None:
     for name in args.models.split(","):
         description = get_model(name)
         backend.build(description, description.canonical_weights(0))
-        ours = backend.model
         theirs = hf_torch_model(description)
         if args.framework == "tensorflow":
             tf_class = transformers.TFGPT2LMHeadModel if description.arch == "gpt2" else transformers.TFBertModel
@@ -114,7 +125,9 @@ def main() -> None:
             else:
                 their_inputs = {k: tf.constant(v) for k, v in arrays.items()}
                 signature = {k: tf.TensorSpec(v.shape, tf.int32) for k, v in their_inputs.items()}
-                their_call = tf.function(lambda inputs: theirs(inputs, training=False), input_signature=[signature])
+                their_call = tf.function(
+                    lambda inputs, model=theirs: model(inputs, training=False), input_signature=[signature]
+                )
 
             def their_step(call: Callable[..., Any] = their_call, inputs: dict[str, Any] = their_inputs) -> Any:
                 return call(**inputs) if args.framework == "torch" else call(inputs)
@@ -125,9 +138,11 @@ def main() -> None:
             theirs_key = np.asarray(theirs_out[key] if args.framework == "tensorflow" else getattr(theirs_out, key))
             rel = float(np.linalg.norm(ours_out[key] - theirs_key) / np.linalg.norm(theirs_key))
             medians = alternate(args.calls, {"ours": backend.make_step(our_inputs), "transformers": their_step})
-            print(f"{name} b={batch} s={seq}: ours {medians['ours'] * 1e3:.1f} ms, transformers "
-                  f"{medians['transformers'] * 1e3:.1f} ms, ratio {medians['ours'] / medians['transformers']:.3f} "
-                  f"(outputs differ by rel L2 {rel:.1e})")
+            print(
+                f"{name} b={batch} s={seq}: ours {medians['ours'] * 1e3:.1f} ms, transformers "
+                f"{medians['transformers'] * 1e3:.1f} ms, ratio {medians['ours'] / medians['transformers']:.3f} "
+                f"(outputs differ by rel L2 {rel:.1e})"
+            )
 
 
 if __name__ == "__main__":

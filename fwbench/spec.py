@@ -79,9 +79,7 @@ class Case:
     def key(self) -> str:
         """A stable text key, unique within a run (used as the store's uniqueness key)."""
         seq = "-" if self.seq_len is None else str(self.seq_len)
-        return "|".join(
-            [self.model, self.runtime, self.phase, str(self.batch_size), seq, self.dtype, self.device]
-        )
+        return "|".join([self.model, self.runtime, self.phase, str(self.batch_size), seq, self.dtype, self.device])
 
     @property
     def framework(self) -> str:
@@ -114,17 +112,31 @@ class Settings:
     memory_limit_bytes: int | None = field(default=None, metadata={"help": "kill a worker above this RSS"})
     seed: int = field(default=0, metadata={"help": "seed for weights and inputs"})
     weights_path: str | None = field(default=None, metadata={"help": "safetensors weights instead of seeded ones"})
-    compile_mode: CompileMode = field(default="default",
-                                      metadata={"help": "torch:compile only: torch.compile(mode=...)"})
-    optimizer: OptimizerKind = field(default="adamw",
-                                     metadata={"help": "phases training and fit: the optimizer of every framework"})
-    epochs: int = field(default=5, metadata={"help": "phase fit: epochs over the synthetic dataset (at least 2; "
-                                                     "epoch 1 includes compilation and is stored as the first call)"})
-    fit_samples: int = field(default=4096, metadata={"help": "phase fit: samples in the seeded synthetic dataset "
-                                                             "(a multiple of every batch size)"})
-    fit_logging: str | None = field(default=None, metadata={"help": "phase fit, torch:lightning only: directory "
-                                                            "for Lightning's CSVLogger and ModelCheckpoint (both "
-                                                            "off when unset)"})
+    compile_mode: CompileMode = field(
+        default="default", metadata={"help": "torch:compile only: torch.compile(mode=...)"}
+    )
+    optimizer: OptimizerKind = field(
+        default="adamw", metadata={"help": "phases training and fit: the optimizer of every framework"}
+    )
+    epochs: int = field(
+        default=5,
+        metadata={
+            "help": "phase fit: epochs over the synthetic dataset (at least 2; "
+            "epoch 1 includes compilation and is stored as the first call)"
+        },
+    )
+    fit_samples: int = field(
+        default=4096,
+        metadata={"help": "phase fit: samples in the seeded synthetic dataset (a multiple of every batch size)"},
+    )
+    fit_logging: str | None = field(
+        default=None,
+        metadata={
+            "help": "phase fit, torch:lightning only: directory "
+            "for Lightning's CSVLogger and ModelCheckpoint (both "
+            "off when unset)"
+        },
+    )
 
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)

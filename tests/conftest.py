@@ -1,17 +1,60 @@
-"""Shared fixtures: a temp database, the test plugin's environment, framework caches in a temp dir."""
+"""Shared fixtures: a temp database, the test plugin's environment, framework caches in a temp dir; each
+pytest-xdist process pinned to its own core; ``FWBENCH_TEST_ISA=avx2`` caps every framework to AVX2."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
+
+# FWBENCH_TEST_ISA=avx2: every framework computes with AVX2 kernels only, even on an AVX-512 / AVX512_BF16 / AMX
+# CPU, so one machine runs the numeric tests both ways (`make test-avx2`). Set before any framework is imported,
+# here and (inherited) in every worker and subprocess the tests start.
+ISA_CAPS = {
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",  # PyTorch's own kernels
+        "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN, in PyTorch and in TensorFlow
+        "DNNL_MAX_CPU_ISA": "AVX2",  # the same cap under oneDNN's older name
+        "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"), "--xla_cpu_max_isa=AVX2"])),  # JAX, TF XLA
+    }
+}
+_isa = os.environ.get("FWBENCH_TEST_ISA")
+if _isa:
+    if _isa not in ISA_CAPS:
+        raise pytest.UsageError(f"FWBENCH_TEST_ISA={_isa!r}: allowed: {', '.join(ISA_CAPS)}")
+    os.environ.update(ISA_CAPS[_isa])
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist, pin this test process (and so every fwbench worker it starts, which picks its CPUs
+    from the affinity it inherits) to a core of its own: ``gwN`` takes the N-th CPU of a one-per-physical-core
+    list. Without this every ``threads=1`` worker of every xdist process would pin itself to the same CPU 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    from fwbench.measure.environment import cpus_one_per_core
+
+    cpus = cpus_one_per_core()
+    os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_pin_xdist_worker()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that share one expensive per-runtime report (tests/test_training.py runs each runtime once in a
+    subprocess, cached for every test of that runtime) go to one xdist process: ``--dist loadgroup``."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if item.path.name == "test_training.py" and callspec is not None and "runtime" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"training-{callspec.params['runtime']}"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -20,8 +63,10 @@ def _framework_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     cache = tmp_path_factory.mktemp("framework-cache")
     saved = dict(os.environ)
     os.environ.update(
-        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), KERAS_HOME=str(cache / "keras"),
-        XDG_CACHE_HOME=str(cache / "xdg"), TF_CPP_MIN_LOG_LEVEL="1",
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        KERAS_HOME=str(cache / "keras"),
+        XDG_CACHE_HOME=str(cache / "xdg"),
+        TF_CPP_MIN_LOG_LEVEL="1",
     )
     yield
     os.environ.clear()
@@ -50,6 +95,5 @@ def db_path(tmp_path: Path) -> Path:
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m fwbench ARGS`` in a subprocess, as a user would run it."""
     return subprocess.run(
-        [sys.executable, "-m", "fwbench", *args], capture_output=True, text=True, env=env, timeout=timeout,
-        cwd=REPO_DIR,
+        [sys.executable, "-m", "fwbench", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO_DIR
     )

@@ -9,12 +9,13 @@ Imported only inside a worker, through the runtime registry.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from fwbench.spec import Settings
 
 
-def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> Any:
+def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference") -> Any:
     if mode == "jax":
         import jax
 
@@ -32,7 +33,7 @@ def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "
             def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
                 return self._retracing(next(self._calls), self._params, *inputs)
 
-        return RetracingJax(mode, device, settings, dtype=dtype)
+        return RetracingJax(mode, device, settings, dtype=dtype, phase=phase)
     if mode == "tensorflow":
         import tensorflow as tf
 
@@ -49,5 +50,5 @@ def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "
             def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
                 return self._forward(next(self._calls), *inputs)
 
-        return RetracingTensorFlow(mode, device, settings, dtype=dtype)
+        return RetracingTensorFlow(mode, device, settings, dtype=dtype, phase=phase)
     raise ValueError(f"no retracing backend for {mode!r}")

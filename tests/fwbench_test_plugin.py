@@ -20,7 +20,8 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -83,16 +84,31 @@ class FakeBackend(Backend):
         return {"fake": "0"}
 
 
-def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> FakeBackend:
-    return FakeBackend(mode, device, settings, dtype=dtype)  # fp32 only: any other dtype is refused
+def create_backend(
+    mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+) -> FakeBackend:
+    return FakeBackend(mode, device, settings, dtype=dtype, phase=phase)  # fp32 only: any other dtype is refused
 
 
 for _mode in MODES:
     register_runtime(RuntimeInfo(f"fake:{_mode}", __name__, (), f"test-only numpy runtime ({_mode})"))
 for _framework in ("jax", "tensorflow"):  # real frameworks, retracing at every call on purpose
-    register_runtime(RuntimeInfo(f"retrace:{_framework}", "fwbench_retrace_backends", (_framework,),
-                                 f"test-only {_framework} runtime that retraces at every call"))
-register_runtime(RuntimeInfo("wronglr:torch", "fwbench_training_backends", ("torch",),
-                             "test-only torch:eager training with 1.5x the learning rate",
-                             phases=("inference", "training"), training="torch:eager, learning rate x1.5"))
+    register_runtime(
+        RuntimeInfo(
+            f"retrace:{_framework}",
+            "fwbench_retrace_backends",
+            (_framework,),
+            f"test-only {_framework} runtime that retraces at every call",
+        )
+    )
+register_runtime(
+    RuntimeInfo(
+        "wronglr:torch",
+        "fwbench_training_backends",
+        ("torch",),
+        "test-only torch:eager training with 1.5x the learning rate",
+        phases=("inference", "training"),
+        training="torch:eager, learning rate x1.5",
+    )
+)
 register_runtime(RuntimeInfo("missing:eager", __name__, ("fwbench_no_such_framework",), "never installed"))

@@ -8,14 +8,15 @@ Imported only inside a worker, through the runtime registry.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fwbench.spec import Settings
 
 LEARNING_RATE_FACTOR = 1.5
 
 
-def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> Any:
+def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference") -> Any:
     from fwbench.frameworks.torch import training
     from fwbench.frameworks.torch.backend import TorchBackend
 
@@ -24,8 +25,9 @@ def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "
             make_optimizer = training.make_optimizer
 
             def scaled(spec: Any, params: Any) -> Any:
-                return make_optimizer(dataclasses.replace(spec, learning_rate=spec.learning_rate
-                                                          * LEARNING_RATE_FACTOR), params)
+                return make_optimizer(
+                    dataclasses.replace(spec, learning_rate=spec.learning_rate * LEARNING_RATE_FACTOR), params
+                )
 
             training.make_optimizer = scaled
             try:
@@ -35,4 +37,4 @@ def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "
 
     if mode != "torch":
         raise ValueError(f"no wrong-learning-rate backend for {mode!r}")
-    return WrongLearningRate("eager", device, settings, dtype=dtype)
+    return WrongLearningRate("eager", device, settings, dtype=dtype, phase=phase)

@@ -23,9 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--remote-debugging-pipe")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--remote-debugging-pipe",
+)
 VIEWPORT = (1280, 900)
 
 # Runs in the page after load: waits for every <img> to decode, then describes them.
@@ -75,9 +84,15 @@ class Browser:
 
         env = {**os.environ, "HOME": self.profile, "XDG_CONFIG_HOME": self.profile, "XDG_CACHE_HOME": self.profile}
         self.process = subprocess.Popen(
-            [executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"], preexec_fn=_wire_pipes,
-            close_fds=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True, env=env)
+            [executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+            preexec_fn=_wire_pipes,
+            close_fds=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._buffer = b""
@@ -161,7 +176,9 @@ def _error_text(event: dict[str, Any]) -> str | None:
         details = params.get("exceptionDetails", {})
         return "exception: " + str(details.get("exception", {}).get("description") or details.get("text"))
     if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-        return "console.error: " + " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+        return "console.error: " + " ".join(
+            str(a.get("value", a.get("description", ""))) for a in params.get("args", [])
+        )
     if method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
         entry = params["entry"]
         return f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}".strip()
@@ -178,27 +195,43 @@ def inspect_page(path: Path, screenshot: Path, executable: str, timeout: float =
         for domain in ("Page", "Runtime", "Log"):
             browser.call(f"{domain}.enable", session=session)
         width, height = VIEWPORT
-        browser.call("Emulation.setDeviceMetricsOverride",
-                     {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=session)
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session=session,
+        )
         browser.call("Page.navigate", {"url": path.resolve().as_uri()}, session=session)
         browser.wait_event("Page.loadEventFired", session)
-        value = browser.call("Runtime.evaluate", {"expression": IMAGES_JS, "awaitPromise": True, "returnByValue": True},
-                             session=session)
+        value = browser.call(
+            "Runtime.evaluate", {"expression": IMAGES_JS, "awaitPromise": True, "returnByValue": True}, session=session
+        )
         if "exceptionDetails" in value:
             raise RuntimeError(f"image probe failed: {value['exceptionDetails']}")
         images = json.loads(value["result"]["value"])
-        info = browser.call("Runtime.evaluate", {"expression": "JSON.stringify([document.title, document.body ? "
-                                                 "document.body.innerText : ''])", "returnByValue": True},
-                            session=session)
+        info = browser.call(
+            "Runtime.evaluate",
+            {
+                "expression": "JSON.stringify([document.title, document.body ? document.body.innerText : ''])",
+                "returnByValue": True,
+            },
+            session=session,
+        )
         title, body_text = json.loads(info["result"]["value"])
         shot = browser.call("Page.captureScreenshot", {"format": "png"}, session=session)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         if images:
-            browser.call("Runtime.evaluate", {"expression": "document.images[0].scrollIntoView({block: 'start'})"},
-                         session=session)
+            browser.call(
+                "Runtime.evaluate",
+                {"expression": "document.images[0].scrollIntoView({block: 'start'})"},
+                session=session,
+            )
             shot = browser.call("Page.captureScreenshot", {"format": "png"}, session=session)
             screenshot.with_name(f"{screenshot.stem}-first-plot.png").write_bytes(base64.b64decode(shot["data"]))
         browser.call("Runtime.evaluate", {"expression": "0"}, session=session)  # flush pending events
-        errors = [text for event in browser.events if event.get("sessionId") == session
-                  if (text := _error_text(event)) is not None]
+        errors = [
+            text
+            for event in browser.events
+            if event.get("sessionId") == session
+            if (text := _error_text(event)) is not None
+        ]
     return PageReport(errors=errors, images=images, title=title, body_text=body_text)

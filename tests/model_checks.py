@@ -22,8 +22,9 @@ def amplified_weights(description: ModelDescription, seed: int = 0) -> dict[str,
     return {k: v * AMPLIFY if k.endswith(FFN_INPUT_TENSORS) else v for k, v in weights.items()}
 
 
-def gelu_swap_error(description: ModelDescription, weights: dict[str, np.ndarray],
-                    inputs: dict[str, np.ndarray]) -> float:
+def gelu_swap_error(
+    description: ModelDescription, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+) -> float:
     """Relative L2 change of the first output when the reference's GELU is swapped for the other one:
     a parity test at a tolerance well below this would catch an implementation using the wrong GELU."""
     name = description.output_names[0]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,18 +30,31 @@ class Cell:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def add_run(store: Store, cells: Sequence[Cell], environment: dict[str, Any] | None = None,
-            settings: Settings | None = None) -> int:
+def add_run(
+    store: Store, cells: Sequence[Cell], environment: dict[str, Any] | None = None, settings: Settings | None = None
+) -> int:
     """Store a finished run of ``cells``; medians and CIs come from the samples as the manager computes them."""
     plan = Plan(tuple(c.case for c in cells), settings or Settings(threads=2))
     run_id = store.create_run(plan, "fwbench run (test)", environment or {}, "0")
     for cell in cells:
-        fields: dict[str, Any] = {"status": cell.status, "reason": cell.reason, "threads": 2, "calls_per_sample": 4,
-                                  "peak_memory_bytes": 300 * 2**20, **cell.fields}
+        fields: dict[str, Any] = {
+            "status": cell.status,
+            "reason": cell.reason,
+            "threads": 2,
+            "calls_per_sample": 4,
+            "peak_memory_bytes": 300 * 2**20,
+            **cell.fields,
+        }
         if cell.samples:
             s = summarize(cell.samples)
-            fields.update(median_s=s.median_s, ci_low_s=s.ci_low_s, ci_high_s=s.ci_high_s, mean_s=s.mean_s,
-                          stdev_s=s.stdev_s, min_s=s.min_s)
+            fields.update(
+                median_s=s.median_s,
+                ci_low_s=s.ci_low_s,
+                ci_high_s=s.ci_high_s,
+                mean_s=s.mean_s,
+                stdev_s=s.stdev_s,
+                min_s=s.min_s,
+            )
         store.add_result(run_id, cell.case, fields, list(cell.samples), cell.details)
     store.finish_run(run_id)
     return run_id

@@ -11,7 +11,8 @@ a float32 computation stays far below); that ``configure_precision`` names the m
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
 from fwbench.runner.cell import parity
-from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE
+from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE
 from fwbench.spec import RUNNABLE_DTYPES, Case, Settings
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
@@ -67,12 +68,15 @@ def test_bf16_is_runnable_and_selectable() -> None:
     from fwbench.cli import UsageError, build_parser, plan_from_args
 
     assert "bf16" in RUNNABLE_DTYPES
-    args = build_parser().parse_args(["run", "--models", "mlp", "--runtimes", "torch:eager", "--dtype", "bf16",
-                                      "--threads", "1"])
+    args = build_parser().parse_args(
+        ["run", "--models", "mlp", "--runtimes", "torch:eager", "--dtype", "bf16", "--threads", "1"]
+    )
     plan = plan_from_args(args)
     assert plan.cases and {case.dtype for case in plan.cases} == {"bf16"}
-    assert build_parser().parse_args(["verify", "--models", "mlp", "--runtimes", "jax:jit",
-                                      "--dtype", "bf16"]).dtype == "bf16"
+    assert (
+        build_parser().parse_args(["verify", "--models", "mlp", "--runtimes", "jax:jit", "--dtype", "bf16"]).dtype
+        == "bf16"
+    )
     with pytest.raises(UsageError, match="invalid choice: 'fp16' \\(choose from 'fp32', 'bf16'\\)"):
         build_parser().parse_args(["run", "--models", "mlp", "--runtimes", "torch:eager", "--dtype", "fp16"])
 
@@ -251,8 +255,9 @@ def _run_in_worker(model: str, runtime: str) -> None:
     from fwbench.runner.manager import run_worker
 
     seq_len = 16 if get_model(model).has_sequence else None
-    outcome = run_worker(Case(model, runtime, batch_size=2, seq_len=seq_len, dtype="bf16"),
-                         Settings(threads=1, max_time_s=0.3))
+    outcome = run_worker(
+        Case(model, runtime, batch_size=2, seq_len=seq_len, dtype="bf16"), Settings(threads=1, max_time_s=0.3)
+    )
     assert outcome.status == "ok", outcome.reason
     check = outcome.details["parity"]
     assert check["ok"] and check["tolerance_rel_l2"] == PARITY_REL_L2_TOLERANCE["bf16"]
@@ -266,8 +271,15 @@ def test_bf16_cell_in_a_worker() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, runtime", [("resnet-tiny", "tensorflow:function"), ("gpt2-tiny", "jax:jit"),
-                                            ("bert-tiny", "keras:jax"), ("resnet-tiny", "keras:torch")])
+@pytest.mark.parametrize(
+    "model, runtime",
+    [
+        ("resnet-tiny", "tensorflow:function"),
+        ("gpt2-tiny", "jax:jit"),
+        ("bert-tiny", "keras:jax"),
+        ("resnet-tiny", "keras:torch"),
+    ],
+)
 def test_bf16_cells_in_workers(model: str, runtime: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     _run_in_worker(model, runtime)
@@ -279,8 +291,20 @@ def test_verify_runs_bf16(plugin_env: dict[str, str], tmp_path: Any) -> None:
     runtime that cannot compute in bf16 (the fp32-only fake) fails, naming why."""
     from conftest import run_cli
 
-    result = run_cli("verify", "--models", "mlp", "--runtimes", "torch:eager,jax:jit,fake:sleep", "--dtype", "bf16",
-                     "--threads", "1", "--dump", str(tmp_path), env=plugin_env)
+    result = run_cli(
+        "verify",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager,jax:jit,fake:sleep",
+        "--dtype",
+        "bf16",
+        "--threads",
+        "1",
+        "--dump",
+        str(tmp_path),
+        env=plugin_env,
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     text = " ".join(result.stdout.split())
     assert "fwbench verify, bf16" in text and text.count(" ok ") == 2, text

@@ -63,16 +63,19 @@ def test_bad_run_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path, e
     assert not db.exists() and not db.parent.exists()
 
 
-def test_plan_with_no_runnable_cell(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_planner import SequenceModel
-
+def test_plan_with_no_runnable_cell(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import fwbench.models as models
+    from test_planner import SequenceModel
 
     monkeypatch.setitem(models.MODELS, "seqmodel", SequenceModel())
     db = tmp_path / "x.db"
-    assert_usage_error(capsys, [*RUN[:1], "--models", "seqmodel", "--runtimes", "torch:eager", "--seq-lens",
-                                "1024,2048", "--db", str(db)], "the plan has no runnable cell: sequence length 1024")
+    assert_usage_error(
+        capsys,
+        [*RUN[:1], "--models", "seqmodel", "--runtimes", "torch:eager", "--seq-lens", "1024,2048", "--db", str(db)],
+        "the plan has no runnable cell: sequence length 1024",
+    )
     assert not db.exists()
 
 
@@ -92,17 +95,43 @@ def test_bad_report_arguments(capsys: pytest.CaptureFixture[str], db_path: Path)
     with Store.open(db_path) as store:
         store.create_run(Plan((Case("mlp", "torch:eager"),), Settings()), "x", {}, "0")
     before = db_path.read_bytes()
-    assert_usage_error(capsys, ["report", "--db", str(db_path), "--run", "7"], "run 7 is not in")
+    assert_usage_error(
+        capsys, ["report", "--db", str(db_path), "--run", "7"], f"--run 7 is not in {db_path}; runs there: [1]"
+    )
     assert_usage_error(capsys, ["report", "--db", str(db_path), "--format", "xml"], "invalid choice: 'xml'")
-    assert_usage_error(capsys, ["run", "--resume", "9", "--db", str(db_path)], "run 9 is not in")
+    assert_usage_error(
+        capsys, ["run", "--resume", "9", "--db", str(db_path)], f"--resume 9 is not in {db_path}; runs there: [1]"
+    )
     assert_usage_error(capsys, ["frobnicate"], "invalid choice: 'frobnicate'")
     assert db_path.read_bytes() == before
 
 
+def test_one_run_id_lookup_for_every_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """'latest' or a number, resolved the same way with the same message wherever a run id is given."""
+    from fwbench.cli.common import resolve_run
+    from fwbench.spec import SpecError
+
+    empty = tmp_path / "empty.db"
+    with Store.open(empty) as store:
+        with pytest.raises(SpecError, match=f"^--run latest is not in {empty}; runs there: none$"):
+            resolve_run(store, "latest", empty, "--run")
+        first = store.create_run(Plan((Case("mlp", "torch:eager"),), Settings()), "x", {}, "0")
+        second = store.create_run(Plan((Case("mlp", "torch:eager"),), Settings()), "x", {}, "0")
+        assert resolve_run(store, "latest", empty, "--run").id == second
+        assert resolve_run(store, first, empty, "RUN_A").id == first
+    for argv, label in (
+        (["report", "--run", "5"], "--run"),
+        (["compare", "1", "5"], "RUN_B"),
+        (["run", "--resume", "5"], "--resume"),
+    ):
+        assert_usage_error(capsys, [*argv, "--db", str(empty)], f"{label} 5 is not in {empty}; runs there: [1, 2]")
+
+
 def test_help_for_every_command() -> None:
-    for command in ([], ["run"], ["verify"], ["weights"], ["report"], ["list"], ["env"]):
+    for command in ([], ["run"], ["verify"], ["weights"], ["report"], ["compare"], ["list"], ["env"]):
         result = run_cli(*command, "--help")
         assert result.returncode == 0 and "usage: fwbench" in result.stdout, result.stderr
+        assert "%%" not in result.stdout, result.stdout
 
 
 def test_list_and_env(plugin_env: dict[str, str]) -> None:
@@ -134,15 +163,21 @@ def test_manager_side_never_imports_a_framework() -> None:
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
-        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [3]\nphase = "fit"\n',
-         "phase fit: batch size 3 does not divide the 4096 fit samples"),
-        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ndtype = "fp16"\n',
-         "dtype 'fp16' cannot be run yet; runnable: fp32, bf16"),
+        (
+            b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [3]\nphase = "fit"\n',
+            "phase fit: batch size 3 does not divide the 4096 fit samples",
+        ),
+        (
+            b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ndtype = "fp16"\n',
+            "dtype 'fp16' cannot be run yet; runnable: fp32, bf16",
+        ),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [0]\n', "batch_sizes must hold positive"),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\n', "missing keys ['batch_sizes']"),
         (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ncolour = 1\n', "unknown keys ['colour']"),
-        (b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n[settings]\nthreads = 0\n',
-         "threads must be a positive integer"),
+        (
+            b'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n[settings]\nthreads = 0\n',
+            "threads must be a positive integer",
+        ),
         (b'models = ["mlp"\n', "not valid TOML"),
         (b"\xff\xfe not text", "not UTF-8 text"),
     ],
@@ -165,8 +200,12 @@ def test_report_is_read_only(capsys: pytest.CaptureFixture[str], db_path: Path, 
     empty.touch()
     assert_usage_error(capsys, ["report", "--db", str(empty)], "holds no fwbench results yet")
     assert empty.read_bytes() == b""
-    assert_usage_error(capsys, ["report", "--db", str(db_path), "--run", "99999999999999999999999"],
-                       "is not a positive integer")
+    assert_usage_error(
+        capsys, ["report", "--db", str(db_path), "--run", "99999999999999999999999"], "is not a positive integer"
+    )
     assert_usage_error(capsys, ["report", "--db", str(db_path), "--out", "/sys/fwbench.csv"], "cannot write it")
-    assert_usage_error(capsys, ["report", "--db", str(db_path), "--out", str(tmp_path / "no" / "x.csv")],
-                       "give a file path in an existing folder")
+    assert_usage_error(
+        capsys,
+        ["report", "--db", str(db_path), "--out", str(tmp_path / "no" / "x.csv")],
+        "give a file path in an existing folder",
+    )

@@ -14,15 +14,19 @@ from fwbench.cli import main
 from fwbench.report.compare import compare_results
 from fwbench.report.summary import holm, ratio_of_medians
 from fwbench.spec import Case, Settings
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 from report_store import Cell, add_run, timed
 
 ENV_A = {"cpu_model": "AMD EPYC", "physical_cores": 2, "version_torch": "2.13.0+cpu"}
 ENV_B = {"cpu_model": "Intel Xeon", "physical_cores": 2, "version_torch": "2.13.0+cpu"}
 
 
-def cells(scale: dict[tuple[str, int], float] | None = None, seed: int = 0, broken: tuple[str, int] | None = None,
-          version: str = "2.13.0") -> list[Cell]:
+def cells(
+    scale: dict[tuple[str, int], float] | None = None,
+    seed: int = 0,
+    broken: tuple[str, int] | None = None,
+    version: str = "2.13.0",
+) -> list[Cell]:
     """bert-tiny in torch:eager and jax:jit at batch 1, 2, 4, times multiplied by ``scale[(runtime, batch)]``."""
     out = []
     for i, (runtime, batch) in enumerate((rt, b) for rt in ("torch:eager", "jax:jit") for b in (1, 2, 4)):
@@ -86,9 +90,13 @@ def test_statistics_of_the_comparison(db: Path) -> None:
     comparison = compare_results(a, b, 1, 3)
     assert len(comparison.cells) == 6 and not comparison.only_a and not comparison.only_b
     for cell, row_a, row_b in zip(comparison.cells, a, b):
-        estimate = ratio_of_medians(row_b["samples"], row_a["samples"])  # B/A: > 1 means B is slower
+        estimate = ratio_of_medians(row_b.samples, row_a.samples)  # B/A: > 1 means B is slower
         assert (cell.ratio, cell.ci_low, cell.ci_high, cell.p_value) == (
-            estimate.ratio, estimate.ci_low, estimate.ci_high, estimate.p_value)
+            estimate.ratio,
+            estimate.ci_low,
+            estimate.ci_high,
+            estimate.p_value,
+        )
     assert [c.p_adjusted for c in comparison.cells] == pytest.approx(holm([c.p_value for c in comparison.cells]))
     every = comparison.summaries[-1]
     assert every.runtime == "all" and every.n_common == 6
@@ -97,8 +105,9 @@ def test_statistics_of_the_comparison(db: Path) -> None:
     assert comparison.summaries[1].geomean_ratio == pytest.approx(1.2 ** (1 / 3), rel=0.02)
 
 
-def test_runs_from_two_databases_and_environment_differences(capsys: pytest.CaptureFixture[str], db: Path,
-                                                             tmp_path: Path) -> None:
+def test_runs_from_two_databases_and_environment_differences(
+    capsys: pytest.CaptureFixture[str], db: Path, tmp_path: Path
+) -> None:
     other = tmp_path / "b.db"
     with Store.open(other) as store:
         extra = [Cell(Case("mlp", "torch:eager", batch_size=1), timed(2e-5))]
@@ -115,8 +124,19 @@ def test_runs_from_two_databases_and_environment_differences(capsys: pytest.Capt
     data = json.loads(out)
     assert code == 0 and data["run_a"] == 4 and data["run_b"] == 1 and data["failed"] is False
     assert [d["key"] for d in data["environment"]] == ["environment.cpu_model", "settings.threads", "versions.torch"]
-    assert data["only_b"] == [{"model": "mlp", "runtime": "torch:eager", "phase": "inference", "batch_size": 1,
-                               "seq_len": None, "dtype": "fp32", "device": "cpu", "status": "ok", "reason": None}]
+    assert data["only_b"] == [
+        {
+            "model": "mlp",
+            "runtime": "torch:eager",
+            "phase": "inference",
+            "batch_size": 1,
+            "seq_len": None,
+            "dtype": "fp32",
+            "device": "cpu",
+            "status": "ok",
+            "reason": None,
+        }
+    ]
     assert {c["verdict"] for c in data["cells"]} <= {"not significant", "within threshold", "fixed"}
 
 
@@ -164,10 +184,24 @@ def test_compare_help_and_exit_status_from_a_subprocess(db: Path) -> None:
 
 def test_ratio_orientation_on_fixed_samples() -> None:
     a = np.full(5, 2.0) * np.array([1.0, 1.01, 0.99, 1.02, 0.98])
-    rows_a = [{"model": "m", "runtime": "r", "phase": "inference", "batch_size": 1, "seq_len": None, "dtype": "fp32",
-               "device": "cpu", "status": "ok", "samples": list(a)}]
-    rows_b = [{**rows_a[0], "samples": list(a * 1.5)}]
+    row = {
+        "id": 1,
+        "run_id": 1,
+        "case_key": "m",
+        "created": "",
+        "model": "m",
+        "runtime": "r",
+        "phase": "inference",
+        "batch_size": 1,
+        "seq_len": None,
+        "dtype": "fp32",
+        "device": "cpu",
+        "status": "ok",
+    }
+    rows_a = [ResultRecord.from_row({**row, "samples": list(a)})]
+    rows_b = [ResultRecord.from_row({**row, "run_id": 2, "samples": list(a * 1.5)})]
     (cell,) = compare_results(rows_a, rows_b, 1, 2).cells
     assert cell.ratio == pytest.approx(1.5) and cell.median_a_s == pytest.approx(2.0)
     assert cell.verdict == "regression" and cell.p_value == pytest.approx(
-        stats.mannwhitneyu(a * 1.5, a, alternative="two-sided").pvalue)
+        stats.mannwhitneyu(a * 1.5, a, alternative="two-sided").pvalue
+    )

@@ -63,12 +63,26 @@ def test_torch_compile_counters_read_dynamo() -> None:
 
 
 def test_report_flags_a_cell_that_recompiled(plugin_env: dict[str, str], db_path: Path) -> None:
-    result = run_cli("run", "--models", "mlp", "--runtimes", "retrace:jax", "--batch-sizes", "2", "--threads", "1",
-                     "--max-time", "0.3", "--db", str(db_path), env=plugin_env)
+    result = run_cli(
+        "run",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "retrace:jax",
+        "--batch-sizes",
+        "2",
+        "--threads",
+        "1",
+        "--max-time",
+        "0.3",
+        "--db",
+        str(db_path),
+        env=plugin_env,
+    )
     assert result.returncode == 0, result.stderr
     with Store.open(db_path, readonly=True) as store:
         (row,) = store.results()
-    assert row["details"]["compile_health"]["recompiled_in_timed_loop"]
+    assert row.compile_health is not None and row.compile_health.recompiled_in_timed_loop
     assert "traces +" in " ".join(result.stdout.split())
     exported = run_cli("report", "--db", str(db_path), "--format", "csv", env=plugin_env)
     (csv_row,) = csv.DictReader(io.StringIO(exported.stdout))

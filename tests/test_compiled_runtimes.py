@@ -24,8 +24,15 @@ def test_compiled_runtime_in_a_worker(runtime: str) -> None:
 @pytest.mark.slow
 def test_verify_every_compiled_runtime() -> None:
     """torch:compile runs inductor (a cold compile takes tens of seconds on 2 cores)."""
-    result = run_cli("verify", "--models", "mlp,resnet-tiny", "--runtimes",
-                     "torch:eager,torch:script,torch:compile,tensorflow:xla", "--threads", "1")
+    result = run_cli(
+        "verify",
+        "--models",
+        "mlp,resnet-tiny",
+        "--runtimes",
+        "torch:eager,torch:script,torch:compile,tensorflow:xla",
+        "--threads",
+        "1",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count(" ok ") == 8
 
@@ -36,15 +43,18 @@ def test_list_says_torchscript_is_deprecated() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "batch_size", "seq_len", "reexported"),
-                         [("mlp", 3, None, True), ("bert-tiny", 2, 16, False)])
-def test_export_runtime_in_a_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str,
-                                    batch_size: int, seq_len: int | None, reexported: bool) -> None:
+@pytest.mark.parametrize(
+    ("model", "batch_size", "seq_len", "reexported"), [("mlp", 3, None, True), ("bert-tiny", 2, 16, False)]
+)
+def test_export_runtime_in_a_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str, batch_size: int, seq_len: int | None, reexported: bool
+) -> None:
     """torch:export: export + AOTInductor in the compile stage, its seconds stored; parity ok. mlp at batch 3
     is exported again at the parity shape (batch 2); bert-tiny at its parity shape reuses the timed runner."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the worker's package folder and torch's extraction land here
-    outcome = run_worker(Case(model, "torch:export", batch_size=batch_size, seq_len=seq_len),
-                         Settings(threads=1, max_time_s=0.3))
+    outcome = run_worker(
+        Case(model, "torch:export", batch_size=batch_size, seq_len=seq_len), Settings(threads=1, max_time_s=0.3)
+    )
     assert outcome.status == "ok", outcome.reason
     assert outcome.details["parity"]["ok"]
     report = outcome.details["compile_report"]
@@ -69,8 +79,10 @@ def test_compile_mode_is_validated(capsys: pytest.CaptureFixture[str], tmp_path:
     bad_config = tmp_path / "settings.toml"
     bad_config.write_text('[settings]\ncompile_mode = "turbo"\n')
     db = tmp_path / "never.db"
-    for extra, fragment in ((["--compile-mode", "fast"], "--compile-mode: invalid choice: 'fast'"),
-                            (["--config", str(bad_config)], "unknown compile mode 'turbo'")):
+    for extra, fragment in (
+        (["--compile-mode", "fast"], "--compile-mode: invalid choice: 'fast'"),
+        (["--config", str(bad_config)], "unknown compile mode 'turbo'"),
+    ):
         code = main(["run", "--models", "mlp", "--runtimes", "torch:compile", "--db", str(db), *extra])
         err = capsys.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
@@ -79,9 +91,22 @@ def test_compile_mode_is_validated(capsys: pytest.CaptureFixture[str], tmp_path:
 
 def test_compile_mode_is_stored_with_the_run(plugin_env: dict[str, str], tmp_path: Path) -> None:
     db = tmp_path / "run.db"
-    for extra, expected in (([], "default"), (["--compile-mode", "max-autotune"], "max-autotune")):
-        result = run_cli("run", "--models", "mlp", "--runtimes", "fake:sleep", "--max-time", "0.1",
-                         "--threads", "1", "--db", str(db), *extra, env=plugin_env)
+    for extra, _expected in (([], "default"), (["--compile-mode", "max-autotune"], "max-autotune")):
+        result = run_cli(
+            "run",
+            "--models",
+            "mlp",
+            "--runtimes",
+            "fake:sleep",
+            "--max-time",
+            "0.1",
+            "--threads",
+            "1",
+            "--db",
+            str(db),
+            *extra,
+            env=plugin_env,
+        )
         assert result.returncode == 0, result.stderr
     with Store.open(db, create=False) as store:
         stored = [store.get_run(i).settings["compile_mode"] for i in (1, 2)]  # type: ignore[union-attr]

@@ -11,9 +11,23 @@ from conftest import run_cli
 
 
 def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
-    run = run_cli("run", "--models", "mlp", "--runtimes", "torch:eager,tensorflow:function",
-                  "--batch-sizes", "1,4", "--seq-lens", "8", "--max-time", "0.3", "--threads", "1",
-                  "--db", str(db_path))
+    run = run_cli(
+        "run",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager,tensorflow:function",
+        "--batch-sizes",
+        "1,4",
+        "--seq-lens",
+        "8",
+        "--max-time",
+        "0.3",
+        "--threads",
+        "1",
+        "--db",
+        str(db_path),
+    )
     assert run.returncode == 0, run.stderr
     assert "[4/4]" in run.stderr and "Results are in" in run.stdout
 
@@ -23,8 +37,11 @@ def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
     assert len(data["runs"]) == 1 and data["runs"][0]["environment"]["physical_cores"] >= 1
     results = data["results"]
     assert [(r["runtime"], r["batch_size"], r["seq_len"]) for r in results] == [
-        ("torch:eager", 1, None), ("torch:eager", 4, None),
-        ("tensorflow:function", 1, None), ("tensorflow:function", 4, None)]
+        ("torch:eager", 1, None),
+        ("torch:eager", 4, None),
+        ("tensorflow:function", 1, None),
+        ("tensorflow:function", 4, None),
+    ]
     for r in results:
         assert r["status"] == "ok", r["reason"]
         assert r["run_id"] == 1 and r["phase"] == "inference" and r["dtype"] == "fp32" and r["threads"] == 1

@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from fwbench.spec import Settings, SpecError
+from fwbench.store import FitDetails, ResultRecord
 
-FIT_RUNTIMES = ("torch:eager", "torch:lightning", "tensorflow:function", "jax:jit", "keras:tensorflow", "keras:jax",
-                "keras:torch")
+FIT_RUNTIMES = (
+    "torch:eager",
+    "torch:lightning",
+    "tensorflow:function",
+    "jax:jit",
+    "keras:tensorflow",
+    "keras:jax",
+    "keras:torch",
+)
 # resnet-tiny runs where its fit code differs: torch's loop and Lightning, TF's and JAX's loops, Keras once
 # (the three Keras backends share one model.fit and one BatchNormalization; the MLP runs all three).
 RESNET_FIT_RUNTIMES = ("torch:eager", "torch:lightning", "tensorflow:function", "jax:jit", "keras:jax")
@@ -42,8 +49,7 @@ def test_fit_dataset_is_seeded_and_learnable() -> None:
         make_fit_dataset(get_model("bert-tiny"), 8, 0)
 
 
-def test_resnet_tiny_fit_dataset_is_labelled_in_chunks_and_resnet50_is_refused(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resnet_tiny_fit_dataset_is_labelled_in_chunks_and_resnet50_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from fwbench.models import fit as fit_module
     from fwbench.models import get_model
 
@@ -58,18 +64,47 @@ def test_resnet_tiny_fit_dataset_is_labelled_in_chunks_and_resnet50_is_refused(
         fit_module.make_fit_dataset(get_model("resnet50"), 8, 0)
 
 
-def _row(runtime: str, median: float, loss: float, accuracy: float = 0.5) -> dict[str, Any]:
-    fit = {"loop": "x", "epochs": 3, "samples": 64, "steps_per_epoch": 4, "final_loss": loss,
-           "final_accuracy": accuracy}
-    return {"run_id": 1, "model": "mlp", "phase": "fit", "status": "ok", "batch_size": 16, "dtype": "fp32",
-            "device": "cpu", "runtime": runtime, "median_s": median, "first_call_s": 1.0, "details": {"fit": fit}}
+def _row(runtime: str, median: float, loss: float, accuracy: float = 0.5) -> ResultRecord:
+    fit = {
+        "loop": "x",
+        "epochs": 3,
+        "samples": 64,
+        "steps_per_epoch": 4,
+        "final_loss": loss,
+        "final_accuracy": accuracy,
+    }
+    return ResultRecord.from_row(
+        {
+            "id": 1,
+            "run_id": 1,
+            "case_key": runtime,
+            "created": "",
+            "model": "mlp",
+            "phase": "fit",
+            "status": "ok",
+            "batch_size": 16,
+            "seq_len": None,
+            "dtype": "fp32",
+            "device": "cpu",
+            "runtime": runtime,
+            "median_s": median,
+            "first_call_s": 1.0,
+            "samples": [],
+            "details": {"fit": fit},
+        }
+    )
 
 
 def test_overhead_table_pairs_each_api_with_its_frameworks_manual_loop() -> None:
     from fwbench.report.fit import overhead_tables
 
-    rows = [_row("torch:eager", 0.010, 2.0), _row("torch:lightning", 0.030, 2.0 * (1 + 5e-4)),
-            _row("keras:torch", 0.020, 2.1), _row("keras:jax", 0.5, 2.0), _row("jax:jit", 0.25, 2.0, 0.52)]
+    rows = [
+        _row("torch:eager", 0.010, 2.0),
+        _row("torch:lightning", 0.030, 2.0 * (1 + 5e-4)),
+        _row("keras:torch", 0.020, 2.1),
+        _row("keras:jax", 0.5, 2.0),
+        _row("jax:jit", 0.25, 2.0, 0.52),
+    ]
     (table,) = overhead_tables(rows)
     by = {e["runtime"]: e for e in table["rows"]}
     assert [e["runtime"] for e in table["rows"]][:3] == ["torch:eager", "keras:torch", "torch:lightning"]
@@ -95,17 +130,28 @@ def test_planner_skips_models_and_runtimes_without_fit() -> None:
     assert [s.reason for s in inference.skipped] == ["torch:lightning has no inference phase yet"]
 
 
-@pytest.mark.parametrize(("extra", "fragment"), [
-    (["--models", "bert-tiny", "--runtimes", "torch:eager", "--seq-lens", "8"],
-     "no runnable cell: bert-tiny has no fit phase yet"),
-    (["--models", "mlp", "--runtimes", "torch:script"], "no runnable cell: torch:script has no fit phase yet"),
-    (["--models", "mlp", "--runtimes", "torch:eager", "--batch-sizes", "3"],
-     "batch size 3 does not divide the 4096 fit samples"),
-    (["--models", "mlp", "--runtimes", "torch:eager", "--epochs", "1"], "epochs must be at least 2"),
-    (["--models", "mlp", "--runtimes", "torch:eager", "--dtype", "bf16"], "phase fit with dtype 'bf16' cannot be run"),
-])
-def test_bad_fit_input_is_a_one_line_error(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str],
-                                           fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (
+            ["--models", "bert-tiny", "--runtimes", "torch:eager", "--seq-lens", "8"],
+            "no runnable cell: bert-tiny has no fit phase yet",
+        ),
+        (["--models", "mlp", "--runtimes", "torch:script"], "no runnable cell: torch:script has no fit phase yet"),
+        (
+            ["--models", "mlp", "--runtimes", "torch:eager", "--batch-sizes", "3"],
+            "batch size 3 does not divide the 4096 fit samples",
+        ),
+        (["--models", "mlp", "--runtimes", "torch:eager", "--epochs", "1"], "epochs must be at least 2"),
+        (
+            ["--models", "mlp", "--runtimes", "torch:eager", "--dtype", "bf16"],
+            "phase fit with dtype 'bf16' cannot be run",
+        ),
+    ],
+)
+def test_bad_fit_input_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], fragment: str
+) -> None:
     from fwbench.cli import main
 
     db = tmp_path / "x.db"
@@ -135,8 +181,21 @@ def test_fit_logging_must_be_a_directory(capsys: pytest.CaptureFixture[str], tmp
 
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    code = main(["run", "--phase", "fit", "--models", "mlp", "--runtimes", "torch:lightning", "--fit-logging",
-                 str(a_file), "--db", str(tmp_path / "x.db")])
+    code = main(
+        [
+            "run",
+            "--phase",
+            "fit",
+            "--models",
+            "mlp",
+            "--runtimes",
+            "torch:lightning",
+            "--fit-logging",
+            str(a_file),
+            "--db",
+            str(tmp_path / "x.db"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "is not a directory" in err, err
     with pytest.raises(SpecError, match="fit logging must be a directory path"):
@@ -151,9 +210,27 @@ def fit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("fit") / "fit.db"
     with pytest.MonkeyPatch.context() as patch:  # the workers' working directory: where Lightning would write
         patch.chdir(db.parent)
-        code = main(["run", "--phase", "fit", "--models", "mlp", "--runtimes", ",".join(FIT_RUNTIMES),
-                     "--batch-sizes", str(BATCH), "--epochs", str(EPOCHS), "--fit-samples", str(SAMPLES),
-                     "--threads", "1", "--db", str(db)])
+        code = main(
+            [
+                "run",
+                "--phase",
+                "fit",
+                "--models",
+                "mlp",
+                "--runtimes",
+                ",".join(FIT_RUNTIMES),
+                "--batch-sizes",
+                str(BATCH),
+                "--epochs",
+                str(EPOCHS),
+                "--fit-samples",
+                str(SAMPLES),
+                "--threads",
+                "1",
+                "--db",
+                str(db),
+            ]
+        )
     assert code == 0
     return db
 
@@ -165,18 +242,43 @@ def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("resnet_fit")
     db, logs = root / "fit.db", root / "lightning"
-    code = main(["run", "--phase", "fit", "--models", "resnet-tiny", "--runtimes", ",".join(RESNET_FIT_RUNTIMES),
-                 "--batch-sizes", str(RESNET_BATCH), "--epochs", str(RESNET_EPOCHS),
-                 "--fit-samples", str(RESNET_SAMPLES), "--threads", "1", "--fit-logging", str(logs), "--db", str(db)])
+    code = main(
+        [
+            "run",
+            "--phase",
+            "fit",
+            "--models",
+            "resnet-tiny",
+            "--runtimes",
+            ",".join(RESNET_FIT_RUNTIMES),
+            "--batch-sizes",
+            str(RESNET_BATCH),
+            "--epochs",
+            str(RESNET_EPOCHS),
+            "--fit-samples",
+            str(RESNET_SAMPLES),
+            "--threads",
+            "1",
+            "--fit-logging",
+            str(logs),
+            "--db",
+            str(db),
+        ]
+    )
     assert code == 0
     return db, logs
 
 
-def _results(db: Path) -> dict[str, dict[str, Any]]:
+def _results(db: Path) -> dict[str, ResultRecord]:
     from fwbench.store.db import Store
 
     with Store.open(db, readonly=True) as store:
-        return {r["runtime"]: r for r in store.results()}
+        return {r.runtime: r for r in store.results()}
+
+
+def _fit(row: ResultRecord) -> FitDetails:
+    assert row.fit is not None, (row.runtime, row.details)
+    return row.fit
 
 
 @pytest.mark.slow
@@ -185,29 +287,29 @@ def test_fit_loops_agree_on_the_mlp(fit_db: Path) -> None:
 
     results = _results(fit_db)
     assert set(results) == set(FIT_RUNTIMES)
-    assert all(r["status"] == "ok" for r in results.values()), {k: r["reason"] for k, r in results.items()}
-    reference = results["torch:eager"]["details"]["fit"]
+    assert all(r.status == "ok" for r in results.values()), {k: r.reason for k, r in results.items()}
+    reference = _fit(results["torch:eager"])
     loops = set()
     for runtime, row in results.items():
-        fit = row["details"]["fit"]
-        loops.add(fit["loop"])
-        assert fit["samples"] == SAMPLES and fit["steps_per_epoch"] == SAMPLES // BATCH
-        assert len(fit["epoch_s"]) == len(fit["epoch_loss"]) == EPOCHS
-        assert row["first_call_s"] == fit["epoch_s"][0] and row["samples"] == fit["epoch_s"][1:]
-        assert all(b < a for a, b in zip(fit["epoch_loss"], fit["epoch_loss"][1:])), (runtime, fit["epoch_loss"])
-        assert fit["final_loss"] < fit["epoch_loss"][0] and math.isfinite(fit["final_loss"])
-        rel = abs(fit["final_loss"] - reference["final_loss"]) / reference["final_loss"]
-        assert rel <= FIT_LOSS_RTOL, (runtime, fit["final_loss"], reference["final_loss"])
-        assert abs(fit["final_accuracy"] - reference["final_accuracy"]) <= FIT_ACCURACY_ATOL, runtime
+        fit = _fit(row)
+        loops.add(fit.loop)
+        assert fit.samples == SAMPLES and fit.steps_per_epoch == SAMPLES // BATCH
+        assert len(fit.epoch_s) == len(fit.epoch_loss) == EPOCHS
+        assert row.first_call_s == fit.epoch_s[0] and row.samples == fit.epoch_s[1:]
+        assert all(b < a for a, b in zip(fit.epoch_loss, fit.epoch_loss[1:])), (runtime, fit.epoch_loss)
+        assert fit.final_loss < fit.epoch_loss[0] and math.isfinite(fit.final_loss)
+        rel = abs(fit.final_loss - reference.final_loss) / reference.final_loss
+        assert rel <= FIT_LOSS_RTOL, (runtime, fit.final_loss, reference.final_loss)
+        assert abs(fit.final_accuracy - reference.final_accuracy) <= FIT_ACCURACY_ATOL, runtime
         # the first epoch's mean loss, before much training, agrees far more tightly
-        assert fit["epoch_loss"][0] == pytest.approx(reference["epoch_loss"][0], rel=1e-5), runtime
+        assert fit.epoch_loss[0] == pytest.approx(reference.epoch_loss[0], rel=1e-5), runtime
     assert {"lightning Trainer.fit", "manual DataLoader loop"} <= loops
     # Keras says whether "auto" compiled: XLA on the tensorflow and jax backends, nothing on torch
-    assert results["keras:jax"]["details"]["fit"]["loop"] == "keras model.fit (jit_compile=True)"
-    assert results["keras:torch"]["details"]["fit"]["loop"] == "keras model.fit (jit_compile=False)"
-    assert results["torch:lightning"]["details"]["fit"]["torch_threads_after"] == 1  # Lightning kept the budget
+    assert _fit(results["keras:jax"]).loop == "keras model.fit (jit_compile=True)"
+    assert _fit(results["keras:torch"]).loop == "keras model.fit (jit_compile=False)"
+    assert _fit(results["torch:lightning"]).extra["torch_threads_after"] == 1  # Lightning kept the budget
     # no --fit-logging: Lightning wrote no log and no checkpoint (the workers ran in the database's directory)
-    assert results["torch:lightning"]["details"]["fit"]["logging"] is None
+    assert _fit(results["torch:lightning"]).extra["logging"] is None
     assert sorted(p.name for p in fit_db.parent.iterdir() if not p.name.startswith("fit.db")) == []
 
 
@@ -218,23 +320,23 @@ def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path]) -> None:
     rtol, atol = fit_tolerance("resnet-tiny")
     results = _results(resnet_fit[0])
     assert set(results) == set(RESNET_FIT_RUNTIMES)
-    assert all(r["status"] == "ok" for r in results.values()), {k: r["reason"] for k, r in results.items()}
-    reference = results["torch:eager"]["details"]["fit"]
+    assert all(r.status == "ok" for r in results.values()), {k: r.reason for k, r in results.items()}
+    reference = _fit(results["torch:eager"])
     for runtime, row in results.items():
-        fit = row["details"]["fit"]
-        assert fit["samples"] == RESNET_SAMPLES and len(fit["epoch_loss"]) == RESNET_EPOCHS
-        assert fit["epoch_loss"][1] < fit["epoch_loss"][0] and math.isfinite(fit["final_loss"]), runtime
-        rel = abs(fit["final_loss"] - reference["final_loss"]) / reference["final_loss"]
-        assert rel <= rtol, (runtime, fit["final_loss"], reference["final_loss"])
-        assert abs(fit["final_accuracy"] - reference["final_accuracy"]) <= atol, runtime
+        fit = _fit(row)
+        assert fit.samples == RESNET_SAMPLES and len(fit.epoch_loss) == RESNET_EPOCHS
+        assert fit.epoch_loss[1] < fit.epoch_loss[0] and math.isfinite(fit.final_loss), runtime
+        rel = abs(fit.final_loss - reference.final_loss) / reference.final_loss
+        assert rel <= rtol, (runtime, fit.final_loss, reference.final_loss)
+        assert abs(fit.final_accuracy - reference.final_accuracy) <= atol, runtime
         # epoch 1's mean training loss (batch norm on batch statistics) agrees far more tightly
-        assert fit["epoch_loss"][0] == pytest.approx(reference["epoch_loss"][0], rel=1e-4), runtime
+        assert fit.epoch_loss[0] == pytest.approx(reference.epoch_loss[0], rel=1e-4), runtime
 
 
 @pytest.mark.slow
 def test_fit_logging_writes_lightnings_log_and_checkpoint(resnet_fit: tuple[Path, Path]) -> None:
     db, logs = resnet_fit
-    logging = _results(db)["torch:lightning"]["details"]["fit"]["logging"]
+    logging = _fit(_results(db)["torch:lightning"]).extra["logging"]
     version = Path(logging["log_dir"])
     assert version.parent == logs / f"resnet-tiny-b{RESNET_BATCH}" and version.name == "version_0"
     header, *rows = (version / "metrics.csv").read_text().splitlines()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -68,7 +69,10 @@ def _jax(description: Gemm, weights: dict[str, np.ndarray], x: np.ndarray) -> np
 
 
 RUNNERS: dict[str, Callable[[Gemm, dict[str, np.ndarray], np.ndarray], np.ndarray]] = {
-    "torch": _torch, "tensorflow": _tensorflow, "jax": _jax}
+    "torch": _torch,
+    "tensorflow": _tensorflow,
+    "jax": _jax,
+}
 
 
 @pytest.mark.parametrize("description", [SMALL, GEMM], ids=lambda d: d.name)
@@ -109,15 +113,17 @@ def test_every_runtime_passes_parity_in_a_worker() -> None:
 
 
 @pytest.mark.slow
-def test_env_peak_end_to_end_for_one_framework(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_env_peak_end_to_end_for_one_framework(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`env --peak` with torch only: one stored run of suite peak, the table, the peak line, and a report
     of the same database that shows GFLOP/s and % peak (100% for the peak's own cell)."""
     pytest.importorskip("torch")
     import fwbench.cli as cli
+    import fwbench.cli.peak as peak
     from fwbench.store import Store
 
-    monkeypatch.setattr(cli, "PEAK_RUNTIMES", ("torch:eager",))
+    monkeypatch.setattr(peak, "peak_runtimes", lambda: ("torch:eager",))
     db = tmp_path / "peak.db"
     assert cli.main(["env", "--peak", "--threads", "1", "--max-time", "1", "--db", str(db)]) == 0
     out = capsys.readouterr().out
@@ -125,9 +131,10 @@ def test_env_peak_end_to_end_for_one_framework(tmp_path: Path, monkeypatch: pyte
     with Store.open(db, readonly=True) as store:
         (run,) = store.runs()
         (row,) = store.results()
-    assert run.suite == "peak" and row["model"] == "gemm" and row["batch_size"] == GEMM.n
-    assert row["status"] == "ok" and row["threads"] == 1 and row["details"]["parity"]["ok"]
-    gflops = row["flops"] / row["median_s"] / 1e9
+    assert run.suite == "peak" and row.model == "gemm" and row.batch_size == GEMM.n
+    assert row.status == "ok" and row.threads == 1 and row.parity is not None and row.parity.passed
+    assert row.flops and row.median_s
+    gflops = row.flops / row.median_s / 1e9
     assert f"peak: {format_gflops(gflops)} GFLOP/s (torch:eager, threads 1)" in out
 
     assert cli.main(["report", "--db", str(db), "--format", "json"]) == 0

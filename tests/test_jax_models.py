@@ -158,8 +158,9 @@ def test_xla_flags() -> None:
     assert jax_backend._xla_flags("", 1) == "--xla_cpu_multi_thread_eigen=false"
     assert jax_backend._xla_flags("", 4) == ""
     assert jax_backend._xla_flags("", None) == ""
-    assert jax_backend._xla_flags("--xla_dump_to=/tmp/x", 1) == \
-        "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=false"
+    assert (
+        jax_backend._xla_flags("--xla_dump_to=/tmp/x", 1) == "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=false"
+    )
     assert jax_backend._xla_flags("--xla_cpu_multi_thread_eigen=true", 1) == "--xla_cpu_multi_thread_eigen=true"
 
 
@@ -178,8 +179,13 @@ def test_worker_like_import_applies_the_budget() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report == {"intra_op": 1, "inter_op": 1, "budget_at_import": 1,
-                      "xla_flags": "--xla_cpu_multi_thread_eigen=false", "platform": "cpu"}
+    assert report == {
+        "intra_op": 1,
+        "inter_op": 1,
+        "budget_at_import": 1,
+        "xla_flags": "--xla_cpu_multi_thread_eigen=false",
+        "platform": "cpu",
+    }
 
 
 def test_jax_jit_runs_in_a_worker_with_parity() -> None:
@@ -204,3 +210,7 @@ def test_jax_uses_the_right_gelu(description) -> None:  # type: ignore[no-untype
     outputs = jax.jit(model.apply)(model.params, *(jnp.asarray(v) for v in inputs.values()))
     for name, output in zip(description.output_names, outputs):
         assert rel_l2(np.asarray(output), reference[name]) < GELU_TOLERANCE, name
+
+
+def test_the_registry_dtypes_are_the_jax_backends() -> None:
+    assert registry.get_runtime("jax:jit").dtypes == jax_backend.JaxBackend.dtypes

@@ -13,7 +13,6 @@ from fwbench.frameworks.torch import gpt2 as torch_gpt2
 from fwbench.frameworks.torch import mlp as torch_mlp
 from fwbench.models import MODELS, get_model
 from fwbench.models.bert import Bert, BertConfig
-from fwbench.models.gpt2 import GPT2, GPT2Config
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
 TORCH_BUILDERS = {"mlp": torch_mlp.build_model, "bert": torch_bert.build_model, "gpt2": torch_gpt2.build_model}
@@ -31,9 +30,17 @@ def run_torch(description, weights, inputs):  # type: ignore[no-untyped-def]
 
 
 def test_registry_and_hf_names() -> None:
-    assert {"mlp", "bert-tiny", "bert-base", "distilbert-base", "gpt2-tiny", "gpt2", "resnet-tiny", "resnet50",
-            "gemm"} \
-        == set(MODELS)
+    assert {
+        "mlp",
+        "bert-tiny",
+        "bert-base",
+        "distilbert-base",
+        "gpt2-tiny",
+        "gpt2",
+        "resnet-tiny",
+        "resnet50",
+        "gemm",
+    } == set(MODELS)
     names = {p.name: p.shape for p in get_model("bert-base").param_schema()}
     assert names["encoder.layer.11.attention.self.query.weight"] == (768, 768)
     assert names["encoder.layer.0.intermediate.dense.weight"] == (3072, 768)
@@ -62,8 +69,9 @@ def test_text_inputs_pad_part_of_a_row() -> None:
     assert "token_type_ids" not in get_model("gpt2-tiny").make_inputs(1, 8, 0)
 
 
-@pytest.mark.parametrize("description", [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")],
-                         ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "description", [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")], ids=lambda d: d.name
+)
 def test_torch_matches_the_float64_reference(description) -> None:  # type: ignore[no-untyped-def]
     weights = description.canonical_weights(0)
     batch, seq = description.parity_shape()
@@ -79,8 +87,9 @@ def _hf_inputs(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def _load_hf(model: torch.nn.Module, weights: dict[str, np.ndarray], prefix: str = "") -> torch.nn.Module:
-    missing, unexpected = model.load_state_dict({prefix + k: torch.from_numpy(v) for k, v in weights.items()},
-                                                strict=False)
+    missing, unexpected = model.load_state_dict(
+        {prefix + k: torch.from_numpy(v) for k, v in weights.items()}, strict=False
+    )
     assert not unexpected and not [m for m in missing if not m.endswith("lm_head.weight")], (missing, unexpected)
     return model.eval()
 
@@ -88,9 +97,19 @@ def _load_hf(model: torch.nn.Module, weights: dict[str, np.ndarray], prefix: str
 def test_oracle_bert_is_transformers_bertmodel() -> None:
     d = get_model("bert-tiny")
     c = d.config
-    hf = _load_hf(transformers.BertModel(transformers.BertConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
-        intermediate_size=c.intermediate, max_position_embeddings=c.max_positions)), d.canonical_weights(0))
+    hf = _load_hf(
+        transformers.BertModel(
+            transformers.BertConfig(
+                vocab_size=c.vocab_size,
+                hidden_size=c.hidden,
+                num_hidden_layers=c.layers,
+                num_attention_heads=c.heads,
+                intermediate_size=c.intermediate,
+                max_position_embeddings=c.max_positions,
+            )
+        ),
+        d.canonical_weights(0),
+    )
     inputs = d.make_inputs(3, 24, 0)
     with torch.no_grad():
         expected = hf(**_hf_inputs(inputs))
@@ -101,21 +120,34 @@ def test_oracle_bert_is_transformers_bertmodel() -> None:
 
 def test_oracle_distilbert_is_transformers_distilbertmodel() -> None:
     c = DISTIL_TINY.config
-    hf = _load_hf(transformers.DistilBertModel(transformers.DistilBertConfig(
-        vocab_size=c.vocab_size, dim=c.hidden, n_layers=c.layers, n_heads=c.heads, hidden_dim=c.intermediate)),
-        DISTIL_TINY.canonical_weights(0))
+    hf = _load_hf(
+        transformers.DistilBertModel(
+            transformers.DistilBertConfig(
+                vocab_size=c.vocab_size, dim=c.hidden, n_layers=c.layers, n_heads=c.heads, hidden_dim=c.intermediate
+            )
+        ),
+        DISTIL_TINY.canonical_weights(0),
+    )
     inputs = DISTIL_TINY.make_inputs(3, 24, 0)
     with torch.no_grad():
         expected = hf(**_hf_inputs(inputs)).last_hidden_state.numpy()
-    assert rel_l2(run_torch(DISTIL_TINY, DISTIL_TINY.canonical_weights(0), inputs)["last_hidden_state"], expected) < 1e-5
+    assert (
+        rel_l2(run_torch(DISTIL_TINY, DISTIL_TINY.canonical_weights(0), inputs)["last_hidden_state"], expected) < 1e-5
+    )
 
 
 def test_oracle_gpt2_is_transformers_gpt2lmheadmodel() -> None:
     d = get_model("gpt2-tiny")
     c = d.config
-    hf = _load_hf(transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=c.vocab_size, n_positions=c.max_positions, n_embd=c.hidden, n_layer=c.layers, n_head=c.heads)),
-        d.canonical_weights(0), prefix="transformer.")
+    hf = _load_hf(
+        transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                vocab_size=c.vocab_size, n_positions=c.max_positions, n_embd=c.hidden, n_layer=c.layers, n_head=c.heads
+            )
+        ),
+        d.canonical_weights(0),
+        prefix="transformer.",
+    )
     hf.tie_weights()
     inputs = d.make_inputs(3, 24, 0)
     with torch.no_grad():
@@ -125,8 +157,9 @@ def test_oracle_gpt2_is_transformers_gpt2lmheadmodel() -> None:
     assert rel_l2(ours["logits"], expected.logits.numpy()) < 1e-5
 
 
-@pytest.mark.parametrize("description", [get_model("mlp"), get_model("bert-tiny"), get_model("gpt2-tiny")],
-                         ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "description", [get_model("mlp"), get_model("bert-tiny"), get_model("gpt2-tiny")], ids=lambda d: d.name
+)
 def test_weight_map_errors_are_clear(description) -> None:  # type: ignore[no-untyped-def]
     weights = description.canonical_weights(0)
     first = next(iter(weights))
@@ -146,13 +179,15 @@ def test_weight_map_errors_are_clear(description) -> None:  # type: ignore[no-un
 def test_flops() -> None:
     gpt2 = get_model("gpt2")
     # 2·params·tokens for the matmuls (embeddings excluded), plus attention and the LM head
-    assert gpt2.flops(1, 128) == 12 * (8 * 128 * 768**2 + 4 * 128 * 768 * 3072 + 4 * 128**2 * 768) \
-        + 2 * 128 * 768 * 50257
+    assert (
+        gpt2.flops(1, 128) == 12 * (8 * 128 * 768**2 + 4 * 128 * 768 * 3072 + 4 * 128**2 * 768) + 2 * 128 * 768 * 50257
+    )
     assert gpt2.flops(8, 128, "training") == 3 * 8 * gpt2.flops(1, 128)
 
 
-@pytest.mark.parametrize("description", [get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")],
-                         ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "description", [get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")], ids=lambda d: d.name
+)
 def test_torch_uses_the_right_gelu(description) -> None:  # type: ignore[no-untyped-def]
     from model_checks import GELU_TOLERANCE, amplified_weights, gelu_swap_error
 
@@ -170,3 +205,51 @@ def test_a_missing_implementation_is_reported_without_importing_anything() -> No
 
     assert missing_implementation(get_runtime("torch:eager"), "bert") is None
     assert missing_implementation(get_runtime("jax:jit"), "nosucharch") == "no jax implementation of nosucharch yet"
+
+
+def test_the_registry_states_each_runtimes_capabilities() -> None:
+    """Native runtimes, pip extras, dtypes and start-up/compile estimates come from the registry, so the
+    planner can skip impossible cells and the install hint names the right extras."""
+    from fwbench.frameworks import dtype_unsupported, get_runtime, native_runtime, native_runtimes, runtimes
+
+    assert native_runtimes() == ("torch:eager", "tensorflow:function", "jax:jit")
+    assert native_runtime("keras") is None and native_runtime("jax") == "jax:jit"
+    assert get_runtime("torch:lightning").install_hint == "pip install 'fwbench[torch,lightning]'"
+    assert get_runtime("keras:jax").install_hint == "pip install 'fwbench[keras,jax]'"
+    assert get_runtime("tensorflow:xla").install_hint == "pip install 'fwbench[tensorflow]'"
+    eager = get_runtime("torch:eager")
+    assert dtype_unsupported(eager, "inference", "bf16") is None
+    assert dtype_unsupported(eager, "training", "bf16") is None
+    assert dtype_unsupported(eager, "fit", "bf16") == "phase fit computes in fp32 only, not bf16"
+    assert (
+        dtype_unsupported(eager, "inference", "int8")
+        == "torch:eager cannot compute in int8 (it computes in fp32, bf16)"
+    )
+    compile_s = {name: info.compile_s for name, info in runtimes().items() if info.framework != "fake"}
+    assert compile_s["torch:compile"] > compile_s["tensorflow:xla"] > compile_s["jax:jit"] > compile_s["torch:eager"]
+    assert get_runtime("tensorflow:eager").startup_s > get_runtime("torch:eager").startup_s
+
+
+def test_the_registry_dtypes_are_the_torch_and_keras_backends() -> None:
+    """The planner's dtypes (the registry's) are what the backends accept (keras: importing its backend module
+    imports no framework). tests/test_jax_models.py and test_tensorflow_models.py check theirs."""
+    from fwbench.frameworks import get_runtime
+    from fwbench.frameworks.keras.backend import KerasBackend
+    from fwbench.frameworks.torch.backend import TorchBackend
+
+    for backend in (TorchBackend, KerasBackend):
+        for mode in backend.modes:
+            assert get_runtime(f"{backend.framework}:{mode}").dtypes == backend.dtypes, mode
+
+
+def test_the_frozen_tensors_are_the_descriptions_found_through_the_weight_map() -> None:
+    """torch: the parameters a description's frozen canonical tensors were loaded into (no name prefixes
+    kept per framework)."""
+    from fwbench.frameworks.torch import bert
+    from fwbench.frameworks.torch.weights import variable_names
+
+    description = get_model("bert-tiny")
+    module = bert.build_model(description, description.canonical_weights(0), "cpu")
+    assert variable_names(module, description.frozen_in_training()) == {"pooler.weight", "pooler.bias"}
+    with pytest.raises(ValueError, match="not in its weight map"):
+        variable_names(module, ("no.such.tensor",))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -22,7 +24,13 @@ def add_run(store: Store, suite: str | None, cells: list[tuple[Case, dict[str, A
     run_id = store.create_run(Plan(tuple(c for c, _ in cells), Settings(threads=2), suite=suite), "test", {}, "0")
     for case, fields in cells:
         median = fields.get("median_s")
-        store.add_result(run_id, case, {"status": "ok", "threads": 2, "calls_per_sample": 1, **fields}, [] if median is None else [median], {})
+        store.add_result(
+            run_id,
+            case,
+            {"status": "ok", "threads": 2, "calls_per_sample": 1, **fields},
+            [] if median is None else [median],
+            {},
+        )
     return run_id
 
 
@@ -37,24 +45,38 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def test_rates_and_fractions_from_stored_rows(store: Store) -> None:
     # An old peak run (200 GFLOP/s), then a newer one: torch 0.4 s (145 GFLOP/s), tensorflow 0.25 s (232).
-    add_run(store, PEAK_SUITE, [(Case("gemm", "torch:eager", batch_size=3072), {"flops": GEMM_FLOPS,
-                                                                                "median_s": GEMM_FLOPS / 200e9})])
-    newer = add_run(store, PEAK_SUITE, [
-        (Case("gemm", "torch:eager", batch_size=3072), {"flops": GEMM_FLOPS, "median_s": 0.4}),
-        (Case("gemm", "tensorflow:function", batch_size=3072), {"flops": GEMM_FLOPS, "median_s": 0.25}),
-    ])
-    sweep = add_run(store, None, [
-        (Case("mlp", "torch:eager", batch_size=256), {"flops": 4_700_000, "median_s": 5e-5, "ci_low_s": 4.9e-5,
-                                                      "ci_high_s": 5.1e-5}),
-        (Case("mlp", "torch:eager", batch_size=1), {"flops": 17_664, "median_s": None, "status": "oom"}),
-    ])
+    add_run(
+        store,
+        PEAK_SUITE,
+        [(Case("gemm", "torch:eager", batch_size=3072), {"flops": GEMM_FLOPS, "median_s": GEMM_FLOPS / 200e9})],
+    )
+    newer = add_run(
+        store,
+        PEAK_SUITE,
+        [
+            (Case("gemm", "torch:eager", batch_size=3072), {"flops": GEMM_FLOPS, "median_s": 0.4}),
+            (Case("gemm", "tensorflow:function", batch_size=3072), {"flops": GEMM_FLOPS, "median_s": 0.25}),
+        ],
+    )
+    sweep = add_run(
+        store,
+        None,
+        [
+            (
+                Case("mlp", "torch:eager", batch_size=256),
+                {"flops": 4_700_000, "median_s": 5e-5, "ci_low_s": 4.9e-5, "ci_high_s": 5.1e-5},
+            ),
+            (Case("mlp", "torch:eager", batch_size=1), {"flops": 17_664, "median_s": None, "status": "oom"}),
+        ],
+    )
     peak = latest_peak(store)
     assert peak == Peak(GEMM_FLOPS / 0.25 / 1e9, "tensorflow:function", newer, 2, "fp32", "cpu")
     rows = store.results([sweep])
     assert achieved_gflops(rows[0]) == pytest.approx(94.0)  # 4.7e6 FLOP / 50 µs
     assert peak_fraction(rows[0], peak) == pytest.approx(94.0 / (GEMM_FLOPS / 0.25 / 1e9))  # 40.5%
     assert achieved_gflops(rows[1]) is None and peak_fraction(rows[1], peak) is None  # oom: no rate
-    assert peak_fraction({**rows[0], "dtype": "bf16"}, peak) is None  # an fp32 peak says nothing of bf16
+    assert peak_fraction(replace(rows[0], dtype="bf16"), peak) is None  # an fp32 peak says nothing of bf16
+    assert peak_fraction(replace(rows[0], threads=1), peak) is None  # nor of another thread count
 
     console = Console(record=True, width=300)
     print_results(rows, console, peak=peak)
@@ -87,9 +109,13 @@ def test_no_peak_means_no_peak_column(store: Store) -> None:
 
 
 def test_a_failed_peak_run_does_not_hide_an_earlier_peak(store: Store) -> None:
-    first = add_run(store, PEAK_SUITE, [(Case("gemm", "jax:jit", batch_size=3072),
-                                         {"flops": GEMM_FLOPS, "median_s": 0.5})])
-    add_run(store, PEAK_SUITE, [(Case("gemm", "jax:jit", batch_size=3072),
-                                 {"flops": GEMM_FLOPS, "median_s": None, "status": "timeout"})])
+    first = add_run(
+        store, PEAK_SUITE, [(Case("gemm", "jax:jit", batch_size=3072), {"flops": GEMM_FLOPS, "median_s": 0.5})]
+    )
+    add_run(
+        store,
+        PEAK_SUITE,
+        [(Case("gemm", "jax:jit", batch_size=3072), {"flops": GEMM_FLOPS, "median_s": None, "status": "timeout"})],
+    )
     peak = latest_peak(store)
     assert peak is not None and peak.run_id == first and peak.gflops == pytest.approx(GEMM_FLOPS / 0.5 / 1e9)

@@ -9,8 +9,9 @@ import pytest
 
 import fwbench.models as models
 from fwbench.models.base import ModelDescription, ParamSpec
-from fwbench.runner.planner import build_plan, parse_names, parse_positive_ints
+from fwbench.runner.planner import build_grids_plan, build_plan, parse_names, parse_positive_ints
 from fwbench.spec import Case, Plan, Settings, SpecError
+from fwbench.suites import Grid
 
 
 class SequenceModel(ModelDescription):
@@ -56,8 +57,12 @@ def test_integer_lists_parse() -> None:
 def test_mlp_ignores_seq_lens_one_cell_per_batch() -> None:
     plan = build_plan(["mlp"], ["torch:eager", "tensorflow:function"], [1, 2, 4, 2], [8, 64], Settings())
     assert [(c.runtime, c.batch_size, c.seq_len) for c in plan.cases] == [
-        ("torch:eager", 1, None), ("torch:eager", 2, None), ("torch:eager", 4, None),
-        ("tensorflow:function", 1, None), ("tensorflow:function", 2, None), ("tensorflow:function", 4, None),
+        ("torch:eager", 1, None),
+        ("torch:eager", 2, None),
+        ("torch:eager", 4, None),
+        ("tensorflow:function", 1, None),
+        ("tensorflow:function", 2, None),
+        ("tensorflow:function", 4, None),
     ]
     assert plan.skipped == ()
 
@@ -65,7 +70,11 @@ def test_mlp_ignores_seq_lens_one_cell_per_batch() -> None:
 def test_cells_beyond_max_length_are_skipped_with_reason(seq_model: None) -> None:
     plan = build_plan(["seqmodel", "mlp"], ["torch:eager"], [1, 8], [128, 1024], Settings())
     assert {(c.model, c.batch_size, c.seq_len) for c in plan.cases} == {
-        ("seqmodel", 1, 128), ("seqmodel", 8, 128), ("mlp", 1, None), ("mlp", 8, None)}
+        ("seqmodel", 1, 128),
+        ("seqmodel", 8, 128),
+        ("mlp", 1, None),
+        ("mlp", 8, None),
+    }
     assert [(s.case.batch_size, s.case.seq_len) for s in plan.skipped] == [(1, 1024), (8, 1024)]
     assert "exceeds seqmodel's maximum of 512" in plan.skipped[0].reason
     assert plan.size == 6
@@ -78,8 +87,10 @@ def test_plan_with_no_runnable_cell_is_an_error(seq_model: None) -> None:
 
 @pytest.mark.parametrize(
     ("models_", "runtimes", "message"),
-    [(["nope"], ["torch:eager"], "unknown model 'nope'; allowed: mlp"),
-     (["mlp"], ["torch:fast"], "unknown runtime 'torch:fast'; allowed: torch:eager")],
+    [
+        (["nope"], ["torch:eager"], "unknown model 'nope'; allowed: mlp"),
+        (["mlp"], ["torch:fast"], "unknown runtime 'torch:fast'; allowed: torch:eager"),
+    ],
 )
 def test_unknown_names(models_: list[str], runtimes: list[str], message: str) -> None:
     with pytest.raises(SpecError, match=message):
@@ -94,8 +105,14 @@ def test_plan_round_trips_through_json(seq_model: None) -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(batch_size=0), dict(batch_size=-1), dict(seq_len=0), dict(phase="predict"), dict(dtype="fp8"),
-     dict(device="tpu")],
+    [
+        dict(batch_size=0),
+        dict(batch_size=-1),
+        dict(seq_len=0),
+        dict(phase="predict"),
+        dict(dtype="fp8"),
+        dict(device="tpu"),
+    ],
 )
 def test_case_validation(kwargs: dict[str, object]) -> None:
     with pytest.raises(SpecError):
@@ -103,8 +120,15 @@ def test_case_validation(kwargs: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [dict(threads=0), dict(warmup_calls=1), dict(max_time_s=0), dict(timeout_s=-1),
-               dict(protocol="fast"), dict(memory_limit_bytes=0)],
+    "kwargs",
+    [
+        dict(threads=0),
+        dict(warmup_calls=1),
+        dict(max_time_s=0),
+        dict(timeout_s=-1),
+        dict(protocol="fast"),
+        dict(memory_limit_bytes=0),
+    ],
 )
 def test_settings_validation(kwargs: dict[str, object]) -> None:
     with pytest.raises(SpecError):
@@ -116,9 +140,27 @@ def test_hf2019_suite_is_the_2019_grid() -> None:
 
     suite = load_suite("hf2019")
     (grid,) = suite.grids
-    plan = build_plan(grid.models, grid.runtimes, grid.batch_sizes, grid.seq_lens,
-                      Settings(**suite.settings), suite=suite.name)
+    plan = build_plan(
+        grid.models, grid.runtimes, grid.batch_sizes, grid.seq_lens, Settings(**suite.settings), suite=suite.name
+    )
     assert plan.size == 3 * 4 * 4 * 6 and plan.settings.protocol == "hf2019"
     # BERT and DistilBERT stop at 512 positions: their 1024-token cells are N/A, as in 2019
     assert {(s.case.model, s.case.seq_len) for s in plan.skipped} == {("bert-base", 1024), ("distilbert-base", 1024)}
     assert len(plan.skipped) == 2 * 4 * 4
+
+
+def test_each_grid_plans_with_its_own_phase_and_dtype() -> None:
+    """A grid's own phase/dtype beat the plan-wide defaults; an impossible one names the grid it came from."""
+    inference = Grid(["mlp"], ["torch:eager"], [2])
+    training = Grid(["mlp"], ["torch:eager", "torch:script"], [2], phase="training", dtype="bf16")
+    plan = build_grids_plan([inference, training], Settings(), dtype="fp32")
+    assert [(c.runtime, c.phase, c.dtype) for c in plan.cases] == [
+        ("torch:eager", "inference", "fp32"),
+        ("torch:eager", "training", "bf16"),
+    ]
+    assert [(s.case.runtime, s.case.phase) for s in plan.skipped] == [("torch:script", "training")]
+    fit = Grid(["mlp"], ["torch:eager"], [3], phase="fit", where="suite mine.toml [[grid]] 2")
+    with pytest.raises(SpecError, match=r"^suite mine.toml \[\[grid\]\] 2: phase fit: batch size 3 does not divide"):
+        build_grids_plan([inference, fit], Settings())
+    with pytest.raises(SpecError, match="^phase fit with dtype 'bf16' cannot be run yet"):
+        build_grids_plan([Grid(["mlp"], ["torch:eager"], [2], phase="fit", dtype="bf16")], Settings())

@@ -5,32 +5,56 @@ from __future__ import annotations
 import csv
 import io
 import json
-
-from rich.console import Console
-
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from fwbench.cli import main
 from fwbench.report.export import CSV_COLUMNS, spreadsheet_tables, to_csv, to_json, write_csv_dir
 from fwbench.report.table import PIPE_WIDTH, markdown_report, print_results
 from fwbench.report.units import format_bytes, format_seconds, format_seconds_noise, parse_bytes, significant_digits
 from fwbench.spec import Case
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 from report_store import Cell, add_run, timed
 
 
-def row(**extra: object) -> dict[str, object]:
+def row(**extra: object) -> ResultRecord:
     base: dict[str, object] = dict(
-        run_id=1, model="mlp", runtime="torch:eager", phase="inference", batch_size=2, seq_len=None,
-        dtype="fp32", device="cpu", status="ok", reason=None, protocol="adaptive", n_samples=3,
-        calls_per_sample=4, median_s=2e-5, ci_low_s=1.9e-5, ci_high_s=2.1e-5, mean_s=2e-5, stdev_s=1e-6,
-        min_s=1.9e-5, first_call_s=0.03, peak_memory_bytes=3 * 2**20, allocator_peak_bytes=None, threads=2,
-        interop_threads=1, flops=100, wall_s=1.0, samples=[1.9e-5, 2e-5, 2.1e-5], details={},
+        id=1,
+        case_key="mlp-b2",
+        created="2026-01-01T00:00:00+00:00",
+        run_id=1,
+        model="mlp",
+        runtime="torch:eager",
+        phase="inference",
+        batch_size=2,
+        seq_len=None,
+        dtype="fp32",
+        device="cpu",
+        status="ok",
+        reason=None,
+        protocol="adaptive",
+        n_samples=3,
+        calls_per_sample=4,
+        median_s=2e-5,
+        ci_low_s=1.9e-5,
+        ci_high_s=2.1e-5,
+        mean_s=2e-5,
+        stdev_s=1e-6,
+        min_s=1.9e-5,
+        first_call_s=0.03,
+        peak_memory_bytes=3 * 2**20,
+        allocator_peak_bytes=None,
+        threads=2,
+        interop_threads=1,
+        flops=100,
+        wall_s=1.0,
+        samples=[1.9e-5, 2e-5, 2.1e-5],
+        details={},
     )
     base.update(extra)
-    return base
+    return ResultRecord.from_row(base)
 
 
 def test_units() -> None:
@@ -75,13 +99,17 @@ def test_digits_follow_the_noise() -> None:
 
 def sheet_rows() -> list[Cell]:
     """The spreadsheet fixture: bert-tiny in two runtimes over batch {1, 2} × seq {8, 16}, and the MLP."""
+
     def bert(runtime: str, batch: int, seq: int) -> Case:
         return Case("bert-tiny", runtime, batch_size=batch, seq_len=seq)
 
     return [
-        Cell(bert("torch:eager", 1, 8), [0.001]), Cell(bert("torch:eager", 1, 16), [0.002]),
-        Cell(bert("torch:eager", 2, 8), [0.003]), Cell(bert("torch:eager", 2, 16), status="oom", reason="2 GiB"),
-        Cell(bert("jax:jit", 1, 8), [0.0005]), Cell(bert("jax:jit", 2, 16), [0.004]),
+        Cell(bert("torch:eager", 1, 8), [0.001]),
+        Cell(bert("torch:eager", 1, 16), [0.002]),
+        Cell(bert("torch:eager", 2, 8), [0.003]),
+        Cell(bert("torch:eager", 2, 16), status="oom", reason="2 GiB"),
+        Cell(bert("jax:jit", 1, 8), [0.0005]),
+        Cell(bert("jax:jit", 2, 16), [0.004]),
         Cell(Case("mlp", "torch:eager", batch_size=1), [1e-5]),
         Cell(Case("mlp", "torch:eager", batch_size=4), status="error", reason="boom"),
     ]
@@ -110,8 +138,11 @@ def test_spreadsheet_layout_against_a_hand_computed_fixture(tmp_path: Path) -> N
 def test_spreadsheet_names_the_dtype_and_run_when_they_vary() -> None:
     rows = [row(dtype="fp32"), row(dtype="bf16", median_s=1e-5), row(run_id=2, median_s=3e-5)]
     tables = spreadsheet_tables(rows)
-    assert sorted(tables) == ["mlp_torch_eager_run1_bf16.csv", "mlp_torch_eager_run1_fp32.csv",
-                              "mlp_torch_eager_run2_fp32.csv"]
+    assert sorted(tables) == [
+        "mlp_torch_eager_run1_bf16.csv",
+        "mlp_torch_eager_run1_fp32.csv",
+        "mlp_torch_eager_run2_fp32.csv",
+    ]
     assert tables["mlp_torch_eager_run1_bf16.csv"] == [["batch_size", "median_s"], ["2", "1e-05"]]
     assert list(spreadsheet_tables([row(runtime="../../x:y")])) == ["mlp_x_y.csv"]  # store strings stay in DIR
 
@@ -128,20 +159,30 @@ def test_csv_dir_that_is_a_file_is_refused(capsys: pytest.CaptureFixture[str], t
 def comparison_store(path: Path) -> None:
     """torch:eager against jax:jit (2× faster, a tie, a noisy cell) and tensorflow:function (one oom, one error
     whose reason holds markup and a pipe)."""
+
     def bert(runtime: str, batch: int) -> Case:
         return Case("bert-tiny", runtime, batch_size=batch, seq_len=8)
 
     parity = {"parity": {"ok": True, "outputs": {"last_hidden_state": {"rel_l2": 3.2e-7, "max_abs": 1e-6}}}}
     with Store.open(path) as store:
-        add_run(store, [
-            Cell(bert("torch:eager", 1), timed(2e-3, seed=1), details=parity), Cell(bert("torch:eager", 2), timed(4e-3, seed=2)),
-            Cell(bert("torch:eager", 4), timed(8e-3, seed=3, noise=0.2)),
-            Cell(bert("jax:jit", 1), timed(1e-3, seed=4), details={**parity, "compile_health": {"flags": ["traces +3 in timed loop"]}}),
-            Cell(bert("jax:jit", 2), timed(4e-3, seed=5)), Cell(bert("jax:jit", 4), timed(4e-3, seed=6)),
-            Cell(bert("tensorflow:function", 1), status="oom", reason="resident 2.1 GiB over --memory-limit 2 GiB"),
-            Cell(bert("tensorflow:function", 2), status="error", reason="ValueError: [bold]x[/bold] | <b>y</b>"),
-            Cell(bert("tensorflow:function", 4), timed(4e-3, seed=7)),
-        ])
+        add_run(
+            store,
+            [
+                Cell(bert("torch:eager", 1), timed(2e-3, seed=1), details=parity),
+                Cell(bert("torch:eager", 2), timed(4e-3, seed=2)),
+                Cell(bert("torch:eager", 4), timed(8e-3, seed=3, noise=0.2)),
+                Cell(
+                    bert("jax:jit", 1),
+                    timed(1e-3, seed=4),
+                    details={**parity, "compile_health": {"flags": ["traces +3 in timed loop"]}},
+                ),
+                Cell(bert("jax:jit", 2), timed(4e-3, seed=5)),
+                Cell(bert("jax:jit", 4), timed(4e-3, seed=6)),
+                Cell(bert("tensorflow:function", 1), status="oom", reason="resident 2.1 GiB over --memory-limit 2 GiB"),
+                Cell(bert("tensorflow:function", 2), status="error", reason="ValueError: [bold]x[/bold] | <b>y</b>"),
+                Cell(bert("tensorflow:function", 4), timed(4e-3, seed=7)),
+            ],
+        )
 
 
 def test_table_shows_speedups_na_and_the_pair_summary(tmp_path: Path) -> None:
@@ -153,9 +194,14 @@ def test_table_shows_speedups_na_and_the_pair_summary(tmp_path: Path) -> None:
     print_results(rows, console, title="t")
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= PIPE_WIDTH
-    lines = {line.split("│")[3].strip() + " b" + line.split("│")[1].strip(): line for line in text.splitlines()
-             if line.count("│") > 10}
-    assert "2.0" in lines["jax:jit b1"] and "×" in lines["jax:jit b1"] and "traces +3 in timed loop" in lines["jax:jit b1"]
+    lines = {
+        line.split("│")[3].strip() + " b" + line.split("│")[1].strip(): line
+        for line in text.splitlines()
+        if line.count("│") > 10
+    }
+    assert (
+        "2.0" in lines["jax:jit b1"] and "×" in lines["jax:jit b1"] and "traces +3 in timed loop" in lines["jax:jit b1"]
+    )
     assert "≈1.0" in lines["jax:jit b2"]  # a tie: not significant
     assert "N/A oom" in lines["tensorflow:function b1"] and "resident 2.1 GiB" in text
     assert "N/A error" in lines["tensorflow:function b2"] and "[bold]x[/bold]" in text  # markup shown literally
@@ -189,5 +235,7 @@ def test_unknown_baseline_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFix
     comparison_store(db)
     assert main(["report", "--db", str(db), "--baseline", "keras:jax"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["fwbench: error: --baseline keras:jax is not in these results; runtimes there: torch:eager, "
-                   "jax:jit, tensorflow:function"]
+    assert err == [
+        "fwbench: error: --baseline keras:jax is not in these results; runtimes there: torch:eager, "
+        "jax:jit, tensorflow:function"
+    ]

@@ -24,9 +24,37 @@ from headless_chromium import chromium_path, inspect_page
 HOSTILE_MODEL = 'bert<&>"x'
 SCRIPT_REASON = "<script>alert(1)</script> & more"
 HOSTILE_CPU = "<img src=x onerror=alert(1)>"
-ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "nav", "a", "section",
-                "table", "thead", "tbody", "tr", "th", "td", "img", "details", "summary", "code", "b", "i", "em",
-                "span", "br", "div"}
+ALLOWED_TAGS = {
+    "html",
+    "head",
+    "meta",
+    "title",
+    "style",
+    "body",
+    "h1",
+    "h2",
+    "h3",
+    "p",
+    "nav",
+    "a",
+    "section",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+    "img",
+    "details",
+    "summary",
+    "code",
+    "b",
+    "i",
+    "em",
+    "span",
+    "br",
+    "div",
+}
 
 
 def _samples(rng: np.random.Generator, median: float, n: int) -> list[float]:
@@ -35,11 +63,23 @@ def _samples(rng: np.random.Generator, median: float, n: int) -> list[float]:
 
 def _fields(samples: list[float], **extra: Any) -> dict[str, Any]:
     ordered = sorted(samples)
-    return {"status": "ok", "protocol": "adaptive", "calls_per_sample": 4, "median_s": float(np.median(ordered)),
-            "ci_low_s": ordered[len(ordered) // 4], "ci_high_s": ordered[-len(ordered) // 4],
-            "mean_s": float(np.mean(ordered)), "min_s": ordered[0], "first_call_s": 0.01,
-            "peak_memory_bytes": 300 * 2**20, "threads": 2, "interop_threads": 1, "flops": 10**6, "wall_s": 1.0,
-            **extra}
+    return {
+        "status": "ok",
+        "protocol": "adaptive",
+        "calls_per_sample": 4,
+        "median_s": float(np.median(ordered)),
+        "ci_low_s": ordered[len(ordered) // 4],
+        "ci_high_s": ordered[-len(ordered) // 4],
+        "mean_s": float(np.mean(ordered)),
+        "min_s": ordered[0],
+        "first_call_s": 0.01,
+        "peak_memory_bytes": 300 * 2**20,
+        "threads": 2,
+        "interop_threads": 1,
+        "flops": 10**6,
+        "wall_s": 1.0,
+        **extra,
+    }
 
 
 def make_store(path: Path) -> Path:
@@ -61,16 +101,25 @@ def make_store(path: Path) -> Path:
             if (case.model, case.runtime) not in first:
                 first.add((case.model, case.runtime))
                 bad = case.model == HOSTILE_MODEL and case.runtime == "tensorflow:function"
-                details["parity"] = {"ok": not bad, "reference": "numpy-float64", "tolerance_rel_l2": 1e-4,
-                                     "shape": [2, 16], "outputs": {"<logits>": {"rel_l2": 0.3 if bad else 1e-7,
-                                                                                "max_abs": 1e-6}}}
+                details["parity"] = {
+                    "ok": not bad,
+                    "reference": "numpy-float64",
+                    "tolerance_rel_l2": 1e-4,
+                    "shape": [2, 16],
+                    "outputs": {"<logits>": {"rel_l2": 0.3 if bad else 1e-7, "max_abs": 1e-6}},
+                }
             if case.model == HOSTILE_MODEL and case.runtime == "tensorflow:function":
-                store.add_result(run_id, case, {"status": "mismatch", "reason": "outputs <differ> & fail"}, [],
-                                 details)
+                store.add_result(run_id, case, {"status": "mismatch", "reason": "outputs <differ> & fail"}, [], details)
                 continue
-            if case.model == HOSTILE_MODEL and case.runtime == "jax:jit" and case.batch_size == 2 and case.seq_len == 32:
-                store.add_result(run_id, case, {"status": "oom", "reason": SCRIPT_REASON,
-                                                "peak_memory_bytes": 2**31}, [], details)
+            if (
+                case.model == HOSTILE_MODEL
+                and case.runtime == "jax:jit"
+                and case.batch_size == 2
+                and case.seq_len == 32
+            ):
+                store.add_result(
+                    run_id, case, {"status": "oom", "reason": SCRIPT_REASON, "peak_memory_bytes": 2**31}, [], details
+                )
                 continue
             n = 6 if case.batch_size == 1 else 30
             samples = _samples(rng, 1e-4 * speed[case.runtime] * case.batch_size * (case.seq_len or 1), n)
@@ -120,8 +169,16 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 def test_store_strings_are_escaped(store_path: Path) -> None:
     page = page_of(store_path)
-    for raw in (SCRIPT_REASON, HOSTILE_MODEL, HOSTILE_CPU, "outputs <differ>", "traces +3 in timed loop <i>",
-                "'a&b' <x>", "<logits>", "<co>"):
+    for raw in (
+        SCRIPT_REASON,
+        HOSTILE_MODEL,
+        HOSTILE_CPU,
+        "outputs <differ>",
+        "traces +3 in timed loop <i>",
+        "'a&b' <x>",
+        "<logits>",
+        "<co>",
+    ):
         assert raw not in page, raw
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
     assert "bert&lt;&amp;&gt;&quot;x" in page
@@ -161,14 +218,14 @@ def test_page_sections_and_full_table(store_path: Path) -> None:
         n_results = len(store.results())
     for anchor in ("summary", "flags", "models", "parity", "environment", "results"):
         assert f'<section id="{anchor}">' in page
-    table = page[page.index('<section id="results">'):]
+    table = page[page.index('<section id="results">') :]
     assert table.count("<tr") - 1 == n_results  # one header row + one row per stored cell
     assert "N/A" in table and "<b>oom</b>" in table and "<b>mismatch</b>" in table
-    flags = page[page.index('<section id="flags">'):page.index('<section id="models">')]
+    flags = page[page.index('<section id="flags">') : page.index('<section id="models">')]
     assert "Parity mismatches" in flags and "4 cells" in flags  # the four mismatch cells of one runtime
     assert "Noisy cells" in flags and "traces +3 in timed loop &lt;i&gt;" in flags
-    assert "<b>MISMATCH</b>" in page[page.index('<section id="parity">'):]
-    summary = page[page.index('<section id="summary">'):page.index('<section id="flags">')]
+    assert "<b>MISMATCH</b>" in page[page.index('<section id="parity">') :]
+    summary = page[page.index('<section id="summary">') : page.index('<section id="flags">')]
     assert "jax:jit" in summary and "tensorflow:function" in summary and "1 oom" in summary
 
 
@@ -181,14 +238,15 @@ def test_plot_limits_say_what_is_summarised(store_path: Path, monkeypatch: pytes
     assert len([t for t, _ in tags_of(page) if t == "img"]) == 2
     with Store.open(store_path, readonly=True) as store:
         n_results = len(store.results())
-    table = page[page.index('<section id="results">'):]
+    table = page[page.index('<section id="results">') :]
     assert table.count("<tr") - 1 == n_results
     monkeypatch.setattr(report_html, "MAX_PLOT_GROUPS", 2)
     assert "Panels for 1 of 2 sequence lengths (16)" in page_of(store_path)
 
 
-def test_page_comparisons_are_the_summary_modules_without_per_cell_cis(store_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_page_comparisons_are_the_summary_modules_without_per_cell_cis(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The page's comparisons are summary.grouped_pairs(per_cell_ci=False): the same cells, p-values, significance
     and pair summaries as with the per-cell bootstrap, and as compare_cells per group (this store has both of
     scipy's Mann–Whitney paths: 6-sample cells, exact, and 30-sample ones, asymptotic)."""
@@ -200,25 +258,37 @@ def test_page_comparisons_are_the_summary_modules_without_per_cell_cis(store_pat
     for a, b in zip(slow, quick):
         assert a.summary == b.summary
         assert len(a.cells) == len(b.cells)
-        assert a.cells == compare_cells(groups[(a.run_id, a.phase, a.dtype, a.device)], "torch:eager",
-                                        a.cells[0].runtime)
+        assert a.cells == compare_cells(
+            groups[(a.run_id, a.phase, a.dtype, a.device)], "torch:eager", a.cells[0].runtime
+        )
         for x, y in zip(a.cells, b.cells):
-            assert (x.ratio, x.significant, x.baseline_status, x.runtime_status) == \
-                (y.ratio, y.significant, y.baseline_status, y.runtime_status)
+            assert (x.ratio, x.significant, x.baseline_status, x.runtime_status) == (
+                y.ratio,
+                y.significant,
+                y.baseline_status,
+                y.runtime_status,
+            )
             assert x.p_value == y.p_value and x.p_adjusted == y.p_adjusted
             assert y.ci_low is None and y.ci_high is None
     assert any(c.ci_low is not None for pair in slow for c in pair.cells)
-    by_key = {(r["runtime"], *cell_key(r)): r["samples"] for r in results}
+    by_key = {(r.runtime, *cell_key(r)): r.samples for r in results}
     tested = [c for pair in quick for c in pair.cells if c.p_value is not None]
-    assert {len(by_key[(c.baseline, *cell_key(c.__dict__))]) for c in tested} == {6, 30}
+    assert {len(by_key[(c.baseline, *cell_key(c))]) for c in tested} == {6, 30}
     for c in tested:  # scipy's p-value of the cell alone
-        expected = stats.mannwhitneyu(by_key[(c.baseline, *cell_key(c.__dict__))],
-                                      by_key[(c.runtime, *cell_key(c.__dict__))], alternative="two-sided").pvalue
+        expected = stats.mannwhitneyu(
+            by_key[(c.baseline, *cell_key(c))], by_key[(c.runtime, *cell_key(c))], alternative="two-sided"
+        ).pvalue
         assert c.p_value == float(expected)
     seen: list[bool] = []
     real = report_html.grouped_pairs
-    monkeypatch.setattr(report_html, "grouped_pairs", lambda rows, baseline, *, per_cell_ci=True: (
-        seen.append(per_cell_ci), real(rows, baseline, per_cell_ci=per_cell_ci))[1])
+    monkeypatch.setattr(
+        report_html,
+        "grouped_pairs",
+        lambda rows, baseline, *, per_cell_ci=True: (
+            seen.append(per_cell_ci),
+            real(rows, baseline, per_cell_ci=per_cell_ci),
+        )[1],
+    )
     page_of(store_path)
     assert seen == [False]
 
@@ -234,17 +304,22 @@ def test_cli_html(store_path: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["report", "--db", str(store_path), "--html", str(out), "--baseline", "jax:jit"]) == 0
     assert "Baseline: <b>jax:jit</b>" in out.read_text(encoding="utf-8")
     capsys.readouterr()
-    for bad, fragment in ((tmp_path / "missing" / "r.html", "give a file path in an existing folder"),
-                          (tmp_path, "give a file path in an existing folder"),
-                          (Path("/sys/fwbench.html"), "cannot write it")):
+    for bad, fragment in (
+        (tmp_path / "missing" / "r.html", "give a file path in an existing folder"),
+        (tmp_path, "give a file path in an existing folder"),
+        (Path("/sys/fwbench.html"), "cannot write it"),
+    ):
         assert main(["report", "--db", str(store_path), "--html", str(bad)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"--html {bad}" in err[0] and fragment in err[0], err
 
 
 # -- a real browser ---------------------------------------------------------------------------
-needs_chromium = pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed (Debian: apt-get "
-                                    "install chromium; .ci/run installs it): the real-browser check cannot run")
+needs_chromium = pytest.mark.skipif(
+    chromium_path() is None,
+    reason="chromium is not installed (Debian: apt-get "
+    "install chromium; .ci/run installs it): the real-browser check cannot run",
+)
 
 
 @needs_chromium
@@ -269,16 +344,20 @@ def test_browser_check_catches_errors_and_broken_images(tmp_path: Path) -> None:
     """The probe is able to fail: a page with a thrown error, console.error, a blocked network image and
     a corrupt PNG must be reported as such."""
     scripted = tmp_path / "scripted.html"
-    scripted.write_text("<!DOCTYPE html><html><head><title>t</title></head><body><p>x</p>"
-                        "<script>console.error('boom'); throw new Error('kaboom');</script></body></html>")
+    scripted.write_text(
+        "<!DOCTYPE html><html><head><title>t</title></head><body><p>x</p>"
+        "<script>console.error('boom'); throw new Error('kaboom');</script></body></html>"
+    )
     page = inspect_page(scripted, tmp_path / "scripted.png", str(chromium_path()))
     assert any("boom" in e for e in page.errors) and any("kaboom" in e for e in page.errors), page.errors
     locked = tmp_path / "locked.html"
-    locked.write_text(f'<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" '
-                      f'content="{report_html.CSP}"><title>t</title></head><body>'
-                      '<img alt="net" src="http://127.0.0.1:9/x.png">'
-                      '<img alt="corrupt" src="data:image/png;base64,iVBORw0KGgoAAAANSUhEUg==">'
-                      "<script>document.title = 'ran'</script></body></html>")
+    locked.write_text(
+        f'<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" '
+        f'content="{report_html.CSP}"><title>t</title></head><body>'
+        '<img alt="net" src="http://127.0.0.1:9/x.png">'
+        '<img alt="corrupt" src="data:image/png;base64,iVBORw0KGgoAAAANSUhEUg==">'
+        "<script>document.title = 'ran'</script></body></html>"
+    )
     page = inspect_page(locked, tmp_path / "locked.png", str(chromium_path()))
     assert page.title == "t"  # the inline script was blocked by the report's policy ...
     assert len(page.errors) >= 2, page.errors  # ... and so was the network image, both reported

@@ -3,7 +3,8 @@ float64 reference, weight-map errors, every canonical tensor used once, and one 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -132,8 +133,11 @@ def test_resnet50_matches_the_float64_reference() -> None:
     module = tf_resnet.build_model(description, weights, "cpu")
     function = tf.function(module.__call__, input_signature=[tf.TensorSpec(x.shape, tf.float32)])
     model = jax_resnet.build_model(description, weights, "cpu")
-    outputs = {"eager": module(tf.constant(x))[0].numpy(), "function": function(tf.constant(x))[0].numpy(),
-               "jit": np.asarray(jax.jit(model.apply)(model.params, jnp.asarray(x))[0])}
+    outputs = {
+        "eager": module(tf.constant(x))[0].numpy(),
+        "function": function(tf.constant(x))[0].numpy(),
+        "jit": np.asarray(jax.jit(model.apply)(model.params, jnp.asarray(x))[0]),
+    }
     for mode, logits in outputs.items():
         assert logits.shape == reference.shape == (2, 1000), mode
         assert rel_l2(logits, reference) < TOLERANCE, mode

@@ -56,8 +56,9 @@ def test_memory_over_the_limit_is_oom(plugin_env: dict[str, str], monkeypatch: p
     assert outcome.reason is not None and "exceeded --memory-limit 419430400 B during build" in outcome.reason
 
 
-def test_a_short_memory_spike_over_the_limit_is_oom(plugin_env: dict[str, str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_short_memory_spike_over_the_limit_is_oom(
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The spike is freed long before the manager's next poll: the high-water mark still catches it."""
     monkeypatch.setenv("FAKE_HOG_BYTES", str(500 * 2**20))
     outcome = run_worker(cell("spike"), Settings(threads=1, max_time_s=0.2, memory_limit_bytes=400 * 2**20))
@@ -65,8 +66,9 @@ def test_a_short_memory_spike_over_the_limit_is_oom(plugin_env: dict[str, str],
     assert outcome.reason is not None and "exceeded --memory-limit 419430400 B" in outcome.reason
 
 
-def test_synchronisation_is_inside_the_timed_region(plugin_env: dict[str, str],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_synchronisation_is_inside_the_timed_region(
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Calls of ``slowsync`` return at once and their 5 ms happen in ``sync``: the median must show them."""
     monkeypatch.setenv("FAKE_SLEEP_S", "0.005")
     outcome = run_worker(cell("slowsync"), FAST)
@@ -74,8 +76,9 @@ def test_synchronisation_is_inside_the_timed_region(plugin_env: dict[str, str],
     assert outcome.fields["median_s"] >= 0.005
 
 
-def test_peak_memory_does_not_grow_with_the_number_of_samples(plugin_env: dict[str, str],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_peak_memory_does_not_grow_with_the_number_of_samples(
+    plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Thousands of samples (a target that is never met) must not inflate the measured peak."""
     monkeypatch.setenv("FAKE_SLEEP_S", "0")
     settings = Settings(threads=1, max_time_s=3, target_rel_ci=1e-9, min_block_s=1e-4)
@@ -105,7 +108,7 @@ def test_sweep_goes_on_after_failures_and_stores_everything(plugin_env: dict[str
     with Store.open(db_path) as store:
         run_id = store.create_run(plan, "test", {}, "0")
         execute(store, run_id, plan)
-        statuses = {r["runtime"]: (r["status"], r["reason"]) for r in store.results([run_id])}
+        statuses = {r.runtime: (r.status, r.reason) for r in store.results([run_id])}
     assert statuses["fake:crash"][0] == "error"
     assert statuses["fake:oom"][0] == "oom"
     assert statuses["fake:sleep"] == ("ok", None)
@@ -113,8 +116,9 @@ def test_sweep_goes_on_after_failures_and_stores_everything(plugin_env: dict[str
     assert "fwbench_no_such_framework is not installed" in statuses["missing:eager"][1]
 
 
-def test_parity_is_checked_once_per_pair_and_a_failure_stops_the_pair(plugin_env: dict[str, str],
-                                                                       db_path: Path) -> None:
+def test_parity_is_checked_once_per_pair_and_a_failure_stops_the_pair(
+    plugin_env: dict[str, str], db_path: Path
+) -> None:
     cases = (cell("wrong", 1), cell("wrong", 2), cell("sleep", 1), cell("sleep", 2))
     plan = Plan(cases, FAST)
     with Store.open(db_path) as store:
@@ -146,10 +150,28 @@ def _worker_pids(marker: str) -> list[int]:
 def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path) -> None:
     marker = f"FWBENCH_TEST_MARKER={os.getpid()}-{time.time_ns()}"
     env = {**plugin_env, "FAKE_SLEEP_S": "0.01", marker.split("=")[0]: marker.split("=")[1]}
-    args = ["run", "--models", "mlp", "--runtimes", "fake:sleep", "--batch-sizes", "1,2,3,4,5,6,7,8",
-            "--max-time", "0.3", "--threads", "1", "--db", str(db_path)]
-    manager = subprocess.Popen([sys.executable, "-m", "fwbench", *args], env=env, cwd=REPO_DIR,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [
+        "run",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "fake:sleep",
+        "--batch-sizes",
+        "1,2,3,4,5,6,7,8",
+        "--max-time",
+        "0.3",
+        "--threads",
+        "1",
+        "--db",
+        str(db_path),
+    ]
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "fwbench", *args],
+        env=env,
+        cwd=REPO_DIR,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     stored = 0
     while stored < 2 and time.monotonic() < deadline:
@@ -177,10 +199,42 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
     assert f"{8 - before} of 8 cells to run" in resumed.stderr
     with Store.open(db_path) as store:
         rows = store.results()
-        assert sorted(r["batch_size"] for r in rows) == list(range(1, 9))
-        assert all(r["status"] == "ok" for r in rows)
+        assert sorted(r.batch_size for r in rows) == list(range(1, 9))
+        assert all(r.status == "ok" for r in rows)
         assert store.get_run(1).finished is not None  # type: ignore[union-attr]
         assert len(store.runs()) == 1
 
     again = run_cli("run", "--resume", "1", "--db", str(db_path), env=env)
     assert again.returncode == 0 and "0 of 8 cells to run" in again.stderr
+
+
+def test_each_phase_is_found_by_name_in_its_own_module() -> None:
+    from fwbench.runner.phases import PHASES, get_phase
+    from fwbench.spec import RUNNABLE_PHASES
+
+    assert set(PHASES) == set(RUNNABLE_PHASES)
+    for name in RUNNABLE_PHASES:
+        phase = get_phase(name)
+        assert phase.name == name
+        assert type(phase).__module__ == f"fwbench.runner.phases.{name}"
+
+
+def test_an_unknown_phase_is_a_clear_error() -> None:
+    from fwbench.runner.phases import UnknownPhase, get_phase
+
+    expected = r"^phase 'data' is not implemented; implemented phases: inference, training, fit$"
+    with pytest.raises(UnknownPhase, match=expected):
+        get_phase("data")
+    assert issubclass(UnknownPhase, NotImplementedError)  # in a worker: status error, with this reason
+
+
+def test_a_fit_sample_counts_the_flops_of_one_epoch() -> None:
+    from fwbench.models import get_model
+    from fwbench.runner.phases import get_phase
+
+    settings = Settings(fit_samples=64)
+    description = get_model("mlp")
+    step = description.flops(8, None, "fit")
+    assert get_phase("fit").flops_per_call(description, Case("mlp", "torch:eager", "fit", 8), settings) == 8 * step
+    training = Case("mlp", "torch:eager", "training", 8)
+    assert get_phase("training").flops_per_call(description, training, settings) == step

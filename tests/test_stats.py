@@ -30,7 +30,11 @@ def test_summary_matches_numpy() -> None:
 
 def test_median_ci_is_scipys_seeded_percentile_bootstrap() -> None:
     expected = scipy_stats.bootstrap(
-        (SAMPLES,), np.median, confidence_level=0.95, n_resamples=N_RESAMPLES, method="percentile",
+        (SAMPLES,),
+        np.median,
+        confidence_level=0.95,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
         rng=np.random.default_rng(BOOTSTRAP_SEED),
     ).confidence_interval
     assert median_ci(SAMPLES) == pytest.approx((expected.low, expected.high), rel=1e-12)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from fwbench.spec import Case, Plan, Settings
-from fwbench.store import SCHEMA_VERSION, Store, StoreError
+from fwbench.store import SCHEMA_VERSION, ResultRecord, Store, StoreError
 from fwbench.store.db import MIGRATIONS, migrate
+from fwbench.store.records import CompileHealth, OutputError, StepLossParts
 
 PLAN = Plan((Case("mlp", "torch:eager", batch_size=1), Case("mlp", "torch:eager", batch_size=2)), Settings())
 
@@ -33,8 +34,9 @@ def test_results_round_trip_with_raw_samples(db_path: Path) -> None:
         run_id = store.create_run(PLAN, "fwbench run", {"cpu_model": "x"}, "0")
         assert add(store, run_id, PLAN.cases[0])
         (row,) = store.results([run_id])
-        assert row["samples"] == [1e-3, 2e-3] and row["n_samples"] == 2 and row["details"] == {"k": "v"}
-        assert row["seq_len"] is None and row["status"] == "ok"
+        assert row.samples == (1e-3, 2e-3) and row.n_samples == 2 and row.details == {"k": "v"}
+        assert row.seq_len is None and row.status == "ok" and row.case_key == PLAN.cases[0].key
+        assert store.result(run_id, PLAN.cases[0].key) == row and store.result(run_id, "absent") is None
         record = store.get_run(run_id)
         assert record is not None and record.plan == PLAN and record.environment == {"cpu_model": "x"}
 
@@ -44,7 +46,7 @@ def test_a_cell_is_never_stored_twice(db_path: Path) -> None:
         run_id = store.create_run(PLAN, "fwbench run", {}, "0")
         assert add(store, run_id, PLAN.cases[0])
         assert not add(store, run_id, PLAN.cases[0], status="error")
-        assert [r["status"] for r in store.results()] == ["ok"]
+        assert [r.status for r in store.results()] == ["ok"]
         assert store.done_keys(run_id) == {PLAN.cases[0].key}
 
 
@@ -158,4 +160,159 @@ def test_two_concurrent_writers_lose_nothing(db_path: Path) -> None:
         assert store.integrity_ok()
         rows = store.results()
         assert len(rows) == 300
-        assert {r["run_id"] for r in rows} == {1, 2}
+        assert {r.run_id for r in rows} == {1, 2}
+
+
+# -- typed result records ---------------------------------------------------------------------------
+TRAINING_DETAILS = {
+    "parity": {
+        "ok": True,
+        "reference": "numpy-float64",
+        "tolerance_rel_l2": 1e-4,
+        "checked": "loss of the first step",
+        "outputs": {"loss": {"rel_l2": 3e-6, "max_abs": 1e-6}},
+        "reference_loss": 2.5,
+        "shape": [2, None],
+    },
+    "training": {
+        "optimizer": {"name": "adamw"},
+        "first_loss": 2.5,
+        "final_loss": 1.5,
+        "step_losses": [2.5, 2.0, 1.75],
+        "step_loss_parts": {"first_call": 1, "warmup": 1, "calibration": 0, "timed": 1},
+        "counted_steps_before_final": 3,
+        "samples_per_step": 2,
+        "tokens_per_step": None,
+    },
+    "compile_health": {
+        "flags": ["recompiles +1 in timed loop"],
+        "recompiled_in_timed_loop": True,
+        "during_timing": {"recompiles": 1},
+        "after_warmup": {"recompiles": 2},
+        "after_timing": {"recompiles": 3},
+    },
+    "versions": {"torch": "2.9.0"},
+    "stage_seconds": {"build": 0.5},
+}
+FIT_DETAILS = {
+    "fit": {
+        "loop": "keras fit",
+        "epochs": 3,
+        "samples": 64,
+        "batch_size": 8,
+        "steps_per_epoch": 8,
+        "epoch_s": [1.0, 0.5, 0.5],
+        "epoch_loss": [2.0, 1.5, 1.0],
+        "total_s": 2.0,
+        "final_loss": 0.9,
+        "final_accuracy": 0.75,
+        "optimizer": {"name": "adamw"},
+    }
+}
+
+
+def _stored(db_path: Path, details: dict[str, object], case: Case = PLAN.cases[0]) -> ResultRecord:
+    with Store.open(db_path) as store:
+        run_id = store.create_run(PLAN, "fwbench run", {}, "0")
+        store.add_result(run_id, case, {"status": "ok", "median_s": 1e-3, "calls_per_sample": 4}, [1e-3], details)
+        record = store.result(run_id, case.key)
+    assert record is not None
+    return record
+
+
+def test_details_are_parsed_into_typed_sub_records(db_path: Path) -> None:
+    row = _stored(db_path, TRAINING_DETAILS)
+    assert row.parity is not None and row.parity.ok is True and row.parity.passed
+    assert row.parity.outputs == {"loss": OutputError(rel_l2=3e-6, max_abs=1e-6)} and row.parity.worst_rel_l2 == 3e-6
+    assert row.parity.shape == (2, None) and row.parity.reference_loss == 2.5 and row.parity.tolerance_rel_l2 == 1e-4
+    assert row.training is not None and row.training.step_losses == (2.5, 2.0, 1.75)
+    assert row.training.step_loss_parts == StepLossParts(first_call=1, warmup=1, calibration=0, timed=1)
+    assert row.training.step_loss_parts.before_timed == 2 and row.training.first_loss == 2.5
+    assert row.training.optimizer == {"name": "adamw"} and row.training.tokens_per_step is None
+    assert row.compile_health.flags == ("recompiles +1 in timed loop",) and row.compile_health.recompiled_in_timed_loop
+    assert row.compile_health.during_timing == {"recompiles": 1} and row.compile_health.after_timing == {
+        "recompiles": 3
+    }
+    assert row.versions == {"torch": "2.9.0"} and row.fit is None
+    assert row.details["stage_seconds"] == {"build": 0.5}  # untyped keys stay on the raw details
+
+
+def test_fit_details_are_parsed(db_path: Path) -> None:
+    row = _stored(db_path, FIT_DETAILS, Case("mlp", "keras:torch", phase="fit", batch_size=8))
+    assert row.fit is not None and row.fit.loop == "keras fit" and row.fit.steps_per_epoch == 8
+    assert row.fit.epoch_s == (1.0, 0.5, 0.5) and (row.fit.final_loss, row.fit.final_accuracy) == (0.9, 0.75)
+    assert (row.fit.epochs, row.fit.samples, row.fit.total_s) == (3, 64, 2.0) and row.training is None
+
+
+def test_old_details_without_the_typed_keys_read_with_defaults(db_path: Path) -> None:
+    """Rows of older fwbench versions (no parity, compile health, versions or training keys) stay readable."""
+    row = _stored(db_path, {"stage_seconds": {"build": 0.1}, "first_call_s": 0.2})
+    assert row.parity is None and row.training is None and row.fit is None and row.versions is None
+    assert row.compile_health == CompileHealth() and row.compile_health.flags == ()
+    assert not row.compile_health.recompiled_in_timed_loop and row.details == {
+        "stage_seconds": {"build": 0.1},
+        "first_call_s": 0.2,
+    }
+
+
+def test_partial_old_sub_records_read_with_defaults() -> None:
+    """A parity check without a verdict or errors, training without the per-step losses (stored before they
+    were), fit details without the fields the overhead table needs: each reads with its defaults."""
+    base = {
+        "id": 1,
+        "run_id": 1,
+        "case_key": "k",
+        "created": "2025-01-01T00:00:00+00:00",
+        "model": "mlp",
+        "runtime": "torch:eager",
+        "phase": "training",
+        "batch_size": 2,
+        "seq_len": None,
+        "dtype": "fp32",
+        "device": "cpu",
+        "status": "ok",
+        "samples_json": "[0.001]",
+    }
+    row = ResultRecord.from_row(
+        {
+            **base,
+            "details_json": '{"parity": {"outputs": {"out": {}, "bad": 3}}, '
+            '"training": {"first_loss": 2.0}, "fit": {"epochs": 2}}',
+        }
+    )
+    assert row.parity is not None and row.parity.ok is None and not row.parity.passed
+    assert row.parity.outputs == {"out": OutputError()} and row.parity.worst_rel_l2 == 0.0 and row.parity.shape == ()
+    assert row.training is not None and row.training.first_loss == 2.0 and row.training.step_losses is None
+    assert row.training.step_loss_parts is None and row.fit is None
+    assert row.samples == (0.001,) and row.median_s is None and row.reason is None and row.n_samples == 0
+
+
+def test_record_to_dict_is_the_stored_row(db_path: Path) -> None:
+    row = _stored(db_path, TRAINING_DETAILS)
+    data = row.to_dict()
+    assert data["samples"] == [1e-3] and data["details"] == TRAINING_DETAILS and data["calls_per_sample"] == 4
+    assert data["case_key"] == PLAN.cases[0].key and data["status"] == "ok" and data["seq_len"] is None
+    assert ResultRecord.from_row(data) == row  # a dict row reads back as the same record
+
+
+def test_resume_reads_settled_parity_from_typed_records(db_path: Path) -> None:
+    """``fwbench run --resume``: a pair whose stored cell passed parity is settled by that cell, a mismatch
+    settles its pair as failed, a cell without a check (an older row, or an error) settles nothing."""
+    from fwbench.runner.manager import _stored_parity
+
+    checked, unchecked, failed = (
+        Case("mlp", "torch:eager", batch_size=1),
+        Case("mlp", "jax:jit", batch_size=1),
+        Case("mlp", "keras:jax", batch_size=1),
+    )
+    with Store.open(db_path) as store:
+        run_id = store.create_run(Plan((checked, unchecked, failed), Settings()), "fwbench run", {}, "0")
+        store.add_result(run_id, checked, {"status": "ok"}, [1e-3], {"parity": {"ok": True, "outputs": {}}})
+        store.add_result(run_id, unchecked, {"status": "ok"}, [1e-3], {"stage_seconds": {}})
+        store.add_result(
+            run_id, failed, {"status": "mismatch", "reason": "outputs differ"}, [], {"parity": {"ok": False}}
+        )
+        assert _stored_parity(store, run_id) == {
+            ("mlp", "torch:eager", "fp32", "cpu"): checked.key,
+            ("mlp", "keras:jax", "fp32", "cpu"): "mismatch",
+        }

@@ -11,6 +11,7 @@ from fwbench.cli import build_parser, main, plan_from_args, suite_plan
 from fwbench.frameworks import get_runtime
 from fwbench.models import get_model
 from fwbench.runner.estimate import estimate_cell_s, estimate_plan_s, format_estimate
+from fwbench.runner.planner import PlanChoices, resolve_plan
 from fwbench.spec import Case, Settings, SpecError
 from fwbench.suites import builtin_suites, load_settings_file, load_suite, parse_suite
 
@@ -43,7 +44,9 @@ def test_runtimes_suite_is_every_builtin_runtime_on_bert_base_and_resnet50() -> 
 
 
 def test_grids_are_merged_in_order_without_duplicates() -> None:
-    suite = parse_suite("two", """
+    suite = parse_suite(
+        "two",
+        """
 models = ["mlp"]
 runtimes = ["torch:eager"]
 batch_sizes = [1, 2]
@@ -53,10 +56,15 @@ models = ["mlp", "bert-tiny"]
 runtimes = ["torch:eager"]
 batch_sizes = [2]
 seq_lens = [8]
-""", "two.toml")
+""",
+        "two.toml",
+    )
     plan = suite_plan(suite, threads=1)
     assert [(c.model, c.batch_size, c.seq_len) for c in plan.cases] == [
-        ("mlp", 1, None), ("mlp", 2, None), ("bert-tiny", 2, 8)]
+        ("mlp", 1, None),
+        ("mlp", 2, None),
+        ("bert-tiny", 2, 8),
+    ]
 
 
 def test_a_grid_flag_replaces_that_axis_in_every_grid(tmp_path: Path) -> None:
@@ -67,7 +75,7 @@ def test_a_grid_flag_replaces_that_axis_in_every_grid(tmp_path: Path) -> None:
 
 def test_settings_file_sits_between_the_suite_and_the_flags(tmp_path: Path) -> None:
     config = tmp_path / "settings.toml"
-    config.write_text("[settings]\nmax_time_s = 1.5\ntimeout_s = 100.0\nprotocol = \"hf2019\"\n")
+    config.write_text('[settings]\nmax_time_s = 1.5\ntimeout_s = 100.0\nprotocol = "hf2019"\n')
     plan = plan_from_args(_run_args("--suite", "quick", "--config", str(config), "--timeout", "50", "--threads", "1"))
     assert plan.settings.max_time_s == 1.5  # the file beats the suite's 2.0
     assert plan.settings.timeout_s == 50  # the flag beats the file
@@ -81,7 +89,7 @@ def test_settings_file_sits_between_the_suite_and_the_flags(tmp_path: Path) -> N
         ("[settings]\nthreds = 2\n", "unknown [settings] keys ['threds']"),
         ("threads = 2\n", "unknown keys ['threads']; a settings file holds one [settings] table"),
         ("# nothing\n", "no [settings] table"),
-        ("[settings]\nprotocol = \"fast\"\n", "unknown protocol 'fast'"),
+        ('[settings]\nprotocol = "fast"\n', "unknown protocol 'fast'"),
         ("[settings\n", "not valid TOML"),
     ],
 )
@@ -99,13 +107,39 @@ def test_bad_settings_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
     ("content", "fragment"),
     [
         ('[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\n', "[[grid]] 1: missing keys ['batch_sizes']"),
-        ('[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = "inference"\n',
-         "[[grid]] 1: unknown keys ['phase']"),
-        ('grid = 3\n', "grid must be an array of tables"),
-        ('[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n'
-         '[[grid]]\nmodels = ["nope"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n', "unknown model 'nope'"),
-        ('models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n[settings]\nspeed = 1\n',
-         "unknown [settings] keys ['speed']"),
+        (
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nprocs = 2\n',
+            "[[grid]] 1: unknown keys ['procs']; allowed: ['batch_sizes', 'device', 'dtype', 'models', 'phase', "
+            "'runtimes', 'seq_lens']",
+        ),
+        (
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = 1\n',
+            "[[grid]] 1: phase must be a string",
+        ),
+        (
+            'phase = ["training"]\n[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n',
+            "phase must be a string",
+        ),
+        (
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n'
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\ndtype = "fp16"\n',
+            "dtype 'fp16' cannot be run yet; runnable: fp32, bf16",
+        ),
+        (
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n'
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [3]\nphase = "fit"\n',
+            "phase fit: batch size 3 does not divide the 4096 fit samples",
+        ),
+        ("grid = 3\n", "grid must be an array of tables"),
+        (
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n'
+            '[[grid]]\nmodels = ["nope"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n',
+            "unknown model 'nope'",
+        ),
+        (
+            'models = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n[settings]\nspeed = 1\n',
+            "unknown [settings] keys ['speed']",
+        ),
         ('models = "mlp"\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\n', "models must be a list of str"),
     ],
 )
@@ -119,14 +153,100 @@ def test_bad_suite_grids(capsys: pytest.CaptureFixture[str], tmp_path: Path, con
     assert not db.exists()
 
 
+MIXED = """
+description = "inference in fp32 and bf16, training in fp32"
+
+[[grid]]
+models = ["mlp"]
+runtimes = ["torch:eager", "jax:jit"]
+batch_sizes = [1, 8]
+
+[[grid]]
+models = ["mlp"]
+runtimes = ["torch:eager", "jax:jit"]
+batch_sizes = [8]
+dtype = "bf16"
+
+[[grid]]
+models = ["mlp"]
+runtimes = ["torch:eager", "torch:script"]
+batch_sizes = [8]
+phase = "training"
+"""
+
+
+def test_a_grid_sets_its_own_phase_and_dtype() -> None:
+    suite = parse_suite("mixed", MIXED, "mixed.toml")
+    assert [(g.phase, g.dtype, g.device) for g in suite.grids] == [
+        ("inference", "fp32", "cpu"),
+        ("inference", "bf16", "cpu"),
+        ("training", "fp32", "cpu"),
+    ]
+    plan = suite_plan(suite, threads=1)
+    cells = [(c.runtime, c.phase, c.dtype, c.batch_size) for c in plan.cases]
+    assert cells == [
+        ("torch:eager", "inference", "fp32", 1),
+        ("torch:eager", "inference", "fp32", 8),
+        ("jax:jit", "inference", "fp32", 1),
+        ("jax:jit", "inference", "fp32", 8),
+        ("torch:eager", "inference", "bf16", 8),
+        ("jax:jit", "inference", "bf16", 8),
+        ("torch:eager", "training", "fp32", 8),
+    ]
+    # torch:script has no training: kept as skipped with the reason, at plan time
+    (skipped,) = plan.skipped
+    assert (skipped.case.runtime, skipped.case.phase) == ("torch:script", "training") and skipped.reason
+
+
+def test_a_suites_phase_and_dtype_are_every_grids_default() -> None:
+    suite = parse_suite("t", 'phase = "training"\ndtype = "bf16"\n' + MIXED.split("\n", 2)[2], "t.toml")
+    assert [(g.phase, g.dtype) for g in suite.grids] == [("training", "bf16")] * 2 + [("training", "bf16")]
+    suite = parse_suite(
+        "t",
+        'dtype = "bf16"\n[[grid]]\nmodels = ["mlp"]\nruntimes = ["jax:jit"]\nbatch_sizes = [1]\ndtype = "fp32"\n',
+        "t.toml",
+    )
+    assert [g.dtype for g in suite.grids] == ["fp32"]  # the grid's own value beats the suite's
+
+
+def test_a_phase_or_dtype_flag_overrides_every_grids_own(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.toml"
+    path.write_text(MIXED)
+    plan = plan_from_args(_run_args("--suite", str(path), "--threads", "1"))
+    assert {(c.phase, c.dtype) for c in plan.cases} == {
+        ("inference", "fp32"),
+        ("inference", "bf16"),
+        ("training", "fp32"),
+    }
+    plan = plan_from_args(_run_args("--suite", str(path), "--phase", "training", "--threads", "1"))
+    assert {(c.phase, c.dtype) for c in plan.cases} == {("training", "fp32"), ("training", "bf16")}
+    plan = plan_from_args(_run_args("--suite", str(path), "--dtype", "fp32", "--threads", "1"))
+    assert {(c.phase, c.dtype) for c in plan.cases} == {("inference", "fp32"), ("training", "fp32")}
+    assert plan.suite == "mixed"
+
+
+def test_resolve_plan_precedence_without_a_parser(tmp_path: Path) -> None:
+    """flags > settings file > suite > defaults, through the planner's own entry point."""
+    config = tmp_path / "settings.toml"
+    config.write_text("[settings]\nmax_time_s = 1.5\nseed = 4\n")
+    plan = resolve_plan(PlanChoices(suite="quick", config=config, settings={"threads": 1, "seed": 7}))
+    assert (plan.settings.max_time_s, plan.settings.seed, plan.settings.threads) == (1.5, 7, 1)
+    assert plan.settings.timeout_s == Settings().timeout_s  # the default: neither suite, file nor flag sets it
+    plan = resolve_plan(PlanChoices(models="mlp", runtimes="torch:eager", settings={"threads": 1}))
+    assert plan.suite is None and [(c.batch_size, c.phase, c.dtype) for c in plan.cases] == [(1, "inference", "fp32")]
+    with pytest.raises(SpecError, match="give both --models and --runtimes"):
+        resolve_plan(PlanChoices(models="mlp"))
+
+
 def test_estimates_grow_with_the_work() -> None:
     settings = Settings(threads=1, max_time_s=2.0)
     small = estimate_cell_s(Case("mlp", "torch:eager"), settings)
     big = estimate_cell_s(Case("bert-base", "torch:eager", batch_size=8, seq_len=128), settings)
     compiled = estimate_cell_s(Case("mlp", "torch:compile"), settings)
     assert 0 < small < big and small < compiled
-    hf2019 = estimate_cell_s(Case("bert-base", "torch:eager", batch_size=8, seq_len=128),
-                             Settings(threads=1, protocol="hf2019"))
+    hf2019 = estimate_cell_s(
+        Case("bert-base", "torch:eager", batch_size=8, seq_len=128), Settings(threads=1, protocol="hf2019")
+    )
     assert hf2019 > big  # 90 calls of ~1 s each, where adaptive stops at its 2 s budget
     assert [format_estimate(s) for s in (40, 600, 9000)] == ["~40 s", "~10 min", "~2.5 h"]
     with pytest.raises(SpecError):

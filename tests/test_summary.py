@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,8 +35,13 @@ B = RNG.lognormal(np.log(1e-3), 0.05, 31)
 
 def scipy_ratio_ci(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     interval = stats.bootstrap(
-        (a, b), lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis), paired=False,
-        vectorized=True, n_resamples=N_RESAMPLES, method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED),
+        (a, b),
+        lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis),
+        paired=False,
+        vectorized=True,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(BOOTSTRAP_SEED),
     ).confidence_interval
     return float(interval.low), float(interval.high)
 
@@ -52,8 +58,10 @@ def test_ratio_of_medians_is_scipys_bootstrap_and_mann_whitney() -> None:
 def test_a_cell_gets_the_same_numbers_alone_or_in_a_batch() -> None:
     """Cells are bootstrapped in batches of equal sample counts; a cell's result must not depend on its batch."""
     rng = np.random.default_rng(5)
-    pairs = [(rng.lognormal(0, 0.1, na), rng.lognormal(0.1, 0.1, nb)) for na, nb in
-             [(30, 30), (30, 30), (30, 25), (5, 6), (1, 3), (30, 30)]]
+    pairs = [
+        (rng.lognormal(0, 0.1, na), rng.lognormal(0.1, 0.1, nb))
+        for na, nb in [(30, 30), (30, 30), (30, 25), (5, 6), (1, 3), (30, 30)]
+    ]
     batched = ratio_of_medians_many(pairs)
     assert batched == [ratio_of_medians(a, b) for a, b in pairs]
     assert batched[4].ci_low is None and batched[4].p_value is not None  # one sample: no interval
@@ -85,8 +93,9 @@ def test_mann_whitney_p_values_are_scipys_cell_by_cell(seed: int) -> None:
         assert [e.p_value for e in ratio_of_medians_many(cells, per_cell_ci=False)] == expected
         assert [ratio_of_medians(x, y).p_value for x, y in cells] == expected
         if min(n1, n2) <= 8:  # the exact path is taken cell by cell where a cell has no ties ...
-            exact = [float(stats.mannwhitneyu(x, y, alternative="two-sided", method="exact").pvalue)
-                     for x, y in cells[::3]]
+            exact = [
+                float(stats.mannwhitneyu(x, y, alternative="two-sided", method="exact").pvalue) for x, y in cells[::3]
+            ]
             assert expected[::3] == exact
             # ... and is lost when scipy chooses once for a whole batch that has ties somewhere: why ties split batches
             naive = stats.mannwhitneyu(num, den, alternative="two-sided", axis=-1).pvalue
@@ -95,8 +104,10 @@ def test_mann_whitney_p_values_are_scipys_cell_by_cell(seed: int) -> None:
 
 def test_no_per_cell_ci_changes_nothing_else() -> None:
     rng = np.random.default_rng(11)
-    pairs = [(rng.lognormal(0, 0.1, na), rng.lognormal(0.1, 0.1, nb)) for na, nb in
-             [(30, 30), (30, 30), (30, 25), (5, 6), (1, 3), (6, 5)]]
+    pairs = [
+        (rng.lognormal(0, 0.1, na), rng.lognormal(0.1, 0.1, nb))
+        for na, nb in [(30, 30), (30, 30), (30, 25), (5, 6), (1, 3), (6, 5)]
+    ]
     full, quick = ratio_of_medians_many(pairs), ratio_of_medians_many(pairs, per_cell_ci=False)
     assert [(e.ratio, e.p_value) for e in full] == [(e.ratio, e.p_value) for e in quick]
     assert all(e.ci_low is None and e.ci_high is None for e in quick)
@@ -113,8 +124,13 @@ def test_geometric_mean_and_its_bootstrap_over_cells() -> None:
     ratios = [2.0, 0.5, 1.5, 1.1, 0.9]
     centre, low, high = geometric_mean_ci(ratios)
     assert centre == pytest.approx(np.exp(np.mean(np.log(ratios))))
-    expected = stats.bootstrap((np.array(ratios),), stats.gmean, n_resamples=N_RESAMPLES, method="percentile",
-                               rng=np.random.default_rng(BOOTSTRAP_SEED)).confidence_interval
+    expected = stats.bootstrap(
+        (np.array(ratios),),
+        stats.gmean,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(BOOTSTRAP_SEED),
+    ).confidence_interval
     assert (low, high) == pytest.approx((expected.low, expected.high), rel=1e-12)
     assert geometric_mean_ci([]) == (None, None, None)
     assert geometric_mean_ci([3.0]) == (pytest.approx(3.0), None, None)
@@ -134,11 +150,16 @@ def fixture_rows(store: Store) -> tuple[int, list[dict[str, Any]]]:
     """torch:eager against jax:jit: 2× faster, a tie, 1.5× slower, baseline oom, runtime error, and a cell only
     the baseline has; tensorflow:function skipped everywhere."""
     cells = [
-        Cell(bert("torch:eager", 1), timed(2e-3, seed=1)), Cell(bert("jax:jit", 1), timed(1e-3, seed=2)),
-        Cell(bert("torch:eager", 2), timed(4e-3, seed=3)), Cell(bert("jax:jit", 2), timed(4e-3, seed=4)),
-        Cell(bert("torch:eager", 4), timed(8e-3, seed=5)), Cell(bert("jax:jit", 4), timed(12e-3, seed=6)),
-        Cell(bert("torch:eager", 8), status="oom", reason="killed at 2 GiB"), Cell(bert("jax:jit", 8), timed(0.2, seed=7)),
-        Cell(bert("torch:eager", 16), timed(0.5, seed=8)), Cell(bert("jax:jit", 16), status="error", reason="boom"),
+        Cell(bert("torch:eager", 1), timed(2e-3, seed=1)),
+        Cell(bert("jax:jit", 1), timed(1e-3, seed=2)),
+        Cell(bert("torch:eager", 2), timed(4e-3, seed=3)),
+        Cell(bert("jax:jit", 2), timed(4e-3, seed=4)),
+        Cell(bert("torch:eager", 4), timed(8e-3, seed=5)),
+        Cell(bert("jax:jit", 4), timed(12e-3, seed=6)),
+        Cell(bert("torch:eager", 8), status="oom", reason="killed at 2 GiB"),
+        Cell(bert("jax:jit", 8), timed(0.2, seed=7)),
+        Cell(bert("torch:eager", 16), timed(0.5, seed=8)),
+        Cell(bert("jax:jit", 16), status="error", reason="boom"),
         Cell(bert("torch:eager", 32), timed(1.0, seed=9)),
         *(Cell(bert("tensorflow:function", b), status="skipped", reason="not installed") for b in (1, 2, 4)),
     ]
@@ -152,11 +173,14 @@ def test_cells_match_by_shape_and_only_ok_cells_get_a_ratio(store: Store) -> Non
     assert [c.batch_size for c in cells] == [1, 2, 4, 8, 16]  # batch 32: only the baseline has it
     by_batch = {c.batch_size: c for c in cells}
     for batch in (1, 2, 4):
-        base = next(r for r in rows if r["runtime"] == "torch:eager" and r["batch_size"] == batch)
-        other = next(r for r in rows if r["runtime"] == "jax:jit" and r["batch_size"] == batch)
-        estimate = ratio_of_medians(base["samples"], other["samples"])
+        base = next(r for r in rows if r.runtime == "torch:eager" and r.batch_size == batch)
+        other = next(r for r in rows if r.runtime == "jax:jit" and r.batch_size == batch)
+        estimate = ratio_of_medians(base.samples, other.samples)
         assert (by_batch[batch].ratio, by_batch[batch].ci_low, by_batch[batch].p_value) == (
-            estimate.ratio, estimate.ci_low, estimate.p_value)
+            estimate.ratio,
+            estimate.ci_low,
+            estimate.p_value,
+        )
     assert by_batch[1].ratio == pytest.approx(2.0, rel=0.02) and by_batch[1].significant
     assert by_batch[4].ratio == pytest.approx(2 / 3, rel=0.02) and by_batch[4].significant
     assert not by_batch[2].significant and by_batch[2].ci_low < 1 < by_batch[2].ci_high  # type: ignore[operator]
@@ -181,8 +205,10 @@ def test_pair_summary_is_a_geometric_mean_over_common_ok_cells_with_failure_coun
     # the 2019 study's summary (total seconds over the cells both ran) says jax:jit is *slower* here;
     # the geometric mean of per-cell ratios weighs each cell alike and says it is faster
     both = [b for b in (1, 2, 4)]
-    seconds = {rt: sum(np.median(r["samples"]) for r in rows if r["runtime"] == rt and r["batch_size"] in both)
-               for rt in ("torch:eager", "jax:jit")}
+    seconds = {
+        rt: sum(np.median(r.samples) for r in rows if r.runtime == rt and r.batch_size in both)
+        for rt in ("torch:eager", "jax:jit")
+    }
     assert seconds["torch:eager"] / seconds["jax:jit"] < 1 < jax.geomean_ratio  # type: ignore[operator]
     tf = summaries["tensorflow:function"]
     assert tf.n_common == 0 and tf.geomean_ratio is None and tf.ci_low is None
@@ -224,8 +250,12 @@ def test_grouped_pairs_without_per_cell_cis(store: Store) -> None:
         assert f.cells == compare_cells(rows, "torch:eager", f.summary.runtime)
         assert q.cells == compare_cells(rows, "torch:eager", q.summary.runtime, per_cell_ci=False)
         for x, y in zip(f.cells, q.cells):
-            assert (x.ratio, x.p_value, x.p_adjusted, x.significant) == (y.ratio, y.p_value, y.p_adjusted,
-                                                                         y.significant)
+            assert (x.ratio, x.p_value, x.p_adjusted, x.significant) == (
+                y.ratio,
+                y.p_value,
+                y.p_adjusted,
+                y.significant,
+            )
             assert y.ci_low is None and y.ci_high is None
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from report_store import Cell, add_run, timed
 
 from conftest import run_cli
 from fwbench.spec import Case
 from fwbench.store import Store
+from report_store import Cell, add_run, timed
 
 
 def read_run(folder: Path) -> Any:
@@ -42,38 +42,65 @@ def text(accumulator: Any, tag: str) -> str:
 @pytest.mark.slow
 def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     db, logdir = tmp_path / "r.db", tmp_path / "tb"
-    done = run_cli("run", "--models", "mlp", "--runtimes", "torch:eager", "--phase", "training", "--batch-sizes", "2",
-                   "--max-time", "0.3", "--threads", "1", "--db", str(db), "--tensorboard", str(logdir))
+    done = run_cli(
+        "run",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager",
+        "--phase",
+        "training",
+        "--batch-sizes",
+        "2",
+        "--max-time",
+        "0.3",
+        "--threads",
+        "1",
+        "--db",
+        str(db),
+        "--tensorboard",
+        str(logdir),
+    )
     assert done.returncode == 0, done.stderr
     with Store.open(db, readonly=True) as store:
         (row,) = store.results()
-    assert row["status"] == "ok", row["reason"]
-    training = row["details"]["training"]
-    losses, parts = training["step_losses"], training["step_loss_parts"]
-    assert len(losses) == sum(parts.values()) and parts["first_call"] == 1 and parts["warmup"] >= 2
-    assert parts["timed"] == row["n_samples"] * row["calls_per_sample"]
-    assert losses[0] == training["first_loss"] and losses[-1] > training["final_loss"] > 0  # AdamW on one batch
-    assert training["counted_steps_before_final"] == len(losses) - parts["calibration"]
+    assert row.status == "ok", row.reason
+    training = row.training
+    assert training is not None and training.step_losses is not None and training.step_loss_parts is not None
+    assert training.final_loss is not None
+    losses, parts = list(training.step_losses), training.step_loss_parts
+    assert len(losses) == sum(parts.to_dict().values()) and parts.first_call == 1 and parts.warmup >= 2
+    assert row.calls_per_sample is not None and parts.timed == row.n_samples * row.calls_per_sample
+    assert losses[0] == training.first_loss and losses[-1] > training.final_loss > 0  # AdamW on one batch
+    assert training.counted_steps_before_final == len(losses) - parts.calibration
 
     run = logdir / "mlp" / "torch_eager"
-    assert [p.name for p in logdir.iterdir()] == ["mlp"] and [p.name for p in (logdir / "mlp").iterdir()] == \
-        ["torch_eager"]
+    assert [p.name for p in logdir.iterdir()] == ["mlp"] and [p.name for p in (logdir / "mlp").iterdir()] == [
+        "torch_eager"
+    ]
     accumulator = read_run(run)
     tag = "training/{}/b2_fp32_cpu"
-    assert sorted(accumulator.Tags()["scalars"]) == sorted(tag.format(m) for m in ("loss", "step_time_s",
-                                                                                   "samples_per_s"))
+    assert sorted(accumulator.Tags()["scalars"]) == sorted(
+        tag.format(m) for m in ("loss", "step_time_s", "samples_per_s")
+    )
     steps, values = scalars(accumulator, tag.format("loss"))
     assert steps == list(range(len(losses)))
     np.testing.assert_array_equal(values, np.float32(losses))  # event files hold float32
     steps, seconds = scalars(accumulator, tag.format("step_time_s"))
-    np.testing.assert_array_equal(seconds, np.float32(row["samples"]))
-    start = parts["first_call"] + parts["warmup"] + parts["calibration"]
-    assert steps[0] == start + row["calls_per_sample"] - 1 and steps[-1] == len(losses) - 1
+    np.testing.assert_array_equal(seconds, np.float32(row.samples))
+    start = parts.first_call + parts.warmup + parts.calibration
+    assert steps[0] == start + row.calls_per_sample - 1 and steps[-1] == len(losses) - 1
     _, rates = scalars(accumulator, tag.format("samples_per_s"))
-    np.testing.assert_allclose(rates, 2 / np.asarray(row["samples"]), rtol=1e-6)
+    np.testing.assert_allclose(rates, 2 / np.asarray(row.samples), rtol=1e-6)
     settings = text(accumulator, tag.format("settings"))
-    for fragment in ("| runtime | torch:eager |", "| phase | training |", "| max_time_s | 0.3 |", "| threads | 1 |",
-                     "| optimizer | adamw |", "first loss"):
+    for fragment in (
+        "| runtime | torch:eager |",
+        "| phase | training |",
+        "| max_time_s | 0.3 |",
+        "| threads | 1 |",
+        "| optimizer | adamw |",
+        "first loss",
+    ):
         assert fragment in settings, settings
 
     # the report writes the same from the store; writing again replaces the cell's event file
@@ -87,13 +114,16 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
 
     shown = run_cli("report", "--db", str(db), "--format", "json")
     (result,) = json.loads(shown.stdout)["results"]
-    assert result["samples_per_s"] == pytest.approx(2 / row["median_s"]) and result["tokens_per_s"] is None
+    assert row.median_s is not None
+    assert result["samples_per_s"] == pytest.approx(2 / row.median_s) and result["tokens_per_s"] is None
 
 
 def test_tensorboard_writer_loads_no_framework() -> None:
     """tensorboardX imports torch when it can; the manager's writer hides it (no framework in the manager)."""
-    code = ("import sys; from fwbench.report.tensorboard import _summary_writer; _summary_writer(); "
-            "print([m for m in ('torch', 'tensorflow', 'jax', 'keras') if m in sys.modules])")
+    code = (
+        "import sys; from fwbench.report.tensorboard import _summary_writer; _summary_writer(); "
+        "print([m for m in ('torch', 'tensorflow', 'jax', 'keras') if m in sys.modules])"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
@@ -101,10 +131,19 @@ def test_tensorboard_writer_loads_no_framework() -> None:
 # -- stored cells, no worker ---------------------------------------------------------------------
 def _training_cell(model: str, batch: int, seq: int | None, median_s: float, steps: int = 5) -> Cell:
     losses = list(np.linspace(3.0, 1.0, steps + 3))  # first call, warm-up 2, `steps` timed
-    details = {"training": {"step_losses": losses, "first_loss": losses[0],
-                            "step_loss_parts": {"first_call": 1, "warmup": 2, "calibration": 0, "timed": steps}}}
-    return Cell(Case(model, "torch:eager", phase="training", batch_size=batch, seq_len=seq), timed(median_s, steps),
-                details=details, fields={"calls_per_sample": 1})
+    details = {
+        "training": {
+            "step_losses": losses,
+            "first_loss": losses[0],
+            "step_loss_parts": {"first_call": 1, "warmup": 2, "calibration": 0, "timed": steps},
+        }
+    }
+    return Cell(
+        Case(model, "torch:eager", phase="training", batch_size=batch, seq_len=seq),
+        timed(median_s, steps),
+        details=details,
+        fields={"calls_per_sample": 1},
+    )
 
 
 def test_report_tensorboard_layout_tokens_and_runs(tmp_path: Path) -> None:
@@ -112,25 +151,33 @@ def test_report_tensorboard_layout_tokens_and_runs(tmp_path: Path) -> None:
 
     db = tmp_path / "r.db"
     with Store.open(db) as store:
-        first = add_run(store, [_training_cell("bert-tiny", 4, 16, 0.01),
-                                Cell(Case("bert-tiny", "jax:jit", batch_size=4, seq_len=16), timed(0.002, 7)),
-                                Cell(Case("bert-tiny", "jax:jit", batch_size=8, seq_len=16), status="oom",
-                                     reason="out of memory")])
+        first = add_run(
+            store,
+            [
+                _training_cell("bert-tiny", 4, 16, 0.01),
+                Cell(Case("bert-tiny", "jax:jit", batch_size=4, seq_len=16), timed(0.002, 7)),
+                Cell(Case("bert-tiny", "jax:jit", batch_size=8, seq_len=16), status="oom", reason="out of memory"),
+            ],
+        )
         second = add_run(store, [_training_cell("bert-tiny", 4, 16, 0.02)])
         results, runs = store.results(), store.runs()
     folders = write_results(tmp_path / "tb", results, {r.id: r.settings for r in runs})
-    assert folders == [tmp_path / "tb" / f"run{first}" / "bert-tiny" / "torch_eager",
-                       tmp_path / "tb" / f"run{first}" / "bert-tiny" / "jax_jit",
-                       tmp_path / "tb" / f"run{second}" / "bert-tiny" / "torch_eager"]  # oom: nothing written
+    assert folders == [
+        tmp_path / "tb" / f"run{first}" / "bert-tiny" / "torch_eager",
+        tmp_path / "tb" / f"run{first}" / "bert-tiny" / "jax_jit",
+        tmp_path / "tb" / f"run{second}" / "bert-tiny" / "torch_eager",
+    ]  # oom: nothing written
     training = read_run(folders[0])
-    assert sorted(training.Tags()["scalars"]) == [f"training/{m}/b4_s16_fp32_cpu" for m in
-                                                  ("loss", "samples_per_s", "step_time_s", "tokens_per_s")]
+    assert sorted(training.Tags()["scalars"]) == [
+        f"training/{m}/b4_s16_fp32_cpu" for m in ("loss", "samples_per_s", "step_time_s", "tokens_per_s")
+    ]
     steps, tokens = scalars(training, "training/tokens_per_s/b4_s16_fp32_cpu")
     assert steps == [3, 4, 5, 6, 7]
-    np.testing.assert_allclose(tokens, 64 / np.asarray(results[0]["samples"]), rtol=1e-6)
+    np.testing.assert_allclose(tokens, 64 / np.asarray(results[0].samples), rtol=1e-6)
     inference = read_run(folders[1])  # inference: timing and throughput, no loss
-    assert sorted(inference.Tags()["scalars"]) == [f"inference/{m}/b4_s16_fp32_cpu" for m in
-                                                   ("samples_per_s", "step_time_s", "tokens_per_s")]
+    assert sorted(inference.Tags()["scalars"]) == [
+        f"inference/{m}/b4_s16_fp32_cpu" for m in ("samples_per_s", "step_time_s", "tokens_per_s")
+    ]
     assert scalars(inference, "inference/step_time_s/b4_s16_fp32_cpu")[0] == list(range(7))
     assert "| case_key |" in text(inference, "inference/settings/b4_s16_fp32_cpu")
 
@@ -146,7 +193,8 @@ def test_training_throughput_in_table_csv_html_and_not_in_inference(tmp_path: Pa
         runs, (trained, inferred) = store.runs(), store.results()
     tables, legend = report_tables([trained])
     headers, (row,) = tables[0].headers, tables[0].rows
-    samples_s = 4 / trained["median_s"]
+    assert trained.median_s is not None
+    samples_s = 4 / trained.median_s
     assert plain(row[headers.index("samples/s")]) == f"{samples_s:.3g}"
     assert plain(row[headers.index("tokens/s")]) == f"{samples_s * 16 / 1000:.3g}k"
     assert any(line.startswith("samples/s, tokens/s") for line in legend)
@@ -161,8 +209,9 @@ def test_training_throughput_in_table_csv_html_and_not_in_inference(tmp_path: Pa
 
 
 @pytest.mark.parametrize("command", ["run", "report"])
-def test_tensorboard_dir_that_is_a_file_is_refused(tmp_path: Path, command: str,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensorboard_dir_that_is_a_file_is_refused(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from fwbench.cli import main
 
     db, taken = tmp_path / "r.db", tmp_path / "taken"
@@ -186,9 +235,10 @@ def test_a_failing_write_during_a_sweep_is_reported_once(tmp_path: Path, capsys:
     seen: list[str] = []
     with Store.open(tmp_path / "r.db") as store:
         run_id = add_run(store, [_training_cell("mlp", 2, None, 0.001), _training_cell("mlp", 4, None, 0.001)])
-        listen = tensorboard_listener(lambda outcome: seen.append(outcome.status), store, run_id, {},
-                                      blocker / "tb")  # under a file: mkdir fails
+        listen = tensorboard_listener(
+            lambda outcome: seen.append(outcome.status), store, run_id, {}, blocker / "tb"
+        )  # under a file: mkdir fails
         for row in store.results():
-            listen(CellOutcome(Case(row["model"], row["runtime"], "training", row["batch_size"]), "ok"))
+            listen(CellOutcome(Case(row.model, row.runtime, "training", row.batch_size), "ok"))
     err = capsys.readouterr().err.strip().splitlines()
     assert seen == ["ok", "ok"] and len(err) == 1 and "cannot write it" in err[0], err

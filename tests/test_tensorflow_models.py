@@ -26,7 +26,8 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 def build(description: ModelDescription, weights: dict[str, np.ndarray]) -> tf.Module:
     return importlib.import_module(f"fwbench.frameworks.tensorflow.{description.arch}").build_model(
-        description, weights, "cpu")
+        description, weights, "cpu"
+    )
 
 
 def by_name(description: ModelDescription) -> str:
@@ -40,8 +41,9 @@ def built(request: pytest.FixtureRequest) -> tuple[ModelDescription, dict[str, n
     return description, weights, build(description, weights)
 
 
-def check_outputs(description: ModelDescription, outputs: tuple[tf.Tensor, ...],
-                  expected: dict[str, np.ndarray]) -> None:
+def check_outputs(
+    description: ModelDescription, outputs: tuple[tf.Tensor, ...], expected: dict[str, np.ndarray]
+) -> None:
     assert isinstance(outputs, tuple) and len(outputs) == len(description.output_names)
     for name, output in zip(description.output_names, outputs):
         assert output.dtype == tf.float32 and tuple(output.shape) == expected[name].shape, name
@@ -68,8 +70,11 @@ def test_shapes_are_not_hard_coded(description: ModelDescription) -> None:
     call = tf.function(module.__call__, input_signature=[tf.TensorSpec([None, None], tf.int32)] * count)
     for batch_size, seq_len in ((2, 16), (3, 7)):
         arrays = description.make_inputs(batch_size, seq_len, 0)
-        check_outputs(description, call(*(tf.constant(a) for a in arrays.values())),
-                      description.reference_forward(weights, arrays))
+        check_outputs(
+            description,
+            call(*(tf.constant(a) for a in arrays.values())),
+            description.reference_forward(weights, arrays),
+        )
     assert call.experimental_get_tracing_count() == 1
 
 
@@ -139,8 +144,17 @@ def test_a_wrong_shape_is_named(description: ModelDescription) -> None:
 
 
 def test_bert_in_a_worker_passes_parity() -> None:
-    outcome = run_worker(Case("bert-tiny", "tensorflow:function", batch_size=2, seq_len=16),
-                         Settings(threads=1, max_time_s=0.3))
+    outcome = run_worker(
+        Case("bert-tiny", "tensorflow:function", batch_size=2, seq_len=16), Settings(threads=1, max_time_s=0.3)
+    )
     assert outcome.status == "ok", outcome.reason
     assert outcome.details["parity"]["ok"] is True
     assert outcome.samples and outcome.fields["median_s"] > 0
+
+
+def test_the_registry_dtypes_are_the_tensorflow_backends() -> None:
+    from fwbench.frameworks import get_runtime
+    from fwbench.frameworks.tensorflow.backend import TensorFlowBackend
+
+    for mode in TensorFlowBackend.modes:
+        assert get_runtime(f"tensorflow:{mode}").dtypes == TensorFlowBackend.dtypes, mode

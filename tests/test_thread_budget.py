@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,7 +13,7 @@ from fwbench.frameworks import get_runtime, missing_requirement
 from fwbench.measure.environment import physical_core_count
 from fwbench.runner.manager import execute
 from fwbench.spec import Case, Plan, Settings
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 
 NATIVE_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")
 BATCH = 512  # 2·512·3072² = 9.7 GFLOP per call: ~55 ms on two cores, ~110 ms on one, so 1.5 s gives 13+ samples
@@ -30,18 +29,23 @@ MIN_SLOWDOWN = 1.3
 # pair is measured in up to ROUNDS alternated rounds, and one round at >= MIN_SLOWDOWN passes. A
 # framework that ignores the budget stays near 1.0x in every round, so this still fails for it.
 ROUNDS = 3
+# Timing two thread counts against each other needs both cores free: run after the parallel part of `make test`.
+pytestmark = pytest.mark.serial
 
 
-def _gemm_cell(store: Store, runtime: str, threads: int) -> dict[str, Any]:
-    plan = Plan((Case("gemm", runtime, batch_size=BATCH),),
-                Settings(threads=threads, max_time_s=MAX_TIME_S, timeout_s=180), suite="thread-budget")
+def _gemm_cell(store: Store, runtime: str, threads: int) -> ResultRecord:
+    plan = Plan(
+        (Case("gemm", runtime, batch_size=BATCH),),
+        Settings(threads=threads, max_time_s=MAX_TIME_S, timeout_s=180),
+        suite="thread-budget",
+    )
     run_id = store.create_run(plan, f"test threads={threads}", {}, "0")
     execute(store, run_id, plan)
     (row,) = store.results([run_id])
-    assert row["status"] == "ok", (threads, row["reason"])
-    effective = row["details"]["threads_effective"]
+    assert row.status == "ok", (threads, row.reason)
+    effective = row.details["threads_effective"]
     assert effective["intra_op"] == threads and effective["inter_op"] == 1, effective
-    assert len(row["details"]["cpus"]) == threads and row["threads"] == threads
+    assert len(row.details["cpus"]) == threads and row.threads == threads
     return row
 
 
@@ -52,13 +56,15 @@ def test_one_thread_is_measurably_slower_than_two(runtime: str, tmp_path: Path) 
     if missing:
         pytest.skip(missing)
     if len(os.sched_getaffinity(0)) < 2 or physical_core_count() < 2:
-        pytest.skip(f"needs 2 usable CPUs on distinct physical cores; this process may use "
-                    f"{len(os.sched_getaffinity(0))} CPUs on {physical_core_count()} physical cores")
+        pytest.skip(
+            f"needs 2 usable CPUs on distinct physical cores; this process may use "
+            f"{len(os.sched_getaffinity(0))} CPUs on {physical_core_count()} physical cores"
+        )
     rounds: list[str] = []
     with Store.open(tmp_path / "budget.db") as store:
         for _ in range(ROUNDS):
-            two = _gemm_cell(store, runtime, 2)["median_s"]
-            one = _gemm_cell(store, runtime, 1)["median_s"]
+            two, one = _gemm_cell(store, runtime, 2).median_s, _gemm_cell(store, runtime, 1).median_s
+            assert two is not None and one is not None
             rounds.append(f"1 thread {one * 1e3:.1f} ms / 2 threads {two * 1e3:.1f} ms = {one / two:.2f}x")
             if one / two >= MIN_SLOWDOWN:
                 return

@@ -28,8 +28,17 @@ def test_weights_command_writes_the_canonical_set(tmp_path: Path) -> None:
 
 
 def test_verify_dumps_and_agrees(tmp_path: Path) -> None:
-    result = run_cli("verify", "--models", "mlp", "--runtimes", "torch:eager,tensorflow:function",
-                     "--threads", "1", "--dump", str(tmp_path))
+    result = run_cli(
+        "verify",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager,tensorflow:function",
+        "--threads",
+        "1",
+        "--dump",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count(" ok ") >= 2
     with np.load(tmp_path / "mlp" / "inputs.npz") as inputs:
@@ -42,8 +51,16 @@ def test_verify_dumps_and_agrees(tmp_path: Path) -> None:
 
 
 def test_verify_fails_on_a_runtime_that_computes_something_else(plugin_env: dict[str, str]) -> None:
-    result = run_cli("verify", "--models", "mlp", "--runtimes", "torch:eager,fake:wrong,fake:crash,missing:eager",
-                     "--threads", "1", env=plugin_env)
+    result = run_cli(
+        "verify",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager,fake:wrong,fake:crash,missing:eager",
+        "--threads",
+        "1",
+        env=plugin_env,
+    )
     assert result.returncode == 1
     text = " ".join(result.stdout.split())
     assert "mismatch (> 0.0001)" in text and "error: worker killed by SIGSEGV" in text and "skipped" in text
@@ -52,11 +69,16 @@ def test_verify_fails_on_a_runtime_that_computes_something_else(plugin_env: dict
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--models", "mlp,bert-tiny", "--runtimes", "torch:eager", "--weights", "w.safetensors"],
-         "--weights holds one model's weights"),
+        (
+            ["--models", "mlp,bert-tiny", "--runtimes", "torch:eager", "--weights", "w.safetensors"],
+            "--weights holds one model's weights",
+        ),
         (["--models", "mlp", "--runtimes", "torch:eager", "--weights", "/etc/hostname"], "cannot read weights"),
         (["--models", "nope", "--runtimes", "torch:eager"], "unknown model 'nope'"),
-        (["--models", "bert-tiny", "--runtimes", "torch:eager", "--seq-len", "600"], "exceeds bert-tiny's maximum of 512"),
+        (
+            ["--models", "bert-tiny", "--runtimes", "torch:eager", "--seq-len", "600"],
+            "exceeds bert-tiny's maximum of 512",
+        ),
     ],
 )
 def test_verify_bad_input(args: list[str], fragment: str) -> None:
@@ -78,11 +100,23 @@ def test_a_weights_file_is_really_used_by_verify_and_run(tmp_path: Path) -> None
     weights = tmp_path / "mlp-seed7.safetensors"
     assert run_cli("weights", "mlp", "--out", str(weights), "--seed", "7").returncode == 0
     for name, extra in (("canonical", []), ("file", ["--weights", str(weights)])):
-        result = run_cli("verify", "--models", "mlp", "--runtimes", "torch:eager", "--threads", "1",
-                         "--dump", str(tmp_path / name), *extra)
+        result = run_cli(
+            "verify",
+            "--models",
+            "mlp",
+            "--runtimes",
+            "torch:eager",
+            "--threads",
+            "1",
+            "--dump",
+            str(tmp_path / name),
+            *extra,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
-    with np.load(tmp_path / "file" / "mlp" / "torch_eager.npz") as got, \
-            np.load(tmp_path / "file" / "mlp" / "inputs.npz") as inputs:
+    with (
+        np.load(tmp_path / "file" / "mlp" / "torch_eager.npz") as got,
+        np.load(tmp_path / "file" / "mlp" / "inputs.npz") as inputs,
+    ):
         description = get_model("mlp")
         expected = description.reference_forward(description.canonical_weights(7), {"x": inputs["x"]})["logits"]
         assert np.allclose(got["logits"], expected, rtol=1e-5, atol=1e-6)
@@ -90,10 +124,37 @@ def test_a_weights_file_is_really_used_by_verify_and_run(tmp_path: Path) -> None
             assert not np.allclose(got["logits"], canonical["logits"])
 
     db = tmp_path / "w.db"
-    run = run_cli("run", "--models", "mlp", "--runtimes", "torch:eager", "--weights", str(weights),
-                  "--max-time", "0.2", "--threads", "1", "--db", str(db))
+    run = run_cli(
+        "run",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager",
+        "--weights",
+        str(weights),
+        "--max-time",
+        "0.2",
+        "--threads",
+        "1",
+        "--db",
+        str(db),
+    )
     assert run.returncode == 0, run.stderr
     report = run_cli("report", "--db", str(db), "--format", "json")
     (row,) = json.loads(report.stdout)["results"]
     assert row["status"] == "ok" and row["details"]["parity"]["ok"]
     assert json.loads(report.stdout)["runs"][0]["settings"]["weights_path"] == str(weights)
+
+
+def test_relative_errors_is_the_one_measure_of_parity_and_verify() -> None:
+    from fwbench.runner.cell import parity
+    from fwbench.runner.tolerances import relative_errors
+
+    expected = np.array([[3.0, 4.0]])
+    got = np.array([[3.0, 4.5]], dtype=np.float32)
+    assert relative_errors(got, expected) == (0.1, 0.5)  # ‖(0, 0.5)‖ / ‖(3, 4)‖, max |Δ|
+    assert relative_errors(got, expected.T) == (float("inf"), float("inf"))  # shapes differ
+    assert relative_errors(np.zeros(2), np.zeros(2)) == (0.0, 0.0)  # an all-zero reference divides by 1
+    assert relative_errors(2.2, 2.0) == pytest.approx((0.1, 0.2))  # scalars: a loss against its reference
+    check = parity({"logits": got}, {"logits": expected}, "fp32")
+    assert check["outputs"]["logits"] == {"rel_l2": 0.1, "max_abs": 0.5} and check["ok"] is False

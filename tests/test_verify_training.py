@@ -43,8 +43,9 @@ def test_trained_parameters_before_any_step_are_the_canonical_weights(runtime: s
     """Every canonical tensor read back, ResNet's batch-norm running statistics (state, not parameters) and its
     unfolded BN weight and bias included (JAX and TF compute inference BN folded)."""
     models = ("mlp", "bert-tiny", "resnet-tiny")
-    done = subprocess.run([sys.executable, "-c", READ_BACK, runtime, ",".join(models)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", READ_BACK, runtime, ",".join(models)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     for model in models:
@@ -52,8 +53,11 @@ def test_trained_parameters_before_any_step_are_the_canonical_weights(runtime: s
 
 
 def _store_with_training_cells(path: Path) -> int:
-    cases = (Case("mlp", "torch:eager", phase="training"), Case("mlp", "wronglr:torch", phase="training"),
-             Case("mlp", "wronglr:torch"))
+    cases = (
+        Case("mlp", "torch:eager", phase="training"),
+        Case("mlp", "wronglr:torch", phase="training"),
+        Case("mlp", "wronglr:torch"),
+    )
     with Store.open(path) as store:
         run_id = store.create_run(Plan(cases, Settings()), "fwbench run (test)", {}, "0")
         for case in cases:
@@ -63,8 +67,19 @@ def _store_with_training_cells(path: Path) -> int:
 
 @pytest.mark.slow
 def test_training_verify_agrees_across_frameworks() -> None:
-    result = run_cli("verify", "--phase", "training", "--models", "mlp", "--runtimes",
-                     "torch:eager,jax:jit,tensorflow:function", "--steps", "5", "--threads", "1")
+    result = run_cli(
+        "verify",
+        "--phase",
+        "training",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager,jax:jit,tensorflow:function",
+        "--steps",
+        "5",
+        "--threads",
+        "1",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     text = " ".join(result.stdout.split())
     assert text.count(" ok ") == 3 and "5 adamw steps" in text and "mismatch" not in text
@@ -72,8 +87,21 @@ def test_training_verify_agrees_across_frameworks() -> None:
 
 @pytest.mark.slow
 def test_bf16_training_verify_uses_its_own_limits() -> None:
-    result = run_cli("verify", "--phase", "training", "--dtype", "bf16", "--models", "mlp", "--runtimes",
-                     "torch:eager,jax:jit", "--steps", "5", "--threads", "1")
+    result = run_cli(
+        "verify",
+        "--phase",
+        "training",
+        "--dtype",
+        "bf16",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager,jax:jit",
+        "--steps",
+        "5",
+        "--threads",
+        "1",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     text = " ".join(result.stdout.split())
     assert "bf16, 5 adamw steps" in text and "limits: loss 0.15, parameters 0.15, worst tensor 1" in text, text
@@ -86,33 +114,65 @@ def test_keras_tensorflow_trains_embeddings_with_dense_adamw(tmp_path: Path) -> 
     rows is gathered 16 times; Keras' own AdamW squares the gather's IndexedSlices gradient slice by slice
     (second moment Σ gᵢ² instead of (Σ gᵢ)²), which put this tensor 4.6e-2 (relative L2) from torch's;
     with the gradients densified first (``frameworks.keras.training``) it is 2.3e-6."""
-    result = run_cli("verify", "--phase", "training", "--models", "bert-tiny", "--runtimes",
-                     "torch:eager,keras:tensorflow", "--steps", "2", "--threads", "1", "--dump", str(tmp_path))
+    result = run_cli(
+        "verify",
+        "--phase",
+        "training",
+        "--models",
+        "bert-tiny",
+        "--runtimes",
+        "torch:eager,keras:tensorflow",
+        "--steps",
+        "2",
+        "--threads",
+        "1",
+        "--dump",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     name = "param/embeddings.token_type_embeddings.weight"
-    with np.load(tmp_path / "bert-tiny" / "training_torch_eager.npz") as torch_out, \
-            np.load(tmp_path / "bert-tiny" / "training_keras_tensorflow.npz") as keras_out:
+    with (
+        np.load(tmp_path / "bert-tiny" / "training_torch_eager.npz") as torch_out,
+        np.load(tmp_path / "bert-tiny" / "training_keras_tensorflow.npz") as keras_out,
+    ):
         expected, got = torch_out[name].astype(np.float64), keras_out[name].astype(np.float64)
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-4
 
 
 @pytest.mark.slow
-def test_a_different_learning_rate_is_caught_and_marks_the_stored_cells(plugin_env: dict[str, str],
-                                                                          tmp_path: Path) -> None:
+def test_a_different_learning_rate_is_caught_and_marks_the_stored_cells(
+    plugin_env: dict[str, str], tmp_path: Path
+) -> None:
     db = tmp_path / "results.db"
     run_id = _store_with_training_cells(db)
-    result = run_cli("verify", "--phase", "training", "--models", "mlp", "--runtimes", "torch:eager,wronglr:torch",
-                     "--steps", "5", "--threads", "1", "--db", str(db), "--run", str(run_id), env=plugin_env)
+    result = run_cli(
+        "verify",
+        "--phase",
+        "training",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager,wronglr:torch",
+        "--steps",
+        "5",
+        "--threads",
+        "1",
+        "--db",
+        str(db),
+        "--run",
+        str(run_id),
+        env=plugin_env,
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     text = " ".join(result.stdout.split())
     assert "mismatch: loss curve max relative error" in text or "mismatch: trained parameters" in text, text
     assert "1 training cell(s) of run" in result.stderr
     with Store.open(db, create=False) as store:
-        rows = {(r["runtime"], r["phase"]): r for r in store.results([run_id])}
-    assert rows[("wronglr:torch", "training")]["status"] == "mismatch"
-    assert "fwbench verify --phase training (5 steps)" in rows[("wronglr:torch", "training")]["reason"]
-    assert rows[("torch:eager", "training")]["status"] == "ok"  # the comparison base matched itself
-    assert rows[("wronglr:torch", "inference")]["status"] == "ok"  # only training cells are marked
+        rows = {(r.runtime, r.phase): r for r in store.results([run_id])}
+    assert rows[("wronglr:torch", "training")].status == "mismatch"
+    assert "fwbench verify --phase training (5 steps)" in (rows[("wronglr:torch", "training")].reason or "")
+    assert rows[("torch:eager", "training")].status == "ok"  # the comparison base matched itself
+    assert rows[("wronglr:torch", "inference")].status == "ok"  # only training cells are marked
 
 
 @pytest.mark.parametrize(
@@ -134,6 +194,19 @@ def test_training_verify_bad_input(plugin_env: dict[str, str], args: list[str], 
 def test_an_unknown_run_is_one_line(plugin_env: dict[str, str], tmp_path: Path) -> None:
     db = tmp_path / "results.db"
     _store_with_training_cells(db)
-    result = run_cli("verify", "--phase", "training", "--models", "mlp", "--runtimes", "torch:eager",
-                     "--db", str(db), "--run", "99", env=plugin_env)
-    assert result.returncode == 2 and "--run 99: no such run" in result.stderr, result.stderr
+    result = run_cli(
+        "verify",
+        "--phase",
+        "training",
+        "--models",
+        "mlp",
+        "--runtimes",
+        "torch:eager",
+        "--db",
+        str(db),
+        "--run",
+        "99",
+        env=plugin_env,
+    )
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"--run 99 is not in {db}; runs there: [1]" in result.stderr, result.stderr

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING
 
-from fwbench.spec import Settings, SpecError
-
-if TYPE_CHECKING:
-    from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import (
+    BUILTIN_PACKAGE,
+    ArchModule,
+    Backend,
+    FitModule,
+    arch_module_name,
+    builtin_package,
+    import_arch,
+    import_fit,
+)
+from fwbench.spec import FIT_DTYPES, RUNNABLE_DTYPES, TRAINING_DTYPES, Settings, SpecError
 
 PLUGINS_ENV = "FWBENCH_PLUGINS"
 PLUGIN_GROUP = "fwbench.plugins"
@@ -26,8 +33,12 @@ PLUGIN_GROUP = "fwbench.plugins"
 
 @dataclass(frozen=True)
 class RuntimeInfo:
-    """A runtime: ``name`` is ``framework:mode``; ``module`` defines
-    ``create_backend(mode, device, settings, *, dtype)`` (dtype: a spec.Dtype, "fp32" by default)."""
+    """A runtime and what it can do, known without importing its framework.
+
+    ``name`` is ``framework:mode``; ``module`` defines ``create_backend(mode, device, settings, *, dtype, phase)``
+    (dtype: a spec.Dtype, "fp32" by default; phase: a spec.Phase, "inference" by default). ``package`` is the
+    framework package holding the model files (``<package>/<arch>.py``, ``weights.py``, ``fit.py``; see
+    :mod:`fwbench.frameworks.base` for what each provides); empty: ``fwbench.frameworks.<framework>``."""
 
     name: str
     module: str
@@ -37,7 +48,13 @@ class RuntimeInfo:
     # The phases this runtime's backend implements, with what one timed training call is (by phase).
     phases: tuple[str, ...] = ("inference",)
     training: str = ""
-    fit: str = ""  # phase fit: the training loop it runs (fwbench/frameworks/<framework>/fit.py)
+    fit: str = ""  # phase fit: the training loop it runs (<package>/fit.py)
+    dtypes: tuple[str, ...] = ("fp32",)  # the case dtypes (spec.Dtype) it computes in
+    native: bool = False  # its framework's own, plainest fast runtime (one per framework)
+    extras: tuple[str, ...] = ()  # the fwbench pip extras that install ``requires``; empty: (framework,)
+    startup_s: float = 2.0  # seconds to start a worker and import the framework (2-core AMD EPYC, warm cache)
+    compile_s: float = 0.0  # seconds the mode compiles a small model before or in its first call
+    package: str = ""
 
     @property
     def framework(self) -> str:
@@ -46,6 +63,16 @@ class RuntimeInfo:
     @property
     def mode(self) -> str:
         return self.name.split(":", 1)[1]
+
+    @property
+    def framework_package(self) -> str:
+        """The package of this runtime's model files."""
+        return self.package or builtin_package(self.framework)
+
+    @property
+    def install_hint(self) -> str:
+        """The pip command that installs what this runtime requires."""
+        return f"pip install 'fwbench[{','.join(self.extras or (self.framework,))}]'"
 
 
 _RUNTIMES: dict[str, RuntimeInfo] = {}
@@ -59,14 +86,41 @@ def register_runtime(info: RuntimeInfo) -> None:
     _RUNTIMES[info.name] = info
 
 
-def _builtin(framework: str, mode: str, requires: tuple[str, ...], description: str, note: str = "",
-             training: str = "", fit: str = "", inference: bool = True) -> None:
+def _builtin(
+    framework: str,
+    mode: str,
+    requires: tuple[str, ...],
+    description: str,
+    note: str = "",
+    training: str = "",
+    fit: str = "",
+    inference: bool = True,
+    native: bool = False,
+    extras: tuple[str, ...] = (),
+    startup_s: float = 2.0,
+    compile_s: float = 0.0,
+) -> None:
     """A built-in runtime; ``training`` (what one timed training call is) gives it phase training, ``fit``
-    (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains."""
-    phases = (*(("inference",) if inference else ()), *(("training",) if training else ()),
-              *(("fit",) if fit else ()))
-    register_runtime(RuntimeInfo(f"{framework}:{mode}", f"fwbench.frameworks.{framework}.backend", requires,
-                                 description, note, phases, training, fit))
+    (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains. Every built-in backend
+    computes in fp32 and bf16 (phase fit: fp32 only, see :func:`dtype_unsupported`)."""
+    phases = (*(("inference",) if inference else ()), *(("training",) if training else ()), *(("fit",) if fit else ()))
+    register_runtime(
+        RuntimeInfo(
+            f"{framework}:{mode}",
+            f"{BUILTIN_PACKAGE}.{framework}.backend",
+            requires,
+            description,
+            note,
+            phases,
+            training,
+            fit,
+            dtypes=("fp32", "bf16"),
+            native=native,
+            extras=extras,
+            startup_s=startup_s,
+            compile_s=compile_s,
+        )
+    )
 
 
 def phase_unsupported(info: RuntimeInfo, phase: str) -> str | None:
@@ -74,61 +128,163 @@ def phase_unsupported(info: RuntimeInfo, phase: str) -> str | None:
     return None if phase in info.phases else f"{info.name} has no {phase} phase yet"
 
 
-_builtin("torch", "eager", ("torch",), "nn.Module called under torch.inference_mode()",
-         training="zero_grad, forward + loss, loss.backward(), torch.optim step, eagerly",
-         fit="manual DataLoader loop: for x, y in DataLoader(TensorDataset, batch_size, shuffle=False): zero_grad, "
-         "forward + F.cross_entropy, backward, torch.optim step, eagerly")
-_builtin("torch", "lightning", ("torch", "lightning"), "PyTorch Lightning (phase fit only)",
-         fit="lightning Trainer.fit: a LightningModule (training_step, configure_optimizers) over the same "
-         "DataLoader; accelerator cpu, 1 device, checkpointing, logger, progress bar and model summary off",
-         inference=False)
-_builtin("torch", "script", ("torch",), "torch.jit.trace + torch.jit.freeze of the nn.Module, under inference_mode",
-         "TorchScript is deprecated upstream since PyTorch 2.9; kept because the 2019 study used it")
-_builtin("torch", "compile", ("torch",), "torch.compile(fullgraph=True), inductor, mode from --compile-mode "
-         "(default: default), under inference_mode",
-         training="forward + loss compiled as one torch.compile(fullgraph=True) graph (AOTAutograd compiles its "
-         "backward too), loss.backward() running that compiled backward, then the torch.optim step compiled by "
-         "its own torch.compile (the optimizer step cannot share the graph: backward is in between)")
-_builtin("torch", "export", ("torch",), "torch.export.export per cell shape, compiled ahead of time by AOTInductor "
-         "(aoti_compile_and_package to a .pt2, loaded with aoti_load_package), all before the first call; "
-         "the loaded runner's Python call is timed, under inference_mode",
-         "TorchScript's successor for deployment")
-_builtin("tensorflow", "eager", ("tensorflow",), "tf.Module of tf ops called eagerly",
-         training="forward + loss under tf.GradientTape, then a Keras 3 optimizer's apply_gradients on the "
-         "tf.Variables, eagerly")
+def dtype_unsupported(info: RuntimeInfo, phase: str, dtype: str) -> str | None:
+    """None when the runtime can compute in ``dtype`` and ``phase`` allows it, else why not (whether the runtime
+    has ``phase`` at all is :func:`phase_unsupported`)."""
+    if dtype not in info.dtypes:
+        return f"{info.name} cannot compute in {dtype} (it computes in {', '.join(info.dtypes)})"
+    phase_dtypes = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES}.get(phase, RUNNABLE_DTYPES)
+    if dtype not in phase_dtypes:
+        return f"phase {phase} computes in {', '.join(phase_dtypes)} only, not {dtype}"
+    return None
+
+
+def native_runtime(framework: str) -> str | None:
+    """The name of ``framework``'s native runtime (torch:eager, tensorflow:function, jax:jit), None if it has none."""
+    return next((info.name for info in runtimes().values() if info.native and info.framework == framework), None)
+
+
+def native_runtimes() -> tuple[str, ...]:
+    """Every framework's native runtime, in registry order."""
+    return tuple(info.name for info in runtimes().values() if info.native)
+
+
 _builtin(
-    "tensorflow", "function", ("tensorflow",), "tf.function with the input signature fixed per cell (no retracing)",
+    "torch",
+    "eager",
+    ("torch",),
+    "nn.Module called under torch.inference_mode()",
+    training="zero_grad, forward + loss, loss.backward(), torch.optim step, eagerly",
+    fit="manual DataLoader loop: for x, y in DataLoader(TensorDataset, batch_size, shuffle=False): zero_grad, "
+    "forward + F.cross_entropy, backward, torch.optim step, eagerly",
+    native=True,
+)
+_builtin(
+    "torch",
+    "lightning",
+    ("torch", "lightning"),
+    "PyTorch Lightning (phase fit only)",
+    fit="lightning Trainer.fit: a LightningModule (training_step, configure_optimizers) over the same "
+    "DataLoader; accelerator cpu, 1 device, checkpointing, logger, progress bar and model summary off",
+    inference=False,
+    extras=("torch", "lightning"),
+)
+_builtin(
+    "torch",
+    "script",
+    ("torch",),
+    "torch.jit.trace + torch.jit.freeze of the nn.Module, under inference_mode",
+    "TorchScript is deprecated upstream since PyTorch 2.9; kept because the 2019 study used it",
+    compile_s=1.0,
+)
+_builtin(
+    "torch",
+    "compile",
+    ("torch",),
+    "torch.compile(fullgraph=True), inductor, mode from --compile-mode (default: default), under inference_mode",
+    training="forward + loss compiled as one torch.compile(fullgraph=True) graph (AOTAutograd compiles its "
+    "backward too), loss.backward() running that compiled backward, then the torch.optim step compiled by "
+    "its own torch.compile (the optimizer step cannot share the graph: backward is in between)",
+    compile_s=25.0,
+)
+_builtin(
+    "torch",
+    "export",
+    ("torch",),
+    "torch.export.export per cell shape, compiled ahead of time by AOTInductor "
+    "(aoti_compile_and_package to a .pt2, loaded with aoti_load_package), all before the first call; "
+    "the loaded runner's Python call is timed, under inference_mode",
+    "TorchScript's successor for deployment",
+    compile_s=20.0,
+)
+_builtin(
+    "tensorflow",
+    "eager",
+    ("tensorflow",),
+    "tf.Module of tf ops called eagerly",
+    training="forward + loss under tf.GradientTape, then a Keras 3 optimizer's apply_gradients on the "
+    "tf.Variables, eagerly",
+    startup_s=5.5,
+)
+_builtin(
+    "tensorflow",
+    "function",
+    ("tensorflow",),
+    "tf.function with the input signature fixed per cell (no retracing)",
     training="one tf.function: forward + loss under tf.GradientTape, gradients, a Keras 3 optimizer's "
     "apply_gradients on the tf.Variables",
     fit="manual custom loop: for x, y in tf.data.Dataset.from_tensor_slices(...).batch(batch_size): the "
-    "tf.function step (GradientTape, a Keras 3 optimizer's apply_gradients)"
+    "tf.function step (GradientTape, a Keras 3 optimizer's apply_gradients)",
+    native=True,
+    startup_s=5.5,
+    compile_s=0.5,
 )
-_builtin("tensorflow", "xla", ("tensorflow",), "tf.function(jit_compile=True) with the input signature fixed per cell",
-         training="the tensorflow:function step under tf.function(jit_compile=True): tape, gradients and "
-         "optimizer update in one XLA program")
-_builtin("jax", "jit", ("jax",), "jax.jit of a pure function over a parameter pytree (weights passed as arguments)",
-         training="one jax.jit of jax.value_and_grad(loss) + optax update + apply_updates, parameters and "
-         "optimizer state donated and carried to the next call",
-         fit="manual loop over numpy batch slices: the jitted value_and_grad + optax step, parameters and "
-         "optimizer state donated and carried")
-KERAS_FIT = ("keras model.fit(x, y, batch_size, epochs, shuffle=False, verbose=0) on numpy arrays after "
-             "model.compile(optimizer, loss, jit_compile='auto')")
-KERAS_TRAINING = ("model.train_on_batch(x, y, sample_weight) after model.compile(optimizer, loss, "
-                  "jit_compile='auto'), the loss returned as a Python float: ")
-_builtin("keras", "tensorflow", ("keras", "tensorflow"),
-         "Keras 3 on TensorFlow: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
-         "a tf.function, XLA only on a GPU",
-         training=KERAS_TRAINING + "a tf.function train step (XLA only on a GPU)", fit=KERAS_FIT)
-_builtin("keras", "jax", ("keras", "jax"),
-         "Keras 3 on JAX: model.predict_function(state, iter([(x,)])) after model.compile(jit_compile='auto'); "
-         "jax.jit of the stateless predict step, variables donated and the returned state carried to the next call",
-         training=KERAS_TRAINING + "jax.jit of the stateless train step; train_on_batch writes the state back "
-         "into the variables after each call", fit=KERAS_FIT)
-_builtin("keras", "torch", ("keras", "torch"),
-         "Keras 3 on PyTorch: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
-         "eager under torch.no_grad (auto never picks torch.compile)",
-         training=KERAS_TRAINING + "eager forward, backward and optimizer step (auto never picks torch.compile)",
-         fit=KERAS_FIT)
+_builtin(
+    "tensorflow",
+    "xla",
+    ("tensorflow",),
+    "tf.function(jit_compile=True) with the input signature fixed per cell",
+    training="the tensorflow:function step under tf.function(jit_compile=True): tape, gradients and "
+    "optimizer update in one XLA program",
+    startup_s=5.5,
+    compile_s=3.0,
+)
+_builtin(
+    "jax",
+    "jit",
+    ("jax",),
+    "jax.jit of a pure function over a parameter pytree (weights passed as arguments)",
+    training="one jax.jit of jax.value_and_grad(loss) + optax update + apply_updates, parameters and "
+    "optimizer state donated and carried to the next call",
+    fit="manual loop over numpy batch slices: the jitted value_and_grad + optax step, parameters and "
+    "optimizer state donated and carried",
+    native=True,
+    compile_s=0.5,
+)
+KERAS_FIT = (
+    "keras model.fit(x, y, batch_size, epochs, shuffle=False, verbose=0) on numpy arrays after "
+    "model.compile(optimizer, loss, jit_compile='auto')"
+)
+KERAS_TRAINING = (
+    "model.train_on_batch(x, y, sample_weight) after model.compile(optimizer, loss, "
+    "jit_compile='auto'), the loss returned as a Python float: "
+)
+_builtin(
+    "keras",
+    "tensorflow",
+    ("keras", "tensorflow"),
+    "Keras 3 on TensorFlow: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
+    "a tf.function, XLA only on a GPU",
+    training=KERAS_TRAINING + "a tf.function train step (XLA only on a GPU)",
+    fit=KERAS_FIT,
+    extras=("keras", "tensorflow"),
+    startup_s=6.0,
+    compile_s=1.0,
+)
+_builtin(
+    "keras",
+    "jax",
+    ("keras", "jax"),
+    "Keras 3 on JAX: model.predict_function(state, iter([(x,)])) after model.compile(jit_compile='auto'); "
+    "jax.jit of the stateless predict step, variables donated and the returned state carried to the next call",
+    training=KERAS_TRAINING + "jax.jit of the stateless train step; train_on_batch writes the state back "
+    "into the variables after each call",
+    fit=KERAS_FIT,
+    extras=("keras", "jax"),
+    startup_s=6.0,
+    compile_s=1.0,
+)
+_builtin(
+    "keras",
+    "torch",
+    ("keras", "torch"),
+    "Keras 3 on PyTorch: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
+    "eager under torch.no_grad (auto never picks torch.compile)",
+    training=KERAS_TRAINING + "eager forward, backward and optimizer step (auto never picks torch.compile)",
+    fit=KERAS_FIT,
+    extras=("keras", "torch"),
+    startup_s=6.0,
+)
 
 
 def load_plugins() -> None:
@@ -164,25 +320,52 @@ def missing_requirement(info: RuntimeInfo) -> str | None:
     """None when the runtime's packages are installed, else why it cannot run (nothing imported)."""
     for package in info.requires:
         if importlib.util.find_spec(package) is None:
-            return f"{package} is not installed (pip install 'fwbench[{info.framework}]')"
+            return f"{package} is not installed ({info.install_hint})"
     return None
+
+
+def _model_files_checked(info: RuntimeInfo) -> bool:
+    """Whether the runtime builds models from its package's model files: every built-in runtime and every
+    plugin runtime that names its package (others, such as test doubles, build their models themselves)."""
+    return bool(info.package) or info.module.startswith(f"{builtin_package(info.framework)}.")
 
 
 def missing_implementation(info: RuntimeInfo, arch: str) -> str | None:
-    """None when a built-in runtime's framework has a ``<arch>.py`` implementation, else why not.
-
-    Plugins build their models themselves and are not checked. Nothing is imported.
-    """
-    if not info.module.startswith(f"fwbench.frameworks.{info.framework}."):
+    """None when the runtime's framework package (or a registered model, for it) has a model file for ``arch``,
+    else why not. Plugin runtimes that name no package are not checked. No framework is imported (a plugin
+    package's ``__init__`` is)."""
+    if not _model_files_checked(info):
         return None
-    if importlib.util.find_spec(f"fwbench.frameworks.{info.framework}.{arch}") is None:
-        return f"no {info.framework} implementation of {arch} yet"
-    return None
+    try:
+        found = importlib.util.find_spec(arch_module_name(info.framework_package, arch)) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    return None if found else f"no {info.framework} implementation of {arch} yet"
 
 
-def create_backend(runtime: str, device: str, settings: Settings, *, dtype: str = "fp32") -> Backend:
-    """Import the runtime's backend module (and so its framework) and make the backend for ``dtype``."""
+def arch_module(info: RuntimeInfo, arch: str) -> ArchModule:
+    """The runtime's checked model file for ``arch`` (imports its framework: worker only)."""
+    return import_arch(info.framework_package, arch)
+
+
+def fit_module(info: RuntimeInfo) -> FitModule:
+    """The runtime's checked ``fit.py`` (imports its framework: worker only)."""
+    return import_fit(info.framework_package)
+
+
+def create_backend(
+    runtime: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+) -> Backend:
+    """Import the runtime's backend module (and so its framework) and make the backend for ``dtype`` and
+    ``phase`` (spec.Phase). A plugin module whose ``create_backend`` predates the ``phase`` keyword is
+    called without it and gets ``backend.phase`` set before it is returned (before build)."""
     info = get_runtime(runtime)
     module = importlib.import_module(info.module)
-    backend: Backend = module.create_backend(info.mode, device, settings, dtype=dtype)
+    if "phase" in inspect.signature(module.create_backend).parameters:
+        backend: Backend = module.create_backend(info.mode, device, settings, dtype=dtype, phase=phase)
+    else:
+        backend = module.create_backend(info.mode, device, settings, dtype=dtype)
+        backend.phase = phase
+    if info.package:
+        backend.package = info.package
     return backend

@@ -1,24 +1,194 @@
-"""The backend interface every framework implements. No framework is imported here.
+"""The backend interface every framework implements, and what a framework's model files provide.
+No framework is imported here.
 
 One backend instance runs one cell in one worker process:
 ``configure_threads → configure_precision → build → make_inputs → compile → make_step / infer / sync``
 (phase training: ``… → make_inputs → make_targets → make_train_step``).
-Framework modules live in ``fwbench/frameworks/<framework>/`` with the same file names in every
-folder: ``backend.py`` (this interface) and one file per model architecture (``mlp.py``, ...),
-each exporting ``build_model(description, weights)``.
+A framework's model files live in its package (``fwbench/frameworks/<framework>/`` for the built-in ones,
+``RuntimeInfo.package`` for a plugin's) with the same file names in every package: ``backend.py`` (this
+interface), ``weights.py`` (:class:`WeightsModule`), ``fit.py`` (:class:`FitModule`) and one file per model
+architecture (``mlp.py``, ...: :class:`ArchModule`, plus the training roles the framework's backend uses).
+A model registered by a plugin may name its own module per framework package
+(``ModelDescription.implementations``). Each role is a ``typing.Protocol``; :func:`require` checks a module
+provides one and names what is missing.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
+
+BUILTIN_PACKAGE = "fwbench.frameworks"
+
+
+# -- what a model file provides ---------------------------------------------------------------------
+class ArchModule(Protocol):
+    """``<package>/<arch>.py``: the inference model of an architecture (every framework)."""
+
+    def build_model(self, description: Any, weights: dict[str, np.ndarray], device: str) -> Any:
+        """The model of ``description`` (a ModelDescription of this arch) holding the canonical ``weights``
+        (loaded through a name map checked by :func:`check_weight_map`, or the framework's equivalent),
+        on ``device`` ("cpu" or "cuda"); called with the description's inputs it returns its outputs in
+        ``description.output_names`` order."""
+
+
+class LaidOutArch(Protocol):
+    """An image architecture that says which memory layout it computes in (optional role; the canonical
+    inputs are NCHW)."""
+
+    LAYOUT: str
+
+
+class TrainingArch(Protocol):
+    """The training forward of an architecture (torch, tensorflow, jax; phases training and fit)."""
+
+    def training_logits(self, model: Any, *args: Any) -> Any:
+        """The logits the loss takes, (..., classes). torch and tensorflow: ``(model, *inputs)``; jax:
+        ``(model, params, *inputs)``, pure in ``params``."""
+
+
+class StatefulTrainingArch(Protocol):
+    """jax, a model with state that training updates without a gradient (ResNet's batch norm): replaces
+    :class:`TrainingArch`'s ``training_logits``."""
+
+    def training_variables(self, model: Any) -> tuple[Any, Any]:
+        """(parameters an optimizer trains, non-trained state) as pytrees."""
+
+    def training_logits_and_stats(self, model: Any, params: Any, stats: Any, *inputs: Any) -> tuple[Any, Any]:
+        """(training logits, updated state)."""
+
+
+class EvaluatedArch(Protocol):
+    """jax and tensorflow, phase fit: the logits in inference form after training."""
+
+    def inference_logits(self, model: Any, *args: Any) -> Any:
+        """(batch, classes) logits; jax: ``(model, params, stats, *inputs)``, tensorflow: ``(model, *inputs)``."""
+
+
+class KerasTrainingArch(Protocol):
+    """keras (phases training and fit): the model ``train_on_batch`` and ``fit`` train."""
+
+    def training_model(self, model: Any, description: Any) -> Any:
+        """A keras.Model sharing ``model``'s layers and variables whose one output is the training logits."""
+
+
+class WeightsModule(Protocol):
+    """``<package>/weights.py``: reading a built model's variables back."""
+
+    def parameter_arrays(self, model: Any) -> list[np.ndarray]:
+        """Every floating variable of ``model`` as a float32 numpy copy, in the framework's own layout and in
+        a fixed order."""
+
+
+class FitModule(Protocol):
+    """``<package>/fit.py``: phase fit."""
+
+    def fit(self, backend: Any, dataset: Any, epochs: int, batch_size: int) -> Any:
+        """Train ``backend``'s built model ``epochs`` epochs over ``dataset`` (fwbench.models.fit.FitDataset)
+        with the framework's loop; a fwbench.models.fit.FitOutcome."""
+
+
+class ModelFileError(TypeError):
+    """A model file lacks something its role requires."""
+
+
+def role_members(role: type) -> tuple[str, ...]:
+    """The attributes and functions a role (a Protocol above) requires."""
+    names = [name for name in vars(role) if not name.startswith("_")]
+    names += [name for name in getattr(role, "__annotations__", {}) if name not in names]
+    return tuple(names)
+
+
+def provides(module: ModuleType, role: type) -> bool:
+    """Whether ``module`` has everything ``role`` requires."""
+    return all(hasattr(module, name) for name in role_members(role))
+
+
+def require(module: ModuleType, role: type) -> None:
+    """ModelFileError naming the module, the role and every missing attribute unless ``module`` provides
+    ``role``."""
+    missing = [name for name in role_members(role) if not hasattr(module, name)]
+    if missing:
+        summary = (role.__doc__ or "").strip().splitlines()[0]
+        raise ModelFileError(f"{module.__name__} does not provide {', '.join(missing)} ({role.__name__}: {summary})")
+
+
+def as_arch(module: ModuleType) -> ArchModule:
+    require(module, ArchModule)
+    return cast(ArchModule, module)
+
+
+def as_training_arch(module: ModuleType) -> TrainingArch:
+    require(module, TrainingArch)
+    return cast(TrainingArch, module)
+
+
+def as_stateful_training_arch(module: ModuleType) -> StatefulTrainingArch | None:
+    """The stateful training role where ``module`` provides it, else None."""
+    return cast(StatefulTrainingArch, module) if provides(module, StatefulTrainingArch) else None
+
+
+def as_evaluated_arch(module: ModuleType) -> EvaluatedArch:
+    require(module, EvaluatedArch)
+    return cast(EvaluatedArch, module)
+
+
+def as_keras_training_arch(module: ModuleType) -> KerasTrainingArch:
+    require(module, KerasTrainingArch)
+    return cast(KerasTrainingArch, module)
+
+
+def layout_of(module: ModuleType) -> str | None:
+    """The layout an arch module says it computes in (:class:`LaidOutArch`), None where it says none."""
+    return cast(LaidOutArch, module).LAYOUT if provides(module, LaidOutArch) else None
+
+
+def as_weights(module: ModuleType) -> WeightsModule:
+    require(module, WeightsModule)
+    return cast(WeightsModule, module)
+
+
+def as_fit(module: ModuleType) -> FitModule:
+    require(module, FitModule)
+    return cast(FitModule, module)
+
+
+# -- where the model files are ------------------------------------------------------------------------
+def builtin_package(framework: str) -> str:
+    """The package of a built-in framework's model files: ``fwbench.frameworks.<framework>``."""
+    return f"{BUILTIN_PACKAGE}.{framework}"
+
+
+def arch_module_name(package: str, arch: str) -> str:
+    """The module implementing ``arch`` for the framework package ``package``: the module a registered model
+    names for it (``ModelDescription.implementations``), else ``<package>.<arch>``. Nothing is imported
+    but the model registry."""
+    from fwbench.models import implementations
+
+    return implementations(arch).get(package, f"{package}.{arch}")
+
+
+def import_arch(package: str, arch: str) -> ArchModule:
+    """The checked model file of ``arch`` for ``package`` (imports it, and so its framework)."""
+    return as_arch(importlib.import_module(arch_module_name(package, arch)))
+
+
+def import_weights(package: str) -> WeightsModule:
+    """The checked ``<package>.weights``."""
+    return as_weights(importlib.import_module(f"{package}.weights"))
+
+
+def import_fit(package: str) -> FitModule:
+    """The checked ``<package>.fit`` (phase fit)."""
+    return as_fit(importlib.import_module(f"{package}.fit"))
 
 
 def check_weight_map(targets: set[str], mapping: dict[str, str], weights: dict[str, np.ndarray]) -> None:
@@ -29,8 +199,10 @@ def check_weight_map(targets: set[str], mapping: dict[str, str], weights: dict[s
     unused = sorted(set(weights) - set(mapping))
     missing = sorted(set(mapping) - set(weights))
     if unset or unknown or unused or missing:
-        raise ValueError(f"weight map: variables unset {unset}, unknown {unknown}, "
-                         f"tensors unused {unused}, tensors missing {missing}")
+        raise ValueError(
+            f"weight map: variables unset {unset}, unknown {unknown}, "
+            f"tensors unused {unused}, tensors missing {missing}"
+        )
     if len(set(mapping.values())) != len(mapping):
         raise ValueError("weight map: a variable is the target of more than one tensor")
 
@@ -51,19 +223,24 @@ class Backend(ABC):
     # The case dtypes (spec.Dtype) this backend computes in; a backend that does not say runs fp32 only.
     dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
 
-    def __init__(self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> None:
+    def __init__(
+        self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+    ) -> None:
         if mode not in self.modes:
             raise UnsupportedMode(f"{self.framework} has no mode {mode!r}; allowed: {', '.join(self.modes)}")
         if dtype not in self.dtypes:
-            raise UnsupportedDtype(f"{self.framework}:{mode} cannot compute in {dtype}; "
-                                   f"allowed: {', '.join(self.dtypes)}")
+            raise UnsupportedDtype(
+                f"{self.framework}:{mode} cannot compute in {dtype}; allowed: {', '.join(self.dtypes)}"
+            )
         self.mode = mode
         self.device = device
         self.settings = settings
         self.dtype = dtype  # the case's dtype: "fp32", or "bf16" computed the framework's own way
-        # The case's phase, set before build: bf16 training keeps float32 master weights where bf16 inference
-        # casts the weights themselves (TF, JAX).
-        self.phase = "inference"
+        # The case's phase (spec.Phase), given at creation: bf16 training keeps float32 master weights where
+        # bf16 inference casts the weights themselves (TF, JAX).
+        self.phase = phase
+        # Where this framework's model files are (frameworks.create_backend sets a plugin runtime's package).
+        self.package = builtin_package(self.framework)
         self.description: ModelDescription | None = None
         self.model: Any = None
         self.layout: str | None = None
@@ -80,20 +257,23 @@ class Backend(ABC):
         report also has ``bf16_mechanism``: how this framework computes in bfloat16."""
 
     def arch_module(self, description: ModelDescription | None = None) -> ModuleType:
-        """This framework's module for ``description``'s architecture (default: the built model's),
-        ``fwbench.frameworks.<framework>.<arch>``."""
+        """This framework's model file for ``description``'s architecture (default: the built model's),
+        checked to provide :class:`ArchModule` (:func:`arch_module_name` says where it is). Each caller
+        checks the further role it uses (``as_training_arch`` and the like)."""
         description = self.description if description is None else description
         assert description is not None, "build() first"
-        return importlib.import_module(f"fwbench.frameworks.{self.framework}.{description.arch}")
+        module = importlib.import_module(arch_module_name(self.package, description.arch))
+        require(module, ArchModule)
+        return module
 
     def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
         """Build ``description`` with the canonical ``weights`` from this framework's arch module."""
         description.check_weights(weights)
         module = self.arch_module(description)
         self.description = description
-        self.model = module.build_model(description, weights, self.device)
+        self.model = as_arch(module).build_model(description, weights, self.device)
         # Image models say which memory layout they compute in (the canonical inputs are NCHW).
-        self.layout: str | None = getattr(module, "LAYOUT", None)
+        self.layout = layout_of(module)
 
     @abstractmethod
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
@@ -145,14 +325,16 @@ class Backend(ABC):
 
     def parameter_arrays(self) -> list[np.ndarray]:
         """The current (trained) values of the model's floating variables, float32, in the framework's
-        layout and in ``fwbench.frameworks.<framework>.weights.parameter_arrays`` order."""
-        weights = importlib.import_module(f"fwbench.frameworks.{self.framework}.weights")
-        return weights.parameter_arrays(self.model)
+        layout and in ``<package>.weights.parameter_arrays`` order."""
+        return import_weights(self.package).parameter_arrays(self.model)
 
     def model_arrays(self, model: Any) -> list[np.ndarray]:
         """The floating variables of a model ``build_model`` made, in :meth:`parameter_arrays` order."""
-        weights = importlib.import_module(f"fwbench.frameworks.{self.framework}.weights")
-        return weights.parameter_arrays(model)
+        return import_weights(self.package).parameter_arrays(model)
+
+    def fit_module(self) -> FitModule:
+        """This framework's checked ``fit.py`` (phase fit)."""
+        return import_fit(self.package)
 
     def trained_parameters(self) -> dict[str, np.ndarray]:
         """Every canonical tensor's current value (after the training steps taken so far) by canonical name,
@@ -166,7 +348,7 @@ class Backend(ABC):
         ValueError if some canonical element is held by no variable."""
         assert self.description is not None, "build() first"
         description = self.description
-        arch = self.arch_module()
+        arch = as_arch(self.arch_module())
         schema = {spec.name: tuple(spec.shape) for spec in description.param_schema()}
         sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in schema.items()}
         total = sum(sizes.values())
@@ -190,8 +372,9 @@ class Backend(ABC):
                 if held is None:
                     continue
                 value = np.rint(array).astype(np.int64)
-                if not (np.array_equal(value, array) and value.min(initial=1) >= 1 and value.max(initial=1) <= base) \
-                        or (digit == 0 and array.size > 1 and value.min() == value.max()):
+                if not (
+                    np.array_equal(value, array) and value.min(initial=1) >= 1 and value.max(initial=1) <= base
+                ) or (digit == 0 and array.size > 1 and value.min() == value.max()):
                     ids[i] = None  # not set from the canonical weights (e.g. a constant mask buffer)
                     continue
                 held += (value - 1) * base**digit
@@ -206,9 +389,9 @@ class Backend(ABC):
                 covered[held.ravel()] = True
         result, offset = {}, 0
         for name, shape in schema.items():
-            if not covered[offset:offset + sizes[name]].all():
+            if not covered[offset : offset + sizes[name]].all():
                 raise ValueError(f"{self.framework}: canonical tensor {name} is not (fully) held by any variable")
-            result[name] = flat[offset:offset + sizes[name]].reshape(shape).copy()
+            result[name] = flat[offset : offset + sizes[name]].reshape(shape).copy()
             offset += sizes[name]
         return result
 
@@ -231,7 +414,7 @@ class Backend(ABC):
         details (e.g. seconds per ahead-of-time step); empty for a mode with nothing to report."""
         return {}
 
-    def reset_peak_memory(self) -> None:
+    def reset_peak_memory(self) -> None:  # noqa: B027 (optional hook: most allocators keep no peak)
         """Reset the framework allocator's peak counter, where it has one."""
 
     def memory_stats(self) -> dict[str, int | None]:

@@ -15,12 +15,26 @@ from typing import Any
 
 ENV_SCHEMA_VERSION = 1
 TRACKED_PACKAGES = (
-    "fwbench", "numpy", "scipy", "torch", "tensorflow", "tensorflow-cpu", "jax", "jaxlib", "keras",
+    "fwbench",
+    "numpy",
+    "scipy",
+    "torch",
+    "tensorflow",
+    "tensorflow-cpu",
+    "jax",
+    "jaxlib",
+    "keras",
     "onnxruntime",
 )
 TRACKED_ENV_VARS = (
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
-    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+    "XLA_FLAGS",
+    "CUDA_VISIBLE_DEVICES",
 )
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
 

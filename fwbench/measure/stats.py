@@ -7,10 +7,11 @@ The centre is the median; its 95% confidence interval is a seeded percentile boo
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 
 CONFIDENCE = 0.95
@@ -43,7 +44,7 @@ class Summary:
         return asdict(self)
 
 
-def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+def median_ci(samples: npt.ArrayLike, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
     """Bootstrap ``confidence`` interval of the median, seeded; None for fewer than 2 samples."""
     data = np.asarray(samples, dtype=np.float64)
     if data.size < 2:

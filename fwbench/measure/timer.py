@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 import timeit
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from fwbench.measure.stats import relative_half_width
 
@@ -148,8 +148,5 @@ def run_adaptive(
     else:
         stop_reason = "max_samples"
     return TimingResult(
-        samples_s=samples,
-        calls_per_sample=number,
-        stop_reason=stop_reason,
-        elapsed_s=time.perf_counter() - start,
+        samples_s=samples, calls_per_sample=number, stop_reason=stop_reason, elapsed_s=time.perf_counter() - start
     )

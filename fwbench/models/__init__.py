@@ -1,4 +1,9 @@
-"""The model registry: names users type, mapped to framework-free descriptions."""
+"""The model registry: names users type, mapped to framework-free descriptions.
+
+Plugins (see :mod:`fwbench.frameworks`: the ``fwbench.plugins`` entry points and ``$FWBENCH_PLUGINS``) add
+models by calling :func:`register_model` when imported; :func:`get_model`, :func:`model_names` and
+:func:`all_models` load the plugins first.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +21,58 @@ MODELS: dict[str, ModelDescription] = {
 }
 
 
+def register_model(description: ModelDescription) -> None:
+    """Add a model (plugins call this on import); ValueError if its name is taken by another description."""
+    known = MODELS.get(description.name)
+    if known is not None and known is not description:
+        raise ValueError(f"model {description.name!r} is already registered")
+    MODELS[description.name] = description
+
+
+def _load_plugins() -> None:
+    from fwbench.frameworks import load_plugins  # the registry module imports no framework
+
+    load_plugins()
+
+
+def all_models() -> dict[str, ModelDescription]:
+    """Every registered model, built-in first, by name (plugins loaded)."""
+    _load_plugins()
+    return dict(MODELS)
+
+
+def model_names() -> tuple[str, ...]:
+    """The names of every registered model (plugins loaded)."""
+    return tuple(all_models())
+
+
 def get_model(name: str) -> ModelDescription:
     """The description of model ``name``; SpecError listing the known models otherwise."""
+    if name not in MODELS:
+        _load_plugins()
     try:
         return MODELS[name]
     except KeyError:
         raise SpecError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}") from None
 
 
-__all__ = ["MODELS", "ModelDescription", "ParamSpec", "get_model"]
+def implementations(arch: str) -> dict[str, str]:
+    """The model files registered models bring for architecture ``arch``: framework package → module name
+    (``ModelDescription.implementations``); empty for the built-in models, whose files are in each package."""
+    found: dict[str, str] = {}
+    for description in all_models().values():
+        if description.arch == arch:
+            found.update(description.implementations)
+    return found
+
+
+__all__ = [
+    "MODELS",
+    "ModelDescription",
+    "ParamSpec",
+    "all_models",
+    "get_model",
+    "implementations",
+    "model_names",
+    "register_model",
+]

@@ -55,8 +55,9 @@ def normal_weights(schema: list[ParamSpec], seed: int, std: float = 0.02) -> dic
 
 def is_layer_norm_scale(name: str) -> bool:
     lowered = name.lower()
-    return name.endswith(".weight") and ("layernorm" in lowered or "layer_norm" in lowered or ".ln_" in lowered
-                                         or lowered.startswith("ln_"))
+    return name.endswith(".weight") and (
+        "layernorm" in lowered or "layer_norm" in lowered or ".ln_" in lowered or lowered.startswith("ln_")
+    )
 
 
 def _some(names: list[str], shown: int = 5) -> str:
@@ -79,6 +80,10 @@ class ModelDescription(ABC):
     output_names: tuple[str, ...]
     # Phase fit (fwbench.models.fit): label by the teacher's logits minus each class's mean over the dataset
     fit_teacher_centred: ClassVar[bool] = False
+    # Model files a plugin model brings along: framework package (e.g. "fwbench.frameworks.torch") -> the module
+    # implementing this arch for it (fwbench.frameworks.base.ArchModule); a package not named here is looked in
+    # for ``<package>.<arch>``.
+    implementations: ClassVar[dict[str, str]] = {}
 
     @abstractmethod
     def param_schema(self) -> list[ParamSpec]:
@@ -117,8 +122,9 @@ class ModelDescription(ABC):
         (float32, 1 where a position counts in the loss), each (batch,) or (batch, seq)."""
         raise NotImplementedError(self.training_unsupported() or f"{self.name}: no targets")
 
-    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                       targets: dict[str, np.ndarray]) -> float | None:
+    def reference_loss(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
+    ) -> float | None:
         """The float64 training loss of ``weights`` on this batch (training.reference_loss), or None."""
         return None
 

@@ -22,8 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, normal_weights, phase_flops
-from fwbench.models.text import (attention, gelu_erf, layer_norm, linear, masked_lm_targets, token_inputs,
-                                 transformer_layer_flops)
+from fwbench.models.text import (
+    attention,
+    gelu_erf,
+    layer_norm,
+    linear,
+    masked_lm_targets,
+    token_inputs,
+    transformer_layer_flops,
+)
 from fwbench.models.training import tied_lm_reference_loss
 from fwbench.spec import Phase, SpecError
 
@@ -109,9 +116,20 @@ class Bert(ModelDescription):
         ]
         if self.has_token_types:
             specs.append(ParamSpec(self.param("token_type_embeddings"), (c.type_vocab_size, h)))
-        specs += [ParamSpec(self.param("embeddings_norm"), (h,)), ParamSpec(self.param("embeddings_norm", kind="bias"), (h,))]
-        shapes = {"query": (h, h), "key": (h, h), "value": (h, h), "attention_out": (h, h),
-                  "attention_norm": (h,), "ffn_in": (inter, h), "ffn_out": (h, inter), "ffn_norm": (h,)}
+        specs += [
+            ParamSpec(self.param("embeddings_norm"), (h,)),
+            ParamSpec(self.param("embeddings_norm", kind="bias"), (h,)),
+        ]
+        shapes = {
+            "query": (h, h),
+            "key": (h, h),
+            "value": (h, h),
+            "attention_out": (h, h),
+            "attention_norm": (h,),
+            "ffn_in": (inter, h),
+            "ffn_out": (h, inter),
+            "ffn_norm": (h,),
+        }
         for i in range(c.layers):
             for role, shape in shapes.items():
                 specs.append(ParamSpec(self.param(role, i), shape))
@@ -141,18 +159,18 @@ class Bert(ModelDescription):
     def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
         return masked_lm_targets(self.make_inputs(batch_size, seq_len, seed), self.config.vocab_size, seed)
 
-    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                       targets: dict[str, np.ndarray]) -> float:
+    def reference_loss(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
+    ) -> float:
         hidden = self.reference_forward(weights, inputs)["last_hidden_state"]
-        return tied_lm_reference_loss(hidden, weights[self.param("word_embeddings")], targets["labels"],
-                                      targets["label_weights"])
+        return tied_lm_reference_loss(
+            hidden, weights[self.param("word_embeddings")], targets["labels"], targets["label_weights"]
+        )
 
     def frozen_in_training(self) -> tuple[str, ...]:
         return (self.param("pooler"), self.param("pooler", kind="bias")) if self.has_pooler else ()
 
-    def reference_forward(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
+    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         c = self.config
         w = {name: value.astype(np.float64) for name, value in weights.items()}
 

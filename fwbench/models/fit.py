@@ -71,7 +71,9 @@ def make_fit_dataset(description: ModelDescription, n: int, seed: int) -> FitDat
     weights = description.canonical_weights(seed + 1)
     chunks = []
     for start in range(0, n, TEACHER_CHUNK):  # in chunks: ResNet's im2col of n images at once would not fit
-        teacher = description.reference_forward(weights, {k: a[start:start + TEACHER_CHUNK] for k, a in inputs.items()})
+        teacher = description.reference_forward(
+            weights, {k: a[start : start + TEACHER_CHUNK] for k, a in inputs.items()}
+        )
         if teacher is None:
             raise NotImplementedError(f"{description.name} has no float64 reference to label a fit dataset with")
         chunks.append(teacher[description.output_names[0]])
@@ -98,5 +100,10 @@ def agreement(final: dict[str, float], reference: dict[str, float], model: str |
     rtol, atol = fit_tolerance(model)
     rel = abs(final["loss"] - reference["loss"]) / abs(reference["loss"])
     acc = abs(final["accuracy"] - reference["accuracy"])
-    return {"loss_rel_diff": rel, "accuracy_diff": acc, "ok": rel <= rtol and acc <= atol,
-            "loss_rtol": rtol, "accuracy_atol": atol}
+    return {
+        "loss_rel_diff": rel,
+        "accuracy_diff": acc,
+        "ok": rel <= rtol and acc <= atol,
+        "loss_rtol": rtol,
+        "accuracy_atol": atol,
+    }

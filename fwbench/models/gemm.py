@@ -68,9 +68,7 @@ class Gemm(ModelDescription):
         """2·batch·n·n (one multiply-add per weight per row); training counts 3x that."""
         return phase_flops(2 * batch_size * self.n * self.n, phase)
 
-    def reference_forward(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
+    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"y": inputs["x"].astype(np.float64) @ weights["weight"].astype(np.float64)}
 
     def parity_shape(self) -> tuple[int, int | None]:

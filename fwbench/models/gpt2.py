@@ -15,8 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, normal_weights, phase_flops
-from fwbench.models.text import (attention, gelu_tanh, layer_norm, next_token_targets, token_inputs,
-                                 transformer_layer_flops)
+from fwbench.models.text import (
+    attention,
+    gelu_tanh,
+    layer_norm,
+    next_token_targets,
+    token_inputs,
+    transformer_layer_flops,
+)
 from fwbench.models.training import tied_lm_reference_loss
 from fwbench.spec import Phase, SpecError
 
@@ -41,12 +47,18 @@ class GPT2Config:
 
 # Per-layer tensors: suffix -> shape as a function of (hidden, intermediate); Conv1D (in, out) layout.
 _LAYER_TENSORS = {
-    "ln_1.weight": lambda h, i: (h,), "ln_1.bias": lambda h, i: (h,),
-    "attn.c_attn.weight": lambda h, i: (h, 3 * h), "attn.c_attn.bias": lambda h, i: (3 * h,),
-    "attn.c_proj.weight": lambda h, i: (h, h), "attn.c_proj.bias": lambda h, i: (h,),
-    "ln_2.weight": lambda h, i: (h,), "ln_2.bias": lambda h, i: (h,),
-    "mlp.c_fc.weight": lambda h, i: (h, i), "mlp.c_fc.bias": lambda h, i: (i,),
-    "mlp.c_proj.weight": lambda h, i: (i, h), "mlp.c_proj.bias": lambda h, i: (h,),
+    "ln_1.weight": lambda h, i: (h,),
+    "ln_1.bias": lambda h, i: (h,),
+    "attn.c_attn.weight": lambda h, i: (h, 3 * h),
+    "attn.c_attn.bias": lambda h, i: (3 * h,),
+    "attn.c_proj.weight": lambda h, i: (h, h),
+    "attn.c_proj.bias": lambda h, i: (h,),
+    "ln_2.weight": lambda h, i: (h,),
+    "ln_2.bias": lambda h, i: (h,),
+    "mlp.c_fc.weight": lambda h, i: (h, i),
+    "mlp.c_fc.bias": lambda h, i: (i,),
+    "mlp.c_proj.weight": lambda h, i: (i, h),
+    "mlp.c_proj.bias": lambda h, i: (h,),
 }
 LAYER_SUFFIXES = tuple(_LAYER_TENSORS)
 
@@ -63,10 +75,15 @@ class GPT2(ModelDescription):
 
     def param_schema(self) -> list[ParamSpec]:
         c = self.config
-        specs = [ParamSpec("wte.weight", (c.vocab_size, c.hidden)), ParamSpec("wpe.weight", (c.max_positions, c.hidden))]
+        specs = [
+            ParamSpec("wte.weight", (c.vocab_size, c.hidden)),
+            ParamSpec("wpe.weight", (c.max_positions, c.hidden)),
+        ]
         for layer in range(c.layers):
-            specs += [ParamSpec(f"h.{layer}.{suffix}", shape(c.hidden, c.intermediate))
-                      for suffix, shape in _LAYER_TENSORS.items()]
+            specs += [
+                ParamSpec(f"h.{layer}.{suffix}", shape(c.hidden, c.intermediate))
+                for suffix, shape in _LAYER_TENSORS.items()
+            ]
         specs += [ParamSpec("ln_f.weight", (c.hidden,)), ParamSpec("ln_f.bias", (c.hidden,))]
         return specs
 
@@ -91,14 +108,13 @@ class GPT2(ModelDescription):
     def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
         return next_token_targets(self.make_inputs(batch_size, seq_len, seed))
 
-    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                       targets: dict[str, np.ndarray]) -> float:
+    def reference_loss(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
+    ) -> float:
         hidden = self.reference_hidden(weights, inputs)
         return tied_lm_reference_loss(hidden, weights["wte.weight"], targets["labels"], targets["label_weights"])
 
-    def reference_forward(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
+    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         x = self.reference_hidden(weights, inputs)
         return {"last_hidden_state": x, "logits": x @ weights["wte.weight"].astype(np.float64).T}
 

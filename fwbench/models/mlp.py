@@ -74,9 +74,7 @@ class MLP(ModelDescription):
         forward = 2 * batch_size * sum(fan_in * fan_out for _, fan_in, fan_out in self.layers)
         return phase_flops(forward, phase)
 
-    def reference_forward(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
+    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         h = inputs["x"].astype(np.float64)
         for i, (prefix, _, _) in enumerate(self.layers):
             h = h @ weights[f"{prefix}.weight"].astype(np.float64).T + weights[f"{prefix}.bias"]
@@ -94,7 +92,8 @@ class MLP(ModelDescription):
         """labels (batch,) int32 class ids in [0, out_features), seeded; label_weights (batch,) all 1."""
         return class_targets(batch_size, self.config.out_features, seed)
 
-    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                       targets: dict[str, np.ndarray]) -> float:
+    def reference_loss(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
+    ) -> float:
         logits = self.reference_forward(weights, inputs)["logits"]
         return reference_loss(logits, targets["labels"], targets["label_weights"])

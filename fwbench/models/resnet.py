@@ -61,8 +61,12 @@ class ResNetConfig:
     def __post_init__(self) -> None:
         if not self.blocks or any(b <= 0 for b in self.blocks):
             raise SpecError(f"ResNet stages need at least one block each, got {self.blocks}")
-        for field, value in (("width", self.width), ("image_size", self.image_size),
-                             ("in_channels", self.in_channels), ("num_classes", self.num_classes)):
+        for field, value in (
+            ("width", self.width),
+            ("image_size", self.image_size),
+            ("in_channels", self.in_channels),
+            ("num_classes", self.num_classes),
+        ):
             if value <= 0:
                 raise SpecError(f"ResNet {field} must be positive, got {value}")
 
@@ -160,7 +164,9 @@ class ResNet(ModelDescription):
         """torchvision's order: stem, each block's conv/bn pairs then its downsample, then fc."""
         specs: list[ParamSpec] = []
         for conv in self.convs:
-            specs.append(ParamSpec(f"{conv.name}.weight", (conv.out_channels, conv.in_channels, conv.kernel, conv.kernel)))
+            specs.append(
+                ParamSpec(f"{conv.name}.weight", (conv.out_channels, conv.in_channels, conv.kernel, conv.kernel))
+            )
             specs += [ParamSpec(f"{conv.bn}.{suffix}", (conv.out_channels,)) for suffix in BN_SUFFIXES]
         c = self.config
         specs += [ParamSpec("fc.weight", (c.num_classes, c.features)), ParamSpec("fc.bias", (c.num_classes,))]
@@ -217,20 +223,23 @@ class ResNet(ModelDescription):
         """labels (batch,) int32 class ids in [0, num_classes), seeded; label_weights (batch,) all 1."""
         return class_targets(batch_size, self.config.num_classes, seed)
 
-    def reference_loss(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                       targets: dict[str, np.ndarray]) -> float:
+    def reference_loss(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
+    ) -> float:
         """The float64 loss of the training-mode forward (every BN on its batch statistics)."""
         logits, _ = self._reference(weights, inputs, training=True)
         return reference_loss(logits, targets["labels"], targets["label_weights"])
 
-    def reference_batch_statistics(self, weights: dict[str, np.ndarray],
-                                   inputs: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+    def reference_batch_statistics(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
         """Per BN (its canonical prefix, e.g. ``layer1.0.bn2``): the float64 batch mean and biased variance its
         input has in the training-mode forward, and n = N·H·W, the count they are over."""
         return self._reference(weights, inputs, training=True)[1]
 
-    def reference_running_statistics(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                                     momentum: float = BN_MOMENTUM) -> dict[str, np.ndarray]:
+    def reference_running_statistics(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], momentum: float = BN_MOMENTUM
+    ) -> dict[str, np.ndarray]:
         """Every running statistic after one training step on ``inputs`` from ``weights``, float64, by
         canonical name: (1 − m)·running + m·batch (the running variance from the unbiased batch variance)."""
         updated: dict[str, np.ndarray] = {}
@@ -254,14 +263,13 @@ class ResNet(ModelDescription):
     def parity_shape(self) -> tuple[int, int | None]:
         return 2, None
 
-    def reference_forward(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
+    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """float64 numpy, channels-last inside (convs as im2col + one matmul each), BN in inference form."""
         return {"logits": self._reference(weights, inputs, training=False)[0]}
 
-    def _reference(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], training: bool
-                   ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray, int]]]:
+    def _reference(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], training: bool
+    ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray, int]]]:
         """(logits, batch statistics) in float64. ``training``: every BN normalises with its input's batch
         mean and biased variance over (N, H, W), recorded per BN as (mean, variance, N·H·W); otherwise with
         its running statistics (and nothing is recorded)."""
@@ -321,13 +329,15 @@ def max_pool_nhwc(x: np.ndarray, kernel: int, stride: int, padding: int) -> np.n
     return windows.max(axis=(4, 5))
 
 
-def batch_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray,
-               eps: float) -> np.ndarray:
+def batch_norm(
+    x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray, eps: float
+) -> np.ndarray:
     """BN over the last (channel) axis with the given statistics: the running ones (inference) or the
     batch's mean and biased variance (training)."""
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
-RESNET_TINY = ResNet("resnet-tiny", ResNetConfig(blocks=(1, 1, 1, 1), width=16, image_size=64, num_classes=10),
-                     fit_phase=True)
+RESNET_TINY = ResNet(
+    "resnet-tiny", ResNetConfig(blocks=(1, 1, 1, 1), width=16, image_size=64, num_classes=10), fit_phase=True
+)
 RESNET50 = ResNet("resnet50", ResNetConfig(blocks=(3, 4, 6, 3), width=64, image_size=224, num_classes=1000))

@@ -19,11 +19,11 @@ def token_inputs(batch_size: int, seq_len: int, vocab_size: int, seed: int, toke
     mask = np.ones((batch_size, seq_len), dtype=np.int32)
     padded = seq_len // 4
     if padded:
-        mask[-1, seq_len - padded:] = 0
+        mask[-1, seq_len - padded :] = 0
     inputs = {"input_ids": input_ids, "attention_mask": mask}
     if token_types:
         types = np.zeros((batch_size, seq_len), dtype=np.int32)
-        types[:, seq_len // 2:] = 1
+        types[:, seq_len // 2 :] = 1
         inputs["token_type_ids"] = types
     return inputs
 

@@ -70,8 +70,9 @@ def reference_loss(logits: np.ndarray, labels: np.ndarray, weights: np.ndarray) 
     return total / count
 
 
-def tied_lm_reference_loss(hidden: np.ndarray, embeddings: np.ndarray, labels: np.ndarray,
-                           weights: np.ndarray) -> float:
+def tied_lm_reference_loss(
+    hidden: np.ndarray, embeddings: np.ndarray, labels: np.ndarray, weights: np.ndarray
+) -> float:
     """The loss of a tied LM head, logits = hidden @ embeddings.T, computed one sequence at a time so that
     the float64 logits of one row (seq, vocab) are all that is held. hidden (B, S, H), embeddings (V, H)."""
     table = embeddings.astype(np.float64)

@@ -14,8 +14,11 @@ from fwbench.models.base import ModelDescription
 def save_weights(description: ModelDescription, weights: dict[str, np.ndarray], path: Path, seed: int) -> None:
     """Write ``weights`` to ``path`` with the model name and seed in the file's metadata."""
     description.check_weights(weights)
-    save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, str(path),
-              metadata={"fwbench_model": description.name, "seed": str(seed)})
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in weights.items()},
+        str(path),
+        metadata={"fwbench_model": description.name, "seed": str(seed)},
+    )
 
 
 def load_weights(description: ModelDescription, path: Path) -> dict[str, np.ndarray]:

@@ -11,21 +11,31 @@ for the exit status). Summaries are geometric means of B/A over the cells both r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from rich.markup import escape
 
 from fwbench.report.summary import ALPHA, cell_key, estimates, geometric_mean_ci, runtimes_in, sample_median
 from fwbench.report.table import TableData, plain, ratio_text
 from fwbench.report.units import format_seconds_noise
-from fwbench.store import RunRecord
+from fwbench.store import ResultRecord, RunRecord
 
 COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device")
 DEFAULT_THRESHOLD = 0.05
 Verdict = Literal["regression", "improvement", "within threshold", "not significant", "broken", "fixed", "not ok"]
-SETTINGS_KEYS = ("threads", "interop_threads", "protocol", "max_time_s", "warmup_calls", "memory_limit_bytes",
-                 "compile_mode", "optimizer", "seed")
+SETTINGS_KEYS = (
+    "threads",
+    "interop_threads",
+    "protocol",
+    "max_time_s",
+    "warmup_calls",
+    "memory_limit_bytes",
+    "compile_mode",
+    "optimizer",
+    "seed",
+)
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,8 @@ class RunComparison:
     run_b: int
     threshold: float
     cells: list[CellChange]
-    only_a: list[dict[str, Any]]
-    only_b: list[dict[str, Any]]
+    only_a: list[ResultRecord]
+    only_b: list[ResultRecord]
     summaries: list[RatioSummary]
     environment: list[EnvironmentDifference] = field(default_factory=list)
 
@@ -101,15 +111,22 @@ class RunComparison:
         return bool(self.regressions)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_a": self.run_a, "run_b": self.run_b, "threshold": self.threshold, "alpha": ALPHA,
-                "failed": self.failed, "cells": [asdict(c) for c in self.cells],
-                "only_a": [_key_dict(r) for r in self.only_a], "only_b": [_key_dict(r) for r in self.only_b],
-                "summaries": [asdict(s) for s in self.summaries],
-                "environment": [asdict(d) for d in self.environment]}
+        return {
+            "run_a": self.run_a,
+            "run_b": self.run_b,
+            "threshold": self.threshold,
+            "alpha": ALPHA,
+            "failed": self.failed,
+            "cells": [asdict(c) for c in self.cells],
+            "only_a": [_key_dict(r) for r in self.only_a],
+            "only_b": [_key_dict(r) for r in self.only_b],
+            "summaries": [asdict(s) for s in self.summaries],
+            "environment": [asdict(d) for d in self.environment],
+        }
 
 
-def _key_dict(row: dict[str, Any]) -> dict[str, Any]:
-    return {**{name: row[name] for name in COMPARE_KEY}, "status": row["status"], "reason": row.get("reason")}
+def _key_dict(row: ResultRecord) -> dict[str, Any]:
+    return {**{name: getattr(row, name) for name in COMPARE_KEY}, "status": row.status, "reason": row.reason}
 
 
 def _verdict(status_a: str, status_b: str, ratio: float | None, significant: bool, threshold: float) -> Verdict:
@@ -137,35 +154,71 @@ def _summary(runtime: str, cells: Sequence[CellChange]) -> RatioSummary:
     return RatioSummary(runtime, len(ratios), centre, low, high, counts)
 
 
-def compare_results(results_a: Sequence[dict[str, Any]], results_b: Sequence[dict[str, Any]], run_a: int,
-                    run_b: int, threshold: float = DEFAULT_THRESHOLD) -> RunComparison:
+def compare_results(
+    results_a: Sequence[ResultRecord],
+    results_b: Sequence[ResultRecord],
+    run_a: int,
+    run_b: int,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> RunComparison:
     """Match the cells of two runs' store rows and compare them (see the module docstring); cells in A's model
     and runtime order, then by phase, dtype, device, batch size and sequence length."""
     by_key_b = {cell_key(row, COMPARE_KEY): row for row in results_b}
     keys_a = {cell_key(row, COMPARE_KEY) for row in results_a}
-    models = {m: i for i, m in enumerate(dict.fromkeys(row["model"] for row in results_a))}
+    models = {m: i for i, m in enumerate(dict.fromkeys(row.model for row in results_a))}
     runtimes = {r: i for i, r in enumerate(runtimes_in(results_a))}
-    ordered = sorted(results_a, key=lambda r: (models[r["model"]], runtimes[r["runtime"]], r["phase"], r["dtype"],
-                                               r["device"], r["batch_size"], -1 if r["seq_len"] is None else r["seq_len"]))
+    ordered = sorted(
+        results_a,
+        key=lambda r: (
+            models[r.model],
+            runtimes[r.runtime],
+            r.phase,
+            r.dtype,
+            r.device,
+            r.batch_size,
+            -1 if r.seq_len is None else r.seq_len,
+        ),
+    )
     pairs = [(by_key_b[cell_key(row, COMPARE_KEY)], row) for row in ordered if cell_key(row, COMPARE_KEY) in by_key_b]
     cells = []
     for (b, a), (estimate, p_adjusted) in zip(pairs, estimates(pairs)):
         significant = p_adjusted is not None and p_adjusted < ALPHA
         ratio = None if estimate is None else estimate.ratio
-        cells.append(CellChange(
-            model=a["model"], runtime=a["runtime"], phase=a["phase"], batch_size=a["batch_size"], seq_len=a["seq_len"],
-            dtype=a["dtype"], device=a["device"], status_a=a["status"], status_b=b["status"], reason_a=a.get("reason"),
-            reason_b=b.get("reason"), median_a_s=sample_median(a), median_b_s=sample_median(b), ratio=ratio,
-            ci_low=None if estimate is None else estimate.ci_low, ci_high=None if estimate is None else estimate.ci_high,
-            p_value=None if estimate is None else estimate.p_value, p_adjusted=p_adjusted, significant=significant,
-            verdict=_verdict(a["status"], b["status"], ratio, significant, threshold),
-        ))
-    summaries = [_summary(runtime, [c for c in cells if c.runtime == runtime])
-                 for runtime in runtimes_in([{"runtime": c.runtime} for c in cells])]
+        cells.append(
+            CellChange(
+                model=a.model,
+                runtime=a.runtime,
+                phase=a.phase,
+                batch_size=a.batch_size,
+                seq_len=a.seq_len,
+                dtype=a.dtype,
+                device=a.device,
+                status_a=a.status,
+                status_b=b.status,
+                reason_a=a.reason,
+                reason_b=b.reason,
+                median_a_s=sample_median(a),
+                median_b_s=sample_median(b),
+                ratio=ratio,
+                ci_low=None if estimate is None else estimate.ci_low,
+                ci_high=None if estimate is None else estimate.ci_high,
+                p_value=None if estimate is None else estimate.p_value,
+                p_adjusted=p_adjusted,
+                significant=significant,
+                verdict=_verdict(a.status, b.status, ratio, significant, threshold),
+            )
+        )
+    summaries = [
+        _summary(runtime, [c for c in cells if c.runtime == runtime])
+        for runtime in dict.fromkeys(c.runtime for c in cells)
+    ]
     if len(summaries) > 1:
         summaries.append(_summary("all", cells))
     return RunComparison(
-        run_a=run_a, run_b=run_b, threshold=threshold, cells=cells,
+        run_a=run_a,
+        run_b=run_b,
+        threshold=threshold,
+        cells=cells,
         only_a=[row for row in results_a if cell_key(row, COMPARE_KEY) not in by_key_b],
         only_b=[row for row in results_b if cell_key(row, COMPARE_KEY) not in keys_a],
         summaries=summaries,
@@ -176,48 +229,60 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def framework_versions(results: Sequence[dict[str, Any]]) -> dict[str, str]:
+def framework_versions(results: Sequence[ResultRecord]) -> dict[str, str]:
     """``details.versions`` of a run's cells, flattened (``versions.torch`` → ``'2.13.0'``; several values
     seen in one run are joined with ``' | '``)."""
     seen: dict[str, set[str]] = {}
     for row in results:
-        versions = row.get("details", {}).get("versions")
-        if isinstance(versions, dict):
-            for name, value in versions.items():
+        if row.versions is not None:
+            for name, value in row.versions.items():
                 seen.setdefault(f"versions.{name}", set()).add(str(value))
     return {key: " | ".join(sorted(values)) for key, values in sorted(seen.items())}
 
 
-def environment_record(run: RunRecord, results: Sequence[dict[str, Any]]) -> dict[str, str | None]:
+def environment_record(run: RunRecord, results: Sequence[ResultRecord]) -> dict[str, str | None]:
     """What :func:`environment_differences` compares: the run's environment record (CPU model and flags,
     cores, package versions, ...), its measurement settings, the thread counts its cells ran with, and the
     framework versions its workers reported."""
     record: dict[str, str | None] = {f"environment.{k}": _text(v) for k, v in sorted(run.environment.items())}
     record.update({f"settings.{k}": _text(run.settings.get(k)) for k in SETTINGS_KEYS if k in run.settings})
-    threads = sorted({row["threads"] for row in results if row.get("threads") is not None})
+    threads = sorted({row.threads for row in results if row.threads is not None})
     if threads:
         record["cells.threads"] = ", ".join(map(str, threads))
     record.update(framework_versions(results))
     return record
 
 
-def environment_differences(run_a: RunRecord, results_a: Sequence[dict[str, Any]], run_b: RunRecord,
-                            results_b: Sequence[dict[str, Any]]) -> list[EnvironmentDifference]:
+def environment_differences(
+    run_a: RunRecord, results_a: Sequence[ResultRecord], run_b: RunRecord, results_b: Sequence[ResultRecord]
+) -> list[EnvironmentDifference]:
     """Every entry of :func:`environment_record` whose value differs between the runs, in key order."""
     a, b = environment_record(run_a, results_a), environment_record(run_b, results_b)
     return [EnvironmentDifference(key, a.get(key), b.get(key)) for key in sorted({*a, *b}) if a.get(key) != b.get(key)]
 
 
-def compare_runs(run_a: RunRecord, results_a: Sequence[dict[str, Any]], run_b: RunRecord,
-                 results_b: Sequence[dict[str, Any]], threshold: float = DEFAULT_THRESHOLD) -> RunComparison:
+def compare_runs(
+    run_a: RunRecord,
+    results_a: Sequence[ResultRecord],
+    run_b: RunRecord,
+    results_b: Sequence[ResultRecord],
+    threshold: float = DEFAULT_THRESHOLD,
+) -> RunComparison:
     """:func:`compare_results` plus the :func:`environment_differences` of the two runs."""
     comparison = compare_results(results_a, results_b, run_a.id, run_b.id, threshold)
     comparison.environment = environment_differences(run_a, results_a, run_b, results_b)
     return comparison
 
 
-VERDICT_STYLES = {"regression": "red", "broken": "red", "improvement": "green", "fixed": "green",
-                  "within threshold": "default", "not significant": "dim", "not ok": "dim"}
+VERDICT_STYLES = {
+    "regression": "red",
+    "broken": "red",
+    "improvement": "green",
+    "fixed": "green",
+    "within threshold": "default",
+    "not significant": "dim",
+    "not ok": "dim",
+}
 SHAPE_LABELS = (("phase", "phase"), ("dtype", "dtype"), ("device", "device"))
 
 
@@ -238,43 +303,85 @@ def comparison_tables(comparison: RunComparison, label_a: str, label_b: str) -> 
     right = frozenset({"batch", "seq", "A median", "B median", "B/A (95% CI)", "p (Holm)", "cells both ok"})
     per_cell = TableData(
         escape(f"fwbench compare: A = {label_a}, B = {label_b} (threshold {percent(comparison.threshold)})"),
-        ["model", "runtime", *(label for _, label in varying), "batch", "seq", "A median", "B median", "B/A (95% CI)",
-         "p (Holm)", "verdict"], right)
+        [
+            "model",
+            "runtime",
+            *(label for _, label in varying),
+            "batch",
+            "seq",
+            "A median",
+            "B median",
+            "B/A (95% CI)",
+            "p (Holm)",
+            "verdict",
+        ],
+        right,
+    )
     for c in cells:
         style = VERDICT_STYLES[c.verdict]
-        why = "" if c.verdict not in ("broken", "fixed", "not ok") else f" ({escape(c.status_a)})" \
-            if c.status_a == c.status_b else f": {escape(c.status_a)} → {escape(c.status_b)}"
-        per_cell.rows.append([
-            escape(c.model), escape(c.runtime), *(escape(str(getattr(c, key))) for key, _ in varying), str(c.batch_size),
-            "—" if c.seq_len is None else str(c.seq_len),
-            format_seconds_noise(c.median_a_s, None, None) if c.median_a_s is not None else f"N/A {escape(c.status_a)}",
-            format_seconds_noise(c.median_b_s, None, None) if c.median_b_s is not None else f"N/A {escape(c.status_b)}",
-            "—" if c.ratio is None else ratio_text(c.ratio, c.ci_low, c.ci_high), _p_text(c.p_adjusted),
-            f"[{style}]{c.verdict}{why}[/]",
-        ])
-    summary = TableData("geometric mean of B/A over the cells both runs completed ok",
-                        ["runtime", "cells both ok", "geomean B/A (95% CI)", "verdicts"], right)
+        why = (
+            ""
+            if c.verdict not in ("broken", "fixed", "not ok")
+            else f" ({escape(c.status_a)})"
+            if c.status_a == c.status_b
+            else f": {escape(c.status_a)} → {escape(c.status_b)}"
+        )
+        per_cell.rows.append(
+            [
+                escape(c.model),
+                escape(c.runtime),
+                *(escape(str(getattr(c, key))) for key, _ in varying),
+                str(c.batch_size),
+                "—" if c.seq_len is None else str(c.seq_len),
+                format_seconds_noise(c.median_a_s, None, None)
+                if c.median_a_s is not None
+                else f"N/A {escape(c.status_a)}",
+                format_seconds_noise(c.median_b_s, None, None)
+                if c.median_b_s is not None
+                else f"N/A {escape(c.status_b)}",
+                "—" if c.ratio is None else ratio_text(c.ratio, c.ci_low, c.ci_high),
+                _p_text(c.p_adjusted),
+                f"[{style}]{c.verdict}{why}[/]",
+            ]
+        )
+    summary = TableData(
+        "geometric mean of B/A over the cells both runs completed ok",
+        ["runtime", "cells both ok", "geomean B/A (95% CI)", "verdicts"],
+        right,
+    )
     for s in comparison.summaries:
-        summary.rows.append([
-            escape(s.runtime), str(s.n_common),
-            "N/A" if s.geomean_ratio is None else ratio_text(s.geomean_ratio, s.ci_low, s.ci_high),
-            ", ".join(f"{escape(v)} {n}" for v, n in sorted(s.counts.items())),
-        ])
+        summary.rows.append(
+            [
+                escape(s.runtime),
+                str(s.n_common),
+                "N/A" if s.geomean_ratio is None else ratio_text(s.geomean_ratio, s.ci_low, s.ci_high),
+                ", ".join(f"{escape(v)} {n}" for v, n in sorted(s.counts.items())),
+            ]
+        )
     if len(comparison.summaries) > 1:
         summary.section_ends.add(len(comparison.summaries) - 2)
     tables = [per_cell, summary]
     for name, rows in (("A", comparison.only_a), ("B", comparison.only_b)):
         if rows:
-            only = TableData(f"{len(rows)} cells only run {name} has", ["model", "runtime", "phase", "batch", "seq",
-                                                                          "dtype", "device", "status"], right)
+            only = TableData(
+                f"{len(rows)} cells only run {name} has",
+                ["model", "runtime", "phase", "batch", "seq", "dtype", "device", "status"],
+                right,
+            )
             for row in rows:
-                only.rows.append([escape(str(row[k])) if row[k] is not None else "—" for k in COMPARE_KEY[:3]]
-                                 + [str(row["batch_size"]), "—" if row["seq_len"] is None else str(row["seq_len"]),
-                                    escape(row["dtype"]), escape(row["device"]), escape(row["status"])])
+                only.rows.append(
+                    [escape(str(getattr(row, k))) if getattr(row, k) is not None else "—" for k in COMPARE_KEY[:3]]
+                    + [
+                        str(row.batch_size),
+                        "—" if row.seq_len is None else str(row.seq_len),
+                        escape(row.dtype),
+                        escape(row.device),
+                        escape(row.status),
+                    ]
+                )
             tables.append(only)
     if comparison.environment:
-        env = TableData("environment differences",
-                        ["key", "A", "B"])
+        env = TableData("environment differences", ["key", "A", "B"])
         for d in comparison.environment:
             env.rows.append([escape(d.key), "—" if d.a is None else escape(d.a), "—" if d.b is None else escape(d.b)])
         tables.append(env)
@@ -300,7 +407,9 @@ def verdict_line(comparison: RunComparison) -> str:
     broken = [c for c in comparison.cells if c.verdict == "broken"]
     improved = sum(1 for c in comparison.cells if c.verdict == "improvement")
     common = sum(1 for c in comparison.cells if c.ratio is not None)
-    text = (f"{len(regressions)} significant regressions beyond {percent(comparison.threshold)}, {len(broken)} cells broken, "
-            f"{improved} improvements, over {common} cells both runs completed ok "
-            f"({len(comparison.only_a)} only in A, {len(comparison.only_b)} only in B)")
+    text = (
+        f"{len(regressions)} significant regressions beyond {percent(comparison.threshold)}, {len(broken)} cells broken, "
+        f"{improved} improvements, over {common} cells both runs completed ok "
+        f"({len(comparison.only_a)} only in A, {len(comparison.only_b)} only in B)"
+    )
     return plain(text) + ("; exit 1" if comparison.failed else "; exit 0")

@@ -7,35 +7,68 @@ import csv
 import io
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from fwbench.report.flags import compile_flags
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
-from fwbench.report.table import compile_flags
 from fwbench.report.throughput import throughput
-from fwbench.store import RunRecord
+from fwbench.store import ResultRecord, RunRecord
 
 CSV_COLUMNS = (
-    "run_id", "model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "status", "reason",
-    "protocol", "n_samples", "calls_per_sample", "median_s", "ci_low_s", "ci_high_s", "mean_s", "stdev_s",
-    "min_s", "first_call_s", "peak_memory_bytes", "allocator_peak_bytes", "threads", "interop_threads",
-    "flops", "achieved_gflops", "peak_fraction", "samples_per_s", "tokens_per_s", "wall_s", "compile_flags",
+    "run_id",
+    "model",
+    "runtime",
+    "phase",
+    "batch_size",
+    "seq_len",
+    "dtype",
+    "device",
+    "status",
+    "reason",
+    "protocol",
+    "n_samples",
+    "calls_per_sample",
+    "median_s",
+    "ci_low_s",
+    "ci_high_s",
+    "mean_s",
+    "stdev_s",
+    "min_s",
+    "first_call_s",
+    "peak_memory_bytes",
+    "allocator_peak_bytes",
+    "threads",
+    "interop_threads",
+    "flops",
+    "achieved_gflops",
+    "peak_fraction",
+    "samples_per_s",
+    "tokens_per_s",
+    "wall_s",
+    "compile_flags",
     "samples",
 )
 
 
-def with_rates(row: dict[str, Any], peak: Peak | None) -> dict[str, Any]:
-    """``row`` plus ``achieved_gflops`` (flops / median_s / 1e9, None when not ok), ``samples_per_s`` and
+def with_rates(row: ResultRecord, peak: Peak | None) -> dict[str, Any]:
+    """``row`` as a dict (:meth:`ResultRecord.to_dict`) plus ``achieved_gflops`` (flops / median_s / 1e9, None when not ok), ``samples_per_s`` and
     ``tokens_per_s`` (training cells: batch, × seq_len for a sequence model, over median_s; else None) and,
     with a peak, ``peak_fraction`` (achieved over the peak's GFLOP/s; None for another dtype or device)."""
     samples_s, tokens_s = throughput(row)
-    rated = {**row, "achieved_gflops": achieved_gflops(row), "samples_per_s": samples_s, "tokens_per_s": tokens_s}
+    rated = {
+        **row.to_dict(),
+        "achieved_gflops": achieved_gflops(row),
+        "samples_per_s": samples_s,
+        "tokens_per_s": tokens_s,
+    }
     if peak is not None:
         rated["peak_fraction"] = peak_fraction(row, peak)
     return rated
 
 
-def to_json(runs: Sequence[RunRecord], results: Sequence[dict[str, Any]], peak: Peak | None = None) -> str:
+def to_json(runs: Sequence[RunRecord], results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     """``{"runs": [...], "results": [...]}`` (and ``"peak"`` when the database holds one); each result
     carries every raw sample (seconds per call) and its achieved GFLOP/s."""
     data: dict[str, Any] = {"runs": [r.to_dict() for r in runs], "results": [with_rates(r, peak) for r in results]}
@@ -44,15 +77,20 @@ def to_json(runs: Sequence[RunRecord], results: Sequence[dict[str, Any]], peak: 
     return json.dumps(data, indent=2, sort_keys=True)
 
 
-def to_csv(results: Sequence[dict[str, Any]], peak: Peak | None = None) -> str:
+def to_csv(results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     """One row per cell; ``samples`` is a space-separated list of seconds per call; ``peak_fraction``
     is empty unless the database holds a peak; ``compile_flags`` lists the compile-health flags."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in results:
-        writer.writerow({**with_rates(row, peak), "compile_flags": "; ".join(compile_flags(row)),
-                         "samples": " ".join(repr(s) for s in row["samples"])})
+        writer.writerow(
+            {
+                **with_rates(row, peak),
+                "compile_flags": "; ".join(compile_flags(row)),
+                "samples": " ".join(repr(s) for s in row.samples),
+            }
+        )
     return out.getvalue()
 
 
@@ -66,32 +104,32 @@ def _file_part(value: object) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", str(value)).strip("._") or "_"
 
 
-def spreadsheet_tables(results: Sequence[dict[str, Any]]) -> dict[str, list[list[str]]]:
+def spreadsheet_tables(results: Sequence[ResultRecord]) -> dict[str, list[list[str]]]:
     """The 2019 spreadsheet layout: one table per model × runtime (× run, phase, dtype, device where the
     results hold several), keyed by file name (``bert-base_torch_eager.csv``, ``..._run2_bf16.csv``).
     Rows are batch sizes, columns sequence lengths (one ``median_s`` column for a model without a sequence
     axis); a cell is the median in seconds per call, or ``N/A`` where the cell did not run ok or was not
     run. Every table of a model (within a run, phase, dtype and device) has the same grid: the union of
     its batch sizes and sequence lengths over all runtimes."""
-    varying = [name for name in SPLIT_FIELDS if len({row[name] for row in results}) > 1]
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    varying = [name for name in SPLIT_FIELDS if len({getattr(row, name) for row in results}) > 1]
+    groups: dict[tuple[Any, ...], list[ResultRecord]] = {}
     for row in results:
-        groups.setdefault((row["model"], *(row[name] for name in SPLIT_FIELDS)), []).append(row)
+        groups.setdefault((row.model, *(getattr(row, name) for name in SPLIT_FIELDS)), []).append(row)
     tables: dict[str, list[list[str]]] = {}
     for (model, *split), rows in groups.items():
-        batches = sorted({row["batch_size"] for row in rows})
-        seqs = sorted({row["seq_len"] for row in rows if row["seq_len"] is not None})
-        has_seq = any(row["seq_len"] is not None for row in rows)
+        batches = sorted({row.batch_size for row in rows})
+        seqs = sorted({row.seq_len for row in rows if row.seq_len is not None})
+        has_seq = any(row.seq_len is not None for row in rows)
         values = dict(zip(SPLIT_FIELDS, split))
         suffix = "".join(f"_{'run' if name == 'run_id' else ''}{_file_part(values[name])}" for name in varying)
-        for runtime in dict.fromkeys(row["runtime"] for row in rows):
-            cells = {(row["batch_size"], row["seq_len"]): row for row in rows if row["runtime"] == runtime}
+        for runtime in dict.fromkeys(row.runtime for row in rows):
+            cells = {(row.batch_size, row.seq_len): row for row in rows if row.runtime == runtime}
 
-            def value(batch: int, seq: int | None) -> str:
+            def value(batch: int, seq: int | None, cells: dict[tuple[int, int | None], ResultRecord] = cells) -> str:
                 row = cells.get((batch, seq))
-                if row is None or row["status"] != "ok" or row["median_s"] is None:
+                if row is None or row.status != "ok" or row.median_s is None:
                     return NOT_AVAILABLE
-                return repr(float(row["median_s"]))
+                return repr(float(row.median_s))
 
             header = ["batch_size\\seq_len", *map(str, seqs)] if has_seq else ["batch_size", "median_s"]
             body = [[str(b), *(value(b, s) for s in (seqs if has_seq else [None]))] for b in batches]
@@ -102,7 +140,7 @@ def spreadsheet_tables(results: Sequence[dict[str, Any]]) -> dict[str, list[list
     return tables
 
 
-def write_csv_dir(results: Sequence[dict[str, Any]], folder: Path, peak: Peak | None = None) -> list[Path]:
+def write_csv_dir(results: Sequence[ResultRecord], folder: Path, peak: Peak | None = None) -> list[Path]:
     """Write :func:`spreadsheet_tables` and the long-format :func:`to_csv` (``results.csv``) into ``folder``
     (created if missing); returns the paths written. OSError when the folder cannot be written."""
     folder.mkdir(parents=True, exist_ok=True)

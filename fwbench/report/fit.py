@@ -6,20 +6,43 @@ tolerance). Framework-free: it reads stored rows only.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.markup import escape
 
 from fwbench.models.fit import FIT_ACCURACY_ATOL, FIT_LOSS_RTOL, agreement
 from fwbench.report.units import format_seconds
+from fwbench.store import FitDetails, ResultRecord
 
 # The manual loop of each framework a high-level API runs on; a keras:X runtime runs on framework X.
 MANUAL_LOOPS = {"torch": "torch:eager", "tensorflow": "tensorflow:function", "jax": "jax:jit"}
 REFERENCE_LOOP = "torch:eager"  # final losses are compared with this one's
-HEADERS = ["batch", "runtime", "loop", "per-epoch median", "vs manual loop", "per-step overhead",
-           "epoch 1", "final loss", "accuracy", "Δloss vs torch:eager", "agrees"]
-RIGHT = frozenset({"batch", "per-epoch median", "vs manual loop", "per-step overhead", "epoch 1", "final loss",
-                   "accuracy", "Δloss vs torch:eager"})
+HEADERS = [
+    "batch",
+    "runtime",
+    "loop",
+    "per-epoch median",
+    "vs manual loop",
+    "per-step overhead",
+    "epoch 1",
+    "final loss",
+    "accuracy",
+    "Δloss vs torch:eager",
+    "agrees",
+]
+RIGHT = frozenset(
+    {
+        "batch",
+        "per-epoch median",
+        "vs manual loop",
+        "per-step overhead",
+        "epoch 1",
+        "final loss",
+        "accuracy",
+        "Δloss vs torch:eager",
+    }
+)
 
 
 def engine(runtime: str) -> str:
@@ -28,55 +51,81 @@ def engine(runtime: str) -> str:
     return mode if framework == "keras" else framework
 
 
-def _group_key(row: dict[str, Any]) -> tuple[Any, ...]:
-    fit = row["details"].get("fit", {})
-    return (row["run_id"], row["model"], row["batch_size"], row["dtype"], row["device"], fit.get("epochs"),
-            fit.get("samples"))
+def _fit(row: ResultRecord) -> FitDetails:
+    """The fit details of a row :func:`fit_rows` kept."""
+    assert row.fit is not None
+    return row.fit
 
 
-def fit_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _group_key(row: ResultRecord) -> tuple[Any, ...]:
+    fit = _fit(row)
+    return (row.run_id, row.model, row.batch_size, row.dtype, row.device, fit.epochs, fit.samples)
+
+
+def fit_rows(results: Sequence[ResultRecord]) -> list[ResultRecord]:
     """The ok phase-fit rows with their fit details."""
-    return [r for r in results if r["phase"] == "fit" and r["status"] == "ok" and "fit" in r.get("details", {})]
+    return [r for r in results if r.phase == "fit" and r.status == "ok" and r.fit is not None]
 
 
-def overhead_tables(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def overhead_tables(results: Sequence[ResultRecord]) -> list[dict[str, Any]]:
     """One table per (run, model) as plain data: ``title`` and ``rows`` of dicts (keys: HEADERS, raw values).
     A high-level API row has ``ratio`` = its per-epoch median / the manual loop's (>1: slower)."""
     rows = fit_rows(results)
     tables: dict[tuple[Any, ...], dict[str, Any]] = {}
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[ResultRecord]] = {}
     for row in rows:
         groups.setdefault(_group_key(row), []).append(row)
     for key, members in groups.items():
         run_id, model, batch, dtype, device, epochs, samples = key
-        by_runtime = {r["runtime"]: r for r in members}
+        by_runtime = {r.runtime: r for r in members}
         reference = by_runtime.get(REFERENCE_LOOP)
-        table = tables.setdefault((run_id, model), {
-            "title": f"phase fit: high-level API vs manual loop, {model} (run {run_id}, {dtype}, {device}, "
-                     f"{epochs} epochs × {samples} samples)", "rows": []})
-        order = sorted(members, key=lambda r: (list(MANUAL_LOOPS).index(engine(r["runtime"]))
-                                               if engine(r["runtime"]) in MANUAL_LOOPS else 99,
-                                               r["runtime"] not in MANUAL_LOOPS.values(), r["runtime"]))
+        table = tables.setdefault(
+            (run_id, model),
+            {
+                "title": f"phase fit: high-level API vs manual loop, {model} (run {run_id}, {dtype}, {device}, "
+                f"{epochs} epochs × {samples} samples)",
+                "rows": [],
+            },
+        )
+        order = sorted(
+            members,
+            key=lambda r: (
+                list(MANUAL_LOOPS).index(engine(r.runtime)) if engine(r.runtime) in MANUAL_LOOPS else 99,
+                r.runtime not in MANUAL_LOOPS.values(),
+                r.runtime,
+            ),
+        )
         for row in order:
-            fit = row["details"]["fit"]
-            final = {"loss": fit["final_loss"], "accuracy": fit["final_accuracy"]}
-            manual_name = MANUAL_LOOPS.get(engine(row["runtime"]))
+            fit = _fit(row)
+            final = {"loss": fit.final_loss, "accuracy": fit.final_accuracy}
+            manual_name = MANUAL_LOOPS.get(engine(row.runtime))
             manual = by_runtime.get(manual_name) if manual_name else None
-            is_manual = row["runtime"] == manual_name
+            is_manual = row.runtime == manual_name
             ratio = step_overhead = None
-            if manual is not None and not is_manual and manual["median_s"] and row["median_s"] is not None:
-                ratio = row["median_s"] / manual["median_s"]
-                step_overhead = (row["median_s"] - manual["median_s"]) / fit["steps_per_epoch"]
+            if manual is not None and not is_manual and manual.median_s and row.median_s is not None:
+                ratio = row.median_s / manual.median_s
+                step_overhead = (row.median_s - manual.median_s) / fit.steps_per_epoch
             agree = None
             if reference is not None:
-                ref = reference["details"]["fit"]
-                agree = agreement(final, {"loss": ref["final_loss"], "accuracy": ref["final_accuracy"]}, model)
-            table["rows"].append({
-                "batch": batch, "framework": engine(row["runtime"]), "runtime": row["runtime"], "loop": fit["loop"],
-                "per-epoch median": row["median_s"], "ratio": ratio, "manual": manual_name, "is_manual": is_manual,
-                "per-step overhead": step_overhead, "epoch 1": row["first_call_s"], "final loss": fit["final_loss"],
-                "accuracy": fit["final_accuracy"], "agreement": agree,
-            })
+                ref = _fit(reference)
+                agree = agreement(final, {"loss": ref.final_loss, "accuracy": ref.final_accuracy}, model)
+            table["rows"].append(
+                {
+                    "batch": batch,
+                    "framework": engine(row.runtime),
+                    "runtime": row.runtime,
+                    "loop": fit.loop,
+                    "per-epoch median": row.median_s,
+                    "ratio": ratio,
+                    "manual": manual_name,
+                    "is_manual": is_manual,
+                    "per-step overhead": step_overhead,
+                    "epoch 1": row.first_call_s,
+                    "final loss": fit.final_loss,
+                    "accuracy": fit.final_accuracy,
+                    "agreement": agree,
+                }
+            )
     return list(tables.values())
 
 
@@ -97,8 +146,11 @@ def _overhead_text(seconds: float | None) -> str:
 def section_ends(table: dict[str, Any]) -> set[int]:
     """Row indices after which the framework (or the batch size) changes: one section per manual loop."""
     rows = table["rows"]
-    return {i for i in range(len(rows) - 1)
-            if (rows[i]["batch"], rows[i]["framework"]) != (rows[i + 1]["batch"], rows[i + 1]["framework"])}
+    return {
+        i
+        for i in range(len(rows) - 1)
+        if (rows[i]["batch"], rows[i]["framework"]) != (rows[i + 1]["batch"], rows[i + 1]["framework"])
+    }
 
 
 def fit_table_cells(table: dict[str, Any]) -> list[list[str]]:
@@ -106,19 +158,29 @@ def fit_table_cells(table: dict[str, Any]) -> list[list[str]]:
     cells = []
     for e in table["rows"]:
         agree = e["agreement"]
-        cells.append([
-            str(e["batch"]), escape(e["runtime"]), escape(e["loop"]),
-            format_seconds(e["per-epoch median"]), _ratio_text(e), _overhead_text(e["per-step overhead"]),
-            format_seconds(e["epoch 1"]), f"{e['final loss']:.6g}", f"{e['accuracy']:.4f}",
-            "—" if agree is None else f"{agree['loss_rel_diff']:.1e}",
-            "—" if agree is None else ("✓" if agree["ok"] else "✗"),
-        ])
+        cells.append(
+            [
+                str(e["batch"]),
+                escape(e["runtime"]),
+                escape(e["loop"]),
+                format_seconds(e["per-epoch median"]),
+                _ratio_text(e),
+                _overhead_text(e["per-step overhead"]),
+                format_seconds(e["epoch 1"]),
+                f"{e['final loss']:.6g}",
+                f"{e['accuracy']:.4f}",
+                "—" if agree is None else f"{agree['loss_rel_diff']:.1e}",
+                "—" if agree is None else ("✓" if agree["ok"] else "✗"),
+            ]
+        )
     return cells
 
 
-LEGEND = (f"phase fit: one sample is one epoch (epochs 2..; epoch 1, compilation included, is 'epoch 1'); vs manual "
-          f"loop: the API's per-epoch median ÷ the manual loop's in the same framework, the first row of its section "
-          f"({', '.join(MANUAL_LOOPS.values())}; >1: the API is slower); "
-          f"per-step overhead: the difference ÷ optimizer steps per epoch; final loss/accuracy on the whole dataset "
-          f"after the last epoch; agrees: relative loss difference from torch:eager's ≤ {FIT_LOSS_RTOL:g} and "
-          f"accuracy within {FIT_ACCURACY_ATOL:g}.")
+LEGEND = (
+    f"phase fit: one sample is one epoch (epochs 2..; epoch 1, compilation included, is 'epoch 1'); vs manual "
+    f"loop: the API's per-epoch median ÷ the manual loop's in the same framework, the first row of its section "
+    f"({', '.join(MANUAL_LOOPS.values())}; >1: the API is slower); "
+    f"per-step overhead: the difference ÷ optimizer steps per epoch; final loss/accuracy on the whole dataset "
+    f"after the last epoch; agrees: relative loss difference from torch:eager's ≤ {FIT_LOSS_RTOL:g} and "
+    f"accuracy within {FIT_ACCURACY_ATOL:g}."
+)

@@ -18,18 +18,20 @@ import html
 import io
 import json
 import math
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PatchCollection
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
-from matplotlib.collections import PatchCollection
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
+from fwbench.report.flags import NOISY_REL_CI, cell_flags, compile_flags, is_noisy, rel_half_width
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.summary import (
     ALPHA,
@@ -42,10 +44,10 @@ from fwbench.report.summary import (
     runtimes_in,
     split_groups,
 )
-from fwbench.report.table import NOISY_REL_CI, compile_flags, is_noisy, rel_half_width, throughput_headers
+from fwbench.report.table import throughput_headers
 from fwbench.report.throughput import format_rate, throughput
 from fwbench.report.units import format_bytes, format_fraction, format_gflops, format_seconds, format_seconds_noise
-from fwbench.store import RunRecord
+from fwbench.store import ResultRecord, RunRecord
 
 PLOT_GROUP_FIELDS = ("run_id", "model", "phase", "dtype", "device")  # one plot section per group
 MAX_PLOT_GROUPS = 24  # groups that get plots; every cell stays in the tables
@@ -54,10 +56,22 @@ MAX_ANNOTATED_CELLS = 96  # a heat map with more cells shows colours only
 MAX_TICKS = 12  # tick labels per heat-map axis (evenly spread)
 COLLAPSE_ROWS = 12  # flag lists longer than this start folded
 DPI = 80
-FAST_RC = {"axes.titley": 1.0}  # a fixed title position: matplotlib skips re-measuring every axes for it
+FAST_RC: dict[Any, Any] = {
+    "axes.titley": 1.0
+}  # a fixed title position: matplotlib skips re-measuring every axes for it
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
-RUNTIME_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                   "#bcbd22", "#17becf")
+RUNTIME_COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;max-width:1280px;
 padding:0 1em;color:#1b1b1b}
@@ -91,7 +105,7 @@ def _ratio(value: float | None) -> str:
 
 
 # -- plots ------------------------------------------------------------------------------------
-def _figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
+def _figure(width: float, height: float, layout: Literal["constrained", "tight"] | None = "constrained") -> Figure:
     fig = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(fig)
     return fig
@@ -105,8 +119,8 @@ def _png(fig: Figure, alt: str) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
 
 
-def _axis_values(rows: Sequence[dict[str, Any]], key: str) -> list[Any]:
-    values = {row[key] for row in rows}
+def _axis_values(rows: Sequence[ResultRecord], key: str) -> list[Any]:
+    values = {getattr(row, key) for row in rows}
     return sorted(values, key=lambda v: (v is not None, v or 0))
 
 
@@ -141,8 +155,14 @@ def heatmap_figure(pairs: Sequence[tuple[str, list[CellComparison]]], baseline: 
     cell_w = (width - left - right - (ncols - 1) * gap_w) / ncols
     with matplotlib.rc_context({**FAST_RC, "hatch.color": "#888888"}):
         fig = _figure(width, height, layout=None)
-        fig.subplots_adjust(left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height,
-                            wspace=gap_w / cell_w, hspace=gap_h / cell_h)
+        fig.subplots_adjust(
+            left=left / width,
+            right=1 - right / width,
+            top=1 - top / height,
+            bottom=bottom / height,
+            wspace=gap_w / cell_w,
+            hspace=gap_h / cell_h,
+        )
         axes = fig.subplots(nrows, ncols, squeeze=False)
         image = None
         for index, ax in enumerate(axes.flat):
@@ -158,8 +178,9 @@ def heatmap_figure(pairs: Sequence[tuple[str, list[CellComparison]]], baseline: 
             image = ax.imshow(data, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
             missing = [Rectangle((j - 0.5, i - 0.5), 1, 1) for (i, j), cell in by_pos.items() if cell.ratio is None]
             if missing:
-                ax.add_collection(PatchCollection(missing, facecolor="#dddddd", edgecolor="#999999", hatch="///",
-                                                  linewidth=0.5))
+                ax.add_collection(
+                    PatchCollection(missing, facecolor="#dddddd", edgecolor="#999999", hatch="///", linewidth=0.5)
+                )
             for (i, j), cell in by_pos.items():
                 if not annotate:
                     continue
@@ -169,8 +190,12 @@ def heatmap_figure(pairs: Sequence[tuple[str, list[CellComparison]]], baseline: 
                     text = f"{cell.ratio:.3g}" if cell.significant else f"({cell.ratio:.3g})"
                     colour = "white" if abs(float(norm(data[i, j])) - 0.5) > 0.33 else "black"
                 ax.text(j, i, text, ha="center", va="center", fontsize=7.5, color=colour)
-            ax.set_xticks(columns, ["—" if seqs[j] is None else str(seqs[j]) for j in columns] if index >= len(pairs)
-                          - ncols else [], rotation=90 if len(columns) > 8 else 0, fontsize=8)
+            ax.set_xticks(
+                columns,
+                ["—" if seqs[j] is None else str(seqs[j]) for j in columns] if index >= len(pairs) - ncols else [],
+                rotation=90 if len(columns) > 8 else 0,
+                fontsize=8,
+            )
             ax.set_yticks(range(len(batches)), [str(b) for b in batches] if index % ncols == 0 else [], fontsize=8)
             if index >= len(pairs) - ncols:
                 ax.set_xlabel("sequence length", fontsize=8)
@@ -182,7 +207,7 @@ def heatmap_figure(pairs: Sequence[tuple[str, list[CellComparison]]], baseline: 
             bar = fig.colorbar(image, cax=cax)
             step = next(s for s in (0.25, 0.5, *range(1, 64)) if limit / s < 3)  # at most 2 ticks a side
             ticks = [k * step for k in range(-int(limit / step), int(limit / step) + 1)]
-            bar.set_ticks(ticks, labels=[f"{2.0 ** t:.3g}×" for t in ticks])
+            bar.set_ticks(ticks, labels=[f"{2.0**t:.3g}×" for t in ticks])
             bar.set_label(mpl_text(f"speed-up over {baseline}"), fontsize=8)
         fig.suptitle(mpl_text(title), fontsize=10)
         return _png(fig, f"heat maps of speed-up over {baseline}: {title}")
@@ -195,7 +220,7 @@ def _pick(values: list[Any], limit: int) -> list[Any]:
     return [values[int(i)] for i in np.unique(np.round(np.linspace(0, len(values) - 1, limit)))]
 
 
-def lines_figure(rows: Sequence[dict[str, Any]], colours: dict[str, str], title: str) -> tuple[str, str]:
+def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: str) -> tuple[str, str]:
     """Latency (median, CI band) and peak RSS against the shape, one line per runtime; x is the axis with
     more values (batch or sequence length), one panel per value of the other (at most MAX_LINE_PANELS).
     Returns the ``<img>`` and a sentence saying which panels are shown."""
@@ -205,35 +230,64 @@ def lines_figure(rows: Sequence[dict[str, Any]], colours: dict[str, str], title:
     panel_values = seqs if panel_key == "seq_len" else batches
     shown = _pick(panel_values, MAX_LINE_PANELS)
     panel_name = "s" if panel_key == "seq_len" else "b"
-    note = "" if len(shown) == len(panel_values) else (
-        f"Panels for {len(shown)} of {len(panel_values)} {'sequence lengths' if panel_key == 'seq_len' else 'batch sizes'}"
-        f" ({', '.join(str(v) for v in shown)}); every cell is in the tables.")
+    note = (
+        ""
+        if len(shown) == len(panel_values)
+        else (
+            f"Panels for {len(shown)} of {len(panel_values)} {'sequence lengths' if panel_key == 'seq_len' else 'batch sizes'}"
+            f" ({', '.join(str(v) for v in shown)}); every cell is in the tables."
+        )
+    )
     runtimes = runtimes_in(rows)
     legend_rows = math.ceil(len(runtimes) / 5)
     width, height = min(15.0, max(6.0, 1.4 + 2.6 * len(shown))), 5.0 + 0.2 * legend_rows
     with matplotlib.rc_context({**FAST_RC, "axes.formatter.min_exponent": 3}):
         fig = _figure(width, height, layout=None)  # fixed margins: a constrained layout doubles the time
-        fig.subplots_adjust(left=0.85 / width, right=1 - 0.15 / width, top=1 - 0.55 / height,
-                            bottom=(0.75 + 0.2 * legend_rows) / height, wspace=0.08, hspace=0.1)
+        fig.subplots_adjust(
+            left=0.85 / width,
+            right=1 - 0.15 / width,
+            top=1 - 0.55 / height,
+            bottom=(0.75 + 0.2 * legend_rows) / height,
+            wspace=0.08,
+            hspace=0.1,
+        )
         axes = fig.subplots(2, len(shown), squeeze=False, sharex="col", sharey="row")
-        xs_all = sorted({r[x_key] for r in rows if r[x_key] is not None})
+        xs_all = sorted({x for r in rows if (x := getattr(r, x_key)) is not None})
         for column, value in enumerate(shown):
             top, bottom = axes[0, column], axes[1, column]
             for runtime in runtimes:
-                points = sorted((r for r in rows if r["runtime"] == runtime and r[panel_key] == value
-                                 and r["status"] == "ok" and r["median_s"] is not None and r[x_key] is not None),
-                                key=lambda r: r[x_key])
+                points = sorted(
+                    (
+                        r
+                        for r in rows
+                        if r.runtime == runtime
+                        and getattr(r, panel_key) == value
+                        and r.status == "ok"
+                        and r.median_s is not None
+                        and getattr(r, x_key) is not None
+                    ),
+                    key=lambda r: getattr(r, x_key),
+                )
                 if not points:
                     continue
-                xs = [r[x_key] for r in points]
+                xs = [getattr(r, x_key) for r in points]
+                medians = [m for r in points if (m := r.median_s) is not None]  # every point has one
                 colour = colours[runtime]
-                top.plot(xs, [r["median_s"] * 1e3 for r in points], marker="o", markersize=3, color=colour,
-                         label=mpl_text(runtime), linewidth=1.2)
-                low = [(r["ci_low_s"] if r["ci_low_s"] is not None else r["median_s"]) * 1e3 for r in points]
-                high = [(r["ci_high_s"] if r["ci_high_s"] is not None else r["median_s"]) * 1e3 for r in points]
+                top.plot(
+                    xs,
+                    [m * 1e3 for m in medians],
+                    marker="o",
+                    markersize=3,
+                    color=colour,
+                    label=mpl_text(runtime),
+                    linewidth=1.2,
+                )
+                low = [(m if r.ci_low_s is None else r.ci_low_s) * 1e3 for r, m in zip(points, medians)]
+                high = [(m if r.ci_high_s is None else r.ci_high_s) * 1e3 for r, m in zip(points, medians)]
                 top.fill_between(xs, low, high, color=colour, alpha=0.25, linewidth=0)
-                memory = [(r[x_key], r["peak_memory_bytes"] / 2**20) for r in points
-                          if r["peak_memory_bytes"] is not None]
+                memory = [
+                    (getattr(r, x_key), r.peak_memory_bytes / 2**20) for r in points if r.peak_memory_bytes is not None
+                ]
                 if memory:
                     bottom.plot(*zip(*memory), marker="o", markersize=3, color=colour, linewidth=1.2)
             if xs_all and max(xs_all) / min(xs_all) >= 4:
@@ -263,16 +317,22 @@ def lines_figure(rows: Sequence[dict[str, Any]], colours: dict[str, str], title:
 
 
 # -- HTML pieces ------------------------------------------------------------------------------
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = (),
-           row_classes: Sequence[str] | None = None, css: str = "") -> str:
+def _table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    numeric: Sequence[int] = (),
+    row_classes: Sequence[str] | None = None,
+    css: str = "",
+) -> str:
     """A ``<table>``; cells are already HTML (escaped by the caller); ``numeric`` columns right-aligned
     (by one CSS rule on the table's class ``css`` when it has one, else by a class on each cell)."""
     head = "".join(f"<th>{h}</th>" for h in headers)
-    lines = [f'<table{f" class={css}" if css else ""}><thead><tr>{head}</tr></thead><tbody>']
+    lines = [f"<table{f' class={css}' if css else ''}><thead><tr>{head}</tr></thead><tbody>"]
     if css and numeric:
         selectors = ",".join(f".{css} td:nth-child({i + 1})" for i in numeric)
-        lines.insert(0, f"<style>{selectors}{{text-align:right;font-variant-numeric:tabular-nums;"
-                        "white-space:nowrap}</style>")
+        lines.insert(
+            0, f"<style>{selectors}{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}</style>"
+        )
     numeric_set = set() if css else set(numeric)
     for index, row in enumerate(rows):
         cls = row_classes[index] if row_classes else ""
@@ -292,9 +352,12 @@ def _maybe_fold(title: str, cells: int, rows: int, body: str) -> str:
     return f"<h3>{title}: {count}</h3>{body}"
 
 
-def _cell_label(row: dict[str, Any], multi_run: bool) -> list[str]:
-    return ([esc(row["run_id"])] if multi_run else []) + [esc(row["model"]), esc(row["runtime"]),
-                                                          esc(_shape(row["batch_size"], row["seq_len"]))]
+def _cell_label(row: ResultRecord, multi_run: bool) -> list[str]:
+    return ([esc(row.run_id)] if multi_run else []) + [
+        esc(row.model),
+        esc(row.runtime),
+        esc(_shape(row.batch_size, row.seq_len)),
+    ]
 
 
 def _speedup_html(summary: PairSummary) -> str:
@@ -318,23 +381,43 @@ def _summary_rows(pairs: Sequence[GroupedPair], with_group: bool) -> list[list[s
         s = pair.summary
         compared = sum(1 for c in pair.cells if c.ratio is not None)
         group = [esc(f"run {pair.run_id} {pair.phase} {pair.dtype} {pair.device}")] if with_group else []
-        rows.append(group + [esc(s.runtime), str(s.n_common), _speedup_html(s), str(s.n_faster), str(s.n_slower),
-                             str(compared - s.n_faster - s.n_slower), _failed(s.failed_baseline),
-                             _failed(s.failed_runtime)])
+        rows.append(
+            group
+            + [
+                esc(s.runtime),
+                str(s.n_common),
+                _speedup_html(s),
+                str(s.n_faster),
+                str(s.n_slower),
+                str(compared - s.n_faster - s.n_slower),
+                _failed(s.failed_baseline),
+                _failed(s.failed_runtime),
+            ]
+        )
     return rows
 
 
-SUMMARY_HEADERS = ["runtime", "cells both ok", "geometric-mean speed-up [95% CI]", "sig. faster", "sig. slower",
-                   "no sig. diff.", "baseline could not run", "runtime could not run"]
+SUMMARY_HEADERS = [
+    "runtime",
+    "cells both ok",
+    "geometric-mean speed-up [95% CI]",
+    "sig. faster",
+    "sig. slower",
+    "no sig. diff.",
+    "baseline could not run",
+    "runtime could not run",
+]
 
 
-def summary_section(pairs: Sequence[GroupedPair], baseline: str | None, results: Sequence[dict[str, Any]]) -> str:
+def summary_section(pairs: Sequence[GroupedPair], baseline: str | None, results: Sequence[ResultRecord]) -> str:
     """The pair summaries against the baseline, one row per runtime and (run, phase, dtype, device) group."""
     parts = ['<section id="summary"><h2>Summary against the baseline</h2>']
     if baseline is None or not pairs:
         present = ", ".join(esc(r) for r in runtimes_in(results)) or "none"
-        parts.append(f"<p>No comparison: the baseline {esc(baseline)} shares no cells with another runtime here "
-                     f"(runtimes: {present}).</p></section>")
+        parts.append(
+            f"<p>No comparison: the baseline {esc(baseline)} shares no cells with another runtime here "
+            f"(runtimes: {present}).</p></section>"
+        )
         return "\n".join(parts)
     with_group = len({(p.run_id, p.phase, p.dtype, p.device) for p in pairs}) > 1
     headers = (["group"] if with_group else []) + SUMMARY_HEADERS
@@ -346,78 +429,131 @@ def summary_section(pairs: Sequence[GroupedPair], baseline: str | None, results:
         "seconds), with a seeded percentile-bootstrap 95% CI over cells; green/red when that CI excludes 1. "
         f"Significant: two-sided Mann–Whitney U on the raw samples, Holm-adjusted over the pair's cells, p &lt; {ALPHA}."
         " <em>Could not run</em> counts the non-ok cells of each side among the cells both have. Ratios never "
-        "mix runs, phases, dtypes or devices.</p></section>")
+        "mix runs, phases, dtypes or devices.</p></section>"
+    )
     return "\n".join(parts)
 
 
-def _grouped(rows: Sequence[dict[str, Any]], what: Any, multi_run: bool) -> tuple[int, list[list[str]]]:
+def _grouped(
+    rows: Sequence[ResultRecord], what: Callable[[ResultRecord], tuple[Any, ...]], multi_run: bool
+) -> tuple[int, list[list[str]]]:
     """Cells grouped by (run, model, runtime, ``what(row)``): one table row per group with its cell count
     and every shape; returns (cells, table rows)."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for r in rows:
-        groups.setdefault((r["run_id"], r["model"], r["runtime"], *what(r)), []).append(
-            _shape(r["batch_size"], r["seq_len"]))
-    table = [([esc(key[0])] if multi_run else []) + [esc(k) for k in key[1:]] + [str(len(shapes)),
-                                                                               esc(", ".join(shapes))]
-             for key, shapes in groups.items()]
+        groups.setdefault((r.run_id, r.model, r.runtime, *what(r)), []).append(_shape(r.batch_size, r.seq_len))
+    table = [
+        ([esc(key[0])] if multi_run else []) + [esc(k) for k in key[1:]] + [str(len(shapes)), esc(", ".join(shapes))]
+        for key, shapes in groups.items()
+    ]
     return len(rows), table
 
 
-def flags_section(results: Sequence[dict[str, Any]], multi_run: bool) -> str:
+def flags_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
     """Compile-health flags, noisy cells, parity mismatches and the other cells that did not run; cells
     with the same model, runtime and message are one row listing their shapes."""
     run = ["run"] if multi_run else []
-    n_compile, compile_rows = _grouped([r for r in results if compile_flags(r)],
-                                       lambda r: ("; ".join(compile_flags(r)),), multi_run)
-    noisy_rows = [_cell_label(r, multi_run) + [f"±{rel_half_width(r):.1%}",
-                                                esc(format_seconds_noise(r["median_s"], r["ci_low_s"], r["ci_high_s"]))]
-                  for r in results if is_noisy(r)]
-    n_mismatch, mismatch_rows = _grouped([r for r in results if r["status"] == "mismatch"],
-                                         lambda r: (r["reason"],), multi_run)
-    n_other, other_rows = _grouped([r for r in results if r["status"] not in ("ok", "mismatch")],
-                                   lambda r: (r["status"], r["reason"]), multi_run)
+    n_compile, compile_rows = _grouped(
+        [r for r in results if compile_flags(r)], lambda r: ("; ".join(compile_flags(r)),), multi_run
+    )
+    noisy_rows = [
+        _cell_label(r, multi_run)
+        + [f"±{rel_half_width(r):.1%}", esc(format_seconds_noise(r.median_s, r.ci_low_s, r.ci_high_s))]
+        for r in results
+        if is_noisy(r)
+    ]
+    n_mismatch, mismatch_rows = _grouped(
+        [r for r in results if r.status == "mismatch"], lambda r: (r.reason,), multi_run
+    )
+    n_other, other_rows = _grouped(
+        [r for r in results if r.status not in ("ok", "mismatch")], lambda r: (r.status, r.reason), multi_run
+    )
     tail = ["cells", "shapes"]
     count_column = len(run) + 3
-    return "\n".join([
-        '<section id="flags"><h2>Flags</h2>',
-        _maybe_fold("Compile health (recompiles or retraces in the timed loop, graph breaks, eager fallbacks)",
-                    n_compile, len(compile_rows), _table(run + ["model", "runtime", "flags"] + tail, compile_rows, numeric=[count_column])),
-        _maybe_fold(f"Noisy cells (95% CI half-width &gt; {NOISY_REL_CI:.0%} of the median)", len(noisy_rows), len(noisy_rows),
-                    _table(run + ["model", "runtime", "shape", "CI half-width", "median"], noisy_rows,
-                           numeric=[len(run) + 3, len(run) + 4])),
-        _maybe_fold("Parity mismatches (outputs differ from the float64 reference; no time reported)",
-                    n_mismatch, len(mismatch_rows), _table(run + ["model", "runtime", "reason"] + tail, mismatch_rows,
-                                       numeric=[count_column])),
-        _maybe_fold("Other cells that did not run (oom, timeout, error, skipped)", n_other, len(other_rows),
-                    _table(run + ["model", "runtime", "status", "reason"] + tail, other_rows,
-                           numeric=[count_column + 1])),
-        "</section>",
-    ])
+    return "\n".join(
+        [
+            '<section id="flags"><h2>Flags</h2>',
+            _maybe_fold(
+                "Compile health (recompiles or retraces in the timed loop, graph breaks, eager fallbacks)",
+                n_compile,
+                len(compile_rows),
+                _table(run + ["model", "runtime", "flags"] + tail, compile_rows, numeric=[count_column]),
+            ),
+            _maybe_fold(
+                f"Noisy cells (95% CI half-width &gt; {NOISY_REL_CI:.0%} of the median)",
+                len(noisy_rows),
+                len(noisy_rows),
+                _table(
+                    run + ["model", "runtime", "shape", "CI half-width", "median"],
+                    noisy_rows,
+                    numeric=[len(run) + 3, len(run) + 4],
+                ),
+            ),
+            _maybe_fold(
+                "Parity mismatches (outputs differ from the float64 reference; no time reported)",
+                n_mismatch,
+                len(mismatch_rows),
+                _table(run + ["model", "runtime", "reason"] + tail, mismatch_rows, numeric=[count_column]),
+            ),
+            _maybe_fold(
+                "Other cells that did not run (oom, timeout, error, skipped)",
+                n_other,
+                len(other_rows),
+                _table(run + ["model", "runtime", "status", "reason"] + tail, other_rows, numeric=[count_column + 1]),
+            ),
+            "</section>",
+        ]
+    )
 
 
-def parity_section(results: Sequence[dict[str, Any]], multi_run: bool) -> str:
+def _error_text(value: float | None) -> str:
+    return f"{math.nan if value is None else value:.2e}"
+
+
+def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
     """One row per stored parity check: relative L2 and max-abs error of each output against the reference."""
     rows, classes = [], []
     for r in results:
-        check = r.get("details", {}).get("parity")
-        if not isinstance(check, dict):
+        check = r.parity
+        if check is None:
             continue
-        shape = check.get("shape") or []
-        outputs = check.get("outputs") or {}
-        errors = "<br>".join(
-            f"{esc(name)}: rel L2 {float(v.get('rel_l2', math.nan)):.2e}, max abs {float(v.get('max_abs', math.nan)):.2e}"
-            for name, v in outputs.items() if isinstance(v, dict)) or "—"
-        ok = bool(check.get("ok"))
-        rows.append(([esc(r["run_id"])] if multi_run else []) + [
-            esc(r["model"]), esc(r["runtime"]), esc(r["dtype"]),
-            esc(" × ".join("—" if s is None else str(s) for s in shape)), "ok" if ok else "<b>MISMATCH</b>",
-            esc(check.get("tolerance_rel_l2")), esc(check.get("reference")), errors])
+        errors = (
+            "<br>".join(
+                f"{esc(name)}: rel L2 {_error_text(v.rel_l2)}, max abs {_error_text(v.max_abs)}"
+                for name, v in check.outputs.items()
+            )
+            or "—"
+        )
+        ok = check.passed
+        rows.append(
+            ([esc(r.run_id)] if multi_run else [])
+            + [
+                esc(r.model),
+                esc(r.runtime),
+                esc(r.dtype),
+                esc(" × ".join("—" if s is None else str(s) for s in check.shape)),
+                "ok" if ok else "<b>MISMATCH</b>",
+                esc(check.tolerance_rel_l2),
+                esc(check.reference),
+                errors,
+            ]
+        )
         classes.append("" if ok else "bad")
-    headers = (["run"] if multi_run else []) + ["model", "runtime", "dtype", "checked at (batch × seq)", "parity",
-                                                "tolerance (rel L2)", "reference", "error per output"]
+    headers = (["run"] if multi_run else []) + [
+        "model",
+        "runtime",
+        "dtype",
+        "checked at (batch × seq)",
+        "parity",
+        "tolerance (rel L2)",
+        "reference",
+        "error per output",
+    ]
     body = _table(headers, rows, row_classes=classes) if rows else "<p>No parity checks are stored here.</p>"
-    return (f'<section id="parity"><h2>Parity</h2><p class=small>Each runtime is checked once per model in a run, '
-            f"by its first cell, after the timing, on the model's parity shape.</p>{body}</section>")
+    return (
+        f'<section id="parity"><h2>Parity</h2><p class=small>Each runtime is checked once per model in a run, '
+        f"by its first cell, after the timing, on the model's parity shape.</p>{body}</section>"
+    )
 
 
 def _value(value: Any) -> str:
@@ -430,8 +566,14 @@ def environment_section(runs: Sequence[RunRecord]) -> str:
     """Each run's metadata, settings and environment record, as stored."""
     parts = ['<section id="environment"><h2>Environment and settings</h2>']
     for index, run in enumerate(runs):
-        meta = [("run", run.id), ("created", run.created), ("finished", run.finished or "not finished"),
-                ("suite", run.suite), ("fwbench version", run.fwbench_version), ("cells planned", run.plan.size)]
+        meta = [
+            ("run", run.id),
+            ("created", run.created),
+            ("finished", run.finished or "not finished"),
+            ("suite", run.suite),
+            ("fwbench version", run.fwbench_version),
+            ("cells planned", run.plan.size),
+        ]
         kv = [[esc(k), esc(v)] for k, v in meta] + [["command", f"<code>{esc(run.command)}</code>"]]
         settings = [[esc(k), _value(v)] for k, v in sorted(run.settings.items())]
         env = [[esc(k), _value(v)] for k, v in sorted(run.environment.items())]
@@ -439,136 +581,218 @@ def environment_section(runs: Sequence[RunRecord]) -> str:
         parts.append(
             f"<details{open_attr}><summary>run {esc(run.id)}: {esc(run.created)}, {esc(run.suite or 'no suite')}, "
             f"{esc(run.plan.size)} cells</summary>"
-            + _table(["", ""], kv, css="kv") + "<h3>Settings</h3>" + _table(["setting", "value"], settings, css="kv")
-            + "<h3>Environment</h3>" + _table(["key", "value"], env, css="kv") + "</details>")
+            + _table(["", ""], kv, css="kv")
+            + "<h3>Settings</h3>"
+            + _table(["setting", "value"], settings, css="kv")
+            + "<h3>Environment</h3>"
+            + _table(["key", "value"], env, css="kv")
+            + "</details>"
+        )
     if not runs:
         parts.append("<p>No run records.</p>")
     parts.append("</section>")
     return "\n".join(parts)
 
 
-def results_section(results: Sequence[dict[str, Any]], ratios: dict[tuple[Any, ...], CellComparison],
-                    baseline: str | None, peak: Peak | None) -> str:
+def results_section(
+    results: Sequence[ResultRecord],
+    ratios: dict[tuple[Any, ...], CellComparison],
+    baseline: str | None,
+    peak: Peak | None,
+) -> str:
     """Every stored cell, one row each, in stored order."""
     rate_headers = throughput_headers(results)  # training cells: samples/s (tokens/s); none for inference only
-    headers = ["run", "model", "runtime", "phase", "batch", "seq", "dtype", "device", "status", "median",
-               "±95% CI", f"speed-up vs {esc(baseline)}", "first call", "peak RSS", "GFLOP/s",
-               *(["% peak"] if peak else []), *rate_headers, "samples", "note"]
+    headers = [
+        "run",
+        "model",
+        "runtime",
+        "phase",
+        "batch",
+        "seq",
+        "dtype",
+        "device",
+        "status",
+        "median",
+        "±95% CI",
+        f"speed-up vs {esc(baseline)}",
+        "first call",
+        "peak RSS",
+        "GFLOP/s",
+        *(["% peak"] if peak else []),
+        *rate_headers,
+        "samples",
+        "note",
+    ]
     rows, classes = [], []
     for r in results:
-        ok = r["status"] == "ok"
+        ok = r.status == "ok"
         half = rel_half_width(r)
-        if r["runtime"] == baseline:
+        if r.runtime == baseline:
             speed = "<i>baseline</i>"
         else:
-            cell = ratios.get((r["runtime"], *cell_key(r)))
-            speed = "—" if cell is None else _ratio(cell.ratio) + ("" if cell.ratio is None or cell.significant
-                                                                  else " <i>n.s.</i>")
-        note = esc(r["reason"]) if not ok else esc("; ".join((["noisy"] if is_noisy(r) else []) + compile_flags(r)))
-        rows.append([
-            esc(r["run_id"]), esc(r["model"]), esc(r["runtime"]), esc(r["phase"]), esc(r["batch_size"]),
-            esc(r["seq_len"]), esc(r["dtype"]), esc(r["device"]), esc(r["status"]) if ok else f"<b>{esc(r['status'])}</b>",
-            esc(format_seconds_noise(r["median_s"], r["ci_low_s"], r["ci_high_s"])) if ok else "N/A",
-            "—" if half is None else f"±{half:.1%}", speed, esc(format_seconds(r["first_call_s"])),
-            esc(format_bytes(r["peak_memory_bytes"])), esc(format_gflops(achieved_gflops(r))),
-            *([esc(format_fraction(peak_fraction(r, peak)))] if peak else []),
-            *(esc(format_rate(rate)) for rate in throughput(r)[:len(rate_headers)]),
-            f"{r['n_samples']}×{esc(r['calls_per_sample'])}" if r["n_samples"] else "—", note])
+            cell = ratios.get((r.runtime, *cell_key(r)))
+            speed = (
+                "—"
+                if cell is None
+                else _ratio(cell.ratio) + ("" if cell.ratio is None or cell.significant else " <i>n.s.</i>")
+            )
+        note = esc(r.reason) if not ok else esc("; ".join(cell_flags(r)))
+        rows.append(
+            [
+                esc(r.run_id),
+                esc(r.model),
+                esc(r.runtime),
+                esc(r.phase),
+                esc(r.batch_size),
+                esc(r.seq_len),
+                esc(r.dtype),
+                esc(r.device),
+                esc(r.status) if ok else f"<b>{esc(r.status)}</b>",
+                esc(format_seconds_noise(r.median_s, r.ci_low_s, r.ci_high_s)) if ok else "N/A",
+                "—" if half is None else f"±{half:.1%}",
+                speed,
+                esc(format_seconds(r.first_call_s)),
+                esc(format_bytes(r.peak_memory_bytes)),
+                esc(format_gflops(achieved_gflops(r))),
+                *([esc(format_fraction(peak_fraction(r, peak)))] if peak else []),
+                *(esc(format_rate(rate)) for rate in throughput(r)[: len(rate_headers)]),
+                f"{r.n_samples}×{esc(r.calls_per_sample)}" if r.n_samples else "—",
+                note,
+            ]
+        )
         classes.append("" if ok and not is_noisy(r) else ("noisy" if ok else "bad"))
     numeric = [0, 4, 5, *range(9, len(headers) - 1)]  # every column from the median on, but the note
-    peak_note = "" if peak is None else (
-        f" % peak: of {esc(format_gflops(peak.gflops))} GFLOP/s, the {esc(peak.dtype)} {esc(peak.device)} matmul "
-        f"peak ({esc(peak.runtime)}, threads {esc(peak.threads)}, run {esc(peak.run_id)}).")
-    return (f'<section id="results"><h2>All results ({len(results)} cells)</h2><p class=small>Every stored cell. '
-            "Median per call with the digits its 95% CI supports; samples = blocks × calls per block; peak RSS: the "
-            "worker's resident high-water mark while timing; n.s.: the speed-up is not significant. Raw samples "
-            f"are in <code>fwbench report --format json</code>.{peak_note}</p>"
-            + '<div class="wide">' + _table(headers, rows, numeric=numeric, row_classes=classes, css="results")
-            + "</div></section>")
+    peak_note = (
+        ""
+        if peak is None
+        else (
+            f" % peak: of {esc(format_gflops(peak.gflops))} GFLOP/s, the {esc(peak.dtype)} {esc(peak.device)} matmul "
+            f"peak ({esc(peak.runtime)}, threads {esc(peak.threads)}, run {esc(peak.run_id)})."
+        )
+    )
+    return (
+        f'<section id="results"><h2>All results ({len(results)} cells)</h2><p class=small>Every stored cell. '
+        "Median per call with the digits its 95% CI supports; samples = blocks × calls per block; peak RSS: the "
+        "worker's resident high-water mark while timing; n.s.: the speed-up is not significant. Raw samples "
+        f"are in <code>fwbench report --format json</code>.{peak_note}</p>"
+        + '<div class="wide">'
+        + _table(headers, rows, numeric=numeric, row_classes=classes, css="results")
+        + "</div></section>"
+    )
 
 
-def _header(runs: Sequence[RunRecord], results: Sequence[dict[str, Any]], baseline: str | None,
-            source: str | None) -> str:
+def _header(
+    runs: Sequence[RunRecord], results: Sequence[ResultRecord], baseline: str | None, source: str | None
+) -> str:
     counts: dict[str, int] = {}
     for r in results:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        counts[r.status] = counts.get(r.status, 0) + 1
     status_text = ", ".join(f"{n} {esc(s)}" for s, n in sorted(counts.items())) or "none"
-    models = ", ".join(esc(m) for m in dict.fromkeys(r["model"] for r in results)) or "none"
+    models = ", ".join(esc(m) for m in dict.fromkeys(r.model for r in results)) or "none"
     runtimes = ", ".join(esc(r) for r in runtimes_in(results)) or "none"
     run_text = ", ".join(esc(r.id) for r in runs) or "none"
     where = f" in <code>{esc(source)}</code>" if source else ""
     machine = ""
     if runs:
         env, settings = runs[-1].environment, runs[-1].settings
-        versions = ", ".join(f"{esc(k.removeprefix('version_'))} {esc(v)}" for k, v in sorted(env.items())
-                             if k.startswith("version_") and v)
-        machine = (f"<p class=small>Machine (run {esc(runs[-1].id)}): {esc(env.get('cpu_model'))}, "
-                   f"{esc(env.get('physical_cores'))} physical cores, {esc(env.get('cpu_simd_flags'))}; "
-                   f"threads {esc(settings.get('threads'))}, protocol {esc(settings.get('protocol'))}; {versions}.</p>")
-    generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return (f"<h1>fwbench report</h1><p class=scope>{len(results)} results ({status_text}) of run(s) {run_text}"
-            f"{where}. Models: {models}. Runtimes: {runtimes}. Baseline: <b>{esc(baseline)}</b>.</p>{machine}"
-            f'<nav class=small><a href="#summary">summary</a><a href="#flags">flags</a><a href="#models">per model</a>'
-            f'<a href="#parity">parity</a><a href="#environment">environment</a><a href="#results">all results</a>'
-            f"</nav><p class='small muted'>Generated {esc(generated)}; self-contained (no network references).</p>")
+        versions = ", ".join(
+            f"{esc(k.removeprefix('version_'))} {esc(v)}"
+            for k, v in sorted(env.items())
+            if k.startswith("version_") and v
+        )
+        machine = (
+            f"<p class=small>Machine (run {esc(runs[-1].id)}): {esc(env.get('cpu_model'))}, "
+            f"{esc(env.get('physical_cores'))} physical cores, {esc(env.get('cpu_simd_flags'))}; "
+            f"threads {esc(settings.get('threads'))}, protocol {esc(settings.get('protocol'))}; {versions}.</p>"
+        )
+    generated = datetime.now(UTC).isoformat(timespec="seconds")
+    return (
+        f"<h1>fwbench report</h1><p class=scope>{len(results)} results ({status_text}) of run(s) {run_text}"
+        f"{where}. Models: {models}. Runtimes: {runtimes}. Baseline: <b>{esc(baseline)}</b>.</p>{machine}"
+        f'<nav class=small><a href="#summary">summary</a><a href="#flags">flags</a><a href="#models">per model</a>'
+        f'<a href="#parity">parity</a><a href="#environment">environment</a><a href="#results">all results</a>'
+        f"</nav><p class='small muted'>Generated {esc(generated)}; self-contained (no network references).</p>"
+    )
 
 
-def models_section(results: Sequence[dict[str, Any]], comparisons: Sequence[GroupedPair], baseline: str | None) -> str:
+def models_section(results: Sequence[ResultRecord], comparisons: Sequence[GroupedPair], baseline: str | None) -> str:
     """Per (run, model, phase, dtype, device): the model's pair summary, heat maps and line plots."""
     groups = split_groups(results, PLOT_GROUP_FIELDS)
     colours = {rt: RUNTIME_COLOURS[i % len(RUNTIME_COLOURS)] for i, rt in enumerate(runtimes_in(results))}
     by_pair: dict[tuple[Any, ...], list[CellComparison]] = {}
     for pair in comparisons:
         for cell in pair.cells:
-            by_pair.setdefault((cell.run_id, cell.model, cell.phase, cell.dtype, cell.device, cell.runtime),
-                               []).append(cell)
+            by_pair.setdefault((cell.run_id, cell.model, cell.phase, cell.dtype, cell.device, cell.runtime), []).append(
+                cell
+            )
     multi_run = len({key[0] for key in groups}) > 1
     parts = ['<section id="models"><h2>Per model</h2>']
     if len(groups) > MAX_PLOT_GROUPS:
-        parts.append(f"<p><b>Plots for the first {MAX_PLOT_GROUPS} of {len(groups)} model groups</b> (run, model, "
-                     "phase, dtype, device); the summary above and the tables below cover every cell.</p>")
+        parts.append(
+            f"<p><b>Plots for the first {MAX_PLOT_GROUPS} of {len(groups)} model groups</b> (run, model, "
+            "phase, dtype, device); the summary above and the tables below cover every cell.</p>"
+        )
     for index, ((run_id, model, phase, dtype, device), rows) in enumerate(groups.items()):
         if index >= MAX_PLOT_GROUPS:
             break
         title = f"{model} ({'run ' + str(run_id) + ', ' if multi_run else ''}{phase}, {dtype}, {device})"
         parts.append(f"<h3>{esc(title)}</h3>")
-        pairs = [(rt, by_pair[(run_id, model, phase, dtype, device, rt)]) for rt in runtimes_in(rows)
-                 if rt != baseline and (run_id, model, phase, dtype, device, rt) in by_pair]
+        pairs = [
+            (rt, by_pair[(run_id, model, phase, dtype, device, rt)])
+            for rt in runtimes_in(rows)
+            if rt != baseline and (run_id, model, phase, dtype, device, rt) in by_pair
+        ]
         if pairs and baseline is not None:
-            summaries = [GroupedPair(run_id, phase, dtype, device, cells, pair_summary(cells, baseline, rt))
-                         for rt, cells in pairs]
+            summaries = [
+                GroupedPair(run_id, phase, dtype, device, cells, pair_summary(cells, baseline, rt))
+                for rt, cells in pairs
+            ]
             parts.append(_table(SUMMARY_HEADERS, _summary_rows(summaries, False), numeric=[1, 2, 3, 4, 5], css="pairs"))
             parts.append(heatmap_figure(pairs, baseline, f"{title}: speed-up over {baseline}"))
-            parts.append("<p class=small>Heat map cells: speed-up over the baseline (blue: faster, red: slower, "
-                         "white: no such cell); hatched grey: N/A, with the status of the side that did not run; "
-                         "in parentheses: not significant.</p>")
+            parts.append(
+                "<p class=small>Heat map cells: speed-up over the baseline (blue: faster, red: slower, "
+                "white: no such cell); hatched grey: N/A, with the status of the side that did not run; "
+                "in parentheses: not significant.</p>"
+            )
         else:
             parts.append(f"<p class=small>No heat map: {esc(baseline)} has no cells in this group to compare.</p>")
         image, note = lines_figure(rows, colours, title)
         parts.append(image)
-        parts.append(f"<p class=small>Median per call with its 95% CI (band) and peak RSS, ok cells only. {esc(note)}</p>")
+        parts.append(
+            f"<p class=small>Median per call with its 95% CI (band) and peak RSS, ok cells only. {esc(note)}</p>"
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
 
-def to_html(runs: Sequence[RunRecord], results: Sequence[dict[str, Any]], *, baseline: str | None,
-            peak: Peak | None = None, source: str | None = None) -> str:
+def to_html(
+    runs: Sequence[RunRecord],
+    results: Sequence[ResultRecord],
+    *,
+    baseline: str | None,
+    peak: Peak | None = None,
+    source: str | None = None,
+) -> str:
     """The whole report as one HTML document (UTF-8 text). ``baseline`` is the runtime speed-ups are
     relative to (None: no comparison); ``source`` names the database in the header."""
     # no per-cell bootstrap CI (most of a minute at 10,000 cells): the page shows each median's own CI instead
     comparisons = grouped_pairs(results, baseline, per_cell_ci=False) if baseline is not None else []
-    ratios = {(cell.runtime, *cell_key(cell.__dict__)): cell for pair in comparisons for cell in pair.cells}
-    multi_run = len({r["run_id"] for r in results}) > 1
-    body = "\n".join([
-        _header(runs, results, baseline, source),
-        summary_section(comparisons, baseline, results),
-        flags_section(results, multi_run),
-        models_section(results, comparisons, baseline),
-        parity_section(results, multi_run),
-        environment_section(runs),
-        results_section(results, ratios, baseline, peak),
-    ])
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>fwbench report</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    ratios = {(cell.runtime, *cell_key(cell)): cell for pair in comparisons for cell in pair.cells}
+    multi_run = len({r.run_id for r in results}) > 1
+    body = "\n".join(
+        [
+            _header(runs, results, baseline, source),
+            summary_section(comparisons, baseline, results),
+            flags_section(results, multi_run),
+            models_section(results, comparisons, baseline),
+            parity_section(results, multi_run),
+            environment_section(runs),
+            results_section(results, ratios, baseline, peak),
+        ]
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>fwbench report</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n"
+    )

@@ -7,10 +7,11 @@ cell. Everything here reads stored rows only (``flops`` per call and ``median_s`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal
 
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 
 PEAK_SUITE = "peak"  # suite name of the runs `fwbench env --peak` stores
 GIGA = 1e9
@@ -28,29 +29,38 @@ class Peak:
     device: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gflops": self.gflops, "runtime": self.runtime, "run_id": self.run_id, "threads": self.threads,
-                "dtype": self.dtype, "device": self.device}
+        return {
+            "gflops": self.gflops,
+            "runtime": self.runtime,
+            "run_id": self.run_id,
+            "threads": self.threads,
+            "dtype": self.dtype,
+            "device": self.device,
+        }
 
 
-def achieved_gflops(row: dict[str, Any], seconds_key: str = "median_s") -> float | None:
-    """``flops / row[seconds_key] / 1e9`` (GFLOP/s) of an ``ok`` cell; None without FLOPs or a time."""
-    flops, seconds = row.get("flops"), row.get(seconds_key)
-    if row.get("status") != "ok" or not flops or seconds is None or seconds <= 0:
+SecondsField = Literal["median_s", "ci_low_s", "ci_high_s", "mean_s", "min_s"]
+
+
+def achieved_gflops(row: ResultRecord, seconds_key: SecondsField = "median_s") -> float | None:
+    """``flops / <seconds_key> / 1e9`` (GFLOP/s) of an ``ok`` cell; None without FLOPs or a time."""
+    flops, seconds = row.flops, getattr(row, seconds_key)
+    if row.status != "ok" or not flops or seconds is None or seconds <= 0:
         return None
     return float(flops) / float(seconds) / GIGA
 
 
-def peak_fraction(row: dict[str, Any], peak: Peak | None) -> float | None:
+def peak_fraction(row: ResultRecord, peak: Peak | None) -> float | None:
     """The cell's achieved GFLOP/s over the peak's; None without a peak, a rate, or for another dtype,
     device or thread count than the peak was measured with (an fp32 CPU peak on 2 threads says nothing
     of a bf16, GPU or 1-thread cell)."""
-    if peak is None or any(row.get(key) != getattr(peak, key) for key in ("dtype", "device", "threads")):
+    if peak is None or (row.dtype, row.device, row.threads) != (peak.dtype, peak.device, peak.threads):
         return None
     gflops = achieved_gflops(row)
     return None if gflops is None else gflops / peak.gflops
 
 
-def best_cell(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def best_cell(results: Sequence[ResultRecord]) -> ResultRecord | None:
     """The ``ok`` row with the highest achieved GFLOP/s, or None."""
     rated = [(gflops, row) for row in results if (gflops := achieved_gflops(row)) is not None]
     return max(rated, key=lambda pair: pair[0])[1] if rated else None
@@ -66,5 +76,5 @@ def latest_peak(store: Store) -> Peak | None:
         if best is not None:
             gflops = achieved_gflops(best)
             assert gflops is not None
-            return Peak(gflops, best["runtime"], run.id, best["threads"], best["dtype"], best["device"])
+            return Peak(gflops, best.runtime, run.id, best.threads, best.dtype, best.device)
     return None

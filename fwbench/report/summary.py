@@ -24,11 +24,14 @@ Semantics (each is tested):
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from fwbench.store import ResultRecord
 
 ALPHA = 0.05  # family-wise error rate of the per-pair significance claims
 CONFIDENCE = 0.95
@@ -138,13 +141,18 @@ def mann_whitney_p_many(numerators: np.ndarray, denominators: np.ndarray) -> np.
     p_values = np.empty(len(numerators))
     for rows in (tied, ~tied):
         if rows.any():
-            p_values[rows] = stats.mannwhitneyu(numerators[rows], denominators[rows], alternative="two-sided",
-                                                axis=-1).pvalue
+            p_values[rows] = stats.mannwhitneyu(
+                numerators[rows], denominators[rows], alternative="two-sided", axis=-1
+            ).pvalue
     return np.where(np.isnan(p_values), 1.0, p_values)  # all samples equal: no evidence of a difference
 
 
-def ratio_of_medians_many(pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
-                          confidence: float = CONFIDENCE, *, per_cell_ci: bool = True) -> list[RatioEstimate]:
+def ratio_of_medians_many(
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
+    confidence: float = CONFIDENCE,
+    *,
+    per_cell_ci: bool = True,
+) -> list[RatioEstimate]:
     """:func:`ratio_of_medians` of many (numerator, denominator) sample pairs, each result exactly what the
     pair gives alone: cells with the same sample counts go through one ``scipy.stats.bootstrap`` call along the
     last axis (scipy draws one resampling index matrix per side, shared by the batch, from the same seeded
@@ -160,7 +168,7 @@ def ratio_of_medians_many(pairs: Sequence[tuple[Sequence[float], Sequence[float]
     for (n_a, n_b), indices in by_shape.items():
         chunk = max(1, MAX_BATCH_ELEMENTS // (N_RESAMPLES * max(n_a, n_b))) if per_cell_ci else len(indices)
         for start in range(0, len(indices), chunk):
-            batch = indices[start:start + chunk]
+            batch = indices[start : start + chunk]
             num = np.stack([arrays[i][0] for i in batch])
             den = np.stack([arrays[i][1] for i in batch])
             with np.errstate(divide="ignore", invalid="ignore"):  # a zero median: an infinite or NaN ratio, reported
@@ -170,19 +178,31 @@ def ratio_of_medians_many(pairs: Sequence[tuple[Sequence[float], Sequence[float]
                 lows = highs = [None] * len(batch)
             else:
                 interval = stats.bootstrap(
-                    (num, den), _median_ratio, paired=False, vectorized=True, confidence_level=confidence, axis=-1,
-                    n_resamples=N_RESAMPLES, method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED),
+                    (num, den),
+                    _median_ratio,
+                    paired=False,
+                    vectorized=True,
+                    confidence_level=confidence,
+                    axis=-1,
+                    n_resamples=N_RESAMPLES,
+                    method="percentile",
+                    rng=np.random.default_rng(BOOTSTRAP_SEED),
                 ).confidence_interval
                 lows, highs = np.atleast_1d(interval.low).tolist(), np.atleast_1d(interval.high).tolist()
             for k, index in enumerate(batch):
                 low, high = lows[k], highs[k]
-                out[index] = RatioEstimate(float(ratios[k]), None if low is None else float(low),
-                                           None if high is None else float(high), float(p_values[k]))
+                out[index] = RatioEstimate(
+                    float(ratios[k]),
+                    None if low is None else float(low),
+                    None if high is None else float(high),
+                    float(p_values[k]),
+                )
     return [estimate for estimate in out if estimate is not None]
 
 
-def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float],
-                     confidence: float = CONFIDENCE) -> RatioEstimate:
+def ratio_of_medians(
+    numerator: Sequence[float], denominator: Sequence[float], confidence: float = CONFIDENCE
+) -> RatioEstimate:
     """median(numerator) / median(denominator) of two independent samples (seconds per call), its seeded
     percentile-bootstrap ``confidence`` interval (each sample resampled on its own, ``scipy.stats.bootstrap``
     with ``paired=False``, 2000 resamples; None below 2 samples on a side), and the two-sided Mann–Whitney U
@@ -206,8 +226,9 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def geometric_mean_ci(ratios: Sequence[float], confidence: float = CONFIDENCE
-                      ) -> tuple[float | None, float | None, float | None]:
+def geometric_mean_ci(
+    ratios: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float | None, float | None, float | None]:
     """Geometric mean of positive ratios (``scipy.stats.gmean``) and its seeded percentile-bootstrap
     ``confidence`` interval over the ratios (cells resampled); (None, None, None) for no ratio, CI None
     for one."""
@@ -220,49 +241,68 @@ def geometric_mean_ci(ratios: Sequence[float], confidence: float = CONFIDENCE
     if np.all(data == data[0]):
         return centre, centre, centre
     result = stats.bootstrap(
-        (data,), stats.gmean, vectorized=True, confidence_level=confidence, n_resamples=N_RESAMPLES,
-        method="percentile", rng=np.random.default_rng(BOOTSTRAP_SEED),
+        (data,),
+        stats.gmean,
+        vectorized=True,
+        confidence_level=confidence,
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(BOOTSTRAP_SEED),
     )
     return centre, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def cell_key(row: dict[str, Any], fields: Iterable[str] = KEY_FIELDS) -> tuple[Any, ...]:
-    """The values of ``fields`` in a store row (the key cells are matched on)."""
-    return tuple(row.get(name) for name in fields)
+def cell_key(row: ResultRecord | CellComparison, fields: Iterable[str] = KEY_FIELDS) -> tuple[Any, ...]:
+    """The values of ``fields`` (attribute names) of a stored cell or a comparison (the key cells are matched on)."""
+    return tuple(getattr(row, name) for name in fields)
 
 
-def samples_of(row: dict[str, Any]) -> list[float] | None:
+def samples_of(row: ResultRecord) -> list[float] | None:
     """The raw samples (seconds per call) of an ``ok`` row, or None when it has no time to compare."""
-    if row.get("status") != "ok":
+    if row.status != "ok":
         return None
-    samples = [float(s) for s in row.get("samples") or []]
-    return samples or None
+    return list(row.samples) or None
 
 
-def sample_median(row: dict[str, Any]) -> float | None:
+def sample_median(row: ResultRecord) -> float | None:
     """The median of an ``ok`` row's raw samples (seconds per call), or None."""
     samples = samples_of(row)
     return float(np.median(samples)) if samples else None
 
 
-RowPairs = Sequence[tuple[dict[str, Any], dict[str, Any]]]
+RowPairs = Sequence[tuple[ResultRecord, ResultRecord]]
 
 
-def estimates_many(families: Sequence[RowPairs], *, per_cell_ci: bool = True
-                   ) -> list[list[tuple[RatioEstimate | None, float | None]]]:
+def estimates_many(
+    families: Sequence[RowPairs], *, per_cell_ci: bool = True
+) -> list[list[tuple[RatioEstimate | None, float | None]]]:
     """:func:`estimates` of each family of row pairs (each its own Holm family), with one
     :func:`ratio_of_medians_many` over the cells of all of them, so cells with the same sample counts share
     scipy calls across families; each family gets exactly what it gets alone."""
     samples = [[(samples_of(top), samples_of(bottom)) for top, bottom in pairs] for pairs in families]
-    usable = [(f, i) for f, family in enumerate(samples) for i, (top, bottom) in enumerate(family)
-              if top is not None and bottom is not None]
-    found = dict(zip(usable, ratio_of_medians_many([samples[f][i] for f, i in usable],  # type: ignore[misc]
-                                                   per_cell_ci=per_cell_ci)))
+    usable = [
+        (f, i)
+        for f, family in enumerate(samples)
+        for i, (top, bottom) in enumerate(family)
+        if top is not None and bottom is not None
+    ]
+    found = dict(
+        zip(
+            usable,
+            ratio_of_medians_many(
+                [samples[f][i] for f, i in usable],  # type: ignore[misc]
+                per_cell_ci=per_cell_ci,
+            ),
+        )
+    )
     out = []
     for f, pairs in enumerate(families):
         raw: list[RatioEstimate | None] = [found.get((f, i)) for i in range(len(pairs))]
-        tested = [(i, estimate.p_value) for i, estimate in enumerate(raw)
-                  if estimate is not None and estimate.p_value is not None]
+        tested = [
+            (i, estimate.p_value)
+            for i, estimate in enumerate(raw)
+            if estimate is not None and estimate.p_value is not None
+        ]
         by_index = dict(zip((i for i, _ in tested), holm([p for _, p in tested])))
         out.append([(estimate, by_index.get(i)) for i, estimate in enumerate(raw)])
     return out
@@ -275,15 +315,15 @@ def estimates(pairs: RowPairs, *, per_cell_ci: bool = True) -> list[tuple[RatioE
     return estimates_many([pairs], per_cell_ci=per_cell_ci)[0]
 
 
-def _row_pairs(results: Sequence[dict[str, Any]], baseline: str, runtime: str) -> list[tuple[dict[str, Any],
-                                                                                             dict[str, Any]]]:
+def _row_pairs(results: Sequence[ResultRecord], baseline: str, runtime: str) -> list[tuple[ResultRecord, ResultRecord]]:
     """(baseline row, runtime row) for every cell key both have, in the baseline's stored order."""
-    others = {cell_key(row): row for row in results if row["runtime"] == runtime}
-    return [(row, others[cell_key(row)]) for row in results if row["runtime"] == baseline and cell_key(row) in others]
+    others = {cell_key(row): row for row in results if row.runtime == runtime}
+    return [(row, others[cell_key(row)]) for row in results if row.runtime == baseline and cell_key(row) in others]
 
 
-def compare_cells(results: Sequence[dict[str, Any]], baseline: str, runtime: str, *,
-                  per_cell_ci: bool = True) -> list[CellComparison]:
+def compare_cells(
+    results: Sequence[ResultRecord], baseline: str, runtime: str, *, per_cell_ci: bool = True
+) -> list[CellComparison]:
     """Every cell key that both ``baseline`` and ``runtime`` have in ``results`` (store rows), in the
     baseline's stored order; the Holm family is this list's comparable cells. ``per_cell_ci=False``: no
     per-cell bootstrap (``ci_low``/``ci_high`` None), everything else the same."""
@@ -291,21 +331,36 @@ def compare_cells(results: Sequence[dict[str, Any]], baseline: str, runtime: str
     return _comparisons(pairs, estimates(pairs, per_cell_ci=per_cell_ci), baseline, runtime)
 
 
-def _comparisons(pairs: RowPairs, found: Sequence[tuple[RatioEstimate | None, float | None]], baseline: str,
-                 runtime: str) -> list[CellComparison]:
+def _comparisons(
+    pairs: RowPairs, found: Sequence[tuple[RatioEstimate | None, float | None]], baseline: str, runtime: str
+) -> list[CellComparison]:
     out = []
     for (base, other), (estimate, p_adjusted) in zip(pairs, found):
-        out.append(CellComparison(
-            run_id=base["run_id"], model=base["model"], phase=base["phase"], batch_size=base["batch_size"],
-            seq_len=base["seq_len"], dtype=base["dtype"], device=base["device"], baseline=baseline, runtime=runtime,
-            baseline_status=base["status"], runtime_status=other["status"], baseline_reason=base.get("reason"),
-            runtime_reason=other.get("reason"), baseline_median_s=sample_median(base), runtime_median_s=sample_median(other),
-            ratio=None if estimate is None else estimate.ratio,
-            ci_low=None if estimate is None else estimate.ci_low,
-            ci_high=None if estimate is None else estimate.ci_high,
-            p_value=None if estimate is None else estimate.p_value,
-            p_adjusted=p_adjusted, significant=p_adjusted is not None and p_adjusted < ALPHA,
-        ))
+        out.append(
+            CellComparison(
+                run_id=base.run_id,
+                model=base.model,
+                phase=base.phase,
+                batch_size=base.batch_size,
+                seq_len=base.seq_len,
+                dtype=base.dtype,
+                device=base.device,
+                baseline=baseline,
+                runtime=runtime,
+                baseline_status=base.status,
+                runtime_status=other.status,
+                baseline_reason=base.reason,
+                runtime_reason=other.reason,
+                baseline_median_s=sample_median(base),
+                runtime_median_s=sample_median(other),
+                ratio=None if estimate is None else estimate.ratio,
+                ci_low=None if estimate is None else estimate.ci_low,
+                ci_high=None if estimate is None else estimate.ci_high,
+                p_value=None if estimate is None else estimate.p_value,
+                p_adjusted=p_adjusted,
+                significant=p_adjusted is not None and p_adjusted < ALPHA,
+            )
+        )
     return out
 
 
@@ -325,7 +380,12 @@ def pair_summary(cells: Sequence[CellComparison], baseline: str, runtime: str) -
         warnings.simplefilter("ignore", RuntimeWarning)  # gmean of a zero ratio: a zero median, still reported
         centre, low, high = geometric_mean_ci(ratios)
     return PairSummary(
-        baseline=baseline, runtime=runtime, n_common=len(ratios), geomean_ratio=centre, ci_low=low, ci_high=high,
+        baseline=baseline,
+        runtime=runtime,
+        n_common=len(ratios),
+        geomean_ratio=centre,
+        ci_low=low,
+        ci_high=high,
         n_faster=sum(1 for c in cells if c.significant and c.ratio is not None and c.ratio > 1),
         n_slower=sum(1 for c in cells if c.significant and c.ratio is not None and c.ratio < 1),
         failed_baseline=_count(c.baseline_status for c in cells),
@@ -333,18 +393,21 @@ def pair_summary(cells: Sequence[CellComparison], baseline: str, runtime: str) -
     )
 
 
-def runtimes_in(results: Sequence[dict[str, Any]]) -> list[str]:
+def runtimes_in(results: Sequence[ResultRecord]) -> list[str]:
     """The runtimes of ``results`` in order of first appearance."""
-    return list(dict.fromkeys(row["runtime"] for row in results))
+    return list(dict.fromkeys(row.runtime for row in results))
 
 
-def pair_summaries(results: Sequence[dict[str, Any]], baseline: str) -> list[PairSummary]:
+def pair_summaries(results: Sequence[ResultRecord], baseline: str) -> list[PairSummary]:
     """One :class:`PairSummary` per other runtime present in ``results``, in order of first appearance
     (none when ``baseline`` is absent)."""
     if baseline not in runtimes_in(results):
         return []
-    return [pair_summary(compare_cells(results, baseline, runtime, per_cell_ci=False), baseline, runtime)
-            for runtime in runtimes_in(results) if runtime != baseline]  # a summary uses no per-cell CI
+    return [
+        pair_summary(compare_cells(results, baseline, runtime, per_cell_ci=False), baseline, runtime)
+        for runtime in runtimes_in(results)
+        if runtime != baseline
+    ]  # a summary uses no per-cell CI
 
 
 @dataclass(frozen=True)
@@ -360,17 +423,17 @@ class GroupedPair:
     summary: PairSummary
 
 
-def split_groups(results: Sequence[dict[str, Any]], fields: Sequence[str] = GROUP_FIELDS
-                 ) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+def split_groups(
+    results: Sequence[ResultRecord], fields: Sequence[str] = GROUP_FIELDS
+) -> dict[tuple[Any, ...], list[ResultRecord]]:
     """``results`` split by the values of ``fields``, groups and rows in stored order."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[ResultRecord]] = {}
     for row in results:
         groups.setdefault(cell_key(row, fields), []).append(row)
     return groups
 
 
-def grouped_pairs(results: Sequence[dict[str, Any]], baseline: str, *, per_cell_ci: bool = True
-                  ) -> list[GroupedPair]:
+def grouped_pairs(results: Sequence[ResultRecord], baseline: str, *, per_cell_ci: bool = True) -> list[GroupedPair]:
     """Every other runtime against ``baseline`` in each (run, phase, dtype, device) group that has the
     baseline: what the report's speed-up column and pair-summary table show. Each pair's cells are exactly
     :func:`compare_cells` of its group (``per_cell_ci`` as there), computed in one batched pass over all pairs."""
@@ -390,14 +453,15 @@ def grouped_pairs(results: Sequence[dict[str, Any]], baseline: str, *, per_cell_
     return out
 
 
-def resolve_baseline(results: Sequence[dict[str, Any]], requested: str | None) -> str | None:
+def resolve_baseline(results: Sequence[ResultRecord], requested: str | None) -> str | None:
     """The baseline runtime: ``requested`` (ValueError naming the runtimes present when it is absent from
     ``results``), else DEFAULT_BASELINE when present, else the first runtime; None for no results."""
     present = runtimes_in(results)
     if requested is not None:
         if requested not in present:
-            raise ValueError(f"--baseline {requested} is not in these results; runtimes there: "
-                             f"{', '.join(present) or 'none'}")
+            raise ValueError(
+                f"--baseline {requested} is not in these results; runtimes there: {', '.join(present) or 'none'}"
+            )
         return requested
     if DEFAULT_BASELINE in present:
         return DEFAULT_BASELINE

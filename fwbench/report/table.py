@@ -9,8 +9,9 @@ Tables are built once as :class:`TableData` (rich markup cells) and rendered for
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +23,16 @@ from fwbench.report.fit import LEGEND as FIT_LEGEND
 from fwbench.report.fit import RIGHT as FIT_RIGHT
 from fwbench.report.fit import fit_table_cells, overhead_tables
 from fwbench.report.fit import section_ends as fit_section_ends
+from fwbench.report.flags import (
+    NOISY_REL_CI,
+    PARITY_FAILED,
+    ParityKey,
+    cell_flags,
+    is_noisy,
+    parity_by_pair,
+    parity_mark,
+    rel_half_width,
+)
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.summary import (
     ALPHA,
@@ -42,8 +53,8 @@ from fwbench.report.units import (
     format_seconds_noise,
     significant_digits,
 )
+from fwbench.store import ResultRecord
 
-NOISY_REL_CI = 0.05
 PIPE_WIDTH = 160  # rich would wrap at 80 columns when stdout is not a terminal
 OPTIONAL_COLUMNS = (("run_id", "run"), ("phase", "phase"), ("dtype", "dtype"), ("device", "device"))
 
@@ -53,43 +64,23 @@ def make_console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
 
 
-def rel_half_width(row: dict[str, Any]) -> float | None:
-    """The stored CI half-width over the median (0.01 = ±1%), or None."""
-    median, low, high = row.get("median_s"), row.get("ci_low_s"), row.get("ci_high_s")
-    if median is None or low is None or high is None or median <= 0:
-        return None
-    return float((high - low) / 2 / median)
-
-
-def is_noisy(row: dict[str, Any]) -> bool:
-    """An ``ok`` cell whose CI half-width exceeds NOISY_REL_CI of its median."""
-    half = rel_half_width(row)
-    return row.get("status") == "ok" and half is not None and half > NOISY_REL_CI
-
-
-def _median_cell(row: dict[str, Any]) -> str:
+def _median_cell(row: ResultRecord) -> str:
     """``'21.34 µs ±0.3%'`` with the digits the CI supports (yellow when noisy); ``N/A oom`` for a non-ok cell."""
-    if row["status"] != "ok":
-        return f"[red]N/A {escape(row['status'])}[/]"
-    if row["median_s"] is None:
+    if row.status != "ok":
+        return f"[red]N/A {escape(row.status)}[/]"
+    if row.median_s is None:
         return "—"
-    text = format_seconds_noise(row["median_s"], row.get("ci_low_s"), row.get("ci_high_s"))
+    text = format_seconds_noise(row.median_s, row.ci_low_s, row.ci_high_s)
     half = rel_half_width(row)
     if half is not None:
         text += f" ±{half:.1%}"
     return f"[yellow]{text}[/]" if is_noisy(row) else text
 
 
-def compile_flags(row: dict[str, Any]) -> list[str]:
-    """The compile-health flags the worker stored for a cell (recompiles in the timed loop, graph
-    breaks, fallbacks to eager); empty when the mode compiled cleanly or compiles nothing."""
-    return list(row.get("details", {}).get("compile_health", {}).get("flags", []))
-
-
-def _note(row: dict[str, Any]) -> str:
-    if row["status"] != "ok":
-        return escape(row["reason"] or "")
-    flags = (["noisy"] if is_noisy(row) else []) + compile_flags(row)
+def _note(row: ResultRecord) -> str:
+    if row.status != "ok":
+        return escape(row.reason or "")
+    flags = cell_flags(row)
     return ", ".join(f"[yellow]{escape(flag)}[/]" for flag in flags)
 
 
@@ -105,9 +96,26 @@ class TableData:
     caption: str | None = None
 
 
-RIGHT_COLUMNS = frozenset({"run", "batch", "seq", "median ±95% CI", "GFLOP/s", "% peak", "samples/s", "tokens/s",
-                           "first call", "peak RSS",
-                           "samples", "parity", "cells both ok", "faster", "slower", "no sig. diff."})
+RIGHT_COLUMNS = frozenset(
+    {
+        "run",
+        "batch",
+        "seq",
+        "median ±95% CI",
+        "GFLOP/s",
+        "% peak",
+        "samples/s",
+        "tokens/s",
+        "first call",
+        "peak RSS",
+        "samples",
+        "parity",
+        "cells both ok",
+        "faster",
+        "slower",
+        "no sig. diff.",
+    }
+)
 
 
 def to_rich(data: TableData) -> Table:
@@ -125,8 +133,22 @@ def plain(markup: str) -> str:
     return Text.from_markup(markup).plain
 
 
-MARKDOWN_ESCAPES = str.maketrans({"\\": "\\\\", "|": "\\|", "*": "\\*", "_": "\\_", "`": "\\`", "[": "\\[",
-                                  "]": "\\]", "<": "&lt;", ">": "&gt;", "&": "&amp;", "\n": " ", "\r": " "})
+MARKDOWN_ESCAPES = str.maketrans(
+    {
+        "\\": "\\\\",
+        "|": "\\|",
+        "*": "\\*",
+        "_": "\\_",
+        "`": "\\`",
+        "[": "\\[",
+        "]": "\\]",
+        "<": "&lt;",
+        ">": "&gt;",
+        "&": "&amp;",
+        "\n": " ",
+        "\r": " ",
+    }
+)
 
 
 def markdown_text(text: str) -> str:
@@ -170,87 +192,100 @@ def speedup_cell(cell: CellComparison | None, is_baseline: bool) -> str:
     return f"[green]{text}[/]" if cell.ratio > 1 else f"[red]{text}[/]"
 
 
-def parity_by_pair(results: Sequence[dict[str, Any]]) -> dict[tuple[Any, ...], float | None]:
-    """Per (run, model, runtime, dtype, device): the worst relative L2 error of its parity check, or None
-    when it failed."""
-    out: dict[tuple[Any, ...], float | None] = {}
-    for row in results:
-        check = row.get("details", {}).get("parity")
-        if not isinstance(check, dict) or "ok" not in check:
-            continue
-        errors = [float(o.get("rel_l2", 0.0)) for o in check.get("outputs", {}).values()]
-        pair = (row["run_id"], row["model"], row["runtime"], row["dtype"], row["device"])
-        out[pair] = max(errors, default=0.0) if check["ok"] else None
-    return out
+def _parity_cell(row: ResultRecord, parity: dict[ParityKey, float | None]) -> str:
+    mark = parity_mark(row, parity)
+    return f"[red]{mark}[/]" if mark == PARITY_FAILED else mark
 
 
-def _parity_cell(row: dict[str, Any], parity: dict[tuple[Any, ...], float | None]) -> str:
-    if row["status"] == "mismatch":
-        return "[red]✗[/]"
-    if row["status"] != "ok":
-        return "—"
-    pair = (row["run_id"], row["model"], row["runtime"], row["dtype"], row["device"])
-    if pair not in parity:
-        return "—"
-    worst = parity[pair]
-    return "[red]✗[/]" if worst is None else f"{worst:.0e}"
+def _shape_key(row: ResultRecord) -> tuple[Any, ...]:
+    return (row.run_id, row.phase, row.dtype, row.device, row.batch_size, row.seq_len)
 
 
-def _shape_key(row: dict[str, Any]) -> tuple[Any, ...]:
-    return (row["run_id"], row["phase"], row["dtype"], row["device"], row["batch_size"], row["seq_len"])
-
-
-def result_tables(results: Sequence[dict[str, Any]], title: str | None, peak: Peak | None, baseline: str | None,
-                  pairs: Sequence[GroupedPair]) -> list[TableData]:
+def result_tables(
+    results: Sequence[ResultRecord],
+    title: str | None,
+    peak: Peak | None,
+    baseline: str | None,
+    pairs: Sequence[GroupedPair],
+) -> list[TableData]:
     """One table per model (first-appearance order), rows grouped by shape with a rule between shapes,
     ``baseline`` first within a shape, then the other runtimes in first-appearance order."""
-    varying = [(key, label) for key, label in OPTIONAL_COLUMNS if len({r[key] for r in results}) > 1]
-    constant = ", ".join(f"{label} {results[0][key]}" for key, label in OPTIONAL_COLUMNS
-                         if (key, label) not in varying)
-    cells = {(c.run_id, c.model, c.phase, c.batch_size, c.seq_len, c.dtype, c.device, c.runtime): c
-             for pair in pairs for c in pair.cells}
+    varying = [(key, label) for key, label in OPTIONAL_COLUMNS if len({getattr(r, key) for r in results}) > 1]
+    constant = ", ".join(
+        f"{label} {getattr(results[0], key)}" for key, label in OPTIONAL_COLUMNS if (key, label) not in varying
+    )
+    cells = {
+        (c.run_id, c.model, c.phase, c.batch_size, c.seq_len, c.dtype, c.device, c.runtime): c
+        for pair in pairs
+        for c in pair.cells
+    }
     order = {name: i for i, name in enumerate(sorted(runtimes_in(results), key=lambda r: r != baseline))}
     groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
     parity = parity_by_pair(results)
     rate_headers = throughput_headers(results)
     headers = [label for _, label in varying] + [
-        "batch", "seq", "runtime", "median ±95% CI", *([f"vs {baseline}"] if baseline else []), "GFLOP/s",
-        *(["% peak"] if peak else []), *rate_headers, "first call", "peak RSS", "samples", "parity", "note"]
+        "batch",
+        "seq",
+        "runtime",
+        "median ±95% CI",
+        *([f"vs {baseline}"] if baseline else []),
+        "GFLOP/s",
+        *(["% peak"] if peak else []),
+        *rate_headers,
+        "first call",
+        "peak RSS",
+        "samples",
+        "parity",
+        "note",
+    ]
     tables = []
-    for model in dict.fromkeys(r["model"] for r in results):
-        rows = sorted((r for r in results if r["model"] == model), key=lambda r: (
-            groups[_shape_key(r)[:4]], r["batch_size"], -1 if r["seq_len"] is None else r["seq_len"],
-            order[r["runtime"]]))
+    for model in dict.fromkeys(r.model for r in results):
+        rows = sorted(
+            (r for r in results if r.model == model),
+            key=lambda r: (
+                groups[_shape_key(r)[:4]],
+                r.batch_size,
+                -1 if r.seq_len is None else r.seq_len,
+                order[r.runtime],
+            ),
+        )
         heading = f"{title}: {model}" if title else model
-        data = TableData(f"{escape(heading)} ({escape(constant)})" if constant else escape(heading), headers,
-                         RIGHT_COLUMNS)
+        data = TableData(
+            f"{escape(heading)} ({escape(constant)})" if constant else escape(heading), headers, RIGHT_COLUMNS
+        )
         for index, row in enumerate(rows):
-            key = (row["run_id"], model, row["phase"], row["batch_size"], row["seq_len"], row["dtype"], row["device"],
-                   row["runtime"])
-            data.rows.append([
-                *(escape(str(row[k])) for k, _ in varying),
-                str(row["batch_size"]), "—" if row["seq_len"] is None else str(row["seq_len"]), escape(row["runtime"]),
-                _median_cell(row),
-                *([speedup_cell(cells.get(key), row["runtime"] == baseline)] if baseline else []),
-                format_gflops(achieved_gflops(row)), *([format_fraction(peak_fraction(row, peak))] if peak else []),
-                *map(format_rate, throughput(row)[:len(rate_headers)]),
-                format_seconds(row["first_call_s"]), format_bytes(row["peak_memory_bytes"]),
-                f"{row['n_samples']}×{row['calls_per_sample']}" if row["n_samples"] else "—",
-                _parity_cell(row, parity), _note(row),
-            ])
+            key = (row.run_id, model, row.phase, row.batch_size, row.seq_len, row.dtype, row.device, row.runtime)
+            data.rows.append(
+                [
+                    *(escape(str(getattr(row, k))) for k, _ in varying),
+                    str(row.batch_size),
+                    "—" if row.seq_len is None else str(row.seq_len),
+                    escape(row.runtime),
+                    _median_cell(row),
+                    *([speedup_cell(cells.get(key), row.runtime == baseline)] if baseline else []),
+                    format_gflops(achieved_gflops(row)),
+                    *([format_fraction(peak_fraction(row, peak))] if peak else []),
+                    *map(format_rate, throughput(row)[: len(rate_headers)]),
+                    format_seconds(row.first_call_s),
+                    format_bytes(row.peak_memory_bytes),
+                    f"{row.n_samples}×{row.calls_per_sample}" if row.n_samples else "—",
+                    _parity_cell(row, parity),
+                    _note(row),
+                ]
+            )
             if index + 1 < len(rows) and _shape_key(rows[index + 1]) != _shape_key(row):
                 data.section_ends.add(index)
         tables.append(data)
     return tables
 
 
-def throughput_headers(results: Sequence[dict[str, Any]]) -> list[str]:
+def throughput_headers(results: Sequence[ResultRecord]) -> list[str]:
     """``samples/s`` when a row is a training cell, ``tokens/s`` too when one of those has a sequence axis;
     none for inference-only results (their layout is unchanged)."""
-    rows = [r for r in results if r["phase"] in THROUGHPUT_PHASES]
+    rows = [r for r in results if r.phase in THROUGHPUT_PHASES]
     if not rows:
         return []
-    return ["samples/s", *(["tokens/s"] if any(r["seq_len"] is not None for r in rows) else [])]
+    return ["samples/s", *(["tokens/s"] if any(r.seq_len is not None for r in rows) else [])]
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -271,17 +306,35 @@ def summary_table(pairs: Sequence[GroupedPair], baseline: str) -> TableData:
     fields = (("run_id", "run"), ("phase", "phase"), ("dtype", "dtype"), ("device", "device"))
     varying = [(key, label) for key, label in fields if len({getattr(p, key) for p in pairs}) > 1]
     headers = [label for _, label in varying] + [
-        "runtime", "cells both ok", "geomean speed-up (95% CI)", "faster", "slower", "no sig. diff.",
-        f"{baseline} not ok", "runtime not ok"]
-    data = TableData(escape(f"speed-up over {baseline}: geometric mean of per-cell ratios over the cells both ran ok"),
-                     headers, RIGHT_COLUMNS)
+        "runtime",
+        "cells both ok",
+        "geomean speed-up (95% CI)",
+        "faster",
+        "slower",
+        "no sig. diff.",
+        f"{baseline} not ok",
+        "runtime not ok",
+    ]
+    data = TableData(
+        escape(f"speed-up over {baseline}: geometric mean of per-cell ratios over the cells both ran ok"),
+        headers,
+        RIGHT_COLUMNS,
+    )
     for pair in pairs:
         s = pair.summary
-        data.rows.append([
-            *(escape(str(getattr(pair, key))) for key, _ in varying), escape(s.runtime), str(s.n_common),
-            summary_cell(s), str(s.n_faster), str(s.n_slower), str(s.n_common - s.n_faster - s.n_slower),
-            escape(_counts_text(s.failed_baseline)), escape(_counts_text(s.failed_runtime)),
-        ])
+        data.rows.append(
+            [
+                *(escape(str(getattr(pair, key))) for key, _ in varying),
+                escape(s.runtime),
+                str(s.n_common),
+                summary_cell(s),
+                str(s.n_faster),
+                str(s.n_slower),
+                str(s.n_common - s.n_faster - s.n_slower),
+                escape(_counts_text(s.failed_baseline)),
+                escape(_counts_text(s.failed_runtime)),
+            ]
+        )
     return data
 
 
@@ -289,22 +342,31 @@ def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False) ->
     """What the columns mean (plain text lines), printed once under the tables."""
     lines = []
     if baseline:
-        lines.append(f"vs {baseline}: its median ÷ the runtime's (>1: the runtime is faster), 95% bootstrap CI; "
-                     f"≈: no significant difference (Mann–Whitney U on the raw samples, Holm-adjusted over the "
-                     f"pair's cells, p ≥ {ALPHA:g}); N/A: a side did not run ok.")
-    lines.append(f"median: digits as many as its CI supports; noisy: CI half-width > {NOISY_REL_CI:.0%} of the median. "
-                 "N/A <status>: the cell did not run ok (note: why).")
-    lines.append("parity: worst relative L2 error against the float64 reference, checked once per model × runtime "
-                 "in a run (✗: failed).")
+        lines.append(
+            f"vs {baseline}: its median ÷ the runtime's (>1: the runtime is faster), 95% bootstrap CI; "
+            f"≈: no significant difference (Mann–Whitney U on the raw samples, Holm-adjusted over the "
+            f"pair's cells, p ≥ {ALPHA:g}); N/A: a side did not run ok."
+        )
+    lines.append(
+        f"median: digits as many as its CI supports; noisy: CI half-width > {NOISY_REL_CI:.0%} of the median. "
+        "N/A <status>: the cell did not run ok (note: why)."
+    )
+    lines.append(
+        "parity: worst relative L2 error against the float64 reference, checked once per model × runtime "
+        "in a run (✗: failed)."
+    )
     if show_rates:
-        lines.append("samples/s, tokens/s (training cells): batch size (× sequence length) over the median step "
-                     "time; GFLOP/s counts forward + backward (3 × the forward FLOPs); first call: the first "
-                     "optimizer step, compilation included.")
+        lines.append(
+            "samples/s, tokens/s (training cells): batch size (× sequence length) over the median step "
+            "time; GFLOP/s counts forward + backward (3 × the forward FLOPs); first call: the first "
+            "optimizer step, compilation included."
+        )
     return lines
 
 
-def report_tables(results: Sequence[dict[str, Any]], title: str | None = None, peak: Peak | None = None,
-                  baseline: str | None = None) -> tuple[list[TableData], list[str]]:
+def report_tables(
+    results: Sequence[ResultRecord], title: str | None = None, peak: Peak | None = None, baseline: str | None = None
+) -> tuple[list[TableData], list[str]]:
     """Every table of a report (one per model, then the pair summary when the baseline and another runtime
     share a group) and the legend lines. ``baseline`` as :func:`resolve_baseline` (ValueError when absent)."""
     if not results:
@@ -314,23 +376,33 @@ def report_tables(results: Sequence[dict[str, Any]], title: str | None = None, p
     shown = chosen if pairs else None  # no other runtime to compare: no speed-up column
     tables = result_tables(results, title, peak, shown, pairs)
     if peak:
-        tables[-1].caption = (f"% peak: of {format_gflops(peak.gflops)} GFLOP/s, the {peak.dtype} {peak.device} "
-                              f"matmul peak ({peak.runtime}, threads {peak.threads}, run {peak.run_id}: "
-                              "fwbench env --peak)")
+        tables[-1].caption = (
+            f"% peak: of {format_gflops(peak.gflops)} GFLOP/s, the {peak.dtype} {peak.device} "
+            f"matmul peak ({peak.runtime}, threads {peak.threads}, run {peak.run_id}: "
+            "fwbench env --peak)"
+        )
     if pairs and shown:
         tables.append(summary_table(pairs, shown))
     lines = legend(shown, peak, bool(throughput_headers(results)))
     fit = overhead_tables(results)
     for table in fit:  # phase fit: high-level APIs against the manual loops
-        tables.append(TableData(escape(table["title"]), list(FIT_HEADERS), FIT_RIGHT, fit_table_cells(table),
-                                fit_section_ends(table)))
+        tables.append(
+            TableData(
+                escape(table["title"]), list(FIT_HEADERS), FIT_RIGHT, fit_table_cells(table), fit_section_ends(table)
+            )
+        )
     if fit:
         lines.append(FIT_LEGEND)
     return tables, lines
 
 
-def print_results(results: Sequence[dict[str, Any]], console: Console, title: str | None = None,
-                  peak: Peak | None = None, baseline: str | None = None) -> None:
+def print_results(
+    results: Sequence[ResultRecord],
+    console: Console,
+    title: str | None = None,
+    peak: Peak | None = None,
+    baseline: str | None = None,
+) -> None:
     """Print :func:`report_tables` on ``console``."""
     if not results:
         console.print("no results")
@@ -342,8 +414,9 @@ def print_results(results: Sequence[dict[str, Any]], console: Console, title: st
         console.print(Text(line, style="dim"))
 
 
-def markdown_report(results: Sequence[dict[str, Any]], title: str | None = None, peak: Peak | None = None,
-                    baseline: str | None = None) -> str:
+def markdown_report(
+    results: Sequence[ResultRecord], title: str | None = None, peak: Peak | None = None, baseline: str | None = None
+) -> str:
     """:func:`report_tables` as Markdown: a heading and a table per model, the summary, the legend."""
     if not results:
         return "no results\n"

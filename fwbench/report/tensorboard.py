@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from fwbench.report.peak import achieved_gflops
 from fwbench.report.throughput import rates
 from fwbench.report.units import format_bytes, format_seconds
+from fwbench.store import ResultRecord
 
 # Phases where one timed call processes one batch (throughput = batch / seconds); a fit sample is an epoch.
 RATED_PHASES = ("inference", "training")
@@ -53,42 +55,45 @@ def _part(value: object) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", str(value)).strip("._") or "_"
 
 
-def shape_label(row: dict[str, Any]) -> str:
+def shape_label(row: ResultRecord) -> str:
     """``b4_fp32_cpu``, ``b8_s128_bf16_cuda``: the part of a cell's tags that tells its shape apart."""
-    seq = "" if row["seq_len"] is None else f"_s{row['seq_len']}"
-    return f"b{row['batch_size']}{seq}_{_part(row['dtype'])}_{_part(row['device'])}"
+    seq = "" if row.seq_len is None else f"_s{row.seq_len}"
+    return f"b{row.batch_size}{seq}_{_part(row.dtype)}_{_part(row.device)}"
 
 
-def run_dir(root: Path, row: dict[str, Any], per_run: bool = False) -> Path:
+def run_dir(root: Path, row: ResultRecord, per_run: bool = False) -> Path:
     """``root/<model>/<framework>_<mode>`` (under ``root/run<ID>`` with ``per_run``)."""
-    base = root / f"run{row['run_id']}" if per_run else root
-    return base / _part(row["model"]) / _part(row["runtime"])
+    base = root / f"run{row.run_id}" if per_run else root
+    return base / _part(row.model) / _part(row.runtime)
 
 
-def tags(row: dict[str, Any]) -> dict[str, str]:
+def tags(row: ResultRecord) -> dict[str, str]:
     """The tags of a cell by metric (``loss`` for training cells only, ``tokens_per_s`` for sequence models)."""
-    phase, shape = _part(row["phase"]), shape_label(row)
-    rated = row["phase"] in RATED_PHASES
-    metrics = [*(["loss"] if _step_losses(row) is not None else []), "step_time_s",
-               *(["samples_per_s"] if rated else []),
-               *(["tokens_per_s"] if rated and row["seq_len"] is not None else []), "settings"]
+    phase, shape = _part(row.phase), shape_label(row)
+    rated = row.phase in RATED_PHASES
+    metrics = [
+        *(["loss"] if _step_losses(row) is not None else []),
+        "step_time_s",
+        *(["samples_per_s"] if rated else []),
+        *(["tokens_per_s"] if rated and row.seq_len is not None else []),
+        "settings",
+    ]
     return {metric: f"{phase}/{metric}/{shape}" for metric in metrics}
 
 
-def _step_losses(row: dict[str, Any]) -> list[float] | None:
-    losses = row.get("details", {}).get("training", {}).get("step_losses")
-    return None if losses is None else [float(x) for x in losses]
+def _step_losses(row: ResultRecord) -> list[float] | None:
+    losses = None if row.training is None else row.training.step_losses
+    return None if losses is None else list(losses)
 
 
-def timed_steps(row: dict[str, Any]) -> list[int]:
+def timed_steps(row: ResultRecord) -> list[int]:
     """The step (x axis) of each timed sample: training, the optimizer step of the sample's last call
     (0 is the first call); otherwise the sample's index."""
-    parts = row.get("details", {}).get("training", {}).get("step_loss_parts")
+    parts = None if row.training is None else row.training.step_loss_parts
     if parts is None:
-        return list(range(len(row["samples"])))
-    start = parts["first_call"] + parts["warmup"] + parts["calibration"]
-    calls = int(row["calls_per_sample"] or 1)
-    return [start + (k + 1) * calls - 1 for k in range(len(row["samples"]))]
+        return list(range(len(row.samples)))
+    calls = int(row.calls_per_sample or 1)
+    return [parts.before_timed + (k + 1) * calls - 1 for k in range(len(row.samples))]
 
 
 def _table(pairs: Sequence[tuple[str, Any]]) -> str:
@@ -96,41 +101,53 @@ def _table(pairs: Sequence[tuple[str, Any]]) -> str:
     return f"| key | value |\n|---|---|\n{body}"
 
 
-def settings_text(row: dict[str, Any], settings: dict[str, Any]) -> str:
+def settings_text(row: ResultRecord, settings: dict[str, Any]) -> str:
     """Markdown: the case, the cell's figures, the run's settings, each a two-column table."""
-    details = row.get("details", {})
-    samples_s, tokens_s = rates(row, row.get("median_s"))
-    case = [(key, row.get(key)) for key in ("run_id", "model", "runtime", "phase", "batch_size", "seq_len", "dtype",
-                                            "device", "case_key")]
+    samples_s, tokens_s = rates(row, row.median_s)
+    case = [
+        (key, getattr(row, key))
+        for key in ("run_id", "model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "case_key")
+    ]
+    gflops = achieved_gflops(row)
     figures: list[tuple[str, Any]] = [
-        ("median per call", format_seconds(row.get("median_s"))),
-        ("95% CI", f"{format_seconds(row.get('ci_low_s'))} – {format_seconds(row.get('ci_high_s'))}"),
-        ("samples", f"{row.get('n_samples')} × {row.get('calls_per_sample')} calls"),
-        ("first call (compile included)", format_seconds(row.get("first_call_s"))),
+        ("median per call", format_seconds(row.median_s)),
+        ("95% CI", f"{format_seconds(row.ci_low_s)} – {format_seconds(row.ci_high_s)}"),
+        ("samples", f"{row.n_samples} × {row.calls_per_sample} calls"),
+        ("first call (compile included)", format_seconds(row.first_call_s)),
         ("samples/s at the median", "—" if samples_s is None else f"{samples_s:.4g}"),
         *([("tokens/s at the median", f"{tokens_s:.4g}")] if tokens_s is not None else []),
-        ("GFLOP/s at the median", "—" if achieved_gflops(row) is None else f"{achieved_gflops(row):.4g}"),
-        ("peak RSS", format_bytes(row.get("peak_memory_bytes"))),
-        *([("allocator peak", format_bytes(row["allocator_peak_bytes"]))] if row.get("allocator_peak_bytes") else []),
-        ("versions", details.get("versions")),
+        ("GFLOP/s at the median", "—" if gflops is None else f"{gflops:.4g}"),
+        ("peak RSS", format_bytes(row.peak_memory_bytes)),
+        *([("allocator peak", format_bytes(row.allocator_peak_bytes))] if row.allocator_peak_bytes else []),
+        ("versions", None if row.versions is None else dict(row.versions)),
     ]
-    training = details.get("training")
-    if training:
-        figures += [("optimizer", training.get("optimizer")), ("first loss", training.get("first_loss")),
-                    ("final loss", training.get("final_loss")), ("steps by part", training.get("step_loss_parts"))]
-    return "\n\n".join([f"**case**\n\n{_table(case)}", f"**figures**\n\n{_table(figures)}",
-                        f"**run settings**\n\n{_table(sorted(settings.items()))}"])
+    training = row.training
+    if training is not None:
+        parts = training.step_loss_parts
+        figures += [
+            ("optimizer", training.optimizer),
+            ("first loss", training.first_loss),
+            ("final loss", training.final_loss),
+            ("steps by part", None if parts is None else parts.to_dict()),
+        ]
+    return "\n\n".join(
+        [
+            f"**case**\n\n{_table(case)}",
+            f"**figures**\n\n{_table(figures)}",
+            f"**run settings**\n\n{_table(sorted(settings.items()))}",
+        ]
+    )
 
 
-def event_suffix(row: dict[str, Any]) -> str:
+def event_suffix(row: ResultRecord) -> str:
     """The event-file name suffix that identifies a cell within its run directory."""
-    return f".fwbench-run{row['run_id']}-{_part(row['phase'])}-{shape_label(row)}"
+    return f".fwbench-run{row.run_id}-{_part(row.phase)}-{shape_label(row)}"
 
 
-def write_cell(root: Path, row: dict[str, Any], settings: dict[str, Any], per_run: bool = False) -> Path | None:
+def write_cell(root: Path, row: ResultRecord, settings: dict[str, Any], per_run: bool = False) -> Path | None:
     """Write one ``ok`` cell's scalars and settings text; returns its run directory (None: not ok, nothing
     written). A previous event file of the same cell is replaced. OSError when ``root`` cannot be written."""
-    if row["status"] != "ok" or not row["samples"]:
+    if row.status != "ok" or not row.samples:
         return None
     folder = run_dir(root, row, per_run)
     folder.mkdir(parents=True, exist_ok=True)
@@ -142,7 +159,7 @@ def write_cell(root: Path, row: dict[str, Any], settings: dict[str, Any], per_ru
     try:
         for step, loss in enumerate(_step_losses(row) or []):
             writer.add_scalar(names["loss"], loss, step)
-        for step, seconds in zip(timed_steps(row), row["samples"]):
+        for step, seconds in zip(timed_steps(row), row.samples):
             samples_s, tokens_s = rates(row, seconds)
             writer.add_scalar(names["step_time_s"], seconds, step)
             if "samples_per_s" in names:
@@ -155,10 +172,11 @@ def write_cell(root: Path, row: dict[str, Any], settings: dict[str, Any], per_ru
     return folder
 
 
-def write_results(root: Path, results: Sequence[dict[str, Any]],
-                  settings_by_run: dict[int, dict[str, Any]]) -> list[Path]:
+def write_results(
+    root: Path, results: Sequence[ResultRecord], settings_by_run: dict[int, dict[str, Any]]
+) -> list[Path]:
     """Write every ``ok`` cell of ``results``; several runs go under ``root/run<ID>/``. Returns the run
     directories written (each once)."""
-    per_run = len({row["run_id"] for row in results}) > 1
-    folders = [write_cell(root, row, settings_by_run.get(row["run_id"], {}), per_run) for row in results]
+    per_run = len({row.run_id for row in results}) > 1
+    folders = [write_cell(root, row, settings_by_run.get(row.run_id, {}), per_run) for row in results]
     return list(dict.fromkeys(folder for folder in folders if folder is not None))

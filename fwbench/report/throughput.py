@@ -7,18 +7,18 @@ samples/s is the usual way to state a training step's speed; TensorBoard gets it
 
 from __future__ import annotations
 
-from typing import Any
+from fwbench.store import ResultRecord
 
 THROUGHPUT_PHASES = ("training",)  # phases whose report rows show samples/s and tokens/s
 
 
-def per_call(row: dict[str, Any]) -> tuple[int, int | None]:
+def per_call(row: ResultRecord) -> tuple[int, int | None]:
     """(samples, tokens or None) one timed call of ``row`` processes."""
-    batch, seq = int(row["batch_size"]), row.get("seq_len")
-    return batch, None if seq is None else batch * int(seq)
+    batch, seq = row.batch_size, row.seq_len
+    return batch, None if seq is None else batch * seq
 
 
-def rates(row: dict[str, Any], seconds: float | None) -> tuple[float | None, float | None]:
+def rates(row: ResultRecord, seconds: float | None) -> tuple[float | None, float | None]:
     """(samples/s, tokens/s or None) of calls of ``row`` that take ``seconds`` each."""
     if seconds is None or seconds <= 0:
         return None, None
@@ -26,11 +26,11 @@ def rates(row: dict[str, Any], seconds: float | None) -> tuple[float | None, flo
     return samples / seconds, None if tokens is None else tokens / seconds
 
 
-def throughput(row: dict[str, Any]) -> tuple[float | None, float | None]:
+def throughput(row: ResultRecord) -> tuple[float | None, float | None]:
     """(samples/s, tokens/s) at the median of an ``ok`` training cell; (None, None) otherwise."""
-    if row.get("status") != "ok" or row.get("phase") not in THROUGHPUT_PHASES:
+    if row.status != "ok" or row.phase not in THROUGHPUT_PHASES:
         return None, None
-    return rates(row, row.get("median_s"))
+    return rates(row, row.median_s)
 
 
 def format_rate(value: float | None) -> str:
@@ -43,7 +43,7 @@ def format_rate(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def throughput_text(row: dict[str, Any]) -> str:
+def throughput_text(row: ResultRecord) -> str:
     """``'1.23k samples/s, 157k tokens/s'`` (tokens only for a sequence model); ``—`` when not shown."""
     samples, tokens = throughput(row)
     if samples is None:

@@ -56,8 +56,9 @@ def format_fraction(value: float | None) -> str:
     return f"{value:.1%}" if abs(value) >= 0.001 else f"{value * 100:.1g}%"
 
 
-def significant_digits(value: float, half_width: float | None, default: int = 3, lowest: int = 2,
-                       highest: int = 4) -> int:
+def significant_digits(
+    value: float, half_width: float | None, default: int = 3, lowest: int = 2, highest: int = 4
+) -> int:
     """How many significant digits of ``value`` its noise supports: down to the decimal place of the
     leading digit of ``half_width`` (the CI half-width, same unit), clamped to [lowest, highest];
     ``default`` without a usable half-width. ``21.34`` ± ``0.064`` → 4; ± ``1.1`` → 2."""

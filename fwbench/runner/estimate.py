@@ -9,16 +9,15 @@ prediction: it is labelled as such wherever it is shown. Nothing here imports a 
 
 from __future__ import annotations
 
-from fwbench.models import get_model
+from fwbench.frameworks import runtimes  # the registry: no framework is imported
 from fwbench.measure.timer import HF2019_NUMBER, HF2019_REPEAT, MIN_ADAPTIVE_SAMPLES
+from fwbench.models import get_model
 from fwbench.spec import Case, Plan, Settings
 
-# Seconds to start a worker and import the framework (2-core AMD EPYC, warm file cache).
-STARTUP_S = {"torch": 2.0, "tensorflow": 5.5, "jax": 2.0, "keras": 6.0}
+# A runtime's start-up and compile seconds are in its registry record (RuntimeInfo.startup_s, .compile_s);
+# these are for a runtime that is not registered here (a stored plan's plugin runtime that is not loaded).
 DEFAULT_STARTUP_S = 2.0
-# Seconds a mode spends compiling a small model in its first call (plus the same at the parity shape).
-COMPILE_S = {"compile": 25.0, "export": 20.0, "xla": 3.0, "script": 1.0, "function": 0.5, "jit": 0.5,
-             "tensorflow": 1.0, "jax": 1.0}
+DEFAULT_COMPILE_S = 0.0
 NOMINAL_FLOPS_PER_S_PER_THREAD = 40e9  # fp32, a modern x86 core; real models reach less or more
 BUILD_S_PER_PARAMETER = 3e-8  # seeded weights: generating and converting ~30 ns per parameter
 PER_CALL_OVERHEAD_S = 5e-5  # a framework call on a tiny model
@@ -31,22 +30,28 @@ def estimate_call_s(case: Case, settings: Settings) -> float:
     return PER_CALL_OVERHEAD_S + flops / (NOMINAL_FLOPS_PER_S_PER_THREAD * settings.threads)
 
 
+def startup_and_compile_s(runtime: str) -> tuple[float, float]:
+    """(seconds to start a worker and import the framework, seconds the mode compiles a small model in its
+    first call), from the runtime's registry record."""
+    info = runtimes().get(runtime)
+    return (DEFAULT_STARTUP_S, DEFAULT_COMPILE_S) if info is None else (info.startup_s, info.compile_s)
+
+
 def estimate_cell_s(case: Case, settings: Settings) -> float:
-    """Seconds one cell may take, worker start-up to stored result."""
-    framework, mode = case.runtime.split(":", 1)
+    """Seconds one cell may take, worker start-up to stored result (the compile time twice: once more at the
+    parity shape)."""
+    startup_s, compile_s = startup_and_compile_s(case.runtime)
     call = estimate_call_s(case, settings)
     if settings.protocol == "hf2019":
         timing = HF2019_REPEAT * HF2019_NUMBER * call
     else:
         timing = min(settings.max_time_s, max(MIN_ADAPTIVE_SAMPLES * max(call, settings.min_block_s), 2 * call))
-    compile_s = COMPILE_S.get(mode, 0.0)
     build = BUILD_S_PER_PARAMETER * get_model(case.model).parameter_count()
     if case.phase == "fit":  # epochs × steps, each step its FLOPs plus a training loop's per-step cost
         steps = settings.epochs * (settings.fit_samples // case.batch_size)
         timing = steps * (call + FIT_STEP_OVERHEAD_S)
-        return STARTUP_S.get(framework, DEFAULT_STARTUP_S) + build + 2 * compile_s + timing
-    return (STARTUP_S.get(framework, DEFAULT_STARTUP_S) + build + 2 * compile_s
-            + (1 + max(2, settings.warmup_calls)) * call + timing)
+        return startup_s + build + 2 * compile_s + timing
+    return startup_s + build + 2 * compile_s + (1 + max(2, settings.warmup_calls)) * call + timing
 
 
 def estimate_plan_s(plan: Plan) -> float:

@@ -15,16 +15,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.measure.environment import cpus_one_per_core
 from fwbench.measure.memory import peak_rss_bytes
 from fwbench.measure.stats import summarize
 from fwbench.models import get_model
-from fwbench.runner.protocol import Job, thread_environment
+from fwbench.runner.messages import Job, thread_environment
+from fwbench.runner.phases import get_phase
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store
 
@@ -89,12 +91,24 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_worker(case: Case, settings: Settings, check_parity: bool = True, *,
-               verify_output: str | None = None, weights_path: str | None = None,
-               train_steps: int = 20) -> CellOutcome:
+def run_worker(
+    case: Case,
+    settings: Settings,
+    check_parity: bool = True,
+    *,
+    verify_output: str | None = None,
+    weights_path: str | None = None,
+    train_steps: int = 20,
+) -> CellOutcome:
     """Run ``case`` in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
-    job = Job(case=case, settings=settings, check_parity=check_parity, verify_output=verify_output,
-              weights_path=weights_path, train_steps=train_steps)
+    job = Job(
+        case=case,
+        settings=settings,
+        check_parity=check_parity,
+        verify_output=verify_output,
+        weights_path=weights_path,
+        train_steps=train_steps,
+    )
     cpus = ",".join(str(cpu) for cpu in worker_cpus(settings.threads))
     env = {**os.environ, **thread_environment(settings.threads, settings.interop_threads), "PYTHONUNBUFFERED": "1"}
     oom_kills_before = _oom_kill_count()
@@ -103,10 +117,23 @@ def run_worker(case: Case, settings: Settings, check_parity: bool = True, *,
         read_fd, write_fd = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fwbench.runner.worker", "--result-fd", str(write_fd), "--cpus", cpus,
-                 "--manager-pid", str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,), start_new_session=True, env=env,
+                [
+                    sys.executable,
+                    "-m",
+                    "fwbench.runner.worker",
+                    "--result-fd",
+                    str(write_fd),
+                    "--cpus",
+                    cpus,
+                    "--manager-pid",
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+                env=env,
             )
         except OSError as exc:
             os.close(read_fd)
@@ -177,8 +204,9 @@ def _supervise(
         peaks = [outcome.details.get("peak_memory_before_timing_bytes"), outcome.fields.get("peak_memory_bytes")]
         peak = max((p for p in peaks if p is not None), default=None)
         if limit is not None and peak is not None and peak > limit:
-            return CellOutcome(case, "oom", f"resident memory {peak} B exceeded --memory-limit {limit} B",
-                               details=outcome.details)
+            return CellOutcome(
+                case, "oom", f"resident memory {peak} B exceeded --memory-limit {limit} B", details=outcome.details
+            )
         return outcome
     last_line = _last_line(log) or (f"unreadable message from the worker: {garbled}" if garbled else "")
     return _outcome_from_death(case, proc.returncode, stage, last_line, oom_kills_before)
@@ -213,8 +241,12 @@ def _outcome_from_result(case: Case, result: dict[str, Any]) -> CellOutcome:
     if samples:
         summary = summarize(samples)
         fields.update(
-            median_s=summary.median_s, ci_low_s=summary.ci_low_s, ci_high_s=summary.ci_high_s,
-            mean_s=summary.mean_s, stdev_s=summary.stdev_s, min_s=summary.min_s,
+            median_s=summary.median_s,
+            ci_low_s=summary.ci_low_s,
+            ci_high_s=summary.ci_high_s,
+            mean_s=summary.mean_s,
+            stdev_s=summary.stdev_s,
+            min_s=summary.min_s,
         )
     return CellOutcome(case, status, reason, samples, fields, result)
 
@@ -228,10 +260,13 @@ def store_outcome(store: Store, run_id: int, outcome: CellOutcome, settings: Set
     case = outcome.case
     fields = dict(outcome.fields)
     fields.update(
-        status=outcome.status, reason=outcome.reason, protocol=settings.protocol, threads=settings.threads,
-        interop_threads=settings.interop_threads, wall_s=wall_s,
-        flops=get_model(case.model).flops(case.batch_size, case.seq_len, case.phase)
-        * (settings.fit_samples // case.batch_size if case.phase == "fit" else 1),  # fit: one sample is an epoch
+        status=outcome.status,
+        reason=outcome.reason,
+        protocol=settings.protocol,
+        threads=settings.threads,
+        interop_threads=settings.interop_threads,
+        wall_s=wall_s,
+        flops=get_phase(case.phase).flops_per_call(get_model(case.model), case, settings),
     )
     return store.add_result(run_id, case, fields, outcome.samples, outcome.details)
 
@@ -245,11 +280,11 @@ def _stored_parity(store: Store, run_id: int) -> dict[tuple[str, str, str, str],
     """Parity already settled in this run, by pair: the key of the cell that checked it, or 'mismatch'."""
     settled: dict[tuple[str, str, str, str], str] = {}
     for row in store.results([run_id]):
-        pair = (row["model"], row["runtime"], row["dtype"], row["device"])
-        if row["status"] == "mismatch":
+        pair = (row.model, row.runtime, row.dtype, row.device)
+        if row.status == "mismatch":
             settled[pair] = "mismatch"
-        elif row["status"] == "ok" and row["details"].get("parity", {}).get("ok"):
-            settled.setdefault(pair, row["case_key"])
+        elif row.status == "ok" and row.parity is not None and row.parity.passed:
+            settled.setdefault(pair, row.case_key)
     return settled
 
 
@@ -285,8 +320,9 @@ def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = N
         elif parity.get(pair) == "mismatch":
             outcome = CellOutcome(case, "mismatch", "not run: this runtime failed the parity check earlier in the run")
         else:
-            outcome = run_worker(case, plan.settings, check_parity=pair not in parity,
-                                 weights_path=plan.settings.weights_path)
+            outcome = run_worker(
+                case, plan.settings, check_parity=pair not in parity, weights_path=plan.settings.weights_path
+            )
             if pair in parity:
                 outcome.details["parity_checked_by"] = parity[pair]
             elif outcome.status == "mismatch":

@@ -1,15 +1,25 @@
-"""From user choices (flags or a suite file) to a :class:`~fwbench.spec.Plan`.
+"""From user choices (flags, a settings file, a suite file) to a :class:`~fwbench.spec.Plan`.
 
-Every name and number is validated here, before anything runs or is written.
+Every name and number is validated here, before anything runs or is written. Precedence, highest first:
+command-line flags > the ``--config`` settings file > the suite (its ``[settings]``; each grid's own phase,
+dtype and device, then the suite's) > the defaults. A grid flag (``--batch-sizes``) or a cell-setting flag
+(``--phase``, ``--dtype``, ``--device``) replaces that value in every grid of the suite.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from typing import Iterable, Iterator, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from fwbench.frameworks import get_runtime, phase_unsupported
+from fwbench.measure import environment
 from fwbench.models import get_model
+from fwbench.models.weights_io import load_weights
 from fwbench.spec import (
     FIT_DTYPES,
     MAX_COUNT,
@@ -22,6 +32,7 @@ from fwbench.spec import (
     SkippedCase,
     SpecError,
 )
+from fwbench.suites import CELL_SETTINGS, DEFAULT_SUITE, Grid, Suite, load_settings_file, load_suite
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:
@@ -46,11 +57,8 @@ def parse_names(option: str, text: str) -> list[str]:
     return names
 
 
-def _unique(items: Iterable[object]) -> list:
+def _unique(items: Iterable[Any]) -> list[Any]:
     return list(dict.fromkeys(items))
-
-
-GridSpec = tuple[Sequence[str], Sequence[str], Sequence[int], Sequence[int]]  # models, runtimes, batches, seqs
 
 
 def build_plan(
@@ -69,36 +77,25 @@ def build_plan(
     Models without a sequence axis get one cell per batch size (seq_len None). Cells longer than a
     model's maximum are kept as skipped, with the reason; a plan with no runnable cell is an error.
     """
-    return build_grids_plan([(models, runtimes, batch_sizes, seq_lens)], settings, phase, dtype, device, suite)
+    grid = Grid(list(models), list(runtimes), list(batch_sizes), list(seq_lens), phase, dtype, device)
+    return build_grids_plan([grid], settings, suite=suite)
 
 
 def build_grids_plan(
-    grids: Sequence[GridSpec],
+    grids: Sequence[Grid],
     settings: Settings,
-    phase: str = "inference",
-    dtype: str = "fp32",
-    device: str = "cpu",
+    phase: str = CELL_SETTINGS["phase"],
+    dtype: str = CELL_SETTINGS["dtype"],
+    device: str = CELL_SETTINGS["device"],
     suite: str | None = None,
 ) -> Plan:
-    """The union of several grids' cells (see :func:`build_plan`), each cell once, in grid order."""
-    if phase not in RUNNABLE_PHASES:
-        raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
-    if dtype not in RUNNABLE_DTYPES:
-        raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
-    allowed = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES}.get(phase, RUNNABLE_DTYPES)
-    if dtype not in allowed:
-        raise SpecError(f"phase {phase} with dtype {dtype!r} cannot be run yet; phase {phase} dtypes: "
-                        f"{', '.join(allowed)}")
-    if phase == "fit":
-        for _, _, batch_sizes, _ in grids:
-            uneven = [b for b in batch_sizes if settings.fit_samples % b]
-            if uneven:
-                raise SpecError(f"phase fit: batch size {uneven[0]} does not divide the {settings.fit_samples} fit "
-                                "samples (--fit-samples must be a multiple of every batch size)")
+    """The union of several grids' cells (see :func:`build_plan`), each cell once, in grid order. Each grid's own
+    phase, dtype and device, where it sets one, beat ``phase``, ``dtype`` and ``device``."""
     cases: dict[str, Case] = {}
     skipped: dict[str, SkippedCase] = {}
-    for models, runtimes, batch_sizes, seq_lens in grids:
-        for case, reason in _grid_cells(models, runtimes, batch_sizes, seq_lens, phase, dtype, device):
+    for grid in grids:
+        grid = grid.with_defaults(phase=phase, dtype=dtype, device=device)
+        for case, reason in _grid_cells(grid, settings):
             if reason is None:
                 cases.setdefault(case.key, case)
             else:
@@ -109,28 +106,142 @@ def build_grids_plan(
     return Plan(tuple(cases.values()), settings, tuple(skipped.values()), suite)
 
 
-def _grid_cells(
-    models: Sequence[str], runtimes: Sequence[str], batch_sizes: Sequence[int], seq_lens: Sequence[int],
-    phase: str, dtype: str, device: str,
-) -> Iterator[tuple[Case, str | None]]:
-    """Every cell of one grid with the reason it cannot run (None when it can): a sequence too long for the
-    model, or a phase the runtime or the model does not implement."""
-    for name in models:
+def _check_cell_settings(grid: Grid, settings: Settings) -> None:
+    """Refuse a phase or dtype the workers cannot run, the pair together, or (phase fit) a batch size that
+    does not divide the fit samples."""
+    phase, dtype = grid.phase, grid.dtype
+    if phase not in RUNNABLE_PHASES:
+        raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
+    if dtype not in RUNNABLE_DTYPES:
+        raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
+    allowed = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES}.get(phase, RUNNABLE_DTYPES)
+    if dtype not in allowed:
+        raise SpecError(
+            f"phase {phase} with dtype {dtype!r} cannot be run yet; phase {phase} dtypes: {', '.join(allowed)}"
+        )
+    if phase == "fit":
+        uneven = [b for b in grid.batch_sizes if settings.fit_samples % b]
+        if uneven:
+            raise SpecError(
+                f"phase fit: batch size {uneven[0]} does not divide the {settings.fit_samples} fit "
+                "samples (--fit-samples must be a multiple of every batch size)"
+            )
+
+
+def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | None]]:
+    """Every cell of one grid (its cell settings filled in) with the reason it cannot run (None when it can):
+    a sequence too long for the model, or a phase the runtime or the model does not implement."""
+    try:
+        _check_cell_settings(grid, settings)
+    except SpecError as exc:
+        raise SpecError(f"{grid.where}: {exc}" if grid.where else str(exc)) from None
+    for name in grid.models:
         get_model(name)
-    for name in runtimes:
+    for name in grid.runtimes:
         get_runtime(name)
-    if not models or not runtimes or not batch_sizes:
+    if not grid.models or not grid.runtimes or not grid.batch_sizes:
         raise SpecError("a plan needs at least one model, one runtime and one batch size")
-    for model_name, runtime, batch in itertools.product(_unique(models), _unique(runtimes), _unique(batch_sizes)):
+    phase = str(grid.phase)
+    for model_name, runtime, batch in itertools.product(
+        _unique(grid.models), _unique(grid.runtimes), _unique(grid.batch_sizes)
+    ):
         model = get_model(model_name)
         unsupported = phase_unsupported(get_runtime(runtime), phase)
         if unsupported is None and phase == "training":
             unsupported = model.training_unsupported()
         if unsupported is None and phase == "fit":
             unsupported = model.fit_unsupported()
-        lengths: list[int | None] = _unique(seq_lens) if model.has_sequence else [None]
+        lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
         for seq_len in lengths:
-            case = Case(model_name, runtime, phase, batch, seq_len, dtype, device)  # type: ignore[arg-type]
+            case = Case(model_name, runtime, phase, batch, seq_len, grid.dtype, grid.device)  # type: ignore[arg-type]
             yield case, unsupported or model.supports_seq_len(seq_len)
+
+
+# -- precedence: flags > settings file > suite > defaults -----------------------------------------------------
+@dataclass(frozen=True)
+class PlanChoices:
+    """What the command line chose for a run; None (or absent from ``settings``) means not given, so the
+    ``--config`` file, the suite or the default decides. Axis values are the flags' comma-separated text."""
+
+    suite: str | None = None  # a built-in suite name or a .toml path
+    config: Path | None = None  # a settings file: one [settings] table
+    models: str | None = None
+    runtimes: str | None = None
+    batch_sizes: str | None = None
+    seq_lens: str | None = None
+    phase: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)  # Settings field name -> value, from flags
+
+
+def resolve_plan(choices: PlanChoices) -> Plan:
+    """The plan of ``choices``: flags > settings file > suite > defaults. Without --models and --runtimes
+    the default suite runs; SpecError on any invalid choice (nothing has been written)."""
+    if choices.suite is None and (choices.models is None) != (choices.runtimes is None):
+        raise SpecError("give both --models and --runtimes, or a --suite")
+    use_suite = choices.suite is not None or choices.models is None
+    suite = load_suite(DEFAULT_SUITE if choices.suite is None else choices.suite) if use_suite else None
+    settings_data: dict[str, Any] = {"threads": environment.physical_core_count()}
+    if suite is not None:
+        settings_data.update(suite.settings)
+    if choices.config is not None:
+        settings_data.update(load_settings_file(choices.config))
+    settings_data.update(choices.settings)
+    settings = Settings.from_dict(settings_data)
+    check_threads_fit(settings)
+    flag_grid = Grid(
+        models=parse_names("--models", choices.models) if choices.models is not None else [],
+        runtimes=parse_names("--runtimes", choices.runtimes) if choices.runtimes is not None else [],
+        batch_sizes=parse_positive_ints("--batch-sizes", choices.batch_sizes)
+        if choices.batch_sizes is not None
+        else [1],
+        seq_lens=parse_positive_ints("--seq-lens", choices.seq_lens) if choices.seq_lens is not None else [],
+    )
+    # A flag replaces its axis, or its cell setting, in every grid of the suite.
+    grids = (
+        [flag_grid]
+        if suite is None
+        else [
+            dataclasses.replace(
+                grid,
+                models=flag_grid.models if choices.models is not None else grid.models,
+                runtimes=flag_grid.runtimes if choices.runtimes is not None else grid.runtimes,
+                batch_sizes=flag_grid.batch_sizes if choices.batch_sizes is not None else grid.batch_sizes,
+                seq_lens=flag_grid.seq_lens if choices.seq_lens is not None else grid.seq_lens,
+            )
+            for grid in suite.grids
+        ]
+    )
+    overrides = {"phase": choices.phase, "dtype": choices.dtype, "device": choices.device}
+    grids = [grid.with_overrides(**overrides) for grid in grids]
+    plan = build_grids_plan(grids, settings, suite=suite.name if suite else None)
+    if settings.weights_path is not None:
+        check_weights_file(plan, settings.weights_path)
+    return plan
+
+
+def suite_plan(suite: Suite, threads: int) -> Plan:
+    """The plan a suite runs with its own settings and ``threads`` threads (no flags)."""
+    settings = Settings.from_dict({"threads": threads, **suite.settings})
+    return build_grids_plan(suite.grids, settings, suite.phase, suite.dtype, suite.device, suite.name)
+
+
+def check_threads_fit(settings: Settings) -> None:
+    """Refuse a thread budget larger than the CPUs this process may use (it could not be pinned)."""
+    usable = len(os.sched_getaffinity(0))
+    if settings.threads > usable:
+        raise SpecError(f"--threads {settings.threads} exceeds the {usable} CPUs this process may use")
+
+
+def check_weights_file(plan: Plan, path: str) -> None:
+    """A weights file belongs to one model: refuse it for a plan of several, or if it does not fit."""
+    models = sorted({case.model for case in (*plan.cases, *(s.case for s in plan.skipped))})
+    if len(models) != 1:
+        raise SpecError(f"--weights holds one model's weights; the plan has {len(models)} models ({', '.join(models)})")
+    try:
+        load_weights(get_model(models[0]), Path(path))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None

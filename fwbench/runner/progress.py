@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO
 
 from rich.console import Console
 from rich.markup import escape
@@ -41,8 +42,12 @@ def sweep_progress(total: int, stream: IO[str] | None = None) -> Iterator[Listen
         return
     console = Console(file=stream)
     columns = (
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, transient=False, refresh_per_second=2) as progress:
         task = progress.add_task("cells", total=total)

@@ -8,16 +8,17 @@ each runtime computes its framework's own way).
 
 ``--phase training`` (:func:`verify_training`) takes N optimizer steps in each runtime from the same weights
 on the same fixed batch and compares the loss curve and the trained parameters with the first runtime's,
-within ``TRAINING_TOLERANCE[dtype]`` (fwbench/runner/protocol.py, where the values are justified).
+within ``TRAINING_TOLERANCE[dtype]`` (fwbench/runner/tolerances.py, where the values are justified).
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +26,8 @@ from fwbench.frameworks import get_runtime, missing_implementation, missing_requ
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.manager import run_worker
-from fwbench.runner.protocol import PARITY_REL_L2_TOLERANCE, TRAINING_TOLERANCE, TrainingTolerance
-from fwbench.spec import Case, Settings
+from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, TRAINING_TOLERANCE, TrainingTolerance, relative_errors
+from fwbench.spec import Case, Dtype, Settings
 
 
 @dataclass(frozen=True)
@@ -55,15 +56,6 @@ class OutputCheck:
         return all(e is None or e <= self.tolerance for e in errors)
 
 
-def compare(got: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
-    """(relative L2 error, max absolute error) of ``got`` against ``expected``, in float64."""
-    got64, expected64 = got.astype(np.float64), expected.astype(np.float64)
-    if got64.shape != expected64.shape:
-        return float("inf"), float("inf")
-    denominator = float(np.linalg.norm(expected64)) or 1.0
-    return float(np.linalg.norm(got64 - expected64)) / denominator, float(np.max(np.abs(got64 - expected64), initial=0.0))
-
-
 def verify_model(
     model: str,
     runtimes: Sequence[str],
@@ -73,7 +65,7 @@ def verify_model(
     weights_path: Path | None = None,
     dump_dir: Path | None = None,
     *,
-    dtype: str = "fp32",
+    dtype: Dtype = "fp32",
 ) -> list[OutputCheck]:
     """Checks of every output of ``model`` in each runtime (first runtime = the comparison base), each
     runtime computing in ``dtype``."""
@@ -87,7 +79,8 @@ def verify_model(
     del weights
     if dump_dir is not None:
         (dump_dir / model).mkdir(parents=True, exist_ok=True)
-        np.savez(dump_dir / model / "inputs.npz", **arrays)
+        saved_inputs: dict[str, Any] = arrays
+        np.savez(dump_dir / model / "inputs.npz", **saved_inputs)
     checks: list[OutputCheck] = []
     first: dict[str, np.ndarray] | None = None
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
@@ -98,9 +91,14 @@ def verify_model(
                 checks.append(OutputCheck(model, runtime, "skipped", missing))
                 continue
             out_path = Path(scratch) / f"{runtime.replace(':', '_')}.npz"
-            case = Case(model, runtime, batch_size=batch, seq_len=seq, dtype=dtype)  # type: ignore[arg-type]
-            outcome = run_worker(case, settings, check_parity=False,
-                                 verify_output=str(out_path), weights_path=str(weights_path) if weights_path else None)
+            case = Case(model, runtime, batch_size=batch, seq_len=seq, dtype=dtype)
+            outcome = run_worker(
+                case,
+                settings,
+                check_parity=False,
+                verify_output=str(out_path),
+                weights_path=str(weights_path) if weights_path else None,
+            )
             if outcome.status != "ok":
                 checks.append(OutputCheck(model, runtime, outcome.status, outcome.reason))
                 continue
@@ -114,12 +112,24 @@ def verify_model(
                 if name not in outputs:
                     checks.append(OutputCheck(model, runtime, "mismatch", f"output {name} missing", name))
                     continue
-                vs_first = compare(outputs[name], first[name]) if name in first else (None, None)
-                vs_reference = compare(outputs[name], reference[name]) if reference is not None else (None, None)
-                checks.append(OutputCheck(
-                    model, runtime, "ok", None, name, tuple(outputs[name].shape), vs_first[0], vs_first[1],
-                    vs_reference[0], vs_reference[1], PARITY_REL_L2_TOLERANCE[dtype],
-                ))
+                no_check: tuple[None, None] = (None, None)
+                vs_first = relative_errors(outputs[name], first[name]) if name in first else no_check
+                vs_reference = relative_errors(outputs[name], reference[name]) if reference is not None else no_check
+                checks.append(
+                    OutputCheck(
+                        model,
+                        runtime,
+                        "ok",
+                        None,
+                        name,
+                        tuple(outputs[name].shape),
+                        vs_first[0],
+                        vs_first[1],
+                        vs_reference[0],
+                        vs_reference[1],
+                        PARITY_REL_L2_TOLERANCE[dtype],
+                    )
+                )
     return checks
 
 
@@ -149,8 +159,11 @@ class TrainingCheck:
             return True
         if self.status != "ok" or self.tolerance is None:
             return False
-        limits = ((self.loss_rel, self.tolerance.loss_rel), (self.params_rel_l2, self.tolerance.params_rel_l2),
-                  (self.worst_tensor_rel_l2, self.tolerance.tensor_rel_l2))
+        limits = (
+            (self.loss_rel, self.tolerance.loss_rel),
+            (self.params_rel_l2, self.tolerance.params_rel_l2),
+            (self.worst_tensor_rel_l2, self.tolerance.tensor_rel_l2),
+        )
         return all(value is None or value <= limit for value, limit in limits)
 
     def failure(self) -> str | None:
@@ -165,13 +178,15 @@ class TrainingCheck:
         if self.params_rel_l2 is not None and self.params_rel_l2 > self.tolerance.params_rel_l2:
             parts.append(f"trained parameters relative L2 {self.params_rel_l2:.3g} > {self.tolerance.params_rel_l2:g}")
         if self.worst_tensor_rel_l2 is not None and self.worst_tensor_rel_l2 > self.tolerance.tensor_rel_l2:
-            parts.append(f"{self.worst_tensor} relative L2 {self.worst_tensor_rel_l2:.3g} > "
-                         f"{self.tolerance.tensor_rel_l2:g}")
+            parts.append(
+                f"{self.worst_tensor} relative L2 {self.worst_tensor_rel_l2:.3g} > {self.tolerance.tensor_rel_l2:g}"
+            )
         return "; ".join(parts)
 
 
-def compare_training(losses: np.ndarray, params: dict[str, np.ndarray], first_losses: np.ndarray,
-                     first_params: dict[str, np.ndarray]) -> tuple[float, float, str | None, float]:
+def compare_training(
+    losses: np.ndarray, params: dict[str, np.ndarray], first_losses: np.ndarray, first_params: dict[str, np.ndarray]
+) -> tuple[float, float, str | None, float]:
     """(loss-curve max relative error, relative L2 of all parameters, worst tensor, its relative L2), float64."""
     if losses.shape != first_losses.shape or set(params) != set(first_params):
         return float("inf"), float("inf"), None, float("inf")
@@ -180,8 +195,8 @@ def compare_training(losses: np.ndarray, params: dict[str, np.ndarray], first_lo
     names = sorted(first_params)
     got = np.concatenate([params[n].astype(np.float64).ravel() for n in names])
     expected = np.concatenate([first_params[n].astype(np.float64).ravel() for n in names])
-    all_rel = compare(got, expected)[0] if got.size else 0.0
-    per_tensor = {n: compare(params[n], first_params[n])[0] for n in names}
+    all_rel = relative_errors(got, expected)[0] if got.size else 0.0
+    per_tensor = {n: relative_errors(params[n], first_params[n])[0] for n in names}
     worst = max(per_tensor, key=lambda n: per_tensor[n], default=None)
     loss_rel = loss_rel if np.isfinite(losses).all() else float("inf")
     return loss_rel, all_rel, worst, (per_tensor[worst] if worst is not None else 0.0)
@@ -197,7 +212,7 @@ def verify_training(
     weights_path: Path | None = None,
     dump_dir: Path | None = None,
     *,
-    dtype: str = "fp32",
+    dtype: Dtype = "fp32",
 ) -> list[TrainingCheck]:
     """``steps`` optimizer steps (``settings.optimizer``) of ``model`` in each runtime from the same weights
     on the same fixed batch; each runtime's loss curve and trained parameters against the first runtime's."""
@@ -214,28 +229,49 @@ def verify_training(
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
         for runtime in runtimes:
             info = get_runtime(runtime)
-            missing = (missing_requirement(info) or missing_implementation(info, description.arch)
-                       or phase_unsupported(info, "training"))
+            missing = (
+                missing_requirement(info)
+                or missing_implementation(info, description.arch)
+                or phase_unsupported(info, "training")
+            )
             if missing:
                 checks.append(TrainingCheck(model, runtime, "skipped", missing))
                 continue
             out_path = Path(scratch) / f"{runtime.replace(':', '_')}.npz"
-            case = Case(model, runtime, phase="training", batch_size=batch, seq_len=seq,  # type: ignore[arg-type]
-                        dtype=dtype)  # type: ignore[arg-type]
-            outcome = run_worker(case, settings, check_parity=False, verify_output=str(out_path),
-                                 weights_path=str(weights_path) if weights_path else None, train_steps=steps)
+            case = Case(model, runtime, phase="training", batch_size=batch, seq_len=seq, dtype=dtype)
+            outcome = run_worker(
+                case,
+                settings,
+                check_parity=False,
+                verify_output=str(out_path),
+                weights_path=str(weights_path) if weights_path else None,
+                train_steps=steps,
+            )
             if outcome.status != "ok":
                 checks.append(TrainingCheck(model, runtime, outcome.status, outcome.reason, steps))
                 continue
             with np.load(out_path) as data:
                 losses = data["losses"]
-                params = {name[len("param/"):]: data[name] for name in data.files if name.startswith("param/")}
+                params = {name[len("param/") :]: data[name] for name in data.files if name.startswith("param/")}
             if dump_dir is not None:
                 (dump_dir / model).mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(out_path, dump_dir / model / f"training_{out_path.name}")
             if first is None:
                 first = (losses, params)
             loss_rel, params_rel, worst, worst_rel = compare_training(losses, params, *first)
-            checks.append(TrainingCheck(model, runtime, "ok", None, steps, tuple(float(x) for x in losses), loss_rel,
-                                        params_rel, worst, worst_rel, tolerance))
+            checks.append(
+                TrainingCheck(
+                    model,
+                    runtime,
+                    "ok",
+                    None,
+                    steps,
+                    tuple(float(x) for x in losses),
+                    loss_rel,
+                    params_rel,
+                    worst,
+                    worst_rel,
+                    tolerance,
+                )
+            )
     return checks

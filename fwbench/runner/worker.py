@@ -2,9 +2,9 @@
 
 It pins itself to the CPUs given by ``--cpus`` before anything heavier than the standard library
 is imported (the manager has already put the thread-budget variables in its environment), then
-reads a :class:`~fwbench.runner.protocol.Job` on stdin and runs it with
-:class:`~fwbench.runner.cell.CellRunner`. It reports stages and one result as JSON lines on the
-file descriptor given by ``--result-fd``, and dies with its manager.
+reads a :class:`~fwbench.runner.messages.Job` on stdin and runs its case's phase (:mod:`fwbench.runner.phases`)
+on a :class:`~fwbench.runner.cell.Cell`. It reports stages and one result as JSON lines on the file descriptor
+given by ``--result-fd``, and dies with its manager.
 """
 
 from __future__ import annotations
@@ -39,16 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     os.sched_setaffinity(0, [int(cpu) for cpu in args.cpus.split(",")])
 
     from fwbench.measure.environment import thread_affinities
-    from fwbench.runner.cell import CellRunner  # numpy and friends: only now, inside the affinity
-    from fwbench.runner.protocol import Job, result_message
+    from fwbench.runner.cell import Cell  # numpy and friends: only now, inside the affinity
+    from fwbench.runner.messages import Job, result_message
+    from fwbench.runner.phases import get_phase
 
     job = Job.from_json(sys.stdin.read())
     with os.fdopen(args.result_fd, "w") as channel:
-        runner = CellRunner(job, channel)
+        cell = Cell(job, channel)
         try:
-            result = runner.run()
+            result = get_phase(job.case.phase).run(cell)
         except BaseException as exc:  # every failure becomes this cell's status, never a lost sweep
-            result = runner.failure(exc)
+            result = cell.failure(exc)
         result["cpus"] = sorted(os.sched_getaffinity(0))
         result["thread_cpu_lists"] = thread_affinities()  # every thread, BLAS and framework pools included
         channel.write(result_message(result))

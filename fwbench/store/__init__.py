@@ -1,7 +1,29 @@
 """The embedded SQLite results store."""
 
 from fwbench.store.db import SCHEMA_VERSION, RunRecord, Store, StoreError
+from fwbench.store.records import (
+    CompileHealth,
+    FitDetails,
+    OutputError,
+    ParityCheck,
+    ResultRecord,
+    StepLossParts,
+    TrainingDetails,
+)
 
 DEFAULT_DB = "results/fwbench.db"
 
-__all__ = ["DEFAULT_DB", "SCHEMA_VERSION", "RunRecord", "Store", "StoreError"]
+__all__ = [
+    "DEFAULT_DB",
+    "SCHEMA_VERSION",
+    "CompileHealth",
+    "FitDetails",
+    "OutputError",
+    "ParityCheck",
+    "ResultRecord",
+    "RunRecord",
+    "StepLossParts",
+    "Store",
+    "StoreError",
+    "TrainingDetails",
+]

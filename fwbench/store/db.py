@@ -12,12 +12,14 @@ import os
 import sqlite3
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from fwbench.spec import Case, Plan
+from fwbench.store.records import ResultRecord
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x66776262  # "fwbb": PRAGMA application_id of fwbench databases
@@ -85,9 +87,23 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 RESULT_COLUMNS = (
-    "status", "reason", "protocol", "calls_per_sample", "median_s", "ci_low_s", "ci_high_s", "mean_s",
-    "stdev_s", "min_s", "first_call_s", "peak_memory_bytes", "allocator_peak_bytes", "threads",
-    "interop_threads", "flops", "wall_s",
+    "status",
+    "reason",
+    "protocol",
+    "calls_per_sample",
+    "median_s",
+    "ci_low_s",
+    "ci_high_s",
+    "mean_s",
+    "stdev_s",
+    "min_s",
+    "first_call_s",
+    "peak_memory_bytes",
+    "allocator_peak_bytes",
+    "threads",
+    "interop_threads",
+    "flops",
+    "wall_s",
 )
 
 
@@ -104,7 +120,7 @@ class StoreError(Exception):
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _folder_writable(folder: Path) -> bool:
@@ -270,8 +286,12 @@ class Store:
             db_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             if readonly:
-                conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True,
-                                       timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+                conn = sqlite3.connect(
+                    f"{db_path.resolve().as_uri()}?mode=ro",
+                    uri=True,
+                    timeout=BUSY_TIMEOUT_MS / 1000,
+                    isolation_level=None,
+                )
             else:
                 conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             conn.row_factory = sqlite3.Row
@@ -301,8 +321,13 @@ class Store:
             "INSERT INTO runs (created, suite, command, settings_json, plan_json, environment_json, fwbench_version)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
-                now_iso(), plan.suite, command, json.dumps(plan.settings.to_dict(), sort_keys=True),
-                plan.to_json(), json.dumps(environment, sort_keys=True), version,
+                now_iso(),
+                plan.suite,
+                command,
+                json.dumps(plan.settings.to_dict(), sort_keys=True),
+                plan.to_json(),
+                json.dumps(environment, sort_keys=True),
+                version,
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -312,9 +337,14 @@ class Store:
 
     def _run_from_row(self, row: sqlite3.Row) -> RunRecord:
         return RunRecord(
-            id=row["id"], created=row["created"], finished=row["finished"], suite=row["suite"],
-            command=row["command"], settings=json.loads(row["settings_json"]),
-            plan=Plan.from_json(row["plan_json"]), environment=json.loads(row["environment_json"]),
+            id=row["id"],
+            created=row["created"],
+            finished=row["finished"],
+            suite=row["suite"],
+            command=row["command"],
+            settings=json.loads(row["settings_json"]),
+            plan=Plan.from_json(row["plan_json"]),
+            environment=json.loads(row["environment_json"]),
             fwbench_version=row["fwbench_version"],
         )
 
@@ -332,16 +362,26 @@ class Store:
         return None if row[0] is None else int(row[0])
 
     # -- results ------------------------------------------------------------------------------
-    def add_result(self, run_id: int, case: Case, fields: dict[str, Any], samples: Sequence[float],
-                   details: dict[str, Any]) -> bool:
+    def add_result(
+        self, run_id: int, case: Case, fields: dict[str, Any], samples: Sequence[float], details: dict[str, Any]
+    ) -> bool:
         """Store one cell's result; False (and nothing written) if the run already has this cell."""
         columns = {name: fields.get(name) for name in RESULT_COLUMNS}
         values = {
-            "run_id": run_id, "case_key": case.key, "created": now_iso(), "model": case.model,
-            "runtime": case.runtime, "phase": case.phase, "batch_size": case.batch_size,
-            "seq_len": case.seq_len, "dtype": case.dtype, "device": case.device,
-            "samples_json": json.dumps(list(samples)), "n_samples": len(samples),
-            "details_json": json.dumps(details, sort_keys=True, default=str), **columns,
+            "run_id": run_id,
+            "case_key": case.key,
+            "created": now_iso(),
+            "model": case.model,
+            "runtime": case.runtime,
+            "phase": case.phase,
+            "batch_size": case.batch_size,
+            "seq_len": case.seq_len,
+            "dtype": case.dtype,
+            "device": case.device,
+            "samples_json": json.dumps(list(samples)),
+            "n_samples": len(samples),
+            "details_json": json.dumps(details, sort_keys=True, default=str),
+            **columns,
         }
         names = ", ".join(values)
         marks = ", ".join("?" for _ in values)
@@ -357,7 +397,9 @@ class Store:
         with self.conn:
             cursor = self.conn.execute(
                 "UPDATE results SET status = 'mismatch', reason = ? WHERE run_id = ? AND model = ? AND runtime = ? "
-                "AND phase = ?", (reason, run_id, model, runtime, phase))
+                "AND phase = ?",
+                (reason, run_id, model, runtime, phase),
+            )
         return cursor.rowcount
 
     def done_keys(self, run_id: int) -> set[str]:
@@ -365,25 +407,20 @@ class Store:
         rows = self.conn.execute("SELECT case_key FROM results WHERE run_id = ?", (run_id,)).fetchall()
         return {r[0] for r in rows}
 
-    def results(self, run_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
-        """Result rows as dicts, ``samples`` and ``details`` decoded, in run then insertion order."""
+    def results(self, run_ids: Iterable[int] | None = None) -> list[ResultRecord]:
+        """Result records (samples and details decoded, details typed), in run then insertion order."""
         where, params = _id_filter("run_id", run_ids)
-        return self._rows(f"{where} ORDER BY run_id, id", params)
+        return self._records(f"{where} ORDER BY run_id, id", params)
 
-    def _rows(self, clause: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-        """Result rows selected by ``clause`` (WHERE / ORDER BY), ``samples`` and ``details`` decoded."""
-        out = []
-        for row in self.conn.execute(f"SELECT * FROM results {clause}", params).fetchall():
-            record = dict(row)
-            record["samples"] = json.loads(record.pop("samples_json"))
-            record["details"] = json.loads(record.pop("details_json"))
-            out.append(record)
-        return out
+    def _records(self, clause: str, params: tuple[Any, ...]) -> list[ResultRecord]:
+        """Result records selected by ``clause`` (WHERE / ORDER BY)."""
+        rows = self.conn.execute(f"SELECT * FROM results {clause}", params).fetchall()
+        return [ResultRecord.from_row(dict(row)) for row in rows]
 
-    def result(self, run_id: int, case_key: str) -> dict[str, Any] | None:
+    def result(self, run_id: int, case_key: str) -> ResultRecord | None:
         """One stored cell of run ``run_id`` as :meth:`results` gives it, or None."""
-        rows = self._rows("WHERE run_id = ? AND case_key = ?", (run_id, case_key))
-        return rows[0] if rows else None
+        records = self._records("WHERE run_id = ? AND case_key = ?", (run_id, case_key))
+        return records[0] if records else None
 
     def integrity_ok(self) -> bool:
-        return self.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return bool(self.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok")

@@ -1,10 +1,12 @@
 """Suites: named sweeps kept as TOML files in this package, or any ``.toml`` path a user gives.
 
-A suite file holds ``description``, ``phase``, ``dtype``, ``device``, an optional ``[settings]``
-table whose keys are :class:`fwbench.spec.Settings` fields (a ``--config`` file and command-line
-flags override them), and one or more grids: ``models``, ``runtimes``, ``batch_sizes`` and optional
-``seq_lens`` at the top level, and/or ``[[grid]]`` tables with the same four keys. The suite's
-plan is the union of its grids' cells, in order.
+A suite file holds ``description``; the cell settings ``phase``, ``dtype`` and ``device`` (every grid's
+default); an optional ``[settings]`` table whose keys are :class:`fwbench.spec.Settings` fields (a
+``--config`` file and command-line flags override them); and one or more grids: ``models``, ``runtimes``,
+``batch_sizes`` and optional ``seq_lens`` at the top level, and/or ``[[grid]]`` tables with the same four
+keys plus any cell setting of their own (``phase = "training"``, ``dtype = "bf16"``), so that one suite holds
+inference and training rows, fp32 and bf16 rows. The suite's plan is the union of its grids' cells, in order.
+A ``--phase``/``--dtype``/``--device`` flag overrides the suite's value and every grid's own.
 
 A settings file (``fwbench run --config FILE``) is TOML with the same ``[settings]`` table only.
 """
@@ -23,19 +25,42 @@ from fwbench.models import get_model
 from fwbench.spec import Settings, SpecError
 
 DEFAULT_SUITE = "quick"
-_GRID_KEYS = {"models", "runtimes", "batch_sizes", "seq_lens"}
-_KEYS = {"description", "phase", "dtype", "device", "settings", "grid", *_GRID_KEYS}
+# The settings of a cell that a suite sets for all its grids and a [[grid]] may set for its own cells, with
+# their defaults. A later grid axis (procs, workers) is one more entry here and one more field of Grid.
+CELL_SETTINGS: dict[str, str] = {"phase": "inference", "dtype": "fp32", "device": "cpu"}
+_AXIS_KEYS = {"models", "runtimes", "batch_sizes", "seq_lens"}
+_GRID_KEYS = {*_AXIS_KEYS, *CELL_SETTINGS}
+_KEYS = {"description", "settings", "grid", *_GRID_KEYS}
 _SETTINGS_KEYS = {f.name for f in dataclasses.fields(Settings)}
 
 
 @dataclass(frozen=True)
 class Grid:
-    """models × runtimes × batch sizes × sequence lengths (ignored by models without a sequence axis)."""
+    """models × runtimes × batch sizes × sequence lengths (ignored by models without a sequence axis), and the
+    grid's own cell settings (None: the suite's, or the planner's default)."""
 
     models: list[str]
     runtimes: list[str]
     batch_sizes: list[int]
     seq_lens: list[int] = field(default_factory=list)
+    phase: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    where: str = field(default="", compare=False)  # where the grid was written, for errors: "suite x.toml [[grid]] 2"
+
+    def with_defaults(self, **defaults: str | None) -> Grid:
+        """This grid with each cell setting it leaves unset (None) taken from ``defaults`` (CELL_SETTINGS keys)."""
+        return self._with_cell_settings({key: value for key, value in defaults.items() if getattr(self, key) is None})
+
+    def with_overrides(self, **overrides: str | None) -> Grid:
+        """This grid with each cell setting given in ``overrides`` (not None) replaced, e.g. by a flag."""
+        return self._with_cell_settings({key: value for key, value in overrides.items() if value is not None})
+
+    def _with_cell_settings(self, changes: dict[str, Any]) -> Grid:
+        unknown = sorted(set(changes) - set(CELL_SETTINGS))
+        if unknown:
+            raise ValueError(f"not cell settings: {unknown}")
+        return dataclasses.replace(self, **changes)
 
     @property
     def size(self) -> int:
@@ -45,12 +70,14 @@ class Grid:
 
 @dataclass(frozen=True)
 class Suite:
+    """A named sweep: its grids (each cell setting filled in: the grid's own or the suite's) and its settings."""
+
     name: str
     description: str
     grids: list[Grid]
-    phase: str = "inference"
-    dtype: str = "fp32"
-    device: str = "cpu"
+    phase: str = CELL_SETTINGS["phase"]
+    dtype: str = CELL_SETTINGS["dtype"]
+    device: str = CELL_SETTINGS["device"]
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -64,7 +91,7 @@ def builtin_suites() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".toml"))
 
 
-def _list_of(name: str, value: Any, kind: type, where: str) -> list:
+def _list_of(name: str, value: Any, kind: type, where: str) -> list[Any]:
     if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
         raise SpecError(f"suite {where}: {name} must be a list of {kind.__name__} values")
     if kind is int and any(v <= 0 for v in value):
@@ -72,15 +99,29 @@ def _list_of(name: str, value: Any, kind: type, where: str) -> list:
     return value
 
 
-def _grid(data: dict[str, Any], where: str) -> Grid:
+def _cell_settings(data: dict[str, Any], where: str) -> dict[str, str]:
+    """The cell settings (CELL_SETTINGS keys) that ``data`` gives, each checked to be a string."""
+    for key in CELL_SETTINGS:
+        if key in data and not isinstance(data[key], str):
+            raise SpecError(f"suite {where}: {key} must be a string")
+    return {key: data[key] for key in CELL_SETTINGS if key in data}
+
+
+def _grid(data: dict[str, Any], where: str, defaults: dict[str, str]) -> Grid:
+    """One grid from its table (or the suite's top level); cell settings it does not give come from ``defaults``."""
     missing = sorted({"models", "runtimes", "batch_sizes"} - set(data))
     if missing:
         raise SpecError(f"suite {where}: missing keys {missing}")
-    grid = Grid(
-        models=_list_of("models", data["models"], str, where),
-        runtimes=_list_of("runtimes", data["runtimes"], str, where),
-        batch_sizes=_list_of("batch_sizes", data["batch_sizes"], int, where),
-        seq_lens=_list_of("seq_lens", data.get("seq_lens", []), int, where),
+    grid = (
+        Grid(
+            models=_list_of("models", data["models"], str, where),
+            runtimes=_list_of("runtimes", data["runtimes"], str, where),
+            batch_sizes=_list_of("batch_sizes", data["batch_sizes"], int, where),
+            seq_lens=_list_of("seq_lens", data.get("seq_lens", []), int, where),
+            where=f"suite {where}",
+        )
+        .with_overrides(**defaults)
+        .with_overrides(**_cell_settings(data, where))
     )
     try:
         for model in grid.models:
@@ -118,23 +159,23 @@ def parse_suite(name: str, text: str, where: str) -> Suite:
     tables = data.get("grid", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise SpecError(f"suite {where}: grid must be an array of tables ([[grid]])")
-    grids = [_grid(data, where)] if _GRID_KEYS & set(data) or not tables else []
+    if "description" in data and not isinstance(data["description"], str):
+        raise SpecError(f"suite {where}: description must be a string")
+    defaults = {**CELL_SETTINGS, **_cell_settings(data, where)}
+    grids = [_grid(data, where, defaults)] if _AXIS_KEYS & set(data) or not tables else []
     for number, table in enumerate(tables, 1):
         extra = sorted(set(table) - _GRID_KEYS)
         if extra:
             raise SpecError(f"suite {where}: [[grid]] {number}: unknown keys {extra}; allowed: {sorted(_GRID_KEYS)}")
-        grids.append(_grid(table, f"{where} [[grid]] {number}"))
+        grids.append(_grid(table, f"{where} [[grid]] {number}", defaults))
     settings = _settings_table(data, f"suite {where}")
-    for key in ("description", "phase", "dtype", "device"):
-        if key in data and not isinstance(data[key], str):
-            raise SpecError(f"suite {where}: {key} must be a string")
     return Suite(
         name=name,
         description=data.get("description", ""),
         grids=grids,
-        phase=data.get("phase", "inference"),
-        dtype=data.get("dtype", "fp32"),
-        device=data.get("device", "cpu"),
+        phase=defaults["phase"],
+        dtype=defaults["dtype"],
+        device=defaults["device"],
         settings=settings,
     )
 

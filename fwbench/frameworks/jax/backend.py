@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 MULTI_THREAD_EIGEN_FLAG = "--xla_cpu_multi_thread_eigen"
 
@@ -67,7 +68,7 @@ _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _EVENT_COUNTS = {_TRACE_EVENT: 0, _COMPILE_EVENT: 0}
 
 
-def _count_event(event: str, duration_s: float, **kwargs: Any) -> None:
+def _count_event(event: str, duration_secs: float, **kwargs: str | int) -> None:
     if event in _EVENT_COUNTS:
         _EVENT_COUNTS[event] += 1
 
@@ -104,10 +105,12 @@ class JaxBackend(Backend):
 
     def configure_precision(self) -> dict[str, object]:
         jax.config.update("jax_default_matmul_precision", "highest")
-        report: dict[str, object] = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+        report: dict[str, object] = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}  # type: ignore[attr-defined]
         if self.dtype == "bf16" and self.phase == "training":
-            report["bf16_mechanism"] = ("mixed precision: float32 master parameters and optimizer state, cast to "
-                                        "jnp.bfloat16 inside the jitted loss function")
+            report["bf16_mechanism"] = (
+                "mixed precision: float32 master parameters and optimizer state, cast to "
+                "jnp.bfloat16 inside the jitted loss function"
+            )
         elif self.dtype == "bf16":
             report["bf16_mechanism"] = "parameter pytree and float inputs cast to jnp.bfloat16"
         return report
@@ -167,28 +170,33 @@ class JaxBackend(Backend):
         model = self.model
         params, stats = training.training_trees(arch, model)
         if self.dtype == "bf16" and any(leaf.dtype == jnp.bfloat16 for leaf in jax.tree_util.tree_leaves(params)):
-            raise RuntimeError("bf16 training needs phase 'training' set before build (float32 master weights)")
+            raise RuntimeError("bf16 training needs a backend created with phase='training' (float32 master weights)")
         if len(jax.tree_util.tree_leaves(stats)) != len(self.description.running_statistics()):
-            raise ValueError(f"{len(jax.tree_util.tree_leaves(stats))} running statistics in the training state, "
-                             f"expected {len(self.description.running_statistics())}")
-        frozen: tuple[str, ...] = getattr(arch, "FROZEN_IN_TRAINING", ()) if self.description.frozen_in_training() \
-            else ()
-        optimizer = training.with_frozen(training.make_optimizer(optimizer_spec(self.settings.optimizer)), params,
-                                         frozen)
+            raise ValueError(
+                f"{len(jax.tree_util.tree_leaves(stats))} running statistics in the training state, "
+                f"expected {len(self.description.running_statistics())}"
+            )
+        optimizer = training.with_frozen(
+            training.make_optimizer(optimizer_spec(self.settings.optimizer)),
+            params,
+            self.description.frozen_in_training(),
+        )
         loss_of = training.weighted_cross_entropy
         forward = training.training_forward(arch, model)  # (params, stats, *batch) -> (logits, updated stats)
 
         compute_dtype = jnp.bfloat16 if self.dtype == "bf16" else None
 
-        def loss_fn(params: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
-                    weights: jax.Array) -> tuple[jax.Array, Any]:
+        def loss_fn(
+            params: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array, weights: jax.Array
+        ) -> tuple[jax.Array, Any]:
             if compute_dtype is not None:  # mixed precision: the float32 master weights cast for the forward
                 params = cast_floating(params, compute_dtype)  # (gradients flow back through the cast: float32)
             logits, stats = forward(params, stats, *batch)
             return loss_of(logits.astype(jnp.float32), labels, weights), stats
 
-        def train_step(params: Any, state: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array,
-                       weights: jax.Array) -> tuple[Any, Any, Any, jax.Array]:
+        def train_step(
+            params: Any, state: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array, weights: jax.Array
+        ) -> tuple[Any, Any, Any, jax.Array]:
             (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, batch, labels, weights)
             updates, state = optimizer.update(grads, state, params)
             return optax.apply_updates(params, updates), state, stats, loss
@@ -236,10 +244,10 @@ class JaxBackend(Backend):
         return {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
 
     def is_oom(self, exc: BaseException) -> bool:
-        return super().is_oom(exc) or (
-            isinstance(exc, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(exc)
-        )
+        return super().is_oom(exc) or (isinstance(exc, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(exc))
 
 
-def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> JaxBackend:
-    return JaxBackend(mode, device, settings, dtype=dtype)
+def create_backend(
+    mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+) -> JaxBackend:
+    return JaxBackend(mode, device, settings, dtype=dtype, phase=phase)

@@ -22,7 +22,6 @@ from fwbench.models.bert import LAYER_ROLES, Bert, BertConfig
 Params = dict[str, Any]
 
 _LINEAR_ROLES = ("query", "key", "value", "attention_out", "ffn_in", "ffn_out")
-FROZEN_IN_TRAINING = ("pooler",)  # top-level pytree keys of Bert.frozen_in_training(): not on the loss's path
 _NORM_ROLES = ("attention_norm", "ffn_norm")
 assert set(_LINEAR_ROLES + _NORM_ROLES) == set(LAYER_ROLES)
 
@@ -34,7 +33,7 @@ def dense(p: Params, x: jax.Array) -> jax.Array:
 
 def layer_norm(p: Params, x: jax.Array, eps: float) -> jax.Array:
     """LayerNorm over the last axis (two-pass biased variance, like torch and the float64 reference)."""
-    return jax.nn.standardize(x, axis=-1, epsilon=eps, algorithm="stable") * p["scale"] + p["bias"]
+    return jax.nn.standardize(x, axis=-1, epsilon=eps, algorithm="stable") * p["scale"]  # type: ignore[call-arg]  # keyword-only since jax 0.9, missing in its stub + p["bias"]
 
 
 def encoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:
@@ -48,12 +47,13 @@ def encoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: 
         split(dense(p["query"], x)), split(dense(p["key"], x)), split(dense(p["value"], x)), mask=allowed
     )
     x = layer_norm(p["attention_norm"], x + dense(p["attention_out"], context.reshape(b, s, h)), eps)
-    return layer_norm(p["ffn_norm"], x + dense(p["ffn_out"], jax.nn.gelu(dense(p["ffn_in"], x), approximate=False)),
-                      eps)
+    return layer_norm(
+        p["ffn_norm"], x + dense(p["ffn_out"], jax.nn.gelu(dense(p["ffn_in"], x), approximate=False)), eps
+    )
 
 
 @dataclass(frozen=True, eq=False)
-class BertModel:
+class BertModule:
     """Static hyperparameters, the parameter pytree, and the forward function. ``apply`` reads weights
     only from its ``params`` argument, so under ``jax.jit`` they are program inputs, not constants."""
 
@@ -62,8 +62,9 @@ class BertModel:
     with_pooler: bool
     params: Params
 
-    def apply(self, params: Params, input_ids: jax.Array, attention_mask: jax.Array,
-              token_type_ids: jax.Array | None = None) -> tuple[jax.Array, ...]:
+    def apply(
+        self, params: Params, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array | None = None
+    ) -> tuple[jax.Array, ...]:
         c = self.config
         seq = input_ids.shape[1]
         x = params["word_embeddings"][input_ids] + params["position_embeddings"][:seq]
@@ -78,42 +79,55 @@ class BertModel:
         return (x,)
 
 
-def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) -> BertModel:
+def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) -> BertModule:
     """The encoder with the canonical weights: each role's canonical name mapped into the pytree."""
     c = description.config
     h = c.hidden
     canonical = CanonicalParams(weights, device)
 
     def linear(role: str, fan_in: int, fan_out: int, layer: int | None = None) -> Params:
-        return {"kernel": canonical.take(description.param(role, layer), (fan_in, fan_out), transpose),
-                "bias": canonical.take(description.param(role, layer, "bias"), (fan_out,))}
+        return {
+            "kernel": canonical.take(description.param(role, layer), (fan_in, fan_out), transpose),
+            "bias": canonical.take(description.param(role, layer, "bias"), (fan_out,)),
+        }
 
     def norm(role: str, layer: int | None = None) -> Params:
-        return {"scale": canonical.take(description.param(role, layer), (h,)),
-                "bias": canonical.take(description.param(role, layer, "bias"), (h,))}
+        return {
+            "scale": canonical.take(description.param(role, layer), (h,)),
+            "bias": canonical.take(description.param(role, layer, "bias"), (h,)),
+        }
 
     params: Params = {
         "word_embeddings": canonical.take(description.param("word_embeddings"), (c.vocab_size, h)),
         "position_embeddings": canonical.take(description.param("position_embeddings"), (c.max_positions, h)),
     }
     if description.has_token_types:
-        params["token_type_embeddings"] = canonical.take(description.param("token_type_embeddings"),
-                                                         (c.type_vocab_size, h))
+        params["token_type_embeddings"] = canonical.take(
+            description.param("token_type_embeddings"), (c.type_vocab_size, h)
+        )
     params["embeddings_norm"] = norm("embeddings_norm")
-    sizes = {"query": (h, h), "key": (h, h), "value": (h, h), "attention_out": (h, h),
-             "ffn_in": (h, c.intermediate), "ffn_out": (c.intermediate, h)}  # (in, out)
+    sizes = {
+        "query": (h, h),
+        "key": (h, h),
+        "value": (h, h),
+        "attention_out": (h, h),
+        "ffn_in": (h, c.intermediate),
+        "ffn_out": (c.intermediate, h),
+    }  # (in, out)
     params["layers"] = [
-        {**{role: linear(role, *sizes[role], i) for role in _LINEAR_ROLES},
-         **{role: norm(role, i) for role in _NORM_ROLES}}
+        {
+            **{role: linear(role, *sizes[role], i) for role in _LINEAR_ROLES},
+            **{role: norm(role, i) for role in _NORM_ROLES},
+        }
         for i in range(c.layers)
     ]
     if description.has_pooler:
         params["pooler"] = linear("pooler", h, h)
     canonical.check_all_used()
-    return BertModel(c, description.has_token_types, description.has_pooler, params)
+    return BertModule(c, description.has_token_types, description.has_pooler, params)
 
 
-def training_logits(model: BertModel, params: Params, *inputs: jax.Array) -> jax.Array:
+def training_logits(model: BertModule, params: Params, *inputs: jax.Array) -> jax.Array:
     """Masked-LM logits from the tied word embeddings, last_hidden_state @ word_embeddings.T (no decoder
     bias): (batch, seq, vocab)."""
     return model.apply(params, *inputs)[0] @ params["word_embeddings"].T

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import optax
 
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, as_evaluated_arch
 from fwbench.frameworks.jax.training import make_optimizer, training_forward, training_trees
 from fwbench.frameworks.jax.weights import jax_device
 from fwbench.models.fit import FitDataset, FitResult
@@ -36,8 +36,9 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
         logits, stats = forward(params, stats, *xs)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), stats
 
-    def train_step(params: Any, state: Any, stats: Any, xs: tuple[jax.Array, ...],
-                   labels: jax.Array) -> tuple[Any, Any, Any, jax.Array]:
+    def train_step(
+        params: Any, state: Any, stats: Any, xs: tuple[jax.Array, ...], labels: jax.Array
+    ) -> tuple[Any, Any, Any, jax.Array]:
         (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, xs, labels)
         updates, state = optimizer.update(grads, state, params)
         return optax.apply_updates(params, updates), state, stats, loss
@@ -54,14 +55,15 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
         losses = []
         for start in range(0, dataset.size, batch_size):
             end = start + batch_size
-            params, state, stats, loss = step(params, state, stats, tuple(a[start:end] for a in inputs),
-                                              labels[start:end])
+            params, state, stats, loss = step(
+                params, state, stats, tuple(a[start:end] for a in inputs), labels[start:end]
+            )
             losses.append(loss)
         mean = float(np.mean(jax.device_get(losses)))  # waits for the epoch's last step
         jax.block_until_ready((params, stats))
         epoch_s.append(time.perf_counter() - epoch_start)
         epoch_loss.append(mean)
     total_s = time.perf_counter() - started
-    logits = jax.jit(lambda p, s, *xs: arch.inference_logits(model, p, s, *xs))(params, stats, *inputs)
-    return FitResult("manual loop + jax.jit step", epoch_s, epoch_loss, np.asarray(logits, dtype=np.float32),
-                     total_s)
+    evaluated = as_evaluated_arch(arch)
+    logits = jax.jit(lambda p, s, *xs: evaluated.inference_logits(model, p, s, *xs))(params, stats, *inputs)
+    return FitResult("manual loop + jax.jit step", epoch_s, epoch_loss, np.asarray(logits, dtype=np.float32), total_s)

@@ -19,7 +19,7 @@ Params = dict[str, Any]  # {"kernel": (n, n)}
 
 
 @dataclass(frozen=True, eq=False)
-class GemmModel:
+class GemmModule:
     """The weight and the forward function; under ``jax.jit`` the weight is an input of the compiled
     program, never a baked-in constant."""
 
@@ -30,9 +30,9 @@ class GemmModel:
         return (x @ params["kernel"],)
 
 
-def build_model(description: Gemm, weights: dict[str, np.ndarray], device: str) -> GemmModel:
+def build_model(description: Gemm, weights: dict[str, np.ndarray], device: str) -> GemmModule:
     """The matmul with the canonical weight, placed on ``device``."""
     canonical = CanonicalParams(weights, device)
     kernel = canonical.take("weight", (description.n, description.n))
     canonical.check_all_used()
-    return GemmModel({"kernel": kernel})
+    return GemmModule({"kernel": kernel})

@@ -24,15 +24,17 @@ Params = dict[str, Any]
 def decoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:
     """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H)."""
     b, s, h = x.shape
-    q, k, v = (t.reshape(b, s, heads, h // heads)  # (B, S, heads, H / heads)
-               for t in jnp.split(dense(p["c_attn"], layer_norm(p["ln_1"], x, eps)), 3, axis=-1))
+    q, k, v = (
+        t.reshape(b, s, heads, h // heads)  # (B, S, heads, H / heads)
+        for t in jnp.split(dense(p["c_attn"], layer_norm(p["ln_1"], x, eps)), 3, axis=-1)
+    )
     context = jax.nn.dot_product_attention(q, k, v, mask=allowed)
     x = x + dense(p["attn_proj"], context.reshape(b, s, h))
     return x + dense(p["mlp_proj"], jax.nn.gelu(dense(p["c_fc"], layer_norm(p["ln_2"], x, eps)), approximate=True))
 
 
 @dataclass(frozen=True, eq=False)
-class GPT2Model:
+class GPT2Module:
     """Static hyperparameters, the parameter pytree, and the forward function. ``apply`` reads weights
     only from its ``params`` argument, so under ``jax.jit`` they are program inputs, not constants."""
 
@@ -52,16 +54,24 @@ class GPT2Model:
 
 
 # canonical suffix -> (this pytree's path within a layer); Conv1D weights keep their (in, out) layout.
-_SUFFIXES = {"ln_1.weight": ("ln_1", "scale"), "ln_1.bias": ("ln_1", "bias"),
-             "attn.c_attn.weight": ("c_attn", "kernel"), "attn.c_attn.bias": ("c_attn", "bias"),
-             "attn.c_proj.weight": ("attn_proj", "kernel"), "attn.c_proj.bias": ("attn_proj", "bias"),
-             "ln_2.weight": ("ln_2", "scale"), "ln_2.bias": ("ln_2", "bias"),
-             "mlp.c_fc.weight": ("c_fc", "kernel"), "mlp.c_fc.bias": ("c_fc", "bias"),
-             "mlp.c_proj.weight": ("mlp_proj", "kernel"), "mlp.c_proj.bias": ("mlp_proj", "bias")}
+_SUFFIXES = {
+    "ln_1.weight": ("ln_1", "scale"),
+    "ln_1.bias": ("ln_1", "bias"),
+    "attn.c_attn.weight": ("c_attn", "kernel"),
+    "attn.c_attn.bias": ("c_attn", "bias"),
+    "attn.c_proj.weight": ("attn_proj", "kernel"),
+    "attn.c_proj.bias": ("attn_proj", "bias"),
+    "ln_2.weight": ("ln_2", "scale"),
+    "ln_2.bias": ("ln_2", "bias"),
+    "mlp.c_fc.weight": ("c_fc", "kernel"),
+    "mlp.c_fc.bias": ("c_fc", "bias"),
+    "mlp.c_proj.weight": ("mlp_proj", "kernel"),
+    "mlp.c_proj.bias": ("mlp_proj", "bias"),
+}
 assert set(_SUFFIXES) == set(LAYER_SUFFIXES)
 
 
-def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) -> GPT2Model:
+def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) -> GPT2Module:
     """GPT-2 with the canonical weights (Conv1D (in, out) kernels used as they are)."""
     c = description.config
     h = c.hidden
@@ -73,19 +83,21 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
         return (h,)
 
     canonical = CanonicalParams(weights, device)
-    params: Params = {"wte": canonical.take("wte.weight", (c.vocab_size, h)),
-                      "wpe": canonical.take("wpe.weight", (c.max_positions, h)),
-                      "ln_f": {"scale": canonical.take("ln_f.weight", (h,)), "bias": canonical.take("ln_f.bias", (h,))},
-                      "layers": []}
+    params: Params = {
+        "wte": canonical.take("wte.weight", (c.vocab_size, h)),
+        "wpe": canonical.take("wpe.weight", (c.max_positions, h)),
+        "ln_f": {"scale": canonical.take("ln_f.weight", (h,)), "bias": canonical.take("ln_f.bias", (h,))},
+        "layers": [],
+    }
     for i in range(c.layers):
         layer: Params = {}
         for suffix, (module, leaf) in _SUFFIXES.items():
             layer.setdefault(module, {})[leaf] = canonical.take(f"h.{i}.{suffix}", shape(module, leaf))
         params["layers"].append(layer)
     canonical.check_all_used()
-    return GPT2Model(c, params)
+    return GPT2Module(c, params)
 
 
-def training_logits(model: GPT2Model, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+def training_logits(model: GPT2Module, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
     """The tied LM head's logits the causal LM loss is taken of: (batch, seq, vocab)."""
     return model.apply(params, input_ids, attention_mask)[1]

@@ -19,7 +19,7 @@ Params = dict[str, Any]  # {"layers": [{"kernel": (in, out), "bias": (out,)}, ..
 
 
 @dataclass(frozen=True, eq=False)
-class MLPModel:
+class MLPModule:
     """The MLP's parameters and its forward function; ``apply`` reads weights only from its argument,
     so under ``jax.jit`` they are inputs of the compiled program, never baked-in constants."""
 
@@ -35,21 +35,25 @@ class MLPModel:
         return (x,)
 
 
-def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -> MLPModel:
+def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -> MLPModule:
     """The MLP with the canonical weights, its arrays placed on ``device``."""
     canonical = CanonicalParams(weights, device)
-    layers = [{"kernel": canonical.take(f"{prefix}.weight", (fan_in, fan_out), transpose),
-               "bias": canonical.take(f"{prefix}.bias", (fan_out,))}
-              for prefix, fan_in, fan_out in description.layers]
+    layers = [
+        {
+            "kernel": canonical.take(f"{prefix}.weight", (fan_in, fan_out), transpose),
+            "bias": canonical.take(f"{prefix}.bias", (fan_out,)),
+        }
+        for prefix, fan_in, fan_out in description.layers
+    ]
     canonical.check_all_used()
-    return MLPModel({"layers": layers})
+    return MLPModule({"layers": layers})
 
 
-def inference_logits(model: MLPModel, params: Params, stats: Any, x: jax.Array) -> jax.Array:
+def inference_logits(model: MLPModule, params: Params, stats: Any, x: jax.Array) -> jax.Array:
     """The logits (batch, out_features) after training (phase fit's evaluation); ``stats``: the empty state."""
     return model.apply(params, x)[0]
 
 
-def training_logits(model: MLPModel, params: Params, x: jax.Array) -> jax.Array:
+def training_logits(model: MLPModule, params: Params, x: jax.Array) -> jax.Array:
     """The logits the training loss is taken of: (batch, out_features)."""
     return model.apply(params, x)[0]

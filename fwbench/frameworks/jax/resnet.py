@@ -26,8 +26,9 @@ and fed back, donated like the parameters).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,10 +51,15 @@ def dense(p: Params, x: jax.Array) -> jax.Array:
 
 
 def conv(kernel: jax.Array, x: jax.Array, v: Conv) -> jax.Array:
-    """A bias-free conv (HWIO kernel, explicit symmetric padding): (B, H, W, in) → (B, H / stride, W / stride, out)."""
-    return lax.conv_general_dilated(x, kernel, window_strides=(v.stride, v.stride),
-                                    padding=((v.padding, v.padding), (v.padding, v.padding)),
-                                    dimension_numbers=DIMENSION_NUMBERS)
+    """A bias-free conv (HWIO kernel, explicit symmetric padding): (B, H, W, in) → (B, H / stride, W / stride,
+    out)."""
+    return lax.conv_general_dilated(
+        x,
+        kernel,
+        window_strides=(v.stride, v.stride),
+        padding=((v.padding, v.padding), (v.padding, v.padding)),
+        dimension_numbers=DIMENSION_NUMBERS,
+    )
 
 
 def conv_bn(p: Params, x: jax.Array, v: Conv) -> jax.Array:
@@ -66,8 +72,14 @@ ConvBN = Callable[[Params, jax.Array, Conv], jax.Array]  # (one conv's parameter
 
 def max_pool(x: jax.Array, kernel: int = 3, stride: int = 2, padding: int = 1) -> jax.Array:
     """torch's MaxPool2d(3, 2, 1) on NHWC; padding never wins (-inf)."""
-    return lax.reduce_window(x, -jnp.inf, lax.max, (1, kernel, kernel, 1), (1, stride, stride, 1),
-                             ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+    return lax.reduce_window(
+        x,
+        -jnp.inf,
+        lax.max,
+        (1, kernel, kernel, 1),
+        (1, stride, stride, 1),
+        ((0, 0), (padding, padding), (padding, padding), (0, 0)),
+    )
 
 
 def bottleneck(p: Params, x: jax.Array, block: Block, conv_bn: ConvBN = conv_bn) -> jax.Array:
@@ -80,8 +92,9 @@ def bottleneck(p: Params, x: jax.Array, block: Block, conv_bn: ConvBN = conv_bn)
     return jax.nn.relu(h + shortcut)
 
 
-def forward(params: Params, pixel_values: jax.Array, stem: Conv, blocks: tuple[Block, ...],
-            conv_bn: ConvBN = conv_bn) -> jax.Array:
+def forward(
+    params: Params, pixel_values: jax.Array, stem: Conv, blocks: tuple[Block, ...], conv_bn: ConvBN = conv_bn
+) -> jax.Array:
     """NCHW pixels → logits (B, classes), each conv + BN computed by ``conv_bn`` (inference or training form)."""
     x = jnp.transpose(pixel_values, (0, 2, 3, 1))  # NCHW -> NHWC, inside the timed call
     x = max_pool(jax.nn.relu(conv_bn(params["conv1"], x, stem)))  # (B, H/4, W/4, width)
@@ -91,7 +104,7 @@ def forward(params: Params, pixel_values: jax.Array, stem: Conv, blocks: tuple[B
 
 
 @dataclass(frozen=True, eq=False)
-class ResNetModel:
+class ResNetModule:
     """Static structure (the stem and blocks of the description), the parameter pytree, and the forward
     function. ``apply`` reads weights only from its ``params`` argument, so under ``jax.jit`` they are
     program inputs, not constants."""
@@ -106,7 +119,7 @@ class ResNetModel:
         return (forward(params, pixel_values, self.stem, self.blocks),)
 
 
-def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModel:
+def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:
     """The ResNet with the canonical weights (torchvision names, each taken once), its arrays on ``device``."""
     c = description.config
     canonical = CanonicalParams(weights, device)
@@ -118,9 +131,11 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
         weight, bias, mean, var = (canonical.take(f"{v.bn}.{s}", (v.out_channels,)) for s in BN_SUFFIXES)
         bn[v.name] = {"weight": weight, "bias": bias, "mean": mean, "var": var}
         scale = weight / jnp.sqrt(var + c.bn_eps)
-        return {"kernel": canonical.take(f"{v.name}.weight", (v.kernel, v.kernel, v.in_channels, v.out_channels),
-                                         hwio),
-                "scale": scale, "shift": bias - mean * scale}
+        return {
+            "kernel": canonical.take(f"{v.name}.weight", (v.kernel, v.kernel, v.in_channels, v.out_channels), hwio),
+            "scale": scale,
+            "shift": bias - mean * scale,
+        }
 
     def block_params(block: Block) -> Params:
         p = {f"conv{n}": conv_params(v) for n, v in enumerate(block.convs, start=1)}
@@ -132,15 +147,17 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
     params: Params = {
         "conv1": conv_params(description.stem),  # conv1 + bn1
         "layers": [block_params(b) for b in blocks],  # layer1.0, ..., layerN.{last}, in torchvision's order
-        "fc": {"kernel": canonical.take("fc.weight", (c.features, c.num_classes), transpose),
-               "bias": canonical.take("fc.bias", (c.num_classes,))},
+        "fc": {
+            "kernel": canonical.take("fc.weight", (c.features, c.num_classes), transpose),
+            "bias": canonical.take("fc.bias", (c.num_classes,)),
+        },
     }
     canonical.check_all_used()
-    return ResNetModel(description.stem, blocks, params, c.bn_eps, bn)
+    return ResNetModule(description.stem, blocks, params, c.bn_eps, bn)
 
 
 # -- phase training -------------------------------------------------------------------------------
-def _conv_names(model: ResNetModel) -> tuple[str, list[dict[str, str]]]:
+def _conv_names(model: ResNetModule) -> tuple[str, list[dict[str, str]]]:
     """The stem conv's name and, per block, pytree key (conv1..3, downsample) -> conv name."""
     layers = []
     for block in model.blocks:
@@ -151,25 +168,28 @@ def _conv_names(model: ResNetModel) -> tuple[str, list[dict[str, str]]]:
     return model.stem.name, layers
 
 
-def _per_conv(model: ResNetModel, leaf: Callable[[str], Any]) -> Params:
-    """A pytree shaped like the conv part of the parameters (``conv1``, ``layers``), ``leaf(conv name)`` at each conv."""
+def _per_conv(model: ResNetModule, leaf: Callable[[str], Any]) -> Params:
+    """A pytree shaped like the conv part of the parameters (``conv1``, ``layers``), ``leaf(conv name)`` at each
+    conv."""
     stem, layers = _conv_names(model)
     return {"conv1": leaf(stem), "layers": [{key: leaf(name) for key, name in keys.items()} for keys in layers]}
 
 
-def training_variables(model: ResNetModel) -> tuple[Params, Params]:
+def training_variables(model: ResNetModule) -> tuple[Params, Params]:
     """(trained parameters, batch-norm state) for phase training. Parameters: per conv its ``kernel`` (the
     inference pytree's array) and its BN's ``weight`` and ``bias``, and ``fc``; state: per conv its BN's
     running ``mean`` and ``var``. Same keys and order as the inference pytree (torchvision's order)."""
     kernels = {name: conv["kernel"] for name, conv in _flat_convs(model).items()}
-    params = _per_conv(model, lambda name: {"kernel": kernels[name], "weight": model.bn[name]["weight"],
-                                            "bias": model.bn[name]["bias"]})
+    params = _per_conv(
+        model,
+        lambda name: {"kernel": kernels[name], "weight": model.bn[name]["weight"], "bias": model.bn[name]["bias"]},
+    )
     params["fc"] = model.params["fc"]
     stats = _per_conv(model, lambda name: {"mean": model.bn[name]["mean"], "var": model.bn[name]["var"]})
     return params, stats
 
 
-def _flat_convs(model: ResNetModel) -> dict[str, Params]:
+def _flat_convs(model: ResNetModule) -> dict[str, Params]:
     """The inference pytree's conv dicts by conv name."""
     stem, layers = _conv_names(model)
     flat = {stem: model.params["conv1"]}
@@ -178,30 +198,38 @@ def _flat_convs(model: ResNetModel) -> dict[str, Params]:
     return flat
 
 
-def inference_logits(model: ResNetModel, params: Params, stats: Params, pixel_values: jax.Array) -> jax.Array:
+def inference_logits(model: ResNetModule, params: Params, stats: Params, pixel_values: jax.Array) -> jax.Array:
     """(batch, classes) logits in inference form from the training pytrees (phase fit's evaluation after
     training): every BN folded into ``scale`` and ``shift`` from its trained weight and bias and its running
     ``mean`` and ``var``, as ``build_model`` folds the loaded ones."""
+
     def fold(p: Params, s: Params) -> Params:
         scale = p["weight"] / jnp.sqrt(s["var"] + model.eps)
         return {"kernel": p["kernel"], "scale": scale, "shift": p["bias"] - s["mean"] * scale}
 
-    folded = {"conv1": fold(params["conv1"], stats["conv1"]),
-              "layers": [{key: fold(p[key], s[key]) for key in p}
-                         for p, s in zip(params["layers"], stats["layers"], strict=True)],
-              "fc": params["fc"]}
+    folded = {
+        "conv1": fold(params["conv1"], stats["conv1"]),
+        "layers": [
+            {key: fold(p[key], s[key]) for key in p} for p, s in zip(params["layers"], stats["layers"], strict=True)
+        ],
+        "fc": params["fc"],
+    }
     return forward(folded, pixel_values, model.stem, model.blocks)
 
 
-def training_logits_and_stats(model: ResNetModel, params: Params, stats: Params, pixel_values: jax.Array,
-                              momentum: float = BN_MOMENTUM) -> tuple[jax.Array, Params]:
+def training_logits_and_stats(
+    model: ResNetModule, params: Params, stats: Params, pixel_values: jax.Array, momentum: float = BN_MOMENTUM
+) -> tuple[jax.Array, Params]:
     """The training logits (batch, classes), every BN on its batch's mean and biased variance over (N, H, W),
     and the updated running statistics: (1 − m)·running + m·batch, the unbiased batch variance for ``var``
     (torch's rule; m = 0.1 is torch's momentum, flax's 0.9). No gradient flows into the new statistics."""
-    merged = {"conv1": {**params["conv1"], **stats["conv1"]},
-              "layers": [{key: {**p[key], **s[key]} for key in p} for p, s in zip(params["layers"], stats["layers"],
-                                                                                 strict=True)],
-              "fc": params["fc"]}
+    merged = {
+        "conv1": {**params["conv1"], **stats["conv1"]},
+        "layers": [
+            {key: {**p[key], **s[key]} for key in p} for p, s in zip(params["layers"], stats["layers"], strict=True)
+        ],
+        "fc": params["fc"],
+    }
     updated: dict[str, Params] = {}
 
     def conv_bn_training(p: Params, x: jax.Array, v: Conv) -> jax.Array:
@@ -209,8 +237,10 @@ def training_logits_and_stats(model: ResNetModel, params: Params, stats: Params,
         mean, var = jnp.mean(y, axis=(0, 1, 2)), jnp.var(y, axis=(0, 1, 2))  # biased, as BN normalises
         count = y.shape[0] * y.shape[1] * y.shape[2]
         batch_mean, batch_var = lax.stop_gradient(mean), lax.stop_gradient(var) * (count / (count - 1))
-        updated[v.name] = {"mean": (1 - momentum) * p["mean"] + momentum * batch_mean,
-                           "var": (1 - momentum) * p["var"] + momentum * batch_var}
+        updated[v.name] = {
+            "mean": (1 - momentum) * p["mean"] + momentum * batch_mean,
+            "var": (1 - momentum) * p["var"] + momentum * batch_var,
+        }
         return (y - mean) * (p["weight"] * lax.rsqrt(var + model.eps)) + p["bias"]
 
     logits = forward(merged, pixel_values, model.stem, model.blocks, conv_bn_training)

@@ -7,12 +7,18 @@ and has that shape, puts it on the device, and at the end that no canonical tens
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 Transform = Callable[[np.ndarray], np.ndarray]
+# The canonical name each array CanonicalParams handed out holds, by id (with a weak reference that tells a
+# live array from a later one reusing its id).
+_CANONICAL_NAMES: dict[int, tuple[weakref.ref[Any], str]] = {}
 
 
 def identity(value: np.ndarray) -> np.ndarray:
@@ -47,13 +53,28 @@ class CanonicalParams:
         if tuple(value.shape) != tuple(expected_shape):
             raise ValueError(f"{name}: shape {value.shape} after mapping, expected {tuple(expected_shape)}")
         self.used.add(name)
-        return jax.device_put(np.asarray(value, dtype=np.float32), self.device)
+        placed = jax.device_put(np.asarray(value, dtype=np.float32), self.device)
+        key = id(placed)
+        _CANONICAL_NAMES[key] = (weakref.ref(placed, functools.partial(_forget, key)), name)
+        return placed
 
     def check_all_used(self) -> None:
         """Raise unless every canonical tensor was mapped onto a parameter."""
         unused = sorted(set(self.weights) - self.used)
         if unused:
             raise ValueError(f"weight map: tensors unused {unused}")
+
+
+def _forget(key: int, _: object) -> None:
+    """A weak reference's callback: the array with id ``key`` is gone."""
+    _CANONICAL_NAMES.pop(key, None)
+
+
+def canonical_name(leaf: Any) -> str | None:
+    """The canonical tensor a parameter leaf holds, as handed out by :meth:`CanonicalParams.take` (the same
+    array object), else None (a derived array: fused, folded, cast or updated)."""
+    entry = _CANONICAL_NAMES.get(id(leaf))
+    return entry[1] if entry is not None and entry[0]() is leaf else None
 
 
 def hwio(value: np.ndarray) -> np.ndarray:
@@ -66,5 +87,8 @@ def parameter_arrays(params: object) -> list[np.ndarray]:
     """Every floating leaf of the parameter pytree ``params`` (``jax.tree_util.tree_leaves`` order) as
     float32 numpy copies."""
     leaves = jax.tree_util.tree_leaves(params)
-    return [np.asarray(leaf, dtype=np.float32) for leaf in leaves if np.issubdtype(np.dtype(leaf.dtype), np.floating)
-            or str(leaf.dtype) == "bfloat16"]
+    return [
+        np.asarray(leaf, dtype=np.float32)
+        for leaf in leaves
+        if np.issubdtype(np.dtype(leaf.dtype), np.floating) or str(leaf.dtype) == "bfloat16"
+    ]

@@ -5,8 +5,8 @@ Choosing the Keras backend. Keras reads ``KERAS_BACKEND`` once, when it is first
 module imports no framework at its top: :class:`KerasBackend` (made by :func:`create_backend`) sets
 ``KERAS_BACKEND`` from the mode (and ``KERAS_TORCH_DEVICE`` from the device), then imports keras, and
 raises if keras was already imported with another backend: one process holds one Keras backend.
-Before keras it imports the native backend module of the same framework
-(``fwbench.frameworks.<framework>.backend``) and delegates everything that is not Keras to it: the
+Before keras it creates the backend of the same framework's native runtime (the registry's
+``native_runtime``: torch:eager, tensorflow:function, jax:jit) and delegates everything that is not Keras to it: the
 thread budget, the matmul precision, placing the inputs, device sync, allocator statistics and OOM
 detection, so that ``keras:jax`` and ``jax:jit`` (and so on) run under identical settings. For jax
 that import also puts the XLA thread flags in place before jax loads. (Keras 3.15 imports jax
@@ -31,11 +31,11 @@ and, on jax, writing the state back into the model's variables after every call)
 ``model.predict``'s data adapter. ``sync`` blocks as the native backend does: on every output leaf
 for jax, a device sync on CUDA; on a CPU, TF and torch kernels have finished when the call returns.
 
-Reported in the dict ``configure_threads`` returns (stored as ``threads_effective``): ``keras_backend``,
+Reported in the dict ``configure_threads`` returns (stored as ``threads_effective``): ``keras_backend`` and
 ``jit_compile`` (what "auto" resolves to, by Keras' own resolution on a probe model; ``compile``
-checks the real model resolves the same, and sets :attr:`KerasBackend.jit_compile`) and ``layout``:
-``NHWC``, Keras' channels_last image layout: ``make_inputs`` transposes the descriptions' NCHW
-``pixel_values`` once, outside the timed call.
+checks the real model resolves the same, and sets :attr:`KerasBackend.jit_compile`). The image models are
+channels_last (their ``LAYOUT``, ``NHWC``, stored as the cell's layout): ``make_inputs`` transposes the
+descriptions' NCHW ``pixel_values`` once, outside the timed call.
 
 bf16 (``dtype="bf16"``): Keras' mixed precision policy ``mixed_bfloat16``, set as the global dtype
 policy before the model is built (and reported as ``keras_dtype_policy``): variables stay float32,
@@ -47,26 +47,20 @@ backend is the fp32 one, since Keras, not it, does the casting.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from fwbench.frameworks.base import Backend
+from fwbench import frameworks as registry
+from fwbench.frameworks.base import Backend, as_keras_training_arch
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
 
-# Keras backend -> (native backend module, its mode) used for threads, precision, inputs, sync, memory.
-_NATIVE = {
-    "tensorflow": ("fwbench.frameworks.tensorflow.backend", "function"),
-    "jax": ("fwbench.frameworks.jax.backend", "jit"),
-    "torch": ("fwbench.frameworks.torch.backend", "eager"),
-}
 DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}  # case dtype -> Keras' global dtype policy
-LAYOUT = "NHWC"  # Keras' image layout (channels_last), the layout of every image input given to a Keras model
 # Inputs the descriptions give channels-first (batch, C, H, W): transposed to (batch, H, W, C) in make_inputs.
 _CHANNELS_FIRST_INPUTS = frozenset({"pixel_values"})
 
@@ -74,9 +68,11 @@ _CHANNELS_FIRST_INPUTS = frozenset({"pixel_values"})
 def _check_backend(keras: ModuleType, backend: str) -> None:
     active = keras.backend.backend()
     if active != backend:
-        raise RuntimeError(f"keras:{backend} needs Keras' {backend} backend, but keras was imported with the "
-                           f"{active} backend in this process (KERAS_BACKEND is read once, when keras is first "
-                           f"imported): run keras:{backend} in a fresh process")
+        raise RuntimeError(
+            f"keras:{backend} needs Keras' {backend} backend, but keras was imported with the "
+            f"{active} backend in this process (KERAS_BACKEND is read once, when keras is first "
+            f"imported): run keras:{backend} in a fresh process"
+        )
 
 
 def refuse_other_backend(backend: str) -> None:
@@ -107,11 +103,17 @@ class KerasBackend(Backend):
     modes = ("tensorflow", "jax", "torch")
     dtypes = ("fp32", "bf16")
 
-    def __init__(self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> None:
-        super().__init__(mode, device, settings, dtype=dtype)  # UnsupportedMode before anything is imported
+    def __init__(
+        self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+    ) -> None:
+        super().__init__(mode, device, settings, dtype=dtype, phase=phase)  # UnsupportedMode before any import
         refuse_other_backend(mode)  # before importing a framework for nothing
-        module, native_mode = _NATIVE[mode]
-        self._native: Backend = importlib.import_module(module).create_backend(native_mode, device, settings)
+        # The native runtime of the Keras backend's framework (the registry's): threads, precision, inputs, sync,
+        # memory. Its fp32 backend: Keras, not it, does the bf16 casting.
+        native = registry.native_runtime(mode)
+        if native is None:
+            raise RuntimeError(f"the runtime registry has no native runtime of {mode} for keras:{mode}")
+        self._native: Backend = registry.create_backend(native, device, settings, phase=phase)
         self.keras = import_keras(mode, device)
         self.jit_compile: bool | None = None  # model.jit_compile once compiled ("auto", as Keras resolves it)
         self._jit_compile_auto: bool | None = None
@@ -126,7 +128,7 @@ class KerasBackend(Backend):
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
         report = dict(self._native.configure_threads(intra_op, inter_op))  # before anything starts the runtime
         self._jit_compile_auto = self._resolve_auto_jit_compile()
-        report.update(keras_backend=self.keras.backend.backend(), jit_compile=self._jit_compile_auto, layout=LAYOUT)
+        report.update(keras_backend=self.keras.backend.backend(), jit_compile=self._jit_compile_auto)
         return report
 
     def _resolve_auto_jit_compile(self) -> bool:
@@ -144,8 +146,7 @@ class KerasBackend(Backend):
     def configure_precision(self) -> dict[str, object]:
         report = dict(self._native.configure_precision())
         self._set_dtype_policy()
-        report.update(keras_floatx=self.keras.config.floatx(),
-                      keras_dtype_policy=self.keras.config.dtype_policy().name)
+        report.update(keras_floatx=self.keras.config.floatx(), keras_dtype_policy=self.keras.config.dtype_policy().name)
         if self.dtype == "bf16":
             report["bf16_mechanism"] = "keras mixed_bfloat16 policy (float32 variables, bfloat16 compute)"
         return report
@@ -160,8 +161,10 @@ class KerasBackend(Backend):
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
         self._input_names = tuple(arrays)
-        channels_last = {name: np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if name in _CHANNELS_FIRST_INPUTS else a
-                         for name, a in arrays.items()}
+        channels_last = {
+            name: np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if name in _CHANNELS_FIRST_INPUTS else a
+            for name, a in arrays.items()
+        }
         return self._native.make_inputs(channels_last)  # framework tensors on the device, as the native runtime's
 
     def compile(self, inputs: Sequence[Any]) -> None:
@@ -174,8 +177,10 @@ class KerasBackend(Backend):
         if self._jit_compile_auto is None:  # configure_threads was skipped (in-process use)
             self._jit_compile_auto = self._resolve_auto_jit_compile()
         if bool(model.jit_compile) != self._jit_compile_auto:
-            raise RuntimeError(f"jit_compile='auto' resolved to {model.jit_compile} for {model.name} but to "
-                               f"{self._jit_compile_auto} on the probe model reported by configure_threads")
+            raise RuntimeError(
+                f"jit_compile='auto' resolved to {model.jit_compile} for {model.name} but to "
+                f"{self._jit_compile_auto} on the probe model reported by configure_threads"
+            )
         self.jit_compile = bool(model.jit_compile)
         model.make_predict_function()
         self._predict = model.predict_function
@@ -189,8 +194,10 @@ class KerasBackend(Backend):
 
             from fwbench.frameworks.jax.weights import jax_device
 
-            self._state = jax.device_put(([v.value for v in model.trainable_variables],
-                                          [v.value for v in model.non_trainable_variables]), jax_device(self.device))
+            self._state = jax.device_put(
+                ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]),
+                jax_device(self.device),
+            )
         self._output_names = self.description.output_names if self.description else ()
         self._compiled = model
 
@@ -224,14 +231,18 @@ class KerasBackend(Backend):
 
         if self.mode == "torch":
             self._make_variables_leaves()
-        arch = self.arch_module()
+        arch = as_keras_training_arch(self.arch_module())
         model = arch.training_model(self.model, self.description)
         expected = self.description.trained_tensor_count()  # BN moving statistics are non-trainable variables
         if len(model.trainable_variables) != expected:
-            raise ValueError(f"the training model has {len(model.trainable_variables)} trainable variables, "
-                             f"expected {expected}")
-        model.compile(optimizer=training.make_optimizer(optimizer_spec(self.settings.optimizer)),
-                      loss=training.loss(), jit_compile="auto")
+            raise ValueError(
+                f"the training model has {len(model.trainable_variables)} trainable variables, expected {expected}"
+            )
+        model.compile(
+            optimizer=training.make_optimizer(optimizer_spec(self.settings.optimizer)),
+            loss=training.loss(),
+            jit_compile="auto",
+        )
         self.jit_compile = bool(model.jit_compile)
         self._train_model = model
         x, (labels, weights) = dict(zip(self._input_names, inputs)), targets
@@ -284,5 +295,7 @@ class KerasBackend(Backend):
         return self._native.is_oom(exc)
 
 
-def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> KerasBackend:
-    return KerasBackend(mode, device, settings, dtype=dtype)
+def create_backend(
+    mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+) -> KerasBackend:
+    return KerasBackend(mode, device, settings, dtype=dtype, phase=phase)

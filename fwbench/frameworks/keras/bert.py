@@ -52,8 +52,15 @@ class EncoderLayer(layers.Layer):
 
     def build(self, x_shape, allowed_shape):  # type: ignore[no-untyped-def]
         hidden, intermediate = (None, None, self.hidden), (None, None, self.intermediate)
-        for layer in (self.query, self.key, self.value, self.attention_out, self.attention_norm,
-                      self.ffn_in, self.ffn_norm):
+        for layer in (
+            self.query,
+            self.key,
+            self.value,
+            self.attention_out,
+            self.attention_norm,
+            self.ffn_in,
+            self.ffn_norm,
+        ):
             layer.build(hidden)
         self.ffn_out.build(intermediate)
 
@@ -73,13 +80,17 @@ class EncoderLayer(layers.Layer):
 
 def bert_model(description: Bert) -> keras.Model:
     c = description.config
-    names = ("input_ids", "attention_mask", "token_type_ids") if description.has_token_types else \
-        ("input_ids", "attention_mask")
+    names = (
+        ("input_ids", "attention_mask", "token_type_ids")
+        if description.has_token_types
+        else ("input_ids", "attention_mask")
+    )
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in names}
     input_ids = inputs["input_ids"]
     x = embedding(c.vocab_size, c.hidden, "word_embeddings")(input_ids)
-    x = x + PositionEmbedding(c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN,
-                              name="position_embeddings")(input_ids)
+    x = x + PositionEmbedding(
+        c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN, name="position_embeddings"
+    )(input_ids)
     if description.has_token_types:
         x = x + embedding(c.type_vocab_size, c.hidden, "token_type_embeddings")(inputs["token_type_ids"])
     x = layers.LayerNormalization(epsilon=c.layer_norm_eps, name="embeddings_norm")(x)
@@ -100,8 +111,10 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
     """The encoder with the canonical weights: each role's canonical name mapped onto a variable path."""
     with keras.device(keras_device(device)):
         model = bert_model(description)
-    mapping = {description.param("word_embeddings"): "word_embeddings/embeddings",
-               description.param("position_embeddings"): "position_embeddings/embeddings"}
+    mapping = {
+        description.param("word_embeddings"): "word_embeddings/embeddings",
+        description.param("position_embeddings"): "position_embeddings/embeddings",
+    }
     if description.has_token_types:
         mapping[description.param("token_type_embeddings")] = "token_type_embeddings/embeddings"
     for kind in ("weight", "bias"):

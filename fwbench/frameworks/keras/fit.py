@@ -14,7 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, as_keras_training_arch
 from fwbench.frameworks.keras.backend import _CHANNELS_FIRST_INPUTS
 from fwbench.frameworks.keras.training import loss as keras_loss
 from fwbench.frameworks.keras.training import make_optimizer
@@ -41,18 +41,28 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     assert backend.description is not None
     if backend.mode == "torch":
         backend._make_variables_leaves()  # type: ignore[attr-defined]
-    arch = backend.arch_module()
+    arch = as_keras_training_arch(backend.arch_module())
     clock = EpochClock()
     started = time.perf_counter()
     model = arch.training_model(backend.model, backend.description)
-    model.compile(optimizer=make_optimizer(optimizer_spec(backend.settings.optimizer)), loss=keras_loss(),
-                  jit_compile="auto")
-    inputs = {name: np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if name in _CHANNELS_FIRST_INPUTS else a
-              for name, a in dataset.inputs.items()}  # the Keras image models are channels_last, as inference
-    history = model.fit(inputs, dataset.labels, batch_size=batch_size, epochs=epochs,
-                        shuffle=False, verbose=0, callbacks=[clock])
+    model.compile(
+        optimizer=make_optimizer(optimizer_spec(backend.settings.optimizer)), loss=keras_loss(), jit_compile="auto"
+    )
+    inputs = {
+        name: np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if name in _CHANNELS_FIRST_INPUTS else a
+        for name, a in dataset.inputs.items()
+    }  # the Keras image models are channels_last, as inference
+    history = model.fit(
+        inputs, dataset.labels, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0, callbacks=[clock]
+    )
     total_s = time.perf_counter() - started
     logits = model.predict(inputs, batch_size=batch_size, verbose=0)
     # "auto" is XLA on the tensorflow and jax backends and no compiler on torch: the loop's name says which
-    return FitResult(f"keras model.fit (jit_compile={bool(model.jit_compile)})", clock.epoch_s, [float(v) for v in history.history["loss"]],
-                     np.asarray(logits, dtype=np.float32), total_s, {"jit_compile": bool(model.jit_compile)})
+    return FitResult(
+        f"keras model.fit (jit_compile={bool(model.jit_compile)})",
+        clock.epoch_s,
+        [float(v) for v in history.history["loss"]],
+        np.asarray(logits, dtype=np.float32),
+        total_s,
+        {"jit_compile": bool(model.jit_compile)},
+    )

@@ -37,8 +37,10 @@ class DecoderLayer(layers.Layer):
     def call(self, x, allowed):  # type: ignore[no-untyped-def]
         """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H)."""
         b, s = ops.shape(x)[0], ops.shape(x)[1]
-        q, k, v = (ops.reshape(t, (b, s, self.heads, self.hidden // self.heads))  # (B, S, heads, H / heads)
-                   for t in ops.split(self.c_attn(self.ln_1(x)), 3, axis=-1))
+        q, k, v = (
+            ops.reshape(t, (b, s, self.heads, self.hidden // self.heads))  # (B, S, heads, H / heads)
+            for t in ops.split(self.c_attn(self.ln_1(x)), 3, axis=-1)
+        )
         context = ops.dot_product_attention(q, k, v, mask=allowed)
         x = x + self.attn_proj(ops.reshape(context, (b, s, self.hidden)))
         return x + self.mlp_proj(ops.gelu(self.c_fc(self.ln_2(x)), approximate=True))
@@ -56,8 +58,16 @@ class CausalMask(layers.Layer):
 def gpt2_model(description: GPT2) -> keras.Model:
     c = description.config
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("input_ids", "attention_mask")}
-    wte = layers.ReversibleEmbedding(c.vocab_size, c.hidden, tie_weights=True, embeddings_initializer=OVERWRITTEN,
-                                      name="wte")
+    # reverse_dtype: the tied LM head computes in the policy's compute dtype. Keras' default (None) leaves the
+    # float32 embedding uncast, so under mixed_bfloat16 the largest matmul of the model ran in float32.
+    wte = layers.ReversibleEmbedding(
+        c.vocab_size,
+        c.hidden,
+        tie_weights=True,
+        embeddings_initializer=OVERWRITTEN,
+        reverse_dtype=keras.config.dtype_policy().compute_dtype,
+        name="wte",
+    )
     wpe = PositionEmbedding(c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN, name="wpe")
     x = wte(inputs["input_ids"]) + wpe(inputs["input_ids"])
     allowed = CausalMask(name="causal_mask")(inputs["attention_mask"])  # (B, 1, S, S)
@@ -68,11 +78,20 @@ def gpt2_model(description: GPT2) -> keras.Model:
 
 
 # canonical suffix -> this model's variable path within a layer; Conv1D weights keep their (in, out) layout.
-_SUFFIXES = {"ln_1.weight": "ln_1/gamma", "ln_1.bias": "ln_1/beta", "attn.c_attn.weight": "c_attn/kernel",
-             "attn.c_attn.bias": "c_attn/bias", "attn.c_proj.weight": "attn_proj/kernel",
-             "attn.c_proj.bias": "attn_proj/bias", "ln_2.weight": "ln_2/gamma", "ln_2.bias": "ln_2/beta",
-             "mlp.c_fc.weight": "c_fc/kernel", "mlp.c_fc.bias": "c_fc/bias",
-             "mlp.c_proj.weight": "mlp_proj/kernel", "mlp.c_proj.bias": "mlp_proj/bias"}
+_SUFFIXES = {
+    "ln_1.weight": "ln_1/gamma",
+    "ln_1.bias": "ln_1/beta",
+    "attn.c_attn.weight": "c_attn/kernel",
+    "attn.c_attn.bias": "c_attn/bias",
+    "attn.c_proj.weight": "attn_proj/kernel",
+    "attn.c_proj.bias": "attn_proj/bias",
+    "ln_2.weight": "ln_2/gamma",
+    "ln_2.bias": "ln_2/beta",
+    "mlp.c_fc.weight": "c_fc/kernel",
+    "mlp.c_fc.bias": "c_fc/bias",
+    "mlp.c_proj.weight": "mlp_proj/kernel",
+    "mlp.c_proj.bias": "mlp_proj/bias",
+}
 assert set(_SUFFIXES) == set(LAYER_SUFFIXES)
 
 
@@ -80,8 +99,12 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
     """GPT-2 with the canonical weights (Conv1D (in, out) kernels used as they are)."""
     with keras.device(keras_device(device)):
         model = gpt2_model(description)
-    mapping = {"wte.weight": "wte/embeddings", "wpe.weight": "wpe/embeddings", "ln_f.weight": "ln_f/gamma",
-               "ln_f.bias": "ln_f/beta"}
+    mapping = {
+        "wte.weight": "wte/embeddings",
+        "wpe.weight": "wpe/embeddings",
+        "ln_f.weight": "ln_f/gamma",
+        "ln_f.bias": "ln_f/beta",
+    }
     for i in range(description.config.layers):
         for canonical, own in _SUFFIXES.items():
             mapping[f"h.{i}.{canonical}"] = f"layers_{i}/{own}"

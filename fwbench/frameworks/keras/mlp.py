@@ -19,8 +19,9 @@ def mlp_model(description: MLP) -> keras.Model:
     h = x
     last = len(description.layers) - 1
     for i, (prefix, _, fan_out) in enumerate(description.layers):
-        h = layers.Dense(fan_out, activation="relu" if i < last else None, kernel_initializer=OVERWRITTEN,
-                         name=prefix)(h)
+        h = layers.Dense(fan_out, activation="relu" if i < last else None, kernel_initializer=OVERWRITTEN, name=prefix)(
+            h
+        )
     return keras.Model({"x": x}, {"logits": h}, name="mlp")
 
 

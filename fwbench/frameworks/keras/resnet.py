@@ -24,9 +24,17 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from fwbench.frameworks.keras.weights import (OVERWRITTEN, Transform, conv_kernel, keras_device, load_canonical,
-                                            transpose)
+from fwbench.frameworks.keras.weights import (
+    OVERWRITTEN,
+    Transform,
+    conv_kernel,
+    keras_device,
+    load_canonical,
+    transpose,
+)
 from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
+
+LAYOUT = "NHWC"  # Keras' image layout (channels_last): the backend transposes the NCHW pixel_values once
 
 # canonical BN suffix -> BatchNormalization variable name
 _BN_NAMES = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
@@ -37,7 +45,8 @@ class BatchNorm(layers.BatchNormalization):
     """Keras' BatchNormalization (momentum 1 − BN_MOMENTUM), whose training call updates the moving variance
     from the unbiased batch variance, as torch does (Keras' own layer uses the biased one there). Inference,
     and normalisation in training (batch mean, biased variance), are Keras' own. Training computes its
-    statistics and normalises in float32 (also under mixed_bfloat16, as Keras' own layer); masks and batch renormalisation are Keras' own code path."""
+    statistics and normalises in float32 (also under mixed_bfloat16, as Keras' own layer); masks and batch
+    renormalisation are Keras' own code path."""
 
     def __init__(self, epsilon: float, name: str) -> None:
         super().__init__(momentum=1.0 - BN_MOMENTUM, epsilon=epsilon, name=name)
@@ -52,14 +61,22 @@ class BatchNorm(layers.BatchNormalization):
         m = self.momentum
         self.moving_mean.assign(self.moving_mean * m + ops.stop_gradient(mean) * (1.0 - m))
         self.moving_variance.assign(self.moving_variance * m + unbiased * (1.0 - m))
-        outputs = ops.batch_normalization(x, mean, variance, axis=self.axis, offset=self.beta, scale=self.gamma,
-                                          epsilon=self.epsilon)
+        outputs = ops.batch_normalization(
+            x, mean, variance, axis=self.axis, offset=self.beta, scale=self.gamma, epsilon=self.epsilon
+        )
         return ops.cast(outputs, self.compute_dtype)
 
 
 def _conv(v: Conv, name: str) -> layers.Conv2D:
-    return layers.Conv2D(v.out_channels, v.kernel, strides=v.stride, padding="valid", use_bias=False,
-                         kernel_initializer=OVERWRITTEN, name=name)
+    return layers.Conv2D(
+        v.out_channels,
+        v.kernel,
+        strides=v.stride,
+        padding="valid",
+        use_bias=False,
+        kernel_initializer=OVERWRITTEN,
+        name=name,
+    )
 
 
 def _pad(v: Conv, name: str) -> layers.Layer:
@@ -79,13 +96,13 @@ class Bottleneck(layers.Layer):
         self.conv3, self.bn3 = _conv(third, "conv3"), BatchNorm(eps, name="bn3")
         self.downsample: tuple[layers.Conv2D, BatchNorm] | None = None
         if block.downsample is not None:
-            self.downsample = (_conv(block.downsample, "downsample_0"),
-                               BatchNorm(eps, name="downsample_1"))
+            self.downsample = (_conv(block.downsample, "downsample_0"), BatchNorm(eps, name="downsample_1"))
 
     def build(self, input_shape):  # type: ignore[no-untyped-def]
         pairs = [(self.conv1, self.bn1), (self.conv2, self.bn2), (self.conv3, self.bn3)]
         convs = list(self.block.convs)
         if self.downsample is not None:
+            assert self.block.downsample is not None
             pairs.append(self.downsample)
             convs.append(self.block.downsample)
         for (conv, bn), v in zip(pairs, convs):

@@ -20,7 +20,8 @@ give every Keras optimizer the gradients every other runtime's optimizer gets.)
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 
@@ -58,8 +59,13 @@ def make_optimizer(spec: OptimizerSpec) -> keras.optimizers.Optimizer:
     densify IndexedSlices gradients before Keras' own update (module docstring)."""
     if spec.kind == "sgd":
         return SGD(learning_rate=spec.learning_rate, momentum=spec.momentum)
-    return AdamW(learning_rate=spec.learning_rate, weight_decay=spec.weight_decay,
-                                  beta_1=spec.beta_1, beta_2=spec.beta_2, epsilon=spec.epsilon)
+    return AdamW(
+        learning_rate=spec.learning_rate,
+        weight_decay=spec.weight_decay,
+        beta_1=spec.beta_1,
+        beta_2=spec.beta_2,
+        epsilon=spec.epsilon,
+    )
 
 
 def loss() -> keras.losses.Loss:

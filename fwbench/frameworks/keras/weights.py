@@ -9,7 +9,7 @@ for a ResNet) for values thrown away.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import keras
 import numpy as np
@@ -39,7 +39,7 @@ def load_canonical(
     model: keras.Model,
     weights: dict[str, np.ndarray],
     mapping: dict[str, str],
-    transforms: dict[str, Transform] | None = None,
+    transforms: Mapping[str, Transform] | None = None,
 ) -> None:
     """Assign ``transforms[canonical](weights[canonical])`` to the variable at path ``mapping[canonical]``.
 
@@ -76,5 +76,8 @@ def keras_device(device: str) -> str:
 def parameter_arrays(model: keras.Model) -> list[np.ndarray]:
     """Every floating variable of ``model`` (``model.weights`` order, trainable or not) as float32 numpy
     copies; after ``train_on_batch`` the variables hold the trained values."""
-    return [np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32) for v in model.weights
-            if "float" in str(v.dtype)]
+    return [
+        np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32)
+        for v in model.weights
+        if "float" in str(v.dtype)
+    ]

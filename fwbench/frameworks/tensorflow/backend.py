@@ -10,12 +10,13 @@ accumulate in float32), and the outputs are bfloat16 until ``to_numpy``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, as_arch, as_training_arch
 from fwbench.frameworks.tensorflow.weights import cast_variables
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
@@ -55,10 +56,13 @@ class TensorFlowBackend(Backend):
     def configure_precision(self) -> dict[str, object]:
         tf.config.experimental.enable_tensor_float_32_execution(False)
         report: dict[str, object] = {
-            "tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()}
+            "tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()
+        }
         if self.dtype == "bf16" and self.phase == "training":
-            report["bf16_mechanism"] = ("mixed precision: float32 master variables and optimizer; the step computes "
-                                        "with a tf.bfloat16 copy of them, refreshed after every update")
+            report["bf16_mechanism"] = (
+                "mixed precision: float32 master variables and optimizer; the step computes "
+                "with a tf.bfloat16 copy of them, refreshed after every update"
+            )
         elif self.dtype == "bf16":
             report["bf16_mechanism"] = "variables and float inputs cast to tf.bfloat16 (built in float32, cast once)"
         return report
@@ -71,7 +75,8 @@ class TensorFlowBackend(Backend):
         if self.dtype == "bf16":
             with tf.device(self._tf_device):
                 if self.phase == "training":
-                    self._working = self.arch_module(description).build_model(description, weights, self.device)
+                    arch = as_arch(self.arch_module(description))
+                    self._working = arch.build_model(description, weights, self.device)
                     cast_variables(self._working, tf.bfloat16)
                     self._share_running_statistics(description)
                 else:
@@ -118,7 +123,7 @@ class TensorFlowBackend(Backend):
         statistics are the float32 model's own variables, shared with the working copy)."""
         assert self.description is not None
         if self.dtype == "bf16" and self._working is None:
-            raise RuntimeError("bf16 training needs phase 'training' set before build (float32 master weights)")
+            raise RuntimeError("bf16 training needs a backend created with phase='training' (float32 master weights)")
         from fwbench.frameworks.keras.backend import import_keras
 
         import_keras("tensorflow", self.device)  # Keras 3's optimizers, on its tensorflow backend
@@ -126,7 +131,7 @@ class TensorFlowBackend(Backend):
         from fwbench.frameworks.tensorflow import training
         from fwbench.models.training import optimizer_spec
 
-        arch = self.arch_module()
+        arch = as_training_arch(self.arch_module())
         model = self.model
         frozen = {training.variable_name(name) for name in self.description.frozen_in_training()}
         variables = [v for v in model.trainable_variables if v.name.split(":")[0] not in frozen]
@@ -175,8 +180,9 @@ class TensorFlowBackend(Backend):
         assert self._working is not None
         running = {variable_name(name) for name in description.running_statistics()}
         shared = 0
-        for master, copy in zip((self.model, *self.model.submodules), (self._working, *self._working.submodules),
-                                strict=True):
+        for master, copy in zip(
+            (self.model, *self.model.submodules), (self._working, *self._working.submodules), strict=True
+        ):
             for attribute, value in vars(master).items():
                 if isinstance(value, tf.Variable) and value.name.split(":")[0] in running:
                     setattr(copy, attribute, value)
@@ -184,8 +190,11 @@ class TensorFlowBackend(Backend):
         if shared != len(running):
             raise ValueError(f"{shared} running statistics shared with the bf16 working copy, expected {len(running)}")
 
-    def _working_copy(self, variables: list[tf.Variable], running: set[str]) -> tuple[
-            tf.Module, list[tf.Variable], list[tuple[tf.Variable, tf.Variable]], list[tuple[tf.Variable, tf.Variable]]]:
+    def _working_copy(
+        self, variables: list[tf.Variable], running: set[str]
+    ) -> tuple[
+        tf.Module, list[tf.Variable], list[tuple[tf.Variable, tf.Variable]], list[tuple[tf.Variable, tf.Variable]]
+    ]:
         """(the module the step computes with, its variables the gradients are taken of, (copy, master) pairs
         refreshed after the update, (master, copy) running statistics copied back). fp32: the model itself,
         ``variables``, nothing to copy. bf16: the working copy's variables matched to the master's by position (the
@@ -223,5 +232,7 @@ class TensorFlowBackend(Backend):
         return super().is_oom(exc) or isinstance(exc, tf.errors.ResourceExhaustedError)
 
 
-def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> TensorFlowBackend:
-    return TensorFlowBackend(mode, device, settings, dtype=dtype)
+def create_backend(
+    mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+) -> TensorFlowBackend:
+    return TensorFlowBackend(mode, device, settings, dtype=dtype, phase=phase)

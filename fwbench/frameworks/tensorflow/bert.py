@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from fwbench.frameworks.tensorflow.weights import (
     MakeVariable,
+    Transform,
     check_all_used,
     identity,
     tracked_variables,
@@ -103,8 +104,9 @@ class BertModule(tf.Module):
         used: set[str] = set()
         variable = tracked_variables(weights, used)
 
-        def param(role: str, shape: tuple[int, ...], kind: str = "weight", transform: Transform = identity
-                  ) -> tf.Variable:
+        def param(
+            role: str, shape: tuple[int, ...], kind: str = "weight", transform: Transform = identity
+        ) -> tf.Variable:
             return variable(description.param(role, kind=kind), shape, transform)
 
         self.word_embeddings = param("word_embeddings", (c.vocab_size, c.hidden))
@@ -114,12 +116,15 @@ class BertModule(tf.Module):
         self.embeddings_norm = param("embeddings_norm", (c.hidden,)), param("embeddings_norm", (c.hidden,), "bias")
         self.layers = [EncoderLayer(description, i, variable) for i in range(c.layers)]
         if self.with_pooler:
-            self.pooler = (param("pooler", (c.hidden, c.hidden), transform=transpose),
-                           param("pooler", (c.hidden,), "bias"))
+            self.pooler = (
+                param("pooler", (c.hidden, c.hidden), transform=transpose),
+                param("pooler", (c.hidden,), "bias"),
+            )
         check_all_used(weights, used)
 
-    def __call__(self, input_ids: tf.Tensor, attention_mask: tf.Tensor,
-                 token_type_ids: tf.Tensor | None = None) -> tuple[tf.Tensor, ...]:
+    def __call__(
+        self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, ...]:
         b, s = dims(input_ids)
         h = self.word_embeddings.shape[-1]
         x = tf.gather(self.word_embeddings, input_ids) + self.position_embeddings[:s]

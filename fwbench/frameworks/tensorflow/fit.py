@@ -9,12 +9,11 @@ logits in inference form (``inference_logits``: BN refolded from the trained var
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, as_evaluated_arch, as_training_arch
 from fwbench.models.fit import FitDataset, FitResult
 from fwbench.models.training import optimizer_spec
 
@@ -29,7 +28,8 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     import_keras("tensorflow", backend.device)  # Keras 3's optimizers, on its tensorflow backend
     from fwbench.frameworks.keras.training import make_optimizer
 
-    arch = backend.arch_module()
+    arch = as_training_arch(backend.arch_module())
+    evaluated = as_evaluated_arch(backend.arch_module())
     model, device = backend.model, backend._tf_device  # type: ignore[attr-defined]
     variables = list(model.trainable_variables)
     n_inputs = len(dataset.inputs)
@@ -41,7 +41,8 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
         optimizer.build(variables)
         # drop_remainder drops nothing (batch_size divides the samples) and gives the batches a static shape
         data = tf.data.Dataset.from_tensor_slices((*dataset.inputs.values(), dataset.labels)).batch(
-            batch_size, drop_remainder=True)
+            batch_size, drop_remainder=True
+        )
 
         @tf.function(reduce_retracing=True)
         def train_step(*batch: tf.Tensor) -> tf.Tensor:
@@ -62,7 +63,12 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
             epoch_s.append(time.perf_counter() - epoch_start)
             epoch_loss.append(mean)
         total_s = time.perf_counter() - started
-        logits = arch.inference_logits(model, *(tf.constant(a) for a in dataset.inputs.values()))
-    return FitResult("manual tf.data loop + tf.function step", epoch_s, epoch_loss,
-                     np.asarray(logits, dtype=np.float32), total_s,
-                     {"traces": int(train_step.experimental_get_tracing_count())})
+        logits = evaluated.inference_logits(model, *(tf.constant(a) for a in dataset.inputs.values()))
+    return FitResult(
+        "manual tf.data loop + tf.function step",
+        epoch_s,
+        epoch_loss,
+        np.asarray(logits, dtype=np.float32),
+        total_s,
+        {"traces": int(train_step.experimental_get_tracing_count())},
+    )

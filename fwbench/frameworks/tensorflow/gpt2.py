@@ -12,8 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.tensorflow.bert import MASKED, dense, dims, layer_norm
-from fwbench.frameworks.tensorflow.weights import MakeVariable, tracked_variables
-from fwbench.frameworks.tensorflow.weights import check_all_used, identity
+from fwbench.frameworks.tensorflow.weights import MakeVariable, check_all_used, identity, tracked_variables
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
 
 
@@ -32,8 +31,10 @@ class DecoderLayer(tf.Module):
 
         def pair(suffix: str, shape: tuple[int, ...]) -> tuple[tf.Variable, tf.Variable]:
             """(weight, bias) of ``h.{i}.{suffix}``; Conv1D weights are (in, out) kernels as they are."""
-            return (variable(f"h.{i}.{suffix}.weight", shape, identity),
-                    variable(f"h.{i}.{suffix}.bias", (shape[-1],), identity))
+            return (
+                variable(f"h.{i}.{suffix}.weight", shape, identity),
+                variable(f"h.{i}.{suffix}.bias", (shape[-1],), identity),
+            )
 
         self.ln_1 = pair("ln_1", (h,))
         self.c_attn = pair("attn.c_attn", (h, 3 * h))
@@ -82,8 +83,11 @@ class GPT2Module(tf.Module):
         return tf.reshape(x, [b, s, h]), tf.reshape(logits, [b, s, -1])
 
 
-assert {f"{n}.{k}" for n in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
-        for k in ("weight", "bias")} == set(LAYER_SUFFIXES)
+assert {
+    f"{n}.{k}"
+    for n in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    for k in ("weight", "bias")
+} == set(LAYER_SUFFIXES)
 
 
 def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) -> GPT2Module:

@@ -60,12 +60,14 @@ class ConvBN(tf.Module):
         self.kernel = variable(f"{v.name}.weight", (v.kernel, v.kernel, v.in_channels, v.out_channels), hwio)
         shape = (v.out_channels,)
         self.weight, self.bias = (variable(f"{v.bn}.{s}", shape, identity) for s in ("weight", "bias"))
-        self.running_mean, self.running_var = (variable(f"{v.bn}.{s}", shape, identity, trainable=False)
-                                               for s in ("running_mean", "running_var"))
+        self.running_mean, self.running_var = (
+            variable(f"{v.bn}.{s}", shape, identity, trainable=False) for s in ("running_mean", "running_var")
+        )
         scale = self.weight / tf.sqrt(self.running_var + eps)
         self.scale = tf.Variable(scale, name=f"{v.bn}.scale".replace(".", "_"), trainable=False)
-        self.shift = tf.Variable(self.bias - self.running_mean * scale, name=f"{v.bn}.shift".replace(".", "_"),
-                                 trainable=False)
+        self.shift = tf.Variable(
+            self.bias - self.running_mean * scale, name=f"{v.bn}.shift".replace(".", "_"), trainable=False
+        )
         self.stride, self.padding, self.eps = v.stride, v.padding, eps
 
     def fold(self) -> None:
@@ -121,8 +123,10 @@ class ResNetModule(tf.Module):
         self.conv1 = ConvBN(description.stem, c.bn_eps, variable)  # conv1 + bn1
         # layer1.0, ..., layerN.{last}: one flat list, in torchvision's order
         self.blocks = [Bottleneck(b, c.bn_eps, variable) for b in description.blocks]
-        self.fc = (variable("fc.weight", (c.features, c.num_classes), transpose),
-                   variable("fc.bias", (c.num_classes,), identity))
+        self.fc = (
+            variable("fc.weight", (c.features, c.num_classes), transpose),
+            variable("fc.bias", (c.num_classes,), identity),
+        )
         check_all_used(weights, used)
 
     def __call__(self, pixel_values: tf.Tensor) -> tuple[tf.Tensor]:

@@ -3,7 +3,8 @@ cast a built module's variables to another dtype (bf16 cells)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +22,10 @@ def transpose(value: np.ndarray) -> np.ndarray:
 
 
 def canonical_variable(
-    weights: dict[str, np.ndarray], name: str, expected_shape: tuple[int, ...], transform: Transform = identity,
+    weights: dict[str, np.ndarray],
+    name: str,
+    expected_shape: tuple[int, ...],
+    transform: Transform = identity,
     trainable: bool = True,
 ) -> tf.Variable:
     """A variable holding ``transform(weights[name])``, which must have ``expected_shape``; ``trainable=False``
@@ -42,8 +46,9 @@ def check_all_used(weights: dict[str, np.ndarray], used: set[str]) -> None:
 class MakeVariable(Protocol):
     """canonical name, expected shape after the transform, transform[, trainable] -> a checked tf.Variable"""
 
-    def __call__(self, name: str, shape: tuple[int, ...], transform: Transform,
-                 trainable: bool = True) -> tf.Variable: ...
+    def __call__(
+        self, name: str, shape: tuple[int, ...], transform: Transform, trainable: bool = True
+    ) -> tf.Variable: ...
 
 
 def tracked_variables(weights: dict[str, np.ndarray], used: set[str]) -> MakeVariable:

@@ -24,12 +24,13 @@ import functools
 import os
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, as_training_arch
 from fwbench.spec import Settings
 
 
@@ -70,8 +71,14 @@ class TorchBackend(Backend):
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-            **({"bf16_mechanism": f"torch.autocast({self.device}, bfloat16) around the forward; "
-                                  "float32 weights and inputs"} if self.dtype == "bf16" else {}),
+            **(
+                {
+                    "bf16_mechanism": f"torch.autocast({self.device}, bfloat16) around the forward; "
+                    "float32 weights and inputs"
+                }
+                if self.dtype == "bf16"
+                else {}
+            ),
         }
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
@@ -119,13 +126,16 @@ class TorchBackend(Backend):
             runner = torch._inductor.aoti_load_package(package)
         del exported
         self._export_signature = signature
-        self._export_log = (*self._export_log, {
-            "input_shapes": [list(shape) for shape, _, _ in signature],
-            "export_s": exported_at - started,
-            "aot_compile_s": compiled_at - exported_at,
-            "load_s": time.perf_counter() - compiled_at,
-            "package_bytes": package_bytes,
-        })
+        self._export_log = (
+            *self._export_log,
+            {
+                "input_shapes": [list(shape) for shape, _, _ in signature],
+                "export_s": exported_at - started,
+                "aot_compile_s": compiled_at - exported_at,
+                "load_s": time.perf_counter() - compiled_at,
+                "package_bytes": package_bytes,
+            },
+        )
         return runner
 
     def infer(self, inputs: Sequence[Any]) -> tuple[torch.Tensor, ...]:
@@ -162,16 +172,18 @@ class TorchBackend(Backend):
             raise NotImplementedError(f"torch:{self.mode} has no training phase yet")
         assert self.description is not None
         from fwbench.frameworks.torch import training
+        from fwbench.frameworks.torch.weights import variable_names
         from fwbench.models.training import optimizer_spec
 
-        arch = self.arch_module()
-        frozen_prefixes: tuple[str, ...] = getattr(arch, "FROZEN_IN_TRAINING", ())
+        arch = as_training_arch(self.arch_module())
+        # The description says which canonical tensors are frozen; the weight map, which parameters hold them.
+        frozen_names = variable_names(self.model, self.description.frozen_in_training())
         # train(): batch norm (ResNet) normalises with batch statistics and updates its running buffers
         # (momentum 0.1, unbiased running variance: nn.BatchNorm2d's defaults); no model here has dropout.
         model = self.model.train()
         trained = []
         for name, parameter in model.named_parameters():  # buffers (running statistics) are not parameters
-            frozen = bool(self.description.frozen_in_training()) and name.startswith(frozen_prefixes)
+            frozen = name in frozen_names
             parameter.requires_grad_(not frozen)
             if not frozen:
                 trained.append(parameter)
@@ -248,5 +260,7 @@ class TorchBackend(Backend):
         return super().is_oom(exc) or (isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
-def create_backend(mode: str, device: str, settings: Settings, *, dtype: str = "fp32") -> TorchBackend:
-    return TorchBackend(mode, device, settings, dtype=dtype)
+def create_backend(
+    mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+) -> TorchBackend:
+    return TorchBackend(mode, device, settings, dtype=dtype, phase=phase)

@@ -15,9 +15,6 @@ from torch import nn
 from fwbench.frameworks.torch.weights import load_canonical
 from fwbench.models.bert import LAYER_ROLES, Bert
 
-_LINEAR_ROLES = ("query", "key", "value", "attention_out", "ffn_in", "ffn_out")
-FROZEN_IN_TRAINING = ("pooler.",)  # parameter-name prefixes of Bert.frozen_in_training(): not on the loss's path
-
 
 class EncoderLayer(nn.Module):
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
@@ -59,8 +56,9 @@ class BertModule(nn.Module):
         if self.with_pooler:
             self.pooler = nn.Linear(c.hidden, c.hidden)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if self.with_token_types:
@@ -77,8 +75,10 @@ class BertModule(nn.Module):
 def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) -> BertModule:
     """The encoder with the canonical weights: each role's canonical name mapped onto this module."""
     module = BertModule(description)
-    mapping = {description.param("word_embeddings"): "word_embeddings.weight",
-               description.param("position_embeddings"): "position_embeddings.weight"}
+    mapping = {
+        description.param("word_embeddings"): "word_embeddings.weight",
+        description.param("position_embeddings"): "position_embeddings.weight",
+    }
     if description.has_token_types:
         mapping[description.param("token_type_embeddings")] = "token_type_embeddings.weight"
     for kind in ("weight", "bias"):

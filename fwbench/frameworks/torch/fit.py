@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, as_training_arch
 from fwbench.frameworks.torch.training import make_optimizer
 from fwbench.models.fit import FitDataset, FitResult
 from fwbench.models.training import optimizer_spec
@@ -33,8 +33,9 @@ from fwbench.models.training import optimizer_spec
 def _loader(backend: Backend, dataset: FitDataset, batch_size: int) -> DataLoader[Any]:
     tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in dataset.inputs.values()]
     labels = torch.from_numpy(dataset.labels.astype(np.int64))
-    return DataLoader(TensorDataset(*tensors, labels), batch_size=batch_size, shuffle=False,
-                      pin_memory=backend.device == "cuda")
+    return DataLoader(
+        TensorDataset(*tensors, labels), batch_size=batch_size, shuffle=False, pin_memory=backend.device == "cuda"
+    )
 
 
 def _logits(backend: Backend, dataset: FitDataset) -> np.ndarray:
@@ -51,15 +52,16 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     assert backend.description is not None
     if backend.mode not in ("eager", "lightning"):
         raise NotImplementedError(f"torch:{backend.mode} has no fit phase")
-    arch = backend.arch_module()
+    arch = as_training_arch(backend.arch_module())
     model = backend.model.train()
     spec = optimizer_spec(backend.settings.optimizer)
     run = _lightning if backend.mode == "lightning" else _manual
     return run(backend, arch, model, spec, dataset, epochs, batch_size)
 
 
-def _manual(backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, dataset: FitDataset, epochs: int,
-            batch_size: int) -> FitResult:
+def _manual(
+    backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, dataset: FitDataset, epochs: int, batch_size: int
+) -> FitResult:
     device, on_cuda = backend.device, backend.device == "cuda"
     epoch_s: list[float] = []
     epoch_loss: list[float] = []
@@ -83,12 +85,19 @@ def _manual(backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, data
         epoch_s.append(time.perf_counter() - epoch_start)
         epoch_loss.append(mean)
     total_s = time.perf_counter() - started
-    return FitResult("manual DataLoader loop", epoch_s, epoch_loss, _logits(backend, dataset), total_s,
-                     {"torch_threads_after": torch.get_num_threads()})
+    return FitResult(
+        "manual DataLoader loop",
+        epoch_s,
+        epoch_loss,
+        _logits(backend, dataset),
+        total_s,
+        {"torch_threads_after": torch.get_num_threads()},
+    )
 
 
-def _lightning(backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, dataset: FitDataset, epochs: int,
-               batch_size: int) -> FitResult:
+def _lightning(
+    backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, dataset: FitDataset, epochs: int, batch_size: int
+) -> FitResult:
     import lightning as L
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no "GPU available: ..." banners
@@ -136,17 +145,29 @@ def _lightning(backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, d
         from lightning.pytorch.callbacks import ModelCheckpoint
         from lightning.pytorch.loggers import CSVLogger
 
+        assert backend.description is not None
         logger = CSVLogger(log_dir, name=f"{backend.description.name}-b{batch_size}")
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(logger.log_dir, "checkpoints")))
-    trainer = L.Trainer(accelerator="gpu" if backend.device == "cuda" else "cpu", devices=1, max_epochs=epochs,
-                        enable_checkpointing=log_dir is not None, logger=logger, default_root_dir=log_dir,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        callbacks=callbacks)
+    trainer = L.Trainer(
+        accelerator="gpu" if backend.device == "cuda" else "cpu",
+        devices=1,
+        max_epochs=epochs,
+        enable_checkpointing=log_dir is not None,
+        logger=logger,
+        default_root_dir=log_dir,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+    )
     trainer.fit(module, train_dataloaders=_loader(backend, dataset, batch_size))
     total_s = time.perf_counter() - started
     extra = {"torch_threads_after": torch.get_num_threads(), "lightning": L.__version__, "logging": None}
     if log_dir is not None:
         checkpoint = trainer.checkpoint_callback
-        extra["logging"] = {"log_dir": logger.log_dir,
-                            "checkpoint": checkpoint.last_model_path or checkpoint.best_model_path}
+        assert isinstance(checkpoint, ModelCheckpoint)
+        extra["logging"] = {
+            "log_dir": logger.log_dir,
+            "checkpoint": checkpoint.last_model_path or checkpoint.best_model_path,
+        }
     return FitResult("lightning Trainer.fit", epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)

@@ -29,8 +29,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
-                   for t in self.c_attn(self.ln_1(x)).split(h, dim=-1))
+        q, k, v = (
+            t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
+            for t in self.c_attn(self.ln_1(x)).split(h, dim=-1)
+        )
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         x = x + self.attn_proj(context.transpose(1, 2).reshape(b, s, h))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
@@ -60,25 +62,41 @@ class GPT2Module(nn.Module):
 
 
 # canonical suffix -> this module's parameter suffix; Conv1D weights are transposed.
-_SUFFIXES = {"ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias", "attn.c_attn.weight": "c_attn.weight",
-             "attn.c_attn.bias": "c_attn.bias", "attn.c_proj.weight": "attn_proj.weight",
-             "attn.c_proj.bias": "attn_proj.bias", "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
-             "mlp.c_fc.weight": "c_fc.weight", "mlp.c_fc.bias": "c_fc.bias",
-             "mlp.c_proj.weight": "mlp_proj.weight", "mlp.c_proj.bias": "mlp_proj.bias"}
+_SUFFIXES = {
+    "ln_1.weight": "ln_1.weight",
+    "ln_1.bias": "ln_1.bias",
+    "attn.c_attn.weight": "c_attn.weight",
+    "attn.c_attn.bias": "c_attn.bias",
+    "attn.c_proj.weight": "attn_proj.weight",
+    "attn.c_proj.bias": "attn_proj.bias",
+    "ln_2.weight": "ln_2.weight",
+    "ln_2.bias": "ln_2.bias",
+    "mlp.c_fc.weight": "c_fc.weight",
+    "mlp.c_fc.bias": "c_fc.bias",
+    "mlp.c_proj.weight": "mlp_proj.weight",
+    "mlp.c_proj.bias": "mlp_proj.bias",
+}
 assert set(_SUFFIXES) == set(LAYER_SUFFIXES)
 
 
 def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) -> GPT2Module:
     """GPT-2 with the canonical weights (Conv1D (in, out) → nn.Linear (out, in))."""
     module = GPT2Module(description)
-    mapping = {"wte.weight": "wte.weight", "wpe.weight": "wpe.weight", "ln_f.weight": "ln_f.weight",
-               "ln_f.bias": "ln_f.bias"}
+    mapping = {
+        "wte.weight": "wte.weight",
+        "wpe.weight": "wpe.weight",
+        "ln_f.weight": "ln_f.weight",
+        "ln_f.bias": "ln_f.bias",
+    }
     transforms = {}
     for i in range(description.config.layers):
         for canonical, own in _SUFFIXES.items():
             mapping[f"h.{i}.{canonical}"] = f"layers.{i}.{own}"
-            if canonical.endswith("c_attn.weight") or canonical.endswith("c_proj.weight") or \
-                    canonical.endswith("c_fc.weight"):
+            if (
+                canonical.endswith("c_attn.weight")
+                or canonical.endswith("c_proj.weight")
+                or canonical.endswith("c_fc.weight")
+            ):
                 transforms[f"h.{i}.{canonical}"] = np.transpose
     load_canonical(module, weights, mapping, transforms)
     return module.to(device).eval()

@@ -19,6 +19,7 @@ from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
 
 LAYOUT = "NCHW"
 
+
 def _bn(channels: int, eps: float) -> nn.BatchNorm2d:
     """BN with torch's running-statistics momentum (BN_MOMENTUM, 0.1: nn.BatchNorm2d's default)."""
     return nn.BatchNorm2d(channels, eps=eps, momentum=BN_MOMENTUM)
@@ -40,8 +41,7 @@ class Bottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample: nn.Module | None = None
         if block.downsample is not None:
-            self.downsample = nn.Sequential(_conv(block.downsample),
-                                            _bn(block.downsample.out_channels, eps))
+            self.downsample = nn.Sequential(_conv(block.downsample), _bn(block.downsample.out_channels, eps))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, 4·width, H / stride, W / stride)
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -62,8 +62,9 @@ class ResNetModule(nn.Module):
         blocks = description.blocks
         start = 0
         for stage, count in enumerate(c.blocks):  # layer1..layerN: nn.Sequential, indexed like torchvision
-            self.add_module(f"layer{stage + 1}",
-                            nn.Sequential(*(Bottleneck(b, c.bn_eps) for b in blocks[start:start + count])))
+            self.add_module(
+                f"layer{stage + 1}", nn.Sequential(*(Bottleneck(b, c.bn_eps) for b in blocks[start : start + count]))
+            )
             start += count
         self.stages = len(c.blocks)
         self.avgpool = nn.AdaptiveAvgPool2d(1)

@@ -5,7 +5,7 @@ The loss is ``models.training``'s: Σ w·CE(logits, labels) / Σ w, softmax cros
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -23,5 +23,10 @@ def make_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) ->
     """torch.optim.SGD (momentum, no dampening or Nesterov) or torch.optim.AdamW with ``spec``'s numbers."""
     if spec.kind == "sgd":
         return torch.optim.SGD(params, lr=spec.learning_rate, momentum=spec.momentum)
-    return torch.optim.AdamW(params, lr=spec.learning_rate, betas=(spec.beta_1, spec.beta_2), eps=spec.epsilon,
-                             weight_decay=spec.weight_decay)
+    return torch.optim.AdamW(
+        params,
+        lr=spec.learning_rate,
+        betas=(spec.beta_1, spec.beta_2),
+        eps=spec.epsilon,
+        weight_decay=spec.weight_decay,
+    )

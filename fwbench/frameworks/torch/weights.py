@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -10,17 +11,18 @@ from torch import nn
 
 from fwbench.frameworks.base import check_weight_map
 
-
 # Buffers that are not part of any canonical weight set: BatchNorm's step counter (used only by a
 # momentum-less running average in training).
 NOT_CANONICAL_BUFFERS = ("num_batches_tracked",)
+# The weight map each module was loaded through (canonical name -> parameter or buffer name).
+_WEIGHT_MAPS: weakref.WeakKeyDictionary[nn.Module, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def load_canonical(
     module: nn.Module,
     weights: dict[str, np.ndarray],
     mapping: dict[str, str],
-    transforms: dict[str, Callable[[np.ndarray], np.ndarray]] | None = None,
+    transforms: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
 ) -> None:
     """Set each parameter or buffer ``mapping[canonical]`` of ``module`` to ``weights[canonical]``.
 
@@ -29,7 +31,7 @@ def load_canonical(
     every shape equal after the transform (no broadcasting); otherwise ValueError.
     """
     transforms = transforms or {}
-    targets = dict(module.named_parameters())
+    targets: dict[str, torch.Tensor] = dict(module.named_parameters())
     targets.update((n, b) for n, b in module.named_buffers() if not n.endswith(NOT_CANONICAL_BUFFERS))
     check_weight_map(set(targets), mapping, weights)
     with torch.no_grad():
@@ -38,11 +40,24 @@ def load_canonical(
             if tuple(targets[target].shape) != value.shape:
                 raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(targets[target].shape)}")
             targets[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+    _WEIGHT_MAPS[module] = dict(mapping)
+
+
+def variable_names(module: nn.Module, canonical: Iterable[str]) -> set[str]:
+    """The parameter or buffer names of ``module`` the ``canonical`` tensors were loaded into (through the map
+    :func:`load_canonical` checked); ValueError for a module not loaded by it or a name not in its map."""
+    mapping = _WEIGHT_MAPS.get(module)
+    if mapping is None:
+        raise ValueError(f"{type(module).__name__} was not loaded by load_canonical")
+    unknown = sorted(set(canonical) - set(mapping))
+    if unknown:
+        raise ValueError(f"{type(module).__name__}: canonical tensors {unknown} are not in its weight map")
+    return {mapping[name] for name in canonical}
 
 
 def parameter_arrays(model: nn.Module) -> list[np.ndarray]:
     """Every floating parameter and buffer of ``model`` (in ``named_parameters`` then ``named_buffers``
     order, ``NOT_CANONICAL_BUFFERS`` left out) as float32 numpy copies, in the module's own layout."""
-    tensors = [p for _, p in model.named_parameters()]
+    tensors: list[torch.Tensor] = [p for _, p in model.named_parameters()]
     tensors += [b for n, b in model.named_buffers() if not n.endswith(NOT_CANONICAL_BUFFERS)]
     return [t.detach().to("cpu", torch.float32).numpy().copy() for t in tensors if t.is_floating_point()]

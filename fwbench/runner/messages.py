@@ -2,7 +2,8 @@
 
 The worker writes one ``{"type": "stage", ...}`` line as it enters each stage and exactly one
 ``{"type": "result", ...}`` line at the end. Framework chatter on stdout/stderr never mixes in,
-because results travel on their own file descriptor.
+because results travel on their own file descriptor. The thread budget reaches the worker's native
+pools through its environment (:func:`thread_environment`), set by the manager before it starts.
 """
 
 from __future__ import annotations
@@ -14,34 +15,6 @@ from typing import Any
 from fwbench.spec import Case, Settings
 
 STAGES = ("start", "import", "build", "compile", "first_call", "parity", "warmup", "timing", "fit", "evaluate", "done")
-
-# Parity tolerance on the relative L2 error against the model's float64 reference, per dtype.
-PARITY_REL_L2_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
-
-
-@dataclass(frozen=True)
-class TrainingTolerance:
-    """``fwbench verify --phase training`` limits against the first runtime: ``loss_rel`` on the loss curve's
-    max relative error over steps, ``params_rel_l2`` on the relative L2 error of all trained parameters
-    concatenated, ``tensor_rel_l2`` on the worst single parameter tensor's relative L2 error."""
-
-    loss_rel: float
-    params_rel_l2: float
-    tensor_rel_l2: float
-
-
-# fp32, measured 2026-12-03 (20 AdamW steps, lr 1e-3, parity shape, 1 thread; torch:eager first against
-# tensorflow:eager/function, jax:jit, keras:jax/torch/tensorflow on mlp, bert-tiny, gpt2-tiny), worst seen:
-# loss curve 3.3e-5, all parameters 5.8e-4, single tensor 7.0e-2 (attention query/key biases, whose gradient
-# is ~0 in exact arithmetic: Adam normalises rounding noise into full-size steps). Limits ≈ 30×, 9×, 3.5× that.
-# keras:tensorflow on bert-tiny is the one outlier (loss 1.5e-3, parameters 1.4e-2): caught, as it should be.
-# bf16 (mixed precision), measured 2026-12-03 the same way on mlp, bert-tiny, gpt2-tiny, resnet-tiny in torch:eager
-# (first) against tensorflow (eager, function, xla), jax:jit, keras:*, torch:compile: text models and the MLP
-# ≤ 5.4e-3 / 7.4e-3 / 0.34; resnet-tiny, which memorises its batch (loss 2.25 → 0.0084, so relative errors of the
-# late losses grow), loss curve ≤ 7.7e-2, parameters ≤ 8.1e-2, worst tensor 0.39 (layer4.0.bn2.running_mean,
-# means over N·H·W = 8 values); torch:compile against torch:eager alone gives 2.3e-2 / 6.3e-2 / 0.29.
-TRAINING_TOLERANCE = {"fp32": TrainingTolerance(loss_rel=1e-3, params_rel_l2=5e-3, tensor_rel_l2=0.25),
-                      "bf16": TrainingTolerance(loss_rel=0.15, params_rel_l2=0.15, tensor_rel_l2=1.0)}
 
 
 @dataclass(frozen=True)
@@ -98,8 +71,10 @@ def thread_environment(threads: int, interop_threads: int) -> dict[str, str]:
 
 
 def stage_message(stage: str) -> str:
+    """The line a worker writes as it enters ``stage`` (one of :data:`STAGES`)."""
     return json.dumps({"type": "stage", "stage": stage}) + "\n"
 
 
 def result_message(result: dict[str, Any]) -> str:
+    """The one line a worker writes at the end: its cell's result."""
     return json.dumps({"type": "result", **result}) + "\n"

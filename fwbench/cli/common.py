@@ -1,0 +1,136 @@
+"""What every command shares: the one-line-error parser, argument types, the run-id look-up, small checks.
+
+Bad input raises :class:`UsageError` (from argparse) or :class:`~fwbench.spec.SpecError`; ``main`` prints it
+as one line on stderr and exits 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from fwbench.report.units import parse_bytes
+from fwbench.spec import MAX_COUNT, SpecError
+from fwbench.store import DEFAULT_DB, RunRecord, Store
+
+EXIT_USAGE = 2
+DB_HELP = f"SQLite results database (default {DEFAULT_DB})"
+TENSORBOARD_HELP = (
+    "write TensorBoard event files into DIR: one run per model × runtime (DIR/<model>/"
+    "<framework>_<mode>/), scalars per ok cell tagged <phase>/<metric>/<shape>: loss per optimizer "
+    "step (training), step_time_s, samples_per_s and tokens_per_s per timed sample, and the "
+    "settings as text"
+)
+
+RunId = int | str  # a positive run id, or "latest"
+
+
+class UsageError(Exception):
+    """Bad input: one line for the user, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line instead of usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+# -- argument types: each turns text into a value or raises ArgumentTypeError (one line) -------------------
+def positive_float(text: str) -> float:
+    """A positive finite number (seconds, mostly)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A positive integer up to MAX_COUNT, ASCII digits only."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or not 0 < int(digits) <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer up to {MAX_COUNT}")
+    return int(text)
+
+
+def fraction(text: str) -> float:
+    """A non-negative finite number (0.05 = 5%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative finite number (0.05 = 5%)")
+    return value
+
+
+def directory(text: str) -> str:
+    """An absolute directory path (workers may not share the caller's relative view); an existing file is refused."""
+    path = Path(text).expanduser().resolve()
+    if not text or path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    return str(path)
+
+
+def run_id(text: str) -> RunId:
+    """A run id, or 'latest'."""
+    return "latest" if text == "latest" else positive_int(text)
+
+
+def byte_count(text: str) -> int:
+    """Bytes, with an optional K/M/G suffix (2G, 512M)."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+# -- checks and look-ups ---------------------------------------------------------------------------------
+def resolve_run(store: Store, run: RunId, db: str | Path, label: str) -> RunRecord:
+    """The run ``run`` (an id or 'latest') of ``store`` (opened from ``db``); ``label`` names the argument that
+    gave it (``--run``, ``--resume``, ``RUN_A``). SpecError ``<label> <run> is not in <db>; runs there: [...]``
+    when it is absent."""
+    number = store.latest_run_id() if run == "latest" else int(run)
+    record = None if number is None else store.get_run(number)
+    if record is None:
+        known = [r.id for r in store.runs()]
+        raise SpecError(f"{label} {run} is not in {db}; runs there: {known or 'none'}")
+    return record
+
+
+def given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """The flags among ``names`` (attribute names) that the user gave (an empty string counts as given)."""
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) is not None]
+
+
+def check_output_file(flag: str, path: Path | None) -> None:
+    """Refuse a FILE argument that is a folder or whose folder does not exist."""
+    if path is not None and (path.is_dir() or not path.parent.is_dir()):
+        raise SpecError(f"{flag} {path}: give a file path in an existing folder")
+
+
+def check_tensorboard_dir(path: Path | None) -> None:
+    """Refuse a --tensorboard DIR that is not a folder or cannot be created (nothing is written)."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise SpecError(f"--tensorboard {path} is not a folder")
+    folder = path
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecError(f"--tensorboard {path}: cannot write there, {folder} is not a writable folder")
+
+
+def terminate_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so the running worker is killed on the way out."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -1,0 +1,76 @@
+"""``fwbench compare``: compare two runs cell by cell; exit 1 on a significant regression."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+
+from fwbench.cli.common import fraction, resolve_run, run_id
+from fwbench.report.compare import DEFAULT_THRESHOLD, compare_runs, comparison_legend, comparison_tables, verdict_line
+from fwbench.report.table import make_console, to_rich
+from fwbench.spec import SpecError
+from fwbench.store import DEFAULT_DB, RunRecord, Store
+
+COMPARE_FORMATS = ("table", "json")
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``compare`` on the subcommand parsers ``commands``."""
+    compare = commands.add_parser(
+        "compare",
+        help="compare two runs cell by cell; exit 1 on a significant regression",
+        description="Match the cells of two runs by model, runtime, phase, shape, dtype and device; print each "
+        "cell's time ratio B/A with its 95% CI and significance (Mann–Whitney U, Holm-adjusted), the geometric "
+        "mean of B/A, the cells only one run has, and the environment differences. Exit 0 when no cell regressed "
+        "significantly beyond --threshold, 1 when one did (or broke: ok in A, not ok in B), 2 on bad input.",
+    )
+    compare.add_argument("run_a", type=run_id, metavar="RUN_A", help="run id (or 'latest') in --db")
+    compare.add_argument("run_b", type=run_id, metavar="RUN_B", help="run id (or 'latest') in --db-b")
+    compare.add_argument("--db", default=DEFAULT_DB, help=f"database of RUN_A (default {DEFAULT_DB})")
+    compare.add_argument("--db-b", metavar="PATH", help="database of RUN_B (default: --db)")
+    compare.add_argument(
+        "--threshold",
+        type=fraction,
+        default=DEFAULT_THRESHOLD,
+        metavar="FRACTION",
+        help=f"slow-down a significant cell may have before it counts as a regression "
+        f"(default {DEFAULT_THRESHOLD:g}, i.e. {DEFAULT_THRESHOLD * 100:g}%%)",
+    )
+    compare.add_argument("--format", choices=COMPARE_FORMATS, default="table", help="default: table")
+
+
+def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Exit 0: no significant regression beyond --threshold; 1: at least one (or a cell that broke)."""
+    db_b = args.db_b or args.db
+    run_b: RunRecord | None = None
+    with Store.open(args.db, readonly=True) as store_a:
+        run_a = resolve_run(store_a, args.run_a, args.db, "RUN_A")
+        results_a = store_a.results([run_a.id])
+        if db_b == args.db:
+            run_b = resolve_run(store_a, args.run_b, db_b, "RUN_B")
+            results_b = store_a.results([run_b.id])
+    if run_b is None:
+        with Store.open(db_b, readonly=True) as store_b:
+            run_b = resolve_run(store_b, args.run_b, db_b, "RUN_B")
+            results_b = store_b.results([run_b.id])
+    comparison = compare_runs(run_a, results_a, run_b, results_b, args.threshold)
+    if not comparison.cells:
+        raise SpecError(
+            f"run {run_a.id} of {args.db} and run {run_b.id} of {db_b} have no cell in common "
+            "(same model, runtime, phase, shape, dtype and device); nothing to compare"
+        )
+    if args.format == "json":
+        print(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
+    else:
+        console = make_console()
+        label_a, label_b = f"run {run_a.id} of {args.db}", f"run {run_b.id} of {db_b}"
+        for data in comparison_tables(comparison, label_a, label_b):
+            console.print(to_rich(data))
+        for line in comparison_legend(comparison):
+            console.print(Text(line, style="dim"))
+        print(verdict_line(comparison))
+    return 1 if comparison.failed else 0

@@ -1,0 +1,124 @@
+"""``fwbench report``: print stored results (table, JSON, CSV, Markdown), and write the spreadsheet CSVs, the
+HTML page and TensorBoard runs."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from fwbench.cli.common import DB_HELP, TENSORBOARD_HELP, check_output_file, check_tensorboard_dir, resolve_run, run_id
+from fwbench.report.export import to_csv, to_json, write_csv_dir
+from fwbench.report.html import to_html
+from fwbench.report.peak import latest_peak
+from fwbench.report.summary import DEFAULT_BASELINE, resolve_baseline
+from fwbench.report.table import PIPE_WIDTH, make_console, markdown_report, print_results
+from fwbench.report.tensorboard import write_results
+from fwbench.spec import SpecError
+from fwbench.store import DEFAULT_DB, Store
+
+REPORT_FORMATS = ("table", "json", "csv", "markdown")
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``report`` on the subcommand parsers ``commands``."""
+    report = commands.add_parser("report", help="print stored results", description="Print stored results.")
+    report.add_argument("--db", default=DEFAULT_DB, help=DB_HELP)
+    report.add_argument("--run", type=run_id, metavar="ID", help="only this run, or 'latest' (default: all runs)")
+    report.add_argument(
+        "--format",
+        choices=REPORT_FORMATS,
+        help="default: table (with --html or --tensorboard: none, unless --format or --out is given)",
+    )
+    report.add_argument("--out", type=Path, metavar="FILE", help="write the report to FILE instead of stdout")
+    report.add_argument(
+        "--baseline",
+        metavar="RUNTIME",
+        help=f"runtime the speed-ups and the pair summary are "
+        f"relative to (default {DEFAULT_BASELINE}, or the first runtime when it is absent)",
+    )
+    report.add_argument(
+        "--csv",
+        type=Path,
+        metavar="DIR",
+        help="also write the 2019 spreadsheet layout into DIR "
+        "(one CSV per model × runtime: rows batch size, columns sequence length, the median in "
+        "seconds or N/A) and results.csv, every result in long format",
+    )
+    report.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write one self-contained HTML report to FILE "
+        "(works offline: summary, flags, heat maps of speed-up, latency and memory plots, parity, "
+        "environment, every result)",
+    )
+    report.add_argument(
+        "--tensorboard", type=Path, metavar="DIR", help=TENSORBOARD_HELP + " (several runs: under DIR/run<ID>/)"
+    )
+
+
+def _write_text(flag: str, path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{flag} {path}: cannot write it: {exc.strerror or exc}") from None
+
+
+def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    check_output_file("--out", args.out)
+    check_output_file("--html", args.html)
+    check_tensorboard_dir(args.tensorboard)
+    with Store.open(args.db, readonly=True) as store:
+        run_ids = None if args.run is None else [resolve_run(store, args.run, args.db, "--run").id]
+        runs, results = store.runs(run_ids), store.results(run_ids)
+        peak = latest_peak(store)
+    try:
+        baseline = resolve_baseline(results, args.baseline)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    if args.csv is not None:
+        if args.csv.exists() and not args.csv.is_dir():
+            raise SpecError(f"--csv {args.csv} is not a folder")
+        try:
+            written = write_csv_dir(results, args.csv, peak)
+        except OSError as exc:
+            raise SpecError(f"--csv {args.csv}: cannot write it: {exc.strerror or exc}") from None
+        print(f"wrote {len(written)} CSV files to {args.csv}", file=sys.stderr)
+    if args.html is not None:
+        page = to_html(runs, results, baseline=baseline, peak=peak, source=str(args.db))
+        _write_text("--html", args.html, page)
+        print(f"wrote {args.html} ({len(page.encode()) / 2**20:.2f} MiB)", file=sys.stderr)
+    if args.tensorboard is not None:
+        try:
+            folders = write_results(args.tensorboard, results, {r.id: r.settings for r in runs})
+        except OSError as exc:
+            raise SpecError(f"--tensorboard {args.tensorboard}: cannot write it: {exc.strerror or exc}") from None
+        print(
+            f"wrote {len(folders)} TensorBoard runs to {args.tensorboard} (tensorboard --logdir {args.tensorboard})",
+            file=sys.stderr,
+        )
+    if (args.html is not None or args.tensorboard is not None) and args.format is None and args.out is None:
+        return 0
+    report_format = args.format or "table"
+    if report_format == "json":
+        text = to_json(runs, results, peak) + "\n"
+    elif report_format == "csv":
+        text = to_csv(results, peak)
+    elif report_format == "markdown":
+        text = markdown_report(results, f"fwbench results in {args.db}", peak, baseline)
+    else:
+        console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if args.out else make_console()
+        print_results(results, console, title=f"fwbench results in {args.db}", peak=peak, baseline=baseline)
+        text = console.export_text() if args.out else ""
+    if args.out is not None:
+        _write_text("--out", args.out, text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

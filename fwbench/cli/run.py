@@ -1,0 +1,283 @@
+"""``fwbench run``: sweep a grid of cells, each in a fresh worker, into the results database."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fwbench import __version__
+from fwbench.cli.common import (
+    DB_HELP,
+    TENSORBOARD_HELP,
+    byte_count,
+    check_tensorboard_dir,
+    directory,
+    given,
+    positive_float,
+    positive_int,
+    resolve_run,
+    terminate_on_sigterm,
+)
+from fwbench.measure import environment
+from fwbench.report.peak import latest_peak
+from fwbench.report.table import make_console, print_results
+from fwbench.report.tensorboard import write_cell
+from fwbench.runner.estimate import estimate_cell_s, format_estimate
+from fwbench.runner.manager import CellOutcome, Listener, execute
+from fwbench.runner.planner import PlanChoices, check_threads_fit, resolve_plan
+from fwbench.runner.progress import sweep_progress
+from fwbench.spec import COMPILE_MODES, OPTIMIZER_KINDS, PHASES, PROTOCOLS, RUNNABLE_DTYPES, Plan, SpecError
+from fwbench.store import DEFAULT_DB, Store
+from fwbench.suites import DEFAULT_SUITE, builtin_suites
+
+RUN_DEVICES = ("cpu", "cuda")
+# Flag (argparse attribute) -> the Settings field it sets.
+SETTINGS_FLAGS = {
+    "threads": "threads",
+    "interop_threads": "interop_threads",
+    "protocol": "protocol",
+    "max_time": "max_time_s",
+    "warmup": "warmup_calls",
+    "timeout": "timeout_s",
+    "memory_limit": "memory_limit_bytes",
+    "seed": "seed",
+    "weights": "weights_path",
+    "compile_mode": "compile_mode",
+    "optimizer": "optimizer",
+    "epochs": "epochs",
+    "fit_samples": "fit_samples",
+    "fit_logging": "fit_logging",
+}
+GRID_FLAGS = ("suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``run`` on the subcommand parsers ``commands``."""
+    run = commands.add_parser(
+        "run",
+        help="sweep a grid of cells, each in a fresh worker, into the results database",
+        description="Sweep models × runtimes × batch sizes × sequence lengths. Each cell runs in a fresh "
+        "worker process; every cell gets a terminal status (ok, oom, timeout, error, skipped, mismatch) "
+        "committed to the database at once.",
+    )
+    grid = run.add_argument_group("grid (flags override the suite)")
+    grid.add_argument(
+        "--suite",
+        help=f"built-in suite name ({', '.join(builtin_suites())}) or a .toml path; "
+        f"default: {DEFAULT_SUITE} unless --models and --runtimes are given",
+    )
+    grid.add_argument("--models", help="comma-separated model names (see `fwbench list`)")
+    grid.add_argument("--runtimes", help="comma-separated framework:mode runtimes (see `fwbench list`)")
+    grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
+    grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a sequence axis")
+    grid.add_argument(
+        "--phase",
+        choices=PHASES,
+        help="inference (default), training (one optimizer step per "
+        "timed call; bf16: mixed precision, float32 master weights) or fit (fp32; --epochs over a seeded "
+        "in-memory dataset with each runtime's training loop: model.fit, Trainer.fit or a manual loop; "
+        "one sample per epoch); overrides the suite's and every [[grid]]'s own phase",
+    )
+    grid.add_argument(
+        "--dtype", choices=RUNNABLE_DTYPES, help="default: fp32; overrides the suite's and every [[grid]]'s own dtype"
+    )
+    grid.add_argument(
+        "--device", choices=RUN_DEVICES, help="default: cpu; overrides the suite's and every [[grid]]'s own device"
+    )
+    timing = run.add_argument_group("measurement")
+    timing.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        help="adaptive (default): blocks of ≥10 ms until the median's 95%% CI is within ±1%% or "
+        "--max-time is spent; hf2019: timeit repeat=30 number=3, as the 2019 study",
+    )
+    timing.add_argument(
+        "--max-time", type=positive_float, metavar="SECONDS", help="adaptive: timing budget per cell (default 5)"
+    )
+    timing.add_argument(
+        "--threads",
+        type=positive_int,
+        help=f"intra-op threads for every framework (default: physical cores, here "
+        f"{environment.physical_core_count()})",
+    )
+    timing.add_argument("--interop-threads", type=positive_int, help="inter-op threads (default 1)")
+    timing.add_argument(
+        "--warmup", type=positive_int, metavar="CALLS", help="untimed calls after the first call (default 2, minimum 2)"
+    )
+    timing.add_argument("--seed", type=int, help="seed of weights and inputs (default 0)")
+    timing.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="safetensors weights (Hugging Face / torchvision names) "
+        "for the one model of the run, instead of the seeded canonical weights",
+    )
+    timing.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        help="torch:compile only (other runtimes ignore it): passed as torch.compile(mode=...); "
+        "default: default (inductor's balance of compile time and speed); reduce-overhead adds "
+        "CUDA graphs (GPU only; no effect on a CPU); max-autotune also benchmarks matmul/conv "
+        "kernel choices while compiling (a much longer first call)",
+    )
+    timing.add_argument(
+        "--optimizer",
+        choices=OPTIMIZER_KINDS,
+        help="--phase training and fit: the optimizer of every framework (default adamw: "
+        "lr 1e-3, betas 0.9/0.999, eps 1e-10, weight decay 0.01; sgd: lr 1e-2, momentum 0.9)",
+    )
+    timing.add_argument(
+        "--epochs",
+        type=positive_int,
+        help="--phase fit only: epochs (default 5, at least 2; epoch 1 includes compilation and is "
+        "stored as the first call, epochs 2.. are the samples)",
+    )
+    timing.add_argument(
+        "--fit-samples",
+        type=positive_int,
+        metavar="N",
+        help="--phase fit only: samples of the seeded synthetic dataset (default 4096; a multiple of every batch size)",
+    )
+    timing.add_argument(
+        "--fit-logging",
+        type=directory,
+        metavar="DIR",
+        help="--phase fit, torch:lightning only (other runtimes ignore it): turn on Lightning's "
+        "CSVLogger (DIR/<model>-b<batch>/version_<n>/metrics.csv: train_loss per epoch, and per "
+        "step every 50 steps, Lightning's default) and "
+        "ModelCheckpoint (the last epoch's .ckpt in that version's checkpoints/); default: both off, "
+        "nothing written",
+    )
+    limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
+    limits.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
+    limits.add_argument(
+        "--memory-limit",
+        type=byte_count,
+        metavar="BYTES",
+        help="kill a worker whose resident memory exceeds this (e.g. 2G, 512M)",
+    )
+    run.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML file with a [settings] table (keys: the "
+        "fields of the stored settings, e.g. threads, protocol, max_time_s, timeout_s, "
+        "memory_limit_bytes); overrides the suite's [settings], flags override it",
+    )
+    run.add_argument("--db", default=DEFAULT_DB, help=DB_HELP)
+    run.add_argument(
+        "--resume",
+        type=positive_int,
+        metavar="RUN_ID",
+        help="run only the cells of that run's stored plan that have no status yet",
+    )
+    run.add_argument(
+        "--tensorboard",
+        type=Path,
+        metavar="DIR",
+        help=TENSORBOARD_HELP + "; each cell is written as soon as it is stored",
+    )
+
+
+def plan_choices(args: argparse.Namespace) -> PlanChoices:
+    """The flags of ``fwbench run`` as the planner's choices (None: not given)."""
+    settings = {field: getattr(args, flag) for flag, field in SETTINGS_FLAGS.items() if getattr(args, flag) is not None}
+    return PlanChoices(
+        suite=args.suite,
+        config=args.config,
+        models=args.models,
+        runtimes=args.runtimes,
+        batch_sizes=args.batch_sizes,
+        seq_lens=args.seq_lens,
+        phase=args.phase,
+        dtype=args.dtype,
+        device=args.device,
+        settings=settings,
+    )
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """Flags over settings file over suite over defaults (the planner's :func:`resolve_plan`); SpecError on any
+    invalid choice."""
+    return resolve_plan(plan_choices(args))
+
+
+def tensorboard_listener(
+    listener: Listener, store: Store, run_id: int, settings: dict[str, Any], folder: Path | None
+) -> Listener:
+    """``listener``, then (with ``folder``) the cell's TensorBoard run, written from what was just stored.
+    A write that fails is reported once on stderr; the sweep goes on."""
+    if folder is None:
+        return listener
+    failed = False
+
+    def listen(outcome: CellOutcome) -> None:
+        nonlocal failed
+        listener(outcome)
+        row = store.result(run_id, outcome.case.key)
+        if row is None or failed:
+            return
+        try:
+            write_cell(folder, row, settings)
+        except OSError as exc:
+            failed = True
+            print(
+                f"fwbench: --tensorboard {folder}: cannot write it: {exc.strerror or exc}; the sweep goes on "
+                f"(`fwbench report --run {run_id} --tensorboard DIR` writes it later)",
+                file=sys.stderr,
+            )
+
+    return listen
+
+
+def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    check_tensorboard_dir(args.tensorboard)
+    if args.resume is not None:
+        dropped = given(args, [*GRID_FLAGS, *SETTINGS_FLAGS])
+        if dropped:
+            raise SpecError(f"--resume reruns a stored plan with its stored settings; drop {', '.join(dropped)}")
+        store = Store.open(args.db, create=False)
+        record = resolve_run(store, args.resume, args.db, "--resume")
+        plan, run_id = record.plan, record.id
+        check_threads_fit(plan.settings)
+    else:
+        plan = plan_from_args(args)
+        store = Store.open(args.db)
+        run_id = store.create_run(plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__)
+    terminate_on_sigterm()
+    with store:
+        done = store.done_keys(run_id)
+        remaining = plan.size - len(done)
+        todo = [case for case in plan.cases if case.key not in done]
+        estimate = format_estimate(sum(estimate_cell_s(case, plan.settings) for case in todo))
+        print(
+            f"run {run_id}: {remaining} of {plan.size} cells to run (rough estimate {estimate}), database {args.db}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            with sweep_progress(remaining) as listener:
+                execute(
+                    store,
+                    run_id,
+                    plan,
+                    tensorboard_listener(listener, store, run_id, plan.settings.to_dict(), args.tensorboard),
+                )
+        except KeyboardInterrupt:
+            print(
+                f"fwbench: interrupted; finished cells are stored; continue with "
+                f"`fwbench run --resume {run_id} --db {args.db}`",
+                file=sys.stderr,
+            )
+            return 130
+        store.finish_run(run_id)
+        results = store.results([run_id])
+        print_results(results, make_console(), title="fwbench results", peak=latest_peak(store))
+        counts = Counter(row.status for row in results)
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        print(f"run {run_id}: {summary}. Results are in {args.db}; see `fwbench report --db {args.db} --run {run_id}`")
+    return 0

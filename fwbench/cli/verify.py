@@ -1,0 +1,191 @@
+"""``fwbench verify``: check that runtimes compute the same outputs (or, ``--phase training``, the same loss
+curves and trained parameters) with the same weights; exit 1 on any mismatch or failure."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fwbench.cli.common import given, positive_float, positive_int, resolve_run, run_id
+from fwbench.frameworks import get_runtime, phase_unsupported, runtimes
+from fwbench.measure import environment
+from fwbench.models import get_model
+from fwbench.models.weights_io import load_weights
+from fwbench.report.table import make_console
+from fwbench.report.verify_table import parity_table, training_table
+from fwbench.runner.planner import check_threads_fit, parse_names
+from fwbench.runner.tolerances import TRAINING_TOLERANCE
+from fwbench.runner.verify import OutputCheck, TrainingCheck, verify_model, verify_training
+from fwbench.spec import OPTIMIZER_KINDS, RUNNABLE_DTYPES, TRAINING_DTYPES, Settings, SpecError
+from fwbench.store import Store
+
+DEFAULT_STEPS = 20
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``verify`` on the subcommand parsers ``commands``."""
+    verify = commands.add_parser(
+        "verify",
+        help="check that runtimes compute the same outputs with the same weights",
+        description="Build each model in each runtime (each in its own worker) with the same weights and inputs, "
+        "compare every output with the first runtime's and with the float64 numpy reference (relative L2 "
+        "error ≤ 1e-4 for fp32), print a table, and exit 1 on any mismatch or failure. --phase training compares "
+        "N optimizer steps' loss curves and trained parameters instead.",
+    )
+    verify.add_argument("--models", required=True, help="comma-separated model names")
+    verify.add_argument("--runtimes", required=True, help="comma-separated runtimes; the first is the comparison base")
+    verify.add_argument(
+        "--weights",
+        type=Path,
+        metavar="FILE",
+        help="safetensors weights (one model only); default: the seeded canonical weights",
+    )
+    verify.add_argument(
+        "--dump",
+        type=Path,
+        metavar="DIR",
+        help="write DIR/<model>/inputs.npz and "
+        "DIR/<model>/<framework>_<mode>.npz with every output by name (--phase training: "
+        "DIR/<model>/training_<framework>_<mode>.npz with losses and param/<name>)",
+    )
+    verify.add_argument("--batch-size", type=positive_int, help="default: the model's parity shape (2)")
+    verify.add_argument("--seq-len", type=positive_int, help="default: the model's parity shape (16)")
+    verify.add_argument("--threads", type=positive_int, help="intra-op threads (default: physical cores)")
+    verify.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    verify.add_argument(
+        "--dtype",
+        choices=RUNNABLE_DTYPES,
+        default="fp32",
+        help="compute dtype, each framework's own way; sets the tolerance (default: fp32)",
+    )
+    verify.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS", help="per runtime")
+    verify.add_argument(
+        "--phase",
+        choices=("inference", "training"),
+        default="inference",
+        help="training: take --steps optimizer steps in each runtime from the same weights on the same "
+        "fixed batch and compare the loss curves and trained parameters with the first runtime's "
+        "(tolerances: fwbench/runner/tolerances.py TRAINING_TOLERANCE) (default: inference)",
+    )
+    verify.add_argument(
+        "--steps", type=positive_int, help=f"--phase training: optimizer steps (default {DEFAULT_STEPS})"
+    )
+    verify.add_argument("--optimizer", choices=OPTIMIZER_KINDS, help="--phase training: default adamw")
+    verify.add_argument(
+        "--db",
+        metavar="PATH",
+        help="--phase training with --run: mark the run's training cells "
+        "of every mismatching model × runtime as mismatch, with the reason",
+    )
+    verify.add_argument("--run", type=run_id, metavar="ID", help="run id (or 'latest') in --db")
+
+
+def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: list[str]) -> None:
+    """Refuse flags the phase does not take, runtimes without the phase, a weights file or dump folder that
+    does not fit, and a sequence length a model cannot take."""
+    for name in models:
+        get_model(name)
+    for name in runtime_names:
+        get_runtime(name)
+    if args.phase != "training":
+        training_only = given(args, ["steps", "optimizer", "db", "run"])
+        if training_only:
+            raise SpecError(f"{', '.join(training_only)}: only with --phase training")
+    else:
+        if (args.db is None) != (args.run is None):
+            raise SpecError("--db and --run go together: the run whose training cells a mismatch marks")
+        if args.dtype not in TRAINING_DTYPES:
+            raise SpecError(f"--phase training computes in {', '.join(TRAINING_DTYPES)} only, not {args.dtype}")
+        for name in runtime_names:
+            lacking = phase_unsupported(get_runtime(name), "training")
+            if lacking:
+                with_training = [n for n, r in runtimes().items() if "training" in r.phases]
+                raise SpecError(f"--phase training: {lacking}; runtimes with training: {', '.join(with_training)}")
+    if args.weights is not None:
+        if len(models) != 1:
+            raise SpecError("--weights holds one model's weights: give exactly one model")
+        try:
+            load_weights(get_model(models[0]), args.weights)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+    if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
+        raise SpecError(f"--dump {args.dump} is not a folder")
+    for name in models:
+        problem = get_model(name).supports_seq_len(args.seq_len) if args.seq_len is not None else None
+        if problem:
+            raise SpecError(problem)
+
+
+def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    models = parse_names("--models", args.models)
+    runtime_names = parse_names("--runtimes", args.runtimes)
+    _check_choices(args, models, runtime_names)
+    settings = Settings(
+        threads=args.threads or environment.physical_core_count(),
+        timeout_s=args.timeout,
+        max_time_s=min(5.0, args.timeout / 2),
+        seed=args.seed,
+    )
+    check_threads_fit(settings)
+    if args.phase == "training":
+        return _verify_training(args, models, runtime_names, settings)
+    checks: list[OutputCheck] = []
+    for name in models:
+        checks += verify_model(
+            name, runtime_names, settings, args.batch_size, args.seq_len, args.weights, args.dump, dtype=args.dtype
+        )
+    make_console().print(parity_table(args.dtype, checks))
+    if args.dump is not None:
+        print(f"outputs and inputs written under {args.dump}", file=sys.stderr)
+    return 1 if any(not check.passed for check in checks) else 0
+
+
+def _verify_training(args: argparse.Namespace, models: list[str], runtime_names: list[str], settings: Settings) -> int:
+    """``verify --phase training``: a table per model × runtime, exit 1 on any mismatch or failure; with
+    ``--db``/``--run`` every training cell of that run with a failing model × runtime becomes ``mismatch``."""
+    steps = args.steps or DEFAULT_STEPS
+    settings = dataclasses.replace(settings, optimizer=args.optimizer or settings.optimizer)
+    store, run_number = None, None
+    if args.db is not None:
+        store = Store.open(args.db, create=False)
+        try:
+            run_number = resolve_run(store, args.run, args.db, "--run").id
+        except SpecError:
+            store.close()
+            raise
+    checks: list[tuple[str, TrainingCheck]] = []
+    marked = 0
+    try:
+        for name in models:
+            for check in verify_training(
+                name,
+                runtime_names,
+                settings,
+                steps,
+                args.batch_size,
+                args.seq_len,
+                args.weights,
+                args.dump,
+                dtype=args.dtype,
+            ):
+                checks.append((name, check))
+                if store is not None and run_number is not None and not check.passed:
+                    marked += store.mark_mismatch(
+                        run_number,
+                        name,
+                        check.runtime,
+                        "training",
+                        f"fwbench verify --phase training ({steps} steps): {check.failure()}",
+                    )
+    finally:
+        if store is not None:
+            store.close()
+    tolerance = TRAINING_TOLERANCE[args.dtype]
+    make_console().print(training_table(args.dtype, steps, settings.optimizer, tolerance, checks))
+    if store is not None:
+        print(f"{marked} training cell(s) of run {run_number} in {args.db} marked mismatch", file=sys.stderr)
+    return 1 if any(not check.passed for _, check in checks) else 0

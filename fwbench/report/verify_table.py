@@ -1,0 +1,91 @@
+"""The tables ``fwbench verify`` prints: output parity per model × runtime × output, and (``--phase training``)
+loss curves and trained parameters per model × runtime. Errors are relative L2 (max abs error in brackets)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.markup import escape
+from rich.table import Table
+
+from fwbench.runner.tolerances import TrainingTolerance
+from fwbench.runner.verify import OutputCheck, TrainingCheck
+
+PARITY_COLUMNS = ("model", "runtime", "output", "shape", "vs first runtime", "vs float64 reference", "verdict")
+TRAINING_COLUMNS = (
+    "model",
+    "runtime",
+    "first loss",
+    "last loss",
+    "loss curve max rel",
+    "params rel L2",
+    "worst tensor (rel L2)",
+    "verdict",
+)
+
+
+def _error_cell(rel_l2: float | None, max_abs: float | None) -> str:
+    return "—" if rel_l2 is None else f"{rel_l2:.2e} [{max_abs:.1e}]"
+
+
+def _not_ok_verdict(status: str, reason: str | None) -> str:
+    """``skipped: why`` or a red ``<status>: why`` for a runtime that produced nothing to compare."""
+    verdict = "skipped" if status == "skipped" else f"[red]{status}[/]"
+    return f"{verdict}: {escape(reason or '')}"
+
+
+def parity_table(dtype: str, checks: Sequence[OutputCheck]) -> Table:
+    """One row per check (each a model × runtime × output, or a runtime that did not run)."""
+    table = Table(title=f"fwbench verify, {dtype} (relative L2 error; max abs error in brackets)")
+    for column in PARITY_COLUMNS:
+        table.add_column(column)
+    for check in checks:
+        if check.output is None or check.status != "ok":
+            table.add_row(
+                check.model,
+                check.runtime,
+                check.output or "—",
+                "—",
+                "—",
+                "—",
+                _not_ok_verdict(check.status, check.reason),
+            )
+            continue
+        table.add_row(
+            check.model,
+            check.runtime,
+            check.output,
+            "×".join(map(str, check.shape or ())),
+            _error_cell(check.rel_l2_vs_first, check.max_abs_vs_first),
+            _error_cell(check.rel_l2_vs_reference, check.max_abs_vs_reference),
+            "ok" if check.passed else f"[red]mismatch (> {check.tolerance:g})[/]",
+        )
+    return table
+
+
+def training_table(
+    dtype: str, steps: int, optimizer: str, tolerance: TrainingTolerance, checks: Sequence[tuple[str, TrainingCheck]]
+) -> Table:
+    """One row per (model, check): the loss curve and trained parameters against the first runtime's."""
+    table = Table(
+        title=f"fwbench verify --phase training, {dtype}, {steps} {optimizer} steps "
+        f"(errors against the first runtime; limits: loss {tolerance.loss_rel:g}, parameters "
+        f"{tolerance.params_rel_l2:g}, worst tensor {tolerance.tensor_rel_l2:g})"
+    )
+    for column in TRAINING_COLUMNS:
+        table.add_column(column)
+    for model, check in checks:
+        if check.status != "ok":
+            table.add_row(model, check.runtime, "—", "—", "—", "—", "—", _not_ok_verdict(check.status, check.reason))
+            continue
+        table.add_row(
+            model,
+            check.runtime,
+            f"{check.losses[0]:.6g}",
+            f"{check.losses[-1]:.6g}",
+            f"{check.loss_rel:.2e}",
+            f"{check.params_rel_l2:.2e}",
+            f"{check.worst_tensor} ({check.worst_tensor_rel_l2:.2e})",
+            "ok" if check.passed else f"[red]mismatch: {escape(check.failure() or '')}[/]",
+        )
+    return table

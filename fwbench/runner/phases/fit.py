@@ -1,0 +1,80 @@
+"""Phase fit: the framework's own training loop (its package's ``fit.py``, :meth:`Backend.fit_module`) trains
+``settings.epochs`` epochs of the seeded dataset (fwbench.models.fit). Epoch 1 (tracing and compilation included)
+is stored as ``first_call_s``, epochs 2.. are the samples (one epoch each); ``details.fit`` holds every epoch's
+seconds and mean loss and the final full-dataset loss and accuracy. Agreement across runtimes is checked in
+reports. A final loss that is not finite makes the cell ``mismatch``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import TYPE_CHECKING
+
+from fwbench.measure import memory
+from fwbench.models.base import ModelDescription
+from fwbench.models.fit import evaluate, make_fit_dataset
+from fwbench.models.training import optimizer_spec
+from fwbench.runner.cell import Cell
+from fwbench.runner.phases.base import Phase
+from fwbench.spec import FIT_DTYPES, Case, Settings
+
+if TYPE_CHECKING:
+    from fwbench.frameworks.base import Backend
+
+
+class Fit(Phase):
+    """build → fit (every epoch, the first one compiling) → evaluate; no timer of ours, no parity stage."""
+
+    name = "fit"
+    dtypes = FIT_DTYPES
+
+    def unsupported(self, description: ModelDescription) -> str | None:
+        return description.fit_unsupported()
+
+    def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int:
+        """One sample is an epoch: its optimizer steps' FLOPs."""
+        return super().flops_per_call(description, case, settings) * (settings.fit_samples // case.batch_size)
+
+    def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
+        case, settings = cell.job.case, cell.job.settings
+        dataset = make_fit_dataset(description, settings.fit_samples, settings.seed)
+        fit = backend.fit_module().fit  # the framework package's fit.py, checked to provide its role
+        cell.stage("fit")
+        cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
+        cell.result["loadavg_before_timing"] = os.getloadavg()
+        outcome = fit(backend, dataset, settings.epochs, case.batch_size)
+        cell.result["peak_memory_bytes"] = memory.peak_rss_bytes()
+        cell.stage("evaluate")
+        final = evaluate(outcome.logits, dataset.labels)
+        if len(outcome.epoch_s) != settings.epochs or len(outcome.epoch_loss) != settings.epochs:
+            raise RuntimeError(
+                f"{case.runtime} fit reported {len(outcome.epoch_s)} epoch times and "
+                f"{len(outcome.epoch_loss)} epoch losses for {settings.epochs} epochs"
+            )
+        cell.result["fit"] = {
+            "loop": outcome.loop,
+            "epochs": settings.epochs,
+            "samples": dataset.size,
+            "batch_size": case.batch_size,
+            "steps_per_epoch": dataset.size // case.batch_size,
+            "epoch_s": outcome.epoch_s,
+            "epoch_loss": outcome.epoch_loss,
+            "total_s": outcome.total_s,
+            "final_loss": final["loss"],
+            "final_accuracy": final["accuracy"],
+            "optimizer": dataclasses.asdict(optimizer_spec(settings.optimizer)),
+            "samples_are": "wall seconds of epochs 2.. (epoch 1, compilation included, is first_call_s)",
+            **outcome.extra,
+        }
+        cell.result.update(
+            status="ok",
+            first_call_s=outcome.epoch_s[0],
+            samples_s=outcome.epoch_s[1:],
+            calls_per_sample=1,
+            stop_reason="epochs",
+            timing_elapsed_s=sum(outcome.epoch_s[1:]),
+        )
+        if not math.isfinite(final["loss"]):
+            cell.fail_check(f"the final loss after {settings.epochs} epochs is {final['loss']}")
+        cell.stage("done")

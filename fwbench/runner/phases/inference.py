@@ -1,0 +1,70 @@
+"""Phase inference: the timed call is one forward pass (``backend.make_step``: ``infer`` then ``sync``) at the
+cell's shape; after timing, with ``check_parity``, the outputs at the model's small parity shape against its
+float64 reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fwbench.models.base import ModelDescription
+from fwbench.runner.cell import Cell, parity
+from fwbench.runner.phases.base import Phase
+from fwbench.spec import RUNNABLE_DTYPES
+
+if TYPE_CHECKING:
+    from fwbench.frameworks.base import Backend
+
+
+class Inference(Phase):
+    """build → compile → first call → warm-up → timed samples → parity."""
+
+    name = "inference"
+    dtypes = RUNNABLE_DTYPES
+
+    def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
+        case, settings = cell.job.case, cell.job.settings
+        inputs = backend.make_inputs(description.make_inputs(case.batch_size, case.seq_len, settings.seed))
+        cell.stage("compile")
+        backend.compile(inputs)
+        cell.record_compile_report(backend)
+        cell.time_calls(backend, backend.make_step(inputs))
+        if cell.job.check_parity:
+            self.check_parity(cell, backend, description)
+        cell.stage("done")
+
+    def check_parity(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
+        """After timing (so first call and samples are untouched): outputs at the description's small
+        parity shape against its float64 reference; a failure turns the cell into ``mismatch``."""
+        arrays = description.make_inputs(*description.parity_shape(), cell.job.settings.seed)
+        reference = description.reference_forward(cell.weights(description), arrays)
+        if reference is None:
+            return
+        cell.stage("parity")
+        inputs = backend.make_inputs(arrays)
+        backend.compile(inputs)
+        cell.record_compile_report(backend)
+        check = parity(backend.to_numpy(backend.infer(inputs)), reference, cell.job.case.dtype)
+        check["shape"] = list(description.parity_shape())
+        cell.result["parity"] = check
+        if not check["ok"]:
+            per_output: dict[str, dict[str, float]] = check["outputs"]
+            worst, errors = max(per_output.items(), key=lambda item: item[1]["rel_l2"], default=("?", {}))
+            cell.fail_check(
+                f"outputs differ from the reference: {worst} relative L2 error "
+                f"{errors.get('rel_l2', float('nan')):.3g} > {check['tolerance_rel_l2']:g}"
+            )
+
+    def verify(self, cell: Cell, backend: Backend, description: ModelDescription, output: Path) -> None:
+        """One compiled call at the case's shape, its outputs saved to ``output`` by name."""
+        case, settings = cell.job.case, cell.job.settings
+        inputs = backend.make_inputs(description.make_inputs(case.batch_size, case.seq_len, settings.seed))
+        cell.stage("compile")
+        backend.compile(inputs)
+        cell.stage("first_call")
+        outputs: dict[str, Any] = backend.to_numpy(backend.infer(inputs))
+        np.savez(output, **outputs)
+        cell.result["status"] = "ok"
+        cell.stage("done")

@@ -1,0 +1,136 @@
+"""Phase training: the timed call is ``backend.make_train_step`` — one optimizer step on a fixed batch (forward,
+loss, backward, update) — through the same first call, warm-up and timed loop as inference; its parity check is
+the first step's loss against the float64 reference loss at the cell's shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fwbench.models.base import ModelDescription
+from fwbench.models.training import optimizer_spec
+from fwbench.runner.cell import Cell, recording
+from fwbench.runner.phases.base import Phase
+from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, relative_errors
+from fwbench.spec import TRAINING_DTYPES
+
+if TYPE_CHECKING:
+    from fwbench.frameworks.base import Backend
+
+
+class Training(Phase):
+    """build → compile (the train step) → first call → warm-up → timed samples → loss parity."""
+
+    name = "training"
+    dtypes = TRAINING_DTYPES
+
+    def unsupported(self, description: ModelDescription) -> str | None:
+        return description.training_unsupported()
+
+    def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
+        case, settings = cell.job.case, cell.job.settings
+        arrays = description.make_inputs(case.batch_size, case.seq_len, settings.seed)
+        inputs = backend.make_inputs(arrays)
+        cell.stage("compile")
+        targets = description.make_targets(case.batch_size, case.seq_len, settings.seed)
+        untimed_step = backend.make_train_step(inputs, backend.make_targets(targets))  # loss_after's extra step
+        losses: list[object] = []  # every step's returned loss object, read after timing
+        warmup_steps, timing = cell.time_calls(backend, recording(untimed_step, losses))
+        step_losses = [backend.loss_value(loss) for loss in losses]
+        del losses[:]  # the loss objects are not needed any more
+        self.record(
+            cell,
+            description,
+            arrays,
+            targets,
+            step_losses,
+            warmup_steps,
+            timing.total_calls,
+            backend.loss_after(untimed_step),
+        )
+        cell.stage("done")
+
+    def record(
+        self,
+        cell: Cell,
+        description: ModelDescription,
+        arrays: dict[str, np.ndarray],
+        targets: dict[str, np.ndarray],
+        step_losses: list[float],
+        warmup_steps: int,
+        timed_steps: int,
+        final_loss: float,
+    ) -> None:
+        """Training details; with ``check_parity``, the first step's loss (computed before any update)
+        against the float64 reference loss at the cell's shape, relative error within the dtype's tolerance.
+        A failed check, or a final loss that is not finite, makes the cell ``mismatch``.
+
+        ``step_losses``: the loss of every step the loop ran, in order (first call, warm-up, the adaptive
+        timer's calibration calls, timed calls), each computed before that step's update."""
+        case, settings = cell.job.case, cell.job.settings
+        tokens = case.batch_size * case.seq_len if case.seq_len is not None else None
+        first_loss = step_losses[0]
+        steps_between = warmup_steps + timed_steps
+        cell.result["training"] = {
+            "optimizer": dataclasses.asdict(optimizer_spec(settings.optimizer)),
+            "loss": "softmax cross-entropy, mean over the counted positions (fwbench.models.training)",
+            "counted_positions": float(targets["label_weights"].sum()),
+            "samples_per_step": case.batch_size,
+            "tokens_per_step": tokens,
+            "first_loss": first_loss,
+            "final_loss": final_loss,  # the loss of one more step after the timed loop
+            # first call + warm-up + timed samples; the adaptive timer's calibration calls come on top
+            "counted_steps_before_final": 1 + steps_between,
+            # one loss per step run before the final one, in order; the parts say which step was which
+            "step_losses": step_losses,
+            "step_loss_parts": {
+                "first_call": 1,
+                "warmup": warmup_steps,
+                "calibration": len(step_losses) - 1 - steps_between,
+                "timed": timed_steps,
+            },
+        }
+        if cell.job.check_parity:
+            cell.stage("parity")
+            reference = description.reference_loss(cell.weights(description), arrays, targets)
+            if reference is not None:
+                tolerance = PARITY_REL_L2_TOLERANCE[case.dtype]
+                rel, max_abs = relative_errors(first_loss, reference)
+                cell.result["parity"] = {
+                    "ok": rel <= tolerance,
+                    "reference": "numpy-float64",
+                    "tolerance_rel_l2": tolerance,
+                    "checked": "loss of the first step, before any update",
+                    "outputs": {"loss": {"rel_l2": rel, "max_abs": max_abs}},
+                    "reference_loss": reference,
+                    "shape": [case.batch_size, case.seq_len],
+                }
+                if rel > tolerance:
+                    cell.fail_check(
+                        f"first-step loss {first_loss:.7g} differs from the reference {reference:.7g}: "
+                        f"relative error {rel:.3g} > {tolerance:g}"
+                    )
+                    return
+        if not math.isfinite(final_loss):
+            cell.fail_check(f"the loss after more than {1 + steps_between} steps is {final_loss}")
+
+    def verify(self, cell: Cell, backend: Backend, description: ModelDescription, output: Path) -> None:
+        """``job.train_steps`` optimizer steps on the case's fixed batch, nothing timed; saves to ``output``
+        ``losses`` (steps,) float64, each step's loss before its update, and every trained parameter as
+        ``param/<canonical name>`` (canonical layout, float32)."""
+        case, settings = cell.job.case, cell.job.settings
+        inputs = backend.make_inputs(description.make_inputs(case.batch_size, case.seq_len, settings.seed))
+        cell.stage("compile")
+        targets = description.make_targets(case.batch_size, case.seq_len, settings.seed)
+        step = backend.make_train_step(inputs, backend.make_targets(targets))
+        cell.stage("first_call")
+        losses = np.array([backend.loss_value(step()) for _ in range(cell.job.train_steps)], dtype=np.float64)
+        arrays: dict[str, Any] = {"losses": losses}
+        arrays.update((f"param/{name}", value) for name, value in backend.trained_parameters().items())
+        np.savez(output, **arrays)
+        cell.result["status"] = "ok"
+        cell.stage("done")
