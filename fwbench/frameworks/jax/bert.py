@@ -33,7 +33,9 @@ def dense(p: Params, x: jax.Array) -> jax.Array:
 
 def layer_norm(p: Params, x: jax.Array, eps: float) -> jax.Array:
     """LayerNorm over the last axis (two-pass biased variance, like torch and the float64 reference)."""
-    return jax.nn.standardize(x, axis=-1, epsilon=eps, algorithm="stable") * p["scale"]  # type: ignore[call-arg]  # keyword-only since jax 0.9, missing in its stub + p["bias"]
+    # algorithm: keyword-only in jax 0.10, missing from the signature its type information gives
+    normalized = jax.nn.standardize(x, axis=-1, epsilon=eps, algorithm="stable")  # type: ignore[call-arg]
+    return normalized * p["scale"] + p["bias"]
 
 
 def encoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:
