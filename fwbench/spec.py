@@ -106,7 +106,25 @@ class Settings:
     protocol: Protocol = field(default="adaptive", metadata={"help": "timing protocol"})
     max_time_s: float = field(default=5.0, metadata={"help": "adaptive: time budget per cell, seconds"})
     target_rel_ci: float = field(default=0.01, metadata={"help": "adaptive: stop at CI half-width / median"})
-    min_block_s: float = field(default=0.01, metadata={"help": "adaptive: shortest timed block, seconds"})
+    min_block_s: float = field(default=0.05, metadata={"help": "adaptive: shortest timed block, seconds"})
+    rounds: int = field(
+        default=1,
+        metadata={
+            "help": "fresh sets of workers per comparison group; a CI and a significance verdict need at least 3 "
+            "(fwbench run and the suites default to 3; 1 here for library callers)"
+        },
+    )
+    interleave: bool = field(
+        default=True,
+        metadata={
+            "help": "the runtimes of a comparison group are alive together and take turns at timed blocks in a "
+            "seeded random order (False: one cell after another, each timed in one go)"
+        },
+    )
+    settle_s: float = field(
+        default=0.05,
+        metadata={"help": "interleaved: idle pause before a worker's block when another worker timed the last one"},
+    )
     warmup_calls: int = field(default=2, metadata={"help": "untimed calls after the first call"})
     timeout_s: float = field(default=600.0, metadata={"help": "wall-clock limit per cell, seconds"})
     memory_limit_bytes: int | None = field(default=None, metadata={"help": "kill a worker above this RSS"})
@@ -145,6 +163,15 @@ class Settings:
         _check_choice("compile mode", self.compile_mode, COMPILE_MODES)
         _check_choice("optimizer", self.optimizer, OPTIMIZER_KINDS)
         _check_positive_int("warm-up calls", self.warmup_calls)
+        _check_positive_int("rounds", self.rounds)
+        if not isinstance(self.interleave, bool):
+            raise SpecError(f"interleave must be true or false, got {self.interleave!r}")
+        if (
+            not isinstance(self.settle_s, (int, float))
+            or isinstance(self.settle_s, bool)
+            or not 0 <= self.settle_s < 10
+        ):
+            raise SpecError(f"settle time must be a number of seconds from 0 to 10, got {self.settle_s!r}")
         _check_positive_int("epochs", self.epochs)
         _check_positive_int("fit samples", self.fit_samples)
         if self.epochs < 2:

@@ -9,7 +9,8 @@ PYTHONPATH). Modes (``fake:<mode>``):
 - ``oom``     — raises MemoryError at the first call;
 - ``wrong``   — returns outputs that differ from the reference (parity mismatch);
 - ``spike``   — touches $FAKE_HOG_BYTES for a moment while building, frees it, then runs normally;
-- ``slowsync`` — calls return at once; waiting for the result (``sync``) takes $FAKE_SLEEP_S.
+- ``slowsync`` — calls return at once; waiting for the result (``sync``) takes $FAKE_SLEEP_S;
+- ``late``    — like ``sleep``, but dies of SIGSEGV at call $FAKE_CRASH_AFTER (default 200): mid-timing.
 Also ``missing:eager``, whose framework package does not exist (recorded as skipped), and
 ``retrace:jax`` / ``retrace:tensorflow`` (``fwbench_retrace_backends``), which retrace at every call, and
 ``wronglr:torch`` (``fwbench_training_backends``), which trains with 1.5x the learning rate.
@@ -29,7 +30,7 @@ from fwbench.frameworks import RuntimeInfo, register_runtime
 from fwbench.frameworks.base import Backend
 from fwbench.spec import Settings
 
-MODES = ("sleep", "crash", "hang", "hog", "oom", "wrong", "spike", "slowsync")
+MODES = ("sleep", "crash", "hang", "hog", "oom", "wrong", "spike", "slowsync", "late")
 
 
 class FakeBackend(Backend):
@@ -62,7 +63,10 @@ class FakeBackend(Backend):
         self.delay = float(os.environ.get("FAKE_SLEEP_S", "0.002"))
 
     def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
-        if self.mode == "crash":
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.mode == "crash" or (
+            self.mode == "late" and self.calls >= int(os.environ.get("FAKE_CRASH_AFTER", "200"))
+        ):
             ctypes.string_at(0)  # reads address 0: SIGSEGV
         if self.mode == "oom":
             raise MemoryError("fake allocation failure")

@@ -1,4 +1,8 @@
-"""Hand-built stores for the report tests: cells with seeded synthetic samples, no worker runs."""
+"""Hand-built stores for the report tests: cells with seeded synthetic samples, no worker runs.
+
+A cell's samples are stored as the scheduler stores an interleaved cell: ``rounds`` rounds (3 by default, the
+fewest that give a CI) of blocks, block k of every round in cycle k of that round, so the cells of one shape in
+one run pair block by block; ``rounds=0`` stores them as a row from before rounds (no blocks, no group)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.measure.stats import summarize
+from fwbench.measure.rounds import Block, time_estimate
+from fwbench.runner.scheduler import group_key
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store
 
@@ -28,6 +33,20 @@ class Cell:
     reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     fields: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 3  # at most one per sample
+
+
+CYCLES_PER_ROUND = 1000  # cycle numbers of round r start at r × this (the scheduler numbers them on through a run)
+
+
+def blocks_of(samples: Sequence[float], rounds: int, calls: int) -> list[Block]:
+    """``samples`` (seconds per call) split into ``rounds`` consecutive rounds of interleaved blocks."""
+    split = np.array_split(np.asarray(samples, dtype=float), rounds)
+    return [
+        Block(r, k, r * CYCLES_PER_ROUND + k, None, calls, float(value) * calls)
+        for r, part in enumerate(split)
+        for k, value in enumerate(part)
+    ]
 
 
 def add_run(
@@ -45,16 +64,25 @@ def add_run(
             "peak_memory_bytes": 300 * 2**20,
             **cell.fields,
         }
+        blocks = (
+            blocks_of(cell.samples, cell.rounds, fields["calls_per_sample"]) if cell.samples and cell.rounds else []
+        )
+        if cell.rounds:
+            fields.update(group_key=group_key(cell.case), schedule="interleaved", rounds=cell.rounds)
         if cell.samples:
-            s = summarize(cell.samples)
+            by_round = [
+                list(map(float, part)) for part in np.array_split(np.asarray(cell.samples), max(1, cell.rounds))
+            ]
+            estimate = time_estimate(by_round)
+            assert estimate is not None
             fields.update(
-                median_s=s.median_s,
-                ci_low_s=s.ci_low_s,
-                ci_high_s=s.ci_high_s,
-                mean_s=s.mean_s,
-                stdev_s=s.stdev_s,
-                min_s=s.min_s,
+                median_s=estimate.value,
+                ci_low_s=estimate.ci_low,
+                ci_high_s=estimate.ci_high,
+                mean_s=float(np.mean(cell.samples)),
+                stdev_s=float(np.std(cell.samples, ddof=1)) if len(cell.samples) > 1 else None,
+                min_s=float(np.min(cell.samples)),
             )
-        store.add_result(run_id, cell.case, fields, list(cell.samples), cell.details)
+        store.add_result(run_id, cell.case, fields, list(cell.samples), cell.details, blocks)
     store.finish_run(run_id)
     return run_id

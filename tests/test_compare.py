@@ -11,11 +11,12 @@ from scipy import stats
 
 from conftest import run_cli
 from fwbench.cli import main
+from fwbench.measure.rounds import unpaired_ratio
 from fwbench.report.compare import compare_results
-from fwbench.report.summary import holm, ratio_of_medians
+from fwbench.report.summary import holm
 from fwbench.spec import Case, Settings
 from fwbench.store import ResultRecord, Store
-from report_store import Cell, add_run, timed
+from report_store import Cell, add_run, blocks_of, timed
 
 ENV_A = {"cpu_model": "AMD EPYC", "physical_cores": 2, "version_torch": "2.13.0+cpu"}
 ENV_B = {"cpu_model": "Intel Xeon", "physical_cores": 2, "version_torch": "2.13.0+cpu"}
@@ -90,9 +91,9 @@ def test_statistics_of_the_comparison(db: Path) -> None:
     comparison = compare_results(a, b, 1, 3)
     assert len(comparison.cells) == 6 and not comparison.only_a and not comparison.only_b
     for cell, row_a, row_b in zip(comparison.cells, a, b):
-        estimate = ratio_of_medians(row_b.samples, row_a.samples)  # B/A: > 1 means B is slower
-        assert (cell.ratio, cell.ci_low, cell.ci_high, cell.p_value) == (
-            estimate.ratio,
+        estimate = unpaired_ratio(row_b.round_samples, row_a.round_samples)  # B/A: > 1 means B is slower
+        assert estimate is not None and (cell.ratio, cell.ci_low, cell.ci_high, cell.p_value) == (
+            estimate.value,
             estimate.ci_low,
             estimate.ci_high,
             estimate.p_value,
@@ -198,10 +199,10 @@ def test_ratio_orientation_on_fixed_samples() -> None:
         "device": "cpu",
         "status": "ok",
     }
-    rows_a = [ResultRecord.from_row({**row, "samples": list(a)})]
-    rows_b = [ResultRecord.from_row({**row, "run_id": 2, "samples": list(a * 1.5)})]
+    a = np.concatenate([a, a * 1.01, a * 0.99])  # three rounds of five blocks
+    rows_a = [ResultRecord.from_row({**row, "samples": list(a), "median_s": 2.0, "blocks": blocks_of(a, 3, 1)})]
+    rows_b = [ResultRecord.from_row({**row, "run_id": 2, "samples": list(a * 1.5), "blocks": blocks_of(a * 1.5, 3, 1)})]
     (cell,) = compare_results(rows_a, rows_b, 1, 2).cells
     assert cell.ratio == pytest.approx(1.5) and cell.median_a_s == pytest.approx(2.0)
-    assert cell.verdict == "regression" and cell.p_value == pytest.approx(
-        stats.mannwhitneyu(a * 1.5, a, alternative="two-sided").pvalue
-    )
+    expected = unpaired_ratio([a[5 * r : 5 * r + 5] * 1.5 for r in range(3)], [a[5 * r : 5 * r + 5] for r in range(3)])
+    assert expected is not None and cell.verdict == "regression" and cell.p_value == pytest.approx(expected.p_value)

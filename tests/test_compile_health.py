@@ -65,6 +65,8 @@ def test_torch_compile_counters_read_dynamo() -> None:
 def test_report_flags_a_cell_that_recompiled(plugin_env: dict[str, str], db_path: Path) -> None:
     result = run_cli(
         "run",
+        "--rounds",
+        "1",  # one worker per cell: this test is not about the statistics
         "--models",
         "mlp",
         "--runtimes",

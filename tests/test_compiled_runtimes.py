@@ -94,6 +94,8 @@ def test_compile_mode_is_stored_with_the_run(plugin_env: dict[str, str], tmp_pat
     for extra, _expected in (([], "default"), (["--compile-mode", "max-autotune"], "max-autotune")):
         result = run_cli(
             "run",
+            "--rounds",
+            "1",  # one worker per cell: this test is not about the statistics
             "--models",
             "mlp",
             "--runtimes",

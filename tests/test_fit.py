@@ -184,6 +184,8 @@ def test_fit_logging_must_be_a_directory(capsys: pytest.CaptureFixture[str], tmp
     code = main(
         [
             "run",
+            "--rounds",
+            "1",  # one worker per cell: this test is not about the statistics
             "--phase",
             "fit",
             "--models",
@@ -213,6 +215,8 @@ def fit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         code = main(
             [
                 "run",
+                "--rounds",
+                "1",  # one worker per cell: this test is not about the statistics
                 "--phase",
                 "fit",
                 "--models",
@@ -245,6 +249,8 @@ def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     code = main(
         [
             "run",
+            "--rounds",
+            "1",  # one worker per cell: this test is not about the statistics
             "--phase",
             "fit",
             "--models",

@@ -137,6 +137,8 @@ def test_the_plugin_model_trains_alike_in_torch_and_jax(plugin_model_env: dict[s
 def test_the_plugin_model_runs_end_to_end_with_parity(plugin_model_env: dict[str, str], db_path: Path) -> None:
     result = run_cli(
         "run",
+        "--rounds",
+        "1",  # one worker per cell: this test is not about the statistics
         "--models",
         "plugin-mlp",
         "--runtimes",

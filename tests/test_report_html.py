@@ -11,15 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from fwbench.cli import main
 from fwbench.report import html as report_html
 from fwbench.report.html import to_html
-from fwbench.report.summary import cell_key, compare_cells, grouped_pairs, split_groups
+from fwbench.report.summary import compare_cells, grouped_pairs, split_groups
+from fwbench.runner.scheduler import group_key
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store
 from headless_chromium import chromium_path, inspect_page
+from report_store import blocks_of
 
 HOSTILE_MODEL = 'bert<&>"x'
 SCRIPT_REASON = "<script>alert(1)</script> & more"
@@ -85,7 +86,7 @@ def _fields(samples: list[float], **extra: Any) -> dict[str, Any]:
 def make_store(path: Path) -> Path:
     """One run: ``mlp`` (no sequence axis) and a model with a hostile name (batch × seq), three runtimes,
     an oom with a <script> reason, a parity mismatch, a compile-health flag, a noisy cell, small sample
-    counts (scipy's exact Mann–Whitney path) and large ones."""
+    counts and large ones, each in three interleaved rounds."""
     rng = np.random.default_rng(7)
     runtimes = ("torch:eager", "jax:jit", "tensorflow:function")
     cases = [Case("mlp", rt, batch_size=b) for rt in runtimes for b in (1, 4, 16)]
@@ -128,7 +129,8 @@ def make_store(path: Path) -> Path:
                 details["compile_health"] = {"flags": ["traces +3 in timed loop <i>"]}
             if case.runtime == "tensorflow:function" and case.batch_size == 16:
                 extra = {"ci_low_s": samples[0] * 0.5, "ci_high_s": samples[0] * 1.5}  # noisy
-            store.add_result(run_id, case, _fields(samples, **extra), samples, details)
+            extra.update(group_key=group_key(case), schedule="interleaved", rounds=3)
+            store.add_result(run_id, case, _fields(samples, **extra), samples, details, blocks_of(samples, 3, 1))
         store.finish_run(run_id)
     return path
 
@@ -244,53 +246,26 @@ def test_plot_limits_say_what_is_summarised(store_path: Path, monkeypatch: pytes
     assert "Panels for 1 of 2 sequence lengths (16)" in page_of(store_path)
 
 
-def test_page_comparisons_are_the_summary_modules_without_per_cell_cis(
-    store_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The page's comparisons are summary.grouped_pairs(per_cell_ci=False): the same cells, p-values, significance
-    and pair summaries as with the per-cell bootstrap, and as compare_cells per group (this store has both of
-    scipy's Mann–Whitney paths: 6-sample cells, exact, and 30-sample ones, asymptotic)."""
+def test_page_comparisons_are_the_summary_modules(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page's comparisons are summary.grouped_pairs: per group the same cells as compare_cells, with their
+    round-level CIs."""
     with Store.open(store_path, readonly=True) as store:
         results = store.results()
-    slow, quick = grouped_pairs(results, "torch:eager"), grouped_pairs(results, "torch:eager", per_cell_ci=False)
-    assert len(slow) == len(quick) == 2
+    pairs = grouped_pairs(results, "torch:eager")
+    assert len(pairs) == 2
     groups = split_groups(results)
-    for a, b in zip(slow, quick):
-        assert a.summary == b.summary
-        assert len(a.cells) == len(b.cells)
-        assert a.cells == compare_cells(
-            groups[(a.run_id, a.phase, a.dtype, a.device)], "torch:eager", a.cells[0].runtime
+    for pair in pairs:
+        assert pair.cells == compare_cells(
+            groups[(pair.run_id, pair.phase, pair.dtype, pair.device)], "torch:eager", pair.cells[0].runtime
         )
-        for x, y in zip(a.cells, b.cells):
-            assert (x.ratio, x.significant, x.baseline_status, x.runtime_status) == (
-                y.ratio,
-                y.significant,
-                y.baseline_status,
-                y.runtime_status,
-            )
-            assert x.p_value == y.p_value and x.p_adjusted == y.p_adjusted
-            assert y.ci_low is None and y.ci_high is None
-    assert any(c.ci_low is not None for pair in slow for c in pair.cells)
-    by_key = {(r.runtime, *cell_key(r)): r.samples for r in results}
-    tested = [c for pair in quick for c in pair.cells if c.p_value is not None]
-    assert {len(by_key[(c.baseline, *cell_key(c))]) for c in tested} == {6, 30}
-    for c in tested:  # scipy's p-value of the cell alone
-        expected = stats.mannwhitneyu(
-            by_key[(c.baseline, *cell_key(c))], by_key[(c.runtime, *cell_key(c))], alternative="two-sided"
-        ).pvalue
-        assert c.p_value == float(expected)
-    seen: list[bool] = []
+    assert any(c.ci_low is not None for pair in pairs for c in pair.cells)
+    seen: list[str] = []
     real = report_html.grouped_pairs
     monkeypatch.setattr(
-        report_html,
-        "grouped_pairs",
-        lambda rows, baseline, *, per_cell_ci=True: (
-            seen.append(per_cell_ci),
-            real(rows, baseline, per_cell_ci=per_cell_ci),
-        )[1],
+        report_html, "grouped_pairs", lambda rows, baseline: (seen.append(baseline), real(rows, baseline))[1]
     )
     page_of(store_path)
-    assert seen == [False]
+    assert seen == ["torch:eager"]
 
 
 def test_cli_html(store_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -316,3 +316,71 @@ def test_resume_reads_settled_parity_from_typed_records(db_path: Path) -> None:
             ("mlp", "torch:eager", "fp32", "cpu"): checked.key,
             ("mlp", "keras:jax", "fp32", "cpu"): "mismatch",
         }
+
+
+def test_migration_2_keeps_runs_of_schema_1_readable(db_path: Path) -> None:
+    """A database written before rounds (schema 1) gains the group, schedule, rounds, noise and machine columns and
+    the blocks table; its rows read as one round of unpaired samples, with no CI claimed by the reports."""
+    from fwbench.report.summary import compare_cells
+
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    assert migrate(conn, MIGRATIONS[:1]) == 1
+    conn.execute(
+        "INSERT INTO runs (created, command, settings_json, plan_json, environment_json, fwbench_version) "
+        "VALUES ('2026-01-01', 'fwbench run', '{}', ?, '{}', '0')",
+        (PLAN.to_json(),),
+    )
+    for case, median in (
+        (Case("mlp", "torch:eager", batch_size=1), 2e-3),
+        (Case("mlp", "jax:jit", batch_size=1), 1e-3),
+    ):
+        conn.execute(
+            "INSERT INTO results (run_id, case_key, created, model, runtime, phase, batch_size, dtype, device, status, "
+            "samples_json, n_samples, median_s, ci_low_s, ci_high_s) VALUES (1, ?, '', 'mlp', ?, 'inference', 1, "
+            "'fp32', 'cpu', 'ok', ?, 3, ?, ?, ?)",
+            (
+                case.key,
+                case.runtime,
+                f"[{median}, {median * 1.01}, {median * 0.99}]",
+                median,
+                median * 0.99,
+                median * 1.01,
+            ),
+        )
+    conn.close()
+    with Store.open(db_path) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        base, other = store.results([1])
+    assert base.blocks == () and base.rounds is None and base.schedule is None and base.group_key is None
+    assert base.noise is None and base.machine is None and base.contended == []
+    assert base.round_samples == [[2e-3, 2e-3 * 1.01, 2e-3 * 0.99]] and base.round_count == 1
+    assert base.ci_low_s == pytest.approx(2e-3 * 0.99)  # the stored columns as they were
+    (cell,) = compare_cells([base, other], "torch:eager", "jax:jit")
+    assert cell.ratio == pytest.approx(2.0) and cell.ci_low is None and not cell.significant
+
+
+def test_blocks_and_noise_round_trip(db_path: Path) -> None:
+    from fwbench.measure.noise import NoiseTotals
+    from fwbench.measure.rounds import Block
+
+    blocks = [Block(0, 0, 0, 1.5e9, 4, 0.04), Block(0, 1, 2, 1.5e9 + 1, 4, 0.041), Block(1, 0, None, None, 2, 0.02)]
+    noise = NoiseTotals(wall_s=1.0, other_cpu_s=0.2, steal_s=0.0, machine_s=2.0, involuntary_switches=3)
+    with Store.open(db_path) as store:
+        run_id = store.create_run(PLAN, "fwbench run", {}, "0")
+        fields = {
+            "status": "ok",
+            "group_key": "g",
+            "schedule": "interleaved",
+            "rounds": 2,
+            "noise": noise.to_dict(),
+            "machine": {"hostname": "h"},
+        }
+        with store.transaction():
+            store.add_result(run_id, PLAN.cases[0], fields, [0.01, 0.01025, 0.01], {}, blocks)
+        (row,) = store.results([run_id])
+    assert list(row.blocks) == blocks and row.noise == noise and row.machine == {"hostname": "h"}
+    assert (row.group_key, row.schedule, row.rounds) == ("g", "interleaved", 2)
+    assert row.round_samples == [[0.01, 0.01025], [0.01]]
+    assert row.contended == ["other processes used 20% of a core while timed (limit 10%)"]
+    assert ResultRecord.from_row(row.to_dict() | {"blocks": row.blocks}) == row

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from fwbench.measure.rounds import paired_log_ratios, paired_speedup, unpaired_ratio
 from fwbench.report.summary import (
     ALPHA,
     BOOTSTRAP_SEED,
@@ -18,100 +19,13 @@ from fwbench.report.summary import (
     geometric_mean_ci,
     grouped_pairs,
     holm,
-    mann_whitney_p_many,
     pair_summaries,
-    ratio_of_medians,
-    ratio_of_medians_many,
     resolve_baseline,
+    row_ratio,
 )
 from fwbench.spec import Case
 from fwbench.store import Store
 from report_store import Cell, add_run, timed
-
-RNG = np.random.default_rng(2024)
-A = RNG.lognormal(np.log(2e-3), 0.05, 40)
-B = RNG.lognormal(np.log(1e-3), 0.05, 31)
-
-
-def scipy_ratio_ci(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    interval = stats.bootstrap(
-        (a, b),
-        lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis),
-        paired=False,
-        vectorized=True,
-        n_resamples=N_RESAMPLES,
-        method="percentile",
-        rng=np.random.default_rng(BOOTSTRAP_SEED),
-    ).confidence_interval
-    return float(interval.low), float(interval.high)
-
-
-def test_ratio_of_medians_is_scipys_bootstrap_and_mann_whitney() -> None:
-    estimate = ratio_of_medians(A, B)
-    assert estimate.ratio == pytest.approx(np.median(A) / np.median(B), rel=1e-15)
-    assert (estimate.ci_low, estimate.ci_high) == pytest.approx(scipy_ratio_ci(A, B), rel=1e-12)
-    assert estimate.p_value == pytest.approx(stats.mannwhitneyu(A, B, alternative="two-sided").pvalue, rel=1e-12)
-    assert estimate.ci_low < estimate.ratio < estimate.ci_high  # type: ignore[operator]
-    assert ratio_of_medians(A, B) == estimate  # seeded: the same samples, the same interval
-
-
-def test_a_cell_gets_the_same_numbers_alone_or_in_a_batch() -> None:
-    """Cells are bootstrapped in batches of equal sample counts; a cell's result must not depend on its batch."""
-    rng = np.random.default_rng(5)
-    pairs = [
-        (rng.lognormal(0, 0.1, na), rng.lognormal(0.1, 0.1, nb))
-        for na, nb in [(30, 30), (30, 30), (30, 25), (5, 6), (1, 3), (30, 30)]
-    ]
-    batched = ratio_of_medians_many(pairs)
-    assert batched == [ratio_of_medians(a, b) for a, b in pairs]
-    assert batched[4].ci_low is None and batched[4].p_value is not None  # one sample: no interval
-    assert ratio_of_medians([1.0, 1.0, 1.0], [1.0, 1.0]).p_value == 1.0  # no difference at all
-    with pytest.raises(ValueError):
-        ratio_of_medians([], [1.0])
-
-
-def scipy_p(x: np.ndarray, y: np.ndarray) -> float:
-    """scipy's two-sided Mann–Whitney U p-value of one cell alone (default method 'auto'); NaN → 1."""
-    p = float(stats.mannwhitneyu(x, y, alternative="two-sided").pvalue)
-    return 1.0 if np.isnan(p) else p
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_mann_whitney_p_values_are_scipys_cell_by_cell(seed: int) -> None:
-    """Batched p-values equal scipy's for each cell alone, exactly: raw samples, samples with ties (rounded) and
-    all-equal samples mixed in one batch, at sizes where scipy's 'auto' takes the exact test and where it takes
-    the normal approximation."""
-    rng = np.random.default_rng(seed)
-    for n1, n2 in ((1, 1), (3, 7), (8, 30), (9, 9), (20, 45), (60, 2)):
-        cells = []
-        for _ in range(3):
-            a, b = rng.lognormal(0, 0.05, n1), rng.lognormal(0.03, 0.05, n2)
-            cells += [(a, b), (np.round(a, 2), np.round(b, 2)), (np.ones(n1), np.ones(n2))]
-        expected = [scipy_p(x, y) for x, y in cells]
-        num, den = np.stack([x for x, _ in cells]), np.stack([y for _, y in cells])
-        assert mann_whitney_p_many(num, den).tolist() == expected
-        assert [e.p_value for e in ratio_of_medians_many(cells, per_cell_ci=False)] == expected
-        assert [ratio_of_medians(x, y).p_value for x, y in cells] == expected
-        if min(n1, n2) <= 8:  # the exact path is taken cell by cell where a cell has no ties ...
-            exact = [
-                float(stats.mannwhitneyu(x, y, alternative="two-sided", method="exact").pvalue) for x, y in cells[::3]
-            ]
-            assert expected[::3] == exact
-            # ... and is lost when scipy chooses once for a whole batch that has ties somewhere: why ties split batches
-            naive = stats.mannwhitneyu(num, den, alternative="two-sided", axis=-1).pvalue
-            assert n1 * n2 == 1 or naive[::3].tolist() != exact
-
-
-def test_no_per_cell_ci_changes_nothing_else() -> None:
-    rng = np.random.default_rng(11)
-    pairs = [
-        (rng.lognormal(0, 0.1, na), rng.lognormal(0.1, 0.1, nb))
-        for na, nb in [(30, 30), (30, 30), (30, 25), (5, 6), (1, 3), (6, 5)]
-    ]
-    full, quick = ratio_of_medians_many(pairs), ratio_of_medians_many(pairs, per_cell_ci=False)
-    assert [(e.ratio, e.p_value) for e in full] == [(e.ratio, e.p_value) for e in quick]
-    assert all(e.ci_low is None and e.ci_high is None for e in quick)
-    assert all(e.ci_low is not None for e in full[:4])
 
 
 def test_holm_against_a_hand_computed_example() -> None:
@@ -175,12 +89,20 @@ def test_cells_match_by_shape_and_only_ok_cells_get_a_ratio(store: Store) -> Non
     for batch in (1, 2, 4):
         base = next(r for r in rows if r.runtime == "torch:eager" and r.batch_size == batch)
         other = next(r for r in rows if r.runtime == "jax:jit" and r.batch_size == batch)
-        estimate = ratio_of_medians(base.samples, other.samples)
+        estimate = row_ratio(base, other)
+        assert estimate is not None and estimate.paired and (estimate.rounds, estimate.values) == (3, 30)
+        expected = paired_speedup(paired_log_ratios(base.blocks, other.blocks))
+        assert expected is not None and (estimate.ratio, estimate.ci_low, estimate.p_value) == (
+            expected.value,
+            expected.ci_low,
+            expected.p_value,
+        )
         assert (by_batch[batch].ratio, by_batch[batch].ci_low, by_batch[batch].p_value) == (
             estimate.ratio,
             estimate.ci_low,
             estimate.p_value,
         )
+        assert (by_batch[batch].rounds, by_batch[batch].pairs) == (3, 30)
     assert by_batch[1].ratio == pytest.approx(2.0, rel=0.02) and by_batch[1].significant
     assert by_batch[4].ratio == pytest.approx(2 / 3, rel=0.02) and by_batch[4].significant
     assert not by_batch[2].significant and by_batch[2].ci_low < 1 < by_batch[2].ci_high  # type: ignore[operator]
@@ -216,14 +138,18 @@ def test_pair_summary_is_a_geometric_mean_over_common_ok_cells_with_failure_coun
 
 
 def test_correction_for_the_number_of_cells(store: Store) -> None:
-    """Three cells each with a raw p ≈ 0.03: each alone would be 'significant', Holm over three says none is."""
+    """Three cells each with a raw p ≈ 0.03: each alone would be 'significant', Holm over three says none is.
+    Per round the baseline's blocks are the runtime's times exp(d) for d = 0.07, 0.10, 0.13: mean 0.1, SD 0.03,
+    t = 0.1 / (0.03 / √3) = 5.8 on 2 degrees of freedom, p = 0.029."""
     a = np.arange(1.0, 11.0) * 1e-3
+    other = list(np.concatenate([a, a, a]))
+    base = list(np.concatenate([a * np.exp(d) for d in (0.07, 0.10, 0.13)]))
     cells = []
     for batch in (1, 2, 3):
-        cells += [Cell(bert("torch:eager", batch), list(a + 3.5e-3)), Cell(bert("jax:jit", batch), list(a))]
+        cells += [Cell(bert("torch:eager", batch), base), Cell(bert("jax:jit", batch), other)]
     add_run(store, cells)
     compared = compare_cells(store.results(), "torch:eager", "jax:jit")
-    assert all(c.p_value is not None and c.p_value < ALPHA for c in compared)
+    assert all(c.p_value == pytest.approx(0.0288, abs=1e-3) for c in compared)
     assert all(c.p_adjusted is not None and c.p_adjusted >= ALPHA and not c.significant for c in compared)
     (summary,) = pair_summaries(store.results(), "torch:eager")
     assert (summary.n_faster, summary.n_slower, summary.n_common) == (0, 0, 3)
@@ -239,24 +165,42 @@ def test_runs_are_never_mixed_and_groups_are_per_run(store: Store) -> None:
     assert pair.run_id == 1 and pair.summary.n_common == 1
 
 
-def test_grouped_pairs_without_per_cell_cis(store: Store) -> None:
-    """per_cell_ci=False: ci_low/ci_high None, and the same ratios, p-values, significance and pair summaries
-    (geometric-mean CI over cells included) as with them, and as compare_cells per pair."""
-    _, rows = fixture_rows(store)
-    full, quick = grouped_pairs(rows, "torch:eager"), grouped_pairs(rows, "torch:eager", per_cell_ci=False)
-    assert [p.summary for p in full] == [p.summary for p in quick]
-    assert full[0].summary.ci_low is not None
-    for f, q in zip(full, quick):
-        assert f.cells == compare_cells(rows, "torch:eager", f.summary.runtime)
-        assert q.cells == compare_cells(rows, "torch:eager", q.summary.runtime, per_cell_ci=False)
-        for x, y in zip(f.cells, q.cells):
-            assert (x.ratio, x.p_value, x.p_adjusted, x.significant) == (
-                y.ratio,
-                y.p_value,
-                y.p_adjusted,
-                y.significant,
-            )
-            assert y.ci_low is None and y.ci_high is None
+def test_rows_from_two_runs_or_before_rounds_are_not_paired(store: Store) -> None:
+    """Blocks pair only within one run's group: across runs the ratio is unpaired (both sides' round spreads);
+    a row stored before rounds (one round, no blocks) gets a ratio but no CI and no significance."""
+    add_run(store, [Cell(bert("torch:eager", 1), timed(2e-3, seed=1))])
+    add_run(store, [Cell(bert("jax:jit", 1), timed(1e-3, seed=2))])
+    add_run(
+        store,
+        [
+            Cell(bert("torch:eager", 1), timed(2e-3, seed=3), rounds=0),
+            Cell(bert("jax:jit", 1), timed(1e-3, seed=4), rounds=0),
+        ],
+    )
+    one, two, legacy_base, legacy_other = store.results()
+    across = row_ratio(one, two)
+    expected = unpaired_ratio(one.round_samples, two.round_samples)
+    assert across is not None and expected is not None and not across.paired
+    assert (across.ratio, across.ci_low, across.p_value) == (expected.value, expected.ci_low, expected.p_value)
+    assert across.ratio == pytest.approx(2.0, rel=0.02) and across.ci_low is not None and across.p_value < ALPHA  # type: ignore[operator]
+    assert legacy_base.blocks == () and legacy_base.round_count == 1
+    (cell,) = compare_cells([legacy_base, legacy_other], "torch:eager", "jax:jit")
+    assert cell.ratio == pytest.approx(2.0, rel=0.02)
+    assert cell.ci_low is None and cell.p_value is None and not cell.significant and cell.rounds == 1
+
+
+def test_paired_blocks_cancel_drift_that_unpaired_statistics_count(store: Store) -> None:
+    """Both runtimes see the same slow drift (each cycle 3% slower than the last): paired per-cycle ratios
+    are all exactly 2, so the paired CI is a point; the same times unpaired give a wide CI."""
+    drift = np.exp(0.03 * np.arange(30))
+    add_run(store, [Cell(bert("torch:eager", 1), list(2e-3 * drift)), Cell(bert("jax:jit", 1), list(1e-3 * drift))])
+    base, other = store.results()
+    paired = row_ratio(base, other)
+    unpaired = unpaired_ratio(base.round_samples, other.round_samples)
+    assert paired is not None and paired.paired and unpaired is not None
+    assert (paired.ratio, paired.ci_low, paired.ci_high) == pytest.approx((2.0, 2.0, 2.0), rel=1e-12)
+    assert unpaired.value == pytest.approx(2.0, rel=1e-12)
+    assert unpaired.ci_low < 1.6 and unpaired.ci_high > 2.5  # type: ignore[operator]
 
 
 def test_baseline_resolution(store: Store) -> None:

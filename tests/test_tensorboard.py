@@ -44,6 +44,8 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     db, logdir = tmp_path / "r.db", tmp_path / "tb"
     done = run_cli(
         "run",
+        "--rounds",
+        "1",  # one worker per cell: this test is not about the statistics
         "--models",
         "mlp",
         "--runtimes",
@@ -70,7 +72,9 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     assert training.final_loss is not None
     losses, parts = list(training.step_losses), training.step_loss_parts
     assert len(losses) == sum(parts.to_dict().values()) and parts.first_call == 1 and parts.warmup >= 2
-    assert row.calls_per_sample is not None and parts.timed == row.n_samples * row.calls_per_sample
+    # the training details are the first round's (its worker's losses): its blocks
+    first_round = [block for block in row.blocks if block.round == 0]
+    assert row.calls_per_sample is not None and parts.timed == len(first_round) * row.calls_per_sample
     assert losses[0] == training.first_loss and losses[-1] > training.final_loss > 0  # AdamW on one batch
     assert training.counted_steps_before_final == len(losses) - parts.calibration
 
@@ -87,11 +91,11 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     assert steps == list(range(len(losses)))
     np.testing.assert_array_equal(values, np.float32(losses))  # event files hold float32
     steps, seconds = scalars(accumulator, tag.format("step_time_s"))
-    np.testing.assert_array_equal(seconds, np.float32(row.samples))
+    np.testing.assert_array_equal(seconds, np.float32([b.per_call_s for b in first_round]))
     start = parts.first_call + parts.warmup + parts.calibration
     assert steps[0] == start + row.calls_per_sample - 1 and steps[-1] == len(losses) - 1
     _, rates = scalars(accumulator, tag.format("samples_per_s"))
-    np.testing.assert_allclose(rates, 2 / np.asarray(row.samples), rtol=1e-6)
+    np.testing.assert_allclose(rates, 2 / np.asarray([b.per_call_s for b in first_round]), rtol=1e-6)
     settings = text(accumulator, tag.format("settings"))
     for fragment in (
         "| runtime | torch:eager |",
@@ -143,6 +147,7 @@ def _training_cell(model: str, batch: int, seq: int | None, median_s: float, ste
         timed(median_s, steps),
         details=details,
         fields={"calls_per_sample": 1},
+        rounds=1,  # one worker's steps: its losses and its samples
     )
 
 

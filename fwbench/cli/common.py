@@ -54,6 +54,24 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number ≥ 0 (seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of at least 0")
+    return value
+
+
+def on_off(text: str) -> bool:
+    """``on`` → True, ``off`` → False."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected on or off")
+    return text == "on"
+
+
 def positive_int(text: str) -> int:
     """A positive integer up to MAX_COUNT, ASCII digits only."""
     digits = text.strip()

@@ -18,6 +18,8 @@ from fwbench.cli.common import (
     check_tensorboard_dir,
     directory,
     given,
+    non_negative_float,
+    on_off,
     positive_float,
     positive_int,
     resolve_run,
@@ -52,6 +54,9 @@ SETTINGS_FLAGS = {
     "epochs": "epochs",
     "fit_samples": "fit_samples",
     "fit_logging": "fit_logging",
+    "rounds": "rounds",
+    "interleave": "interleave",
+    "settle": "settle_s",
 }
 GRID_FLAGS = ("suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
 
@@ -93,11 +98,33 @@ def add_parser(commands: Any) -> None:
     timing.add_argument(
         "--protocol",
         choices=PROTOCOLS,
-        help="adaptive (default): blocks of ≥10 ms until the median's 95%% CI is within ±1%% or "
-        "--max-time is spent; hf2019: timeit repeat=30 number=3, as the 2019 study",
+        help="adaptive (default): blocks of ≥50 ms; interleaved, --max-time is shared by the rounds (at least 5 "
+        "blocks a round); --interleave off: blocks until the median's 95%% CI is within ±1%% or --max-time is spent; "
+        "hf2019: 30 blocks of 3 calls (timeit repeat=30 number=3, as the 2019 study), spread over the rounds",
     )
     timing.add_argument(
         "--max-time", type=positive_float, metavar="SECONDS", help="adaptive: timing budget per cell (default 5)"
+    )
+    timing.add_argument(
+        "--rounds",
+        type=positive_int,
+        help="fresh sets of workers per comparison group (default 3): a cell's CI and every significance verdict "
+        "include the variation between rounds, and are given only with 3 or more",
+    )
+    timing.add_argument(
+        "--interleave",
+        type=on_off,
+        metavar="{on,off}",
+        help="on (default): the runtimes of a comparison group (same model, phase, shape, dtype, device) are alive "
+        "together and take turns at timed blocks in a seeded random order, so speed-ups come from paired blocks "
+        "that saw the same machine state; off: one cell after another, each timed in one go (phase fit: always off)",
+    )
+    timing.add_argument(
+        "--settle",
+        type=non_negative_float,
+        metavar="SECONDS",
+        help="interleaved: idle pause before a block when another worker timed the last one, so spinning thread "
+        "pools go quiet (default 0.05)",
     )
     timing.add_argument(
         "--threads",

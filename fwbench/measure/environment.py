@@ -138,3 +138,27 @@ def collect() -> dict[str, Any]:
     for var in TRACKED_ENV_VARS:
         record[f"env_{var}"] = os.environ.get(var)
     return record
+
+
+def machine_record() -> dict[str, Any]:
+    """The machine a result was measured on (stored with every result): host, CPU model and SIMD flags, CPUs,
+    cores and memory."""
+    return {
+        "hostname": socket.gethostname(),
+        "machine": platform.machine(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": physical_core_count(),
+        "memory_total_bytes": _memory_total_bytes(),
+        **_cpu_info(),
+    }
+
+
+def memory_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo: what new processes can use without swapping, bytes; None if unreadable."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

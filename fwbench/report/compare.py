@@ -1,9 +1,11 @@
 """Comparing two stored runs (``fwbench compare RUN_A RUN_B``), e.g. to gate a CI job on regressions.
 
 Cells match by (model, runtime, phase, batch size, sequence length, dtype, device). Per matched cell:
-the time ratio B/A = median(B samples) / median(A samples) (> 1: B is slower), its seeded bootstrap
-95% CI, and a two-sided Mann–Whitney U test on the raw samples, Holm-adjusted over every cell both
-runs completed (:mod:`fwbench.report.summary` has the statistics). A cell is a *regression* when the
+the time ratio B/A of the two cells' round-level estimates (> 1: B is slower), its 95% CI and two-sided p-value
+from the rounds of both runs (Student-t, Welch; :mod:`fwbench.measure.rounds`), Holm-adjusted over every cell
+both runs completed with a p-value. The CI counts the variation between worker processes, so two runs of the
+same code do not differ "significantly" from process-to-process noise; a cell with fewer than 3 rounds on a
+side has no CI and is never significant (:mod:`fwbench.report.summary` has the statistics). A cell is a *regression* when the
 difference is significant and B/A > 1 + threshold, an *improvement* when it is significant and
 B/A < 1 / (1 + threshold); a cell that was ``ok`` in A and is not in B is *broken* (also a regression
 for the exit status). Summaries are geometric means of B/A over the cells both runs completed.
@@ -41,7 +43,7 @@ SETTINGS_KEYS = (
 @dataclass(frozen=True)
 class CellChange:
     """One cell both runs have. ``ratio`` = median_b / median_a (> 1: B slower) with its 95% CI, ``p_value``
-    (Mann–Whitney U) and ``p_adjusted`` (Holm, over the comparison's cells both ran ok): None unless both
+    (Student-t over rounds) and ``p_adjusted`` (Holm, over the comparison's cells both ran ok): None unless both
     cells are ``ok`` with samples. Medians in seconds per call."""
 
     model: str
@@ -392,9 +394,9 @@ def comparison_legend(comparison: RunComparison) -> list[str]:
     """What the columns and verdicts mean (plain text lines)."""
     limit = percent(comparison.threshold)
     return [
-        "B/A: median of B ÷ median of A (>1: B is slower), 95% bootstrap CI; p (Holm): Mann–Whitney U on the raw "
-        f"samples, Holm-adjusted over the {sum(1 for c in comparison.cells if c.ratio is not None)} cells both runs "
-        "completed ok.",
+        "B/A: time of B ÷ time of A (>1: B is slower), 95% CI over both runs' rounds (needs 3 rounds a side); "
+        f"p (Holm): Student-t over rounds, Holm-adjusted over the {sum(1 for c in comparison.cells if c.p_value is not None)} "
+        "cells with one.",
         f"regression: p < {ALPHA:g} and B/A > 1 + {limit}; improvement: p < {ALPHA:g} and B/A < 1/(1 + {limit}); "
         "within threshold: significant but smaller; broken: ok in A, not ok in B (counts as a regression); "
         "fixed: the reverse.",

@@ -35,9 +35,14 @@ def compile_flags(row: ResultRecord) -> list[str]:
     return list(row.compile_health.flags)
 
 
+CONTENDED = "contended"
+
+
 def cell_flags(row: ResultRecord) -> list[str]:
-    """The note of an ``ok`` cell: ``noisy`` first when it is, then its compile-health flags."""
-    return ([NOISY] if is_noisy(row) else []) + compile_flags(row)
+    """The note of an ``ok`` cell: ``noisy`` first when it is, ``contended`` when other work shared the machine
+    while it was timed (fwbench.measure.noise), then its compile-health flags."""
+    contended = [CONTENDED] if row.status == "ok" and row.contended else []
+    return ([NOISY] if is_noisy(row) else []) + contended + compile_flags(row)
 
 
 def parity_key(row: ResultRecord) -> ParityKey:

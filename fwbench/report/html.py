@@ -424,10 +424,11 @@ def summary_section(pairs: Sequence[GroupedPair], baseline: str | None, results:
     offset = 1 if with_group else 0
     parts.append(_table(headers, _summary_rows(pairs, with_group), numeric=[offset + i for i in (1, 2, 3, 4, 5)]))
     parts.append(
-        f"<p class=small>Speed-up = median time of {esc(baseline)} / median time of the runtime, per cell (&gt; 1: the "
-        "runtime is faster). The geometric mean is over the cells both completed <em>ok</em> (never a mean of "
-        "seconds), with a seeded percentile-bootstrap 95% CI over cells; green/red when that CI excludes 1. "
-        f"Significant: two-sided Mann–Whitney U on the raw samples, Holm-adjusted over the pair's cells, p &lt; {ALPHA}."
+        f"<p class=small>Speed-up = time of {esc(baseline)} / time of the runtime, per cell (&gt; 1: the "
+        "runtime is faster); for cells measured interleaved, from paired blocks that ran back to back. The geometric "
+        "mean is over the cells both completed <em>ok</em> (never a mean of seconds), with a seeded "
+        "percentile-bootstrap 95% CI over cells; green/red when that CI excludes 1. Significant: Student-t over the "
+        f"rounds (fresh worker processes; at least 3), Holm-adjusted over the pair's cells, p &lt; {ALPHA}."
         " <em>Could not run</em> counts the non-ok cells of each side among the cells both have. Ratios never "
         "mix runs, phases, dtypes or devices.</p></section>"
     )
@@ -775,8 +776,7 @@ def to_html(
 ) -> str:
     """The whole report as one HTML document (UTF-8 text). ``baseline`` is the runtime speed-ups are
     relative to (None: no comparison); ``source`` names the database in the header."""
-    # no per-cell bootstrap CI (most of a minute at 10,000 cells): the page shows each median's own CI instead
-    comparisons = grouped_pairs(results, baseline, per_cell_ci=False) if baseline is not None else []
+    comparisons = grouped_pairs(results, baseline) if baseline is not None else []
     ratios = {(cell.runtime, *cell_key(cell)): cell for pair in comparisons for cell in pair.cells}
     multi_run = len({r.run_id for r in results}) > 1
     body = "\n".join(

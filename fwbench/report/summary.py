@@ -5,16 +5,14 @@ Semantics (each is tested):
 
 - Cells match across runtimes by ``(run_id, model, phase, batch_size, seq_len, dtype, device)``: a
   ratio never mixes two runs (absolute times from different runs are not comparable).
-- Speed-up of runtime R over baseline B in one cell: ``median(B samples) / median(R samples)`` (> 1: R
-  is faster). Its 95% CI is a seeded percentile bootstrap of that ratio of medians, each side
-  resampled independently (``scipy.stats.bootstrap``, two samples, ``paired=False``).
-- Significance: two-sided Mann–Whitney U on the raw samples (``scipy.stats.mannwhitneyu``, its default
-  ``method='auto'``), then Holm's step-down correction over the cells of the pair that both sides completed
+- Speed-up of runtime R over baseline B in one cell (> 1: R is faster), from :mod:`fwbench.measure.rounds`:
+  when both were measured interleaved in the same run and group, from their *paired* blocks (same round, same
+  cycle: adjacent in time), exp(mean over rounds of the round's median log(t_B / t_R)); otherwise the ratio of
+  the two cells' round-level time estimates (unpaired). Its 95% CI and p-value are Student-t over rounds, so
+  they include the variation between worker processes; below 3 rounds there is neither (the report prints
+  the ratio with "≈").
+- Significance: that p-value, then Holm's step-down correction over the cells of the pair that have one
   (see :func:`holm`).
-- Speed: cells with the same sample counts go through one vectorised scipy call (bootstrap and Mann–Whitney
-  U), also across the pairs of :func:`grouped_pairs`; each cell gets exactly the numbers it gets alone.
-  ``per_cell_ci=False`` skips the per-cell bootstrap (the costly part; ``ci_low``/``ci_high`` None) and
-  changes nothing else: ratios, p-values, significance and pair summaries (their CI over cells included).
 - Pair summary: geometric mean of the per-cell speed-ups over the cells both sides completed with
   status ``ok`` (never an arithmetic mean of seconds), with a seeded percentile bootstrap CI over
   cells; counts of significantly faster / slower cells; and, over the cells both sides have, the
@@ -31,6 +29,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from fwbench.measure.rounds import paired_log_ratios, paired_speedup, unpaired_ratio
 from fwbench.store import ResultRecord
 
 ALPHA = 0.05  # family-wise error rate of the per-pair significance claims
@@ -73,6 +72,8 @@ class CellComparison:
     p_value: float | None
     p_adjusted: float | None
     significant: bool
+    rounds: int | None = None  # rounds behind the ratio
+    pairs: int | None = None  # paired blocks behind it (None: not paired)
 
     @property
     def comparable(self) -> bool:
@@ -100,114 +101,49 @@ class PairSummary:
 
 @dataclass(frozen=True)
 class RatioEstimate:
-    """``ratio`` = median(numerator) / median(denominator) with its bootstrap CI (None below 2 samples on a
-    side) and the two-sided Mann–Whitney U p-value of the two samples (None without samples)."""
+    """``ratio`` = time(numerator) / time(denominator) with its 95% CI and two-sided p-value (both None below 3
+    rounds), the rounds and values (block pairs, or the fewer blocks of the two sides) behind it, and whether it
+    came from paired blocks."""
 
     ratio: float
     ci_low: float | None
     ci_high: float | None
     p_value: float | None
+    rounds: int = 1
+    values: int = 0
+    paired: bool = False
 
 
-def _median(data: np.ndarray, axis: int = -1) -> np.ndarray:
-    """The sample median along ``axis``, by a full sort (several times faster than ``np.median``'s partition on
-    the (resamples, n) arrays a bootstrap makes; the same values)."""
-    data = np.sort(np.moveaxis(data, axis, -1), axis=-1)
-    n = data.shape[-1]
-    return data[..., n // 2] if n % 2 else (data[..., n // 2 - 1] + data[..., n // 2]) / 2
+def measured_together(numerator: ResultRecord, denominator: ResultRecord) -> bool:
+    """Both rows interleaved in the same run and comparison group: their blocks pair by (round, cycle)."""
+    return (
+        numerator.run_id == denominator.run_id
+        and numerator.schedule == denominator.schedule == "interleaved"
+        and numerator.group_key is not None
+        and numerator.group_key == denominator.group_key
+    )
 
 
-def _median_ratio(numerator: np.ndarray, denominator: np.ndarray, axis: int = -1) -> np.ndarray:
-    return _median(numerator, axis) / _median(denominator, axis)
-
-
-MAX_BATCH_ELEMENTS = 4_000_000  # resampled values per side held at once when cells are bootstrapped together
-
-
-def mann_whitney_p_many(numerators: np.ndarray, denominators: np.ndarray) -> np.ndarray:
-    """Two-sided Mann–Whitney U p-values of stacked cells, row k of ``numerators`` (cells × n_a) against row k
-    of ``denominators`` (cells × n_b), each exactly what ``scipy.stats.mannwhitneyu(x, y,
-    alternative="two-sided")`` gives that cell alone; NaN (every sample equal) becomes 1.0.
-
-    scipy's default ``method='auto'`` picks the exact test or the normal approximation once per call, from the
-    sample counts (the same for every row here) and whether the *whole call* has ties (scipy: the exact test
-    when a side has at most 8 samples and there are no ties). So the cells with ties and those without go
-    through separate vectorised calls: within each, 'auto' chooses for every cell what it chooses for that cell
-    alone, whatever scipy's size threshold."""
-    numerators = np.asarray(numerators, dtype=np.float64)
-    denominators = np.asarray(denominators, dtype=np.float64)
-    pooled = np.sort(np.concatenate([numerators, denominators], axis=-1), axis=-1)
-    tied = np.any(pooled[:, 1:] == pooled[:, :-1], axis=-1)
-    p_values = np.empty(len(numerators))
-    for rows in (tied, ~tied):
-        if rows.any():
-            p_values[rows] = stats.mannwhitneyu(
-                numerators[rows], denominators[rows], alternative="two-sided", axis=-1
-            ).pvalue
-    return np.where(np.isnan(p_values), 1.0, p_values)  # all samples equal: no evidence of a difference
-
-
-def ratio_of_medians_many(
-    pairs: Sequence[tuple[Sequence[float], Sequence[float]]],
-    confidence: float = CONFIDENCE,
-    *,
-    per_cell_ci: bool = True,
-) -> list[RatioEstimate]:
-    """:func:`ratio_of_medians` of many (numerator, denominator) sample pairs, each result exactly what the
-    pair gives alone: cells with the same sample counts go through one ``scipy.stats.bootstrap`` call along the
-    last axis (scipy draws one resampling index matrix per side, shared by the batch, from the same seeded
-    generator a single cell would use) and :func:`mann_whitney_p_many`. ``per_cell_ci=False``: no bootstrap
-    (``ci_low``/``ci_high`` None), the same ratios and p-values."""
-    arrays = [(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)) for a, b in pairs]
-    if any(a.size == 0 or b.size == 0 for a, b in arrays):
-        raise ValueError("ratio_of_medians needs at least one sample on each side")
-    out: list[RatioEstimate | None] = [None] * len(arrays)
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for index, (a, b) in enumerate(arrays):
-        by_shape.setdefault((a.size, b.size), []).append(index)
-    for (n_a, n_b), indices in by_shape.items():
-        chunk = max(1, MAX_BATCH_ELEMENTS // (N_RESAMPLES * max(n_a, n_b))) if per_cell_ci else len(indices)
-        for start in range(0, len(indices), chunk):
-            batch = indices[start : start + chunk]
-            num = np.stack([arrays[i][0] for i in batch])
-            den = np.stack([arrays[i][1] for i in batch])
-            with np.errstate(divide="ignore", invalid="ignore"):  # a zero median: an infinite or NaN ratio, reported
-                ratios = _median_ratio(num, den)
-            p_values = mann_whitney_p_many(num, den)
-            if not per_cell_ci or n_a < 2 or n_b < 2:
-                lows = highs = [None] * len(batch)
-            else:
-                interval = stats.bootstrap(
-                    (num, den),
-                    _median_ratio,
-                    paired=False,
-                    vectorized=True,
-                    confidence_level=confidence,
-                    axis=-1,
-                    n_resamples=N_RESAMPLES,
-                    method="percentile",
-                    rng=np.random.default_rng(BOOTSTRAP_SEED),
-                ).confidence_interval
-                lows, highs = np.atleast_1d(interval.low).tolist(), np.atleast_1d(interval.high).tolist()
-            for k, index in enumerate(batch):
-                low, high = lows[k], highs[k]
-                out[index] = RatioEstimate(
-                    float(ratios[k]),
-                    None if low is None else float(low),
-                    None if high is None else float(high),
-                    float(p_values[k]),
-                )
-    return [estimate for estimate in out if estimate is not None]
-
-
-def ratio_of_medians(
-    numerator: Sequence[float], denominator: Sequence[float], confidence: float = CONFIDENCE
-) -> RatioEstimate:
-    """median(numerator) / median(denominator) of two independent samples (seconds per call), its seeded
-    percentile-bootstrap ``confidence`` interval (each sample resampled on its own, ``scipy.stats.bootstrap``
-    with ``paired=False``, 2000 resamples; None below 2 samples on a side), and the two-sided Mann–Whitney U
-    p-value (``scipy.stats.mannwhitneyu``; 1.0 when every sample is equal)."""
-    return ratio_of_medians_many([(numerator, denominator)], confidence)[0]
+def row_ratio(numerator: ResultRecord, denominator: ResultRecord) -> RatioEstimate | None:
+    """time(numerator) / time(denominator) of two stored cells (None unless both are ``ok`` with samples):
+    paired when :func:`measured_together` and they share cycles, else unpaired (:mod:`fwbench.measure.rounds`)."""
+    if samples_of(numerator) is None or samples_of(denominator) is None:
+        return None
+    paired = (
+        paired_log_ratios(numerator.blocks, denominator.blocks) if measured_together(numerator, denominator) else []
+    )
+    estimate = paired_speedup(paired) if paired else unpaired_ratio(numerator.round_samples, denominator.round_samples)
+    if estimate is None:
+        return None
+    return RatioEstimate(
+        estimate.value,
+        estimate.ci_low,
+        estimate.ci_high,
+        estimate.p_value,
+        estimate.rounds,
+        estimate.values,
+        bool(paired),
+    )
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -265,54 +201,24 @@ def samples_of(row: ResultRecord) -> list[float] | None:
 
 
 def sample_median(row: ResultRecord) -> float | None:
-    """The median of an ``ok`` row's raw samples (seconds per call), or None."""
+    """An ``ok`` row's time (seconds per call): its stored estimate (the geometric mean of its rounds' medians),
+    else the median of its raw samples; None without samples."""
     samples = samples_of(row)
-    return float(np.median(samples)) if samples else None
+    if not samples:
+        return None
+    return row.median_s if row.median_s is not None else float(np.median(samples))
 
 
 RowPairs = Sequence[tuple[ResultRecord, ResultRecord]]
 
 
-def estimates_many(
-    families: Sequence[RowPairs], *, per_cell_ci: bool = True
-) -> list[list[tuple[RatioEstimate | None, float | None]]]:
-    """:func:`estimates` of each family of row pairs (each its own Holm family), with one
-    :func:`ratio_of_medians_many` over the cells of all of them, so cells with the same sample counts share
-    scipy calls across families; each family gets exactly what it gets alone."""
-    samples = [[(samples_of(top), samples_of(bottom)) for top, bottom in pairs] for pairs in families]
-    usable = [
-        (f, i)
-        for f, family in enumerate(samples)
-        for i, (top, bottom) in enumerate(family)
-        if top is not None and bottom is not None
-    ]
-    found = dict(
-        zip(
-            usable,
-            ratio_of_medians_many(
-                [samples[f][i] for f, i in usable],  # type: ignore[misc]
-                per_cell_ci=per_cell_ci,
-            ),
-        )
-    )
-    out = []
-    for f, pairs in enumerate(families):
-        raw: list[RatioEstimate | None] = [found.get((f, i)) for i in range(len(pairs))]
-        tested = [
-            (i, estimate.p_value)
-            for i, estimate in enumerate(raw)
-            if estimate is not None and estimate.p_value is not None
-        ]
-        by_index = dict(zip((i for i, _ in tested), holm([p for _, p in tested])))
-        out.append([(estimate, by_index.get(i)) for i, estimate in enumerate(raw)])
-    return out
-
-
-def estimates(pairs: RowPairs, *, per_cell_ci: bool = True) -> list[tuple[RatioEstimate | None, float | None]]:
-    """For each (numerator, denominator) row pair: :func:`ratio_of_medians` of their samples (no CI with
-    ``per_cell_ci=False``) and its Holm-adjusted p-value, the family being the pairs where both rows are ``ok``
-    with samples; (None, None) for the others."""
-    return estimates_many([pairs], per_cell_ci=per_cell_ci)[0]
+def estimates(pairs: RowPairs) -> list[tuple[RatioEstimate | None, float | None]]:
+    """For each (numerator, denominator) row pair: :func:`row_ratio` and its Holm-adjusted p-value, the family
+    being the pairs with a p-value; (None, None) where both rows are not ``ok`` with samples."""
+    raw = [row_ratio(top, bottom) for top, bottom in pairs]
+    tested = [(i, e.p_value) for i, e in enumerate(raw) if e is not None and e.p_value is not None]
+    adjusted = dict(zip((i for i, _ in tested), holm([p for _, p in tested])))
+    return [(estimate, adjusted.get(i)) for i, estimate in enumerate(raw)]
 
 
 def _row_pairs(results: Sequence[ResultRecord], baseline: str, runtime: str) -> list[tuple[ResultRecord, ResultRecord]]:
@@ -321,14 +227,11 @@ def _row_pairs(results: Sequence[ResultRecord], baseline: str, runtime: str) -> 
     return [(row, others[cell_key(row)]) for row in results if row.runtime == baseline and cell_key(row) in others]
 
 
-def compare_cells(
-    results: Sequence[ResultRecord], baseline: str, runtime: str, *, per_cell_ci: bool = True
-) -> list[CellComparison]:
+def compare_cells(results: Sequence[ResultRecord], baseline: str, runtime: str) -> list[CellComparison]:
     """Every cell key that both ``baseline`` and ``runtime`` have in ``results`` (store rows), in the
-    baseline's stored order; the Holm family is this list's comparable cells. ``per_cell_ci=False``: no
-    per-cell bootstrap (``ci_low``/``ci_high`` None), everything else the same."""
+    baseline's stored order; the Holm family is this list's comparable cells."""
     pairs = _row_pairs(results, baseline, runtime)
-    return _comparisons(pairs, estimates(pairs, per_cell_ci=per_cell_ci), baseline, runtime)
+    return _comparisons(pairs, estimates(pairs), baseline, runtime)
 
 
 def _comparisons(
@@ -359,6 +262,8 @@ def _comparisons(
                 p_value=None if estimate is None else estimate.p_value,
                 p_adjusted=p_adjusted,
                 significant=p_adjusted is not None and p_adjusted < ALPHA,
+                rounds=None if estimate is None else estimate.rounds,
+                pairs=None if estimate is None or not estimate.paired else estimate.values,
             )
         )
     return out
@@ -404,10 +309,10 @@ def pair_summaries(results: Sequence[ResultRecord], baseline: str) -> list[PairS
     if baseline not in runtimes_in(results):
         return []
     return [
-        pair_summary(compare_cells(results, baseline, runtime, per_cell_ci=False), baseline, runtime)
+        pair_summary(compare_cells(results, baseline, runtime), baseline, runtime)
         for runtime in runtimes_in(results)
         if runtime != baseline
-    ]  # a summary uses no per-cell CI
+    ]
 
 
 @dataclass(frozen=True)
@@ -433,10 +338,10 @@ def split_groups(
     return groups
 
 
-def grouped_pairs(results: Sequence[ResultRecord], baseline: str, *, per_cell_ci: bool = True) -> list[GroupedPair]:
+def grouped_pairs(results: Sequence[ResultRecord], baseline: str) -> list[GroupedPair]:
     """Every other runtime against ``baseline`` in each (run, phase, dtype, device) group that has the
     baseline: what the report's speed-up column and pair-summary table show. Each pair's cells are exactly
-    :func:`compare_cells` of its group (``per_cell_ci`` as there), computed in one batched pass over all pairs."""
+    :func:`compare_cells` of its group."""
     jobs = []
     for (run_id, phase, dtype, device), rows in split_groups(results).items():
         present = runtimes_in(rows)
@@ -445,10 +350,9 @@ def grouped_pairs(results: Sequence[ResultRecord], baseline: str, *, per_cell_ci
         for runtime in present:
             if runtime != baseline:
                 jobs.append(((run_id, phase, dtype, device), runtime, _row_pairs(rows, baseline, runtime)))
-    found = estimates_many([pairs for _, _, pairs in jobs], per_cell_ci=per_cell_ci)
     out = []
-    for ((run_id, phase, dtype, device), runtime, pairs), family in zip(jobs, found):
-        cells = _comparisons(pairs, family, baseline, runtime)
+    for (run_id, phase, dtype, device), runtime, pairs in jobs:
+        cells = _comparisons(pairs, estimates(pairs), baseline, runtime)
         out.append(GroupedPair(run_id, phase, dtype, device, cells, pair_summary(cells, baseline, runtime)))
     return out
 

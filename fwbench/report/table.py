@@ -343,13 +343,15 @@ def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False) ->
     lines = []
     if baseline:
         lines.append(
-            f"vs {baseline}: its median ÷ the runtime's (>1: the runtime is faster), 95% bootstrap CI; "
-            f"≈: no significant difference (Mann–Whitney U on the raw samples, Holm-adjusted over the "
-            f"pair's cells, p ≥ {ALPHA:g}); N/A: a side did not run ok."
+            f"vs {baseline}: its time ÷ the runtime's (>1: the runtime is faster); interleaved cells: from paired "
+            "blocks that ran back to back. 95% CI over rounds (fresh workers), so it includes process-to-process "
+            f"variation; ≈: no significant difference (Holm-adjusted over the pair's cells, p ≥ {ALPHA:g}) or fewer "
+            "than 3 rounds (no CI); N/A: a side did not run ok."
         )
     lines.append(
-        f"median: digits as many as its CI supports; noisy: CI half-width > {NOISY_REL_CI:.0%} of the median. "
-        "N/A <status>: the cell did not run ok (note: why)."
+        "median: geometric mean of the rounds' medians, digits as many as its CI supports; noisy: CI half-width > "
+        f"{NOISY_REL_CI:.0%} of the median; contended: other processes used > 10% of a core, or steal > 2%, while it "
+        "was timed. N/A <status>: the cell did not run ok (note: why)."
     )
     lines.append(
         "parity: worst relative L2 error against the float64 reference, checked once per model × runtime "

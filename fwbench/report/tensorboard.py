@@ -7,8 +7,8 @@ each chart overlays the runtimes of one model at one shape:
 - ``<phase>/loss/<shape>``: training only, the loss of every optimizer step the worker ran (step 0: the
   first call, before any update; then warm-up, the timer's calibration calls, the timed calls).
 - ``<phase>/step_time_s/<shape>``: seconds per call of each timed sample (a sample is the mean of
-  ``calls_per_sample`` calls); training: at the optimizer step of the sample's last call, inference:
-  at the sample's index.
+  ``calls_per_sample`` calls); training: the first round's samples (the worker whose losses are logged), at the
+  optimizer step of the sample's last call; inference: every round's, at the sample's index.
 - ``<phase>/samples_per_s/<shape>`` and, for models with a sequence axis, ``<phase>/tokens_per_s/<shape>``:
   the same samples as throughput (batch size, or batch × sequence length, over the step time); phases
   inference and training only (a phase fit sample is an epoch: its time only).
@@ -86,14 +86,16 @@ def _step_losses(row: ResultRecord) -> list[float] | None:
     return None if losses is None else list(losses)
 
 
-def timed_steps(row: ResultRecord) -> list[int]:
-    """The step (x axis) of each timed sample: training, the optimizer step of the sample's last call
-    (0 is the first call); otherwise the sample's index."""
+def timed_samples(row: ResultRecord) -> list[tuple[int, float]]:
+    """(step, seconds per call) of each timed sample charted: training, the first round's samples (the worker
+    whose step losses are stored) at the optimizer step of the sample's last call (0 is the first call);
+    otherwise every sample at its index."""
     parts = None if row.training is None else row.training.step_loss_parts
     if parts is None:
-        return list(range(len(row.samples)))
+        return list(enumerate(row.samples))
+    samples = row.round_samples[0] if row.round_samples else []
     calls = int(row.calls_per_sample or 1)
-    return [parts.before_timed + (k + 1) * calls - 1 for k in range(len(row.samples))]
+    return [(parts.before_timed + (k + 1) * calls - 1, seconds) for k, seconds in enumerate(samples)]
 
 
 def _table(pairs: Sequence[tuple[str, Any]]) -> str:
@@ -159,7 +161,7 @@ def write_cell(root: Path, row: ResultRecord, settings: dict[str, Any], per_run:
     try:
         for step, loss in enumerate(_step_losses(row) or []):
             writer.add_scalar(names["loss"], loss, step)
-        for step, seconds in zip(timed_steps(row), row.samples):
+        for step, seconds in timed_samples(row):
             samples_s, tokens_s = rates(row, seconds)
             writer.add_scalar(names["step_time_s"], seconds, step)
             if "samples_per_s" in names:

@@ -10,8 +10,10 @@ importing numpy starts BLAS threads that inherit whatever affinity the process h
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import timeit
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +21,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from fwbench.measure import memory, timer
+from fwbench.measure import memory, noise, timer
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
-from fwbench.runner.messages import Job, stage_message
+from fwbench.runner.messages import Job, message, stage_message
 from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, relative_errors
 
 if TYPE_CHECKING:
@@ -77,11 +79,13 @@ def recording(step: Callable[[], object], losses: list[object]) -> Callable[[], 
 
 class Cell:
     """The job's cell in this worker: reports each stage on ``channel`` as it enters it and builds ``result``
-    (the worker's result message: stored fields, the rest ``details``; ``stage_seconds`` by stage)."""
+    (the worker's result message: stored fields, the rest ``details``; ``stage_seconds`` by stage). An
+    interleaved job's commands arrive on ``commands`` (the worker's stdin)."""
 
-    def __init__(self, job: Job, channel: IO[str]) -> None:
+    def __init__(self, job: Job, channel: IO[str], commands: IO[str] | None = None) -> None:
         self.job = job
         self.channel = channel
+        self.commands = commands
         self.backend: Backend | None = None  # once created: failure() asks it whether an error is an OOM
         self.result: dict[str, Any] = {"stage_seconds": {}}
         self._stage_started = time.perf_counter()
@@ -93,6 +97,11 @@ class Cell:
         self.result["stage_seconds"][self._stage] = now - self._stage_started
         self._stage, self._stage_started = name, now
         self.channel.write(stage_message(name))
+        self.channel.flush()
+
+    def send(self, kind: str, **fields: object) -> None:
+        """Write one message of ``kind`` (ready, block) to the manager."""
+        self.channel.write(message(kind, **fields))
         self.channel.flush()
 
     # -- shared stages ------------------------------------------------------------------------------
@@ -136,10 +145,19 @@ class Cell:
         self.result["peak_memory_before_timing_bytes"] = memory.peak_rss_bytes()
         self.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
         backend.reset_peak_memory()
-        if settings.protocol == "hf2019":
-            timing = timer.run_hf2019(step)
+        if self.job.interleaved:
+            timing = self.serve_blocks(step)  # the manager reads the machine's counters around the round
         else:
-            timing = timer.run_adaptive(step, settings.max_time_s, settings.target_rel_ci, settings.min_block_s)
+            totals = noise.NoiseTotals()
+            wall_origin = time.time()
+            before = noise.read(time.perf_counter())
+            if settings.protocol == "hf2019":
+                timing = timer.run_hf2019(step)
+            else:
+                timing = timer.run_adaptive(step, settings.max_time_s, settings.target_rel_ci, settings.min_block_s)
+            totals.add(before, noise.read(time.perf_counter()))
+            self.result["block_starts_unix_s"] = [wall_origin + start for start in timing.starts_s]
+            self.result["noise"] = totals.to_dict()
         self.result["peak_memory_bytes"] = memory.peak_rss_bytes()
         self.result["compile_health"] = compile_health(counters_before, backend.compile_counters())
         self.result.update(backend.memory_stats())
@@ -151,6 +169,41 @@ class Cell:
             timing_elapsed_s=timing.elapsed_s,
         )
         return len(warmup_s), timing
+
+    def serve_blocks(self, step: Callable[[], object]) -> timer.TimingResult:
+        """Interleaved timing: say ``ready``, then serve the manager's commands until ``finish``: ``calibrate`` →
+        the calls per block (``hf2019``: 3) → ``calibrated``; ``block`` → one timed block → ``block``."""
+        settings = self.job.settings
+        timed = timeit.Timer(step)
+        number = timer.HF2019_NUMBER
+        self.send("ready", peak_memory_bytes=memory.peak_rss_bytes())
+        assert self.commands is not None, "an interleaved job needs its command stream"
+        started = time.perf_counter()
+        samples: list[float] = []
+        for line in self.commands:
+            command = json.loads(line)
+            if command["command"] == "finish":
+                break
+            if command["command"] == "calibrate":  # alone on the machine: the others wait for their turn
+                if settings.protocol == "hf2019":
+                    block_s = timed.timeit(number)
+                else:
+                    budget = self.job.budget_s or settings.max_time_s
+                    number, block_s = timer.calibrate_block(timed, settings.min_block_s, budget)
+                self.send("calibrated", calls_per_block=number, block_s=block_s)
+                started = time.perf_counter()
+                continue
+            calls = int(command.get("calls") or number)
+            start_unix = time.time()
+            seconds = timed.timeit(calls)
+            samples.append(seconds / calls)
+            self.send("block", seconds=seconds, calls=calls, start_unix_s=start_unix)
+        return timer.TimingResult(
+            samples_s=samples,
+            calls_per_sample=number,
+            stop_reason="interleaved",
+            elapsed_s=time.perf_counter() - started,
+        )
 
     def record_compile_report(self, backend: Backend) -> None:
         """Store the backend's account of its ahead-of-time compile (``compile_report``), if it has one."""

@@ -1,7 +1,11 @@
 """What manager and worker say to each other: a job on the worker's stdin, JSON lines back on a pipe.
 
 The worker writes one ``{"type": "stage", ...}`` line as it enters each stage and exactly one
-``{"type": "result", ...}`` line at the end. Framework chatter on stdout/stderr never mixes in,
+``{"type": "result", ...}`` line at the end. An *interleaved* job (``Job.interleaved``) also talks in between:
+after warm-up the worker writes ``{"type": "ready", ...}`` (its calibrated calls per block) and then serves
+the commands the manager writes on its stdin, one JSON line each: ``{"command": "block", "calls": n}`` →
+one timed block of ``n`` calls → ``{"type": "block", ...}``; ``{"command": "finish"}`` → its remaining stages
+and the result. Framework chatter on stdout/stderr never mixes in,
 because results travel on their own file descriptor. The thread budget reaches the worker's native
 pools through its environment (:func:`thread_environment`), set by the manager before it starts.
 """
@@ -33,6 +37,8 @@ class Job:
     verify_output: str | None = None
     weights_path: str | None = None
     train_steps: int = 20  # verify of a training case: optimizer steps taken before writing losses and parameters
+    interleaved: bool = False  # serve timed blocks on command (the scheduler's interleaved rounds)
+    budget_s: float | None = None  # interleaved: this round's timing budget, seconds (block calibration)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -43,6 +49,8 @@ class Job:
                 "verify_output": self.verify_output,
                 "weights_path": self.weights_path,
                 "train_steps": self.train_steps,
+                "interleaved": self.interleaved,
+                "budget_s": self.budget_s,
             }
         )
 
@@ -56,6 +64,8 @@ class Job:
             verify_output=data.get("verify_output"),
             weights_path=data.get("weights_path"),
             train_steps=int(data.get("train_steps", 20)),
+            interleaved=bool(data.get("interleaved", False)),
+            budget_s=data.get("budget_s"),
         )
 
 
@@ -72,9 +82,14 @@ def thread_environment(threads: int, interop_threads: int) -> dict[str, str]:
 
 def stage_message(stage: str) -> str:
     """The line a worker writes as it enters ``stage`` (one of :data:`STAGES`)."""
-    return json.dumps({"type": "stage", "stage": stage}) + "\n"
+    return message("stage", stage=stage)
+
+
+def message(kind: str, **fields: Any) -> str:
+    """One line of ``kind`` (stage, ready, block, result) with ``fields``."""
+    return json.dumps({"type": kind, **fields}) + "\n"
 
 
 def result_message(result: dict[str, Any]) -> str:
     """The one line a worker writes at the end: its cell's result."""
-    return json.dumps({"type": "result", **result}) + "\n"
+    return message("result", **result)

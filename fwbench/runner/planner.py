@@ -34,6 +34,8 @@ from fwbench.spec import (
 )
 from fwbench.suites import CELL_SETTINGS, DEFAULT_SUITE, Grid, Suite, load_settings_file, load_suite
 
+DEFAULT_ROUNDS = 3  # the command line's and the suites' rounds: the fewest that give a CI (Settings' own default is 1)
+
 
 def parse_positive_ints(option: str, text: str) -> list[int]:
     """``"1,2,4"`` → [1, 2, 4]; SpecError naming ``option`` for anything else (``0``, ``1,,2``, ``1.5``...)."""
@@ -184,7 +186,7 @@ def resolve_plan(choices: PlanChoices) -> Plan:
         raise SpecError("give both --models and --runtimes, or a --suite")
     use_suite = choices.suite is not None or choices.models is None
     suite = load_suite(DEFAULT_SUITE if choices.suite is None else choices.suite) if use_suite else None
-    settings_data: dict[str, Any] = {"threads": environment.physical_core_count()}
+    settings_data: dict[str, Any] = {"threads": environment.physical_core_count(), "rounds": DEFAULT_ROUNDS}
     if suite is not None:
         settings_data.update(suite.settings)
     if choices.config is not None:
@@ -225,7 +227,7 @@ def resolve_plan(choices: PlanChoices) -> Plan:
 
 def suite_plan(suite: Suite, threads: int) -> Plan:
     """The plan a suite runs with its own settings and ``threads`` threads (no flags)."""
-    settings = Settings.from_dict({"threads": threads, **suite.settings})
+    settings = Settings.from_dict({"threads": threads, "rounds": DEFAULT_ROUNDS, **suite.settings})
     return build_grids_plan(suite.grids, settings, suite.phase, suite.dtype, suite.device, suite.name)
 
 

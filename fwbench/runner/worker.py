@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     from fwbench.runner.messages import Job, result_message
     from fwbench.runner.phases import get_phase
 
-    job = Job.from_json(sys.stdin.read())
+    job = Job.from_json(sys.stdin.readline())  # one line; an interleaved job's commands follow on stdin
     with os.fdopen(args.result_fd, "w") as channel:
-        cell = Cell(job, channel)
+        cell = Cell(job, channel, sys.stdin)
         try:
             result = get_phase(job.case.phase).run(cell)
         except BaseException as exc:  # every failure becomes this cell's status, never a lost sweep

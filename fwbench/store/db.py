@@ -1,23 +1,25 @@
 """The SQLite results store: WAL, ``PRAGMA user_version`` schema versions, forward migrations.
 
-Each finished cell is committed in its own short transaction, so a manager killed at any moment
-loses no finished cell. ``UNIQUE(run_id, case_key)`` makes a cell impossible to store twice.
+Each finished comparison group's cells (with their timed blocks) are committed in one short transaction, so a
+manager killed at any moment loses no finished group. ``UNIQUE(run_id, case_key)`` makes a cell impossible to store twice.
 Times are stored in seconds and sizes in bytes; raw samples are kept as a JSON array.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fwbench.measure.rounds import Block
 from fwbench.spec import Case, Plan
 from fwbench.store.records import ResultRecord
 
@@ -83,6 +85,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         CREATE INDEX results_by_case ON results (model, runtime, phase, batch_size, seq_len, dtype)
         """,
     ),
+    # Migration 2 (rounds and interleaving): each result's comparison group, schedule and round count, the
+    # machine's state while it was timed (noise) and the machine itself; every timed block. Rows written
+    # before it read as one round of unpaired samples (blocks none, group computed from the case).
+    (
+        "ALTER TABLE results ADD COLUMN group_key TEXT",
+        "ALTER TABLE results ADD COLUMN schedule TEXT",
+        "ALTER TABLE results ADD COLUMN rounds INTEGER",
+        "ALTER TABLE results ADD COLUMN noise_json TEXT",
+        "ALTER TABLE results ADD COLUMN machine_json TEXT",
+        """
+        CREATE TABLE blocks (
+            result_id INTEGER NOT NULL REFERENCES results(id) ON DELETE CASCADE,
+            round INTEGER NOT NULL,
+            block INTEGER NOT NULL,
+            cycle INTEGER,
+            start_unix_s REAL,
+            calls INTEGER NOT NULL,
+            seconds REAL NOT NULL,
+            PRIMARY KEY (result_id, round, block)
+        ) WITHOUT ROWID
+        """,
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -104,6 +128,9 @@ RESULT_COLUMNS = (
     "interop_threads",
     "flops",
     "wall_s",
+    "group_key",
+    "schedule",
+    "rounds",
 )
 
 
@@ -362,11 +389,33 @@ class Store:
         return None if row[0] is None else int(row[0])
 
     # -- results ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction around the block (committed at its end, rolled back on an exception)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
     def add_result(
-        self, run_id: int, case: Case, fields: dict[str, Any], samples: Sequence[float], details: dict[str, Any]
+        self,
+        run_id: int,
+        case: Case,
+        fields: dict[str, Any],
+        samples: Sequence[float],
+        details: dict[str, Any],
+        blocks: Sequence[Block] = (),
     ) -> bool:
-        """Store one cell's result; False (and nothing written) if the run already has this cell."""
+        """Store one cell's result and its timed blocks; False (and nothing written) if the run already has this
+        cell. ``fields`` may hold ``noise`` and ``machine`` (JSON objects) besides the result columns."""
         columns = {name: fields.get(name) for name in RESULT_COLUMNS}
+        columns["noise_json"] = None if fields.get("noise") is None else json.dumps(fields["noise"], sort_keys=True)
+        columns["machine_json"] = (
+            None if fields.get("machine") is None else json.dumps(fields["machine"], sort_keys=True)
+        )
         values = {
             "run_id": run_id,
             "case_key": case.key,
@@ -389,7 +438,13 @@ class Store:
             f"INSERT INTO results ({names}) VALUES ({marks}) ON CONFLICT (run_id, case_key) DO NOTHING",
             tuple(values.values()),
         )
-        return cursor.rowcount == 1
+        if cursor.rowcount != 1:
+            return False
+        self.conn.executemany(
+            "INSERT INTO blocks (result_id, round, block, cycle, start_unix_s, calls, seconds) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(cursor.lastrowid, b.round, b.index, b.cycle, b.start_unix_s, b.calls, b.seconds) for b in blocks],
+        )
+        return True
 
     def mark_mismatch(self, run_id: int, model: str, runtime: str, phase: str, reason: str) -> int:
         """Set status ``mismatch`` and ``reason`` on every cell of run ``run_id`` with this model, runtime and
@@ -414,8 +469,23 @@ class Store:
 
     def _records(self, clause: str, params: tuple[Any, ...]) -> list[ResultRecord]:
         """Result records selected by ``clause`` (WHERE / ORDER BY)."""
-        rows = self.conn.execute(f"SELECT * FROM results {clause}", params).fetchall()
-        return [ResultRecord.from_row(dict(row)) for row in rows]
+        rows = [dict(row) for row in self.conn.execute(f"SELECT * FROM results {clause}", params).fetchall()]
+        blocks = self._blocks([row["id"] for row in rows])
+        return [ResultRecord.from_row({**row, "blocks": blocks.get(row["id"], ())}) for row in rows]
+
+    def _blocks(self, result_ids: Sequence[int]) -> dict[int, tuple[Block, ...]]:
+        """The timed blocks of each of ``result_ids``, in round then block order."""
+        found: dict[int, list[Block]] = {}
+        for start in range(0, len(result_ids), 500):
+            chunk = result_ids[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            for row in self.conn.execute(
+                f"SELECT result_id, round, block, cycle, start_unix_s, calls, seconds FROM blocks "
+                f"WHERE result_id IN ({marks}) ORDER BY result_id, round, block",
+                tuple(chunk),
+            ):
+                found.setdefault(row[0], []).append(Block(row[1], row[2], row[3], row[4], row[5], row[6]))
+        return {key: tuple(value) for key, value in found.items()}
 
     def result(self, run_id: int, case_key: str) -> ResultRecord | None:
         """One stored cell of run ``run_id`` as :meth:`results` gives it, or None."""

@@ -9,10 +9,14 @@ keys not typed here. Times are seconds, sizes bytes, as stored.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from fwbench.measure.noise import NoiseTotals, contention
+from fwbench.measure.rounds import Block, blocks_by_round
 
 
 def _float(value: Any) -> float | None:
@@ -276,19 +280,30 @@ class ResultRecord:
     fit: FitDetails | None = None
     compile_health: CompileHealth = NO_COMPILE_HEALTH
     versions: Mapping[str, Any] | None = None
+    group_key: str | None = None  # None: stored before rounds (migration 2)
+    schedule: str | None = None  # interleaved | sequential; None: stored before rounds
+    rounds: int | None = None
+    noise: NoiseTotals | None = None
+    machine: Mapping[str, Any] | None = None
+    blocks: tuple[Block, ...] = ()
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ResultRecord:
         """The record of a row as the store keeps it, ``samples``/``details`` given decoded (lists, dict) or
-        as ``samples_json``/``details_json`` text; absent optional columns read as None."""
+        as ``samples_json``/``details_json`` text, ``blocks`` as Block tuples; absent optional columns read as None."""
         samples = row["samples"] if "samples" in row else json.loads(row.get("samples_json") or "[]")
         details = row["details"] if "details" in row else json.loads(row.get("details_json") or "{}")
         details = _dict(details)
         columns = {name: row[name] for name in COLUMN_NAMES if name in row}
         versions = details.get("versions")
+        noise = row["noise"] if "noise" in row else json.loads(row.get("noise_json") or "null")
+        machine = row["machine"] if "machine" in row else json.loads(row.get("machine_json") or "null")
         return cls(
             **columns,
             samples=tuple(map(float, samples)),
+            noise=NoiseTotals.from_dict(noise) if isinstance(noise, dict) else None,
+            machine=machine if isinstance(machine, dict) else None,
+            blocks=tuple(row.get("blocks") or ()),
             details=details,
             parity=ParityCheck.parse(details.get("parity")),
             training=TrainingDetails.parse(details.get("training")),
@@ -298,11 +313,33 @@ class ResultRecord:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as plain JSON-ready data: every column, ``samples`` (list) and the raw ``details``."""
+        """The row as plain JSON-ready data: every column, ``samples`` (list), the raw ``details``, the noise and
+        machine records and the blocks."""
         out = {name: getattr(self, name) for name in COLUMN_NAMES}
         out["samples"] = list(self.samples)
         out["details"] = dict(self.details)
+        out["noise"] = None if self.noise is None else self.noise.to_dict()
+        out["machine"] = None if self.machine is None else dict(self.machine)
+        out["blocks"] = [dataclasses.asdict(block) for block in self.blocks]
         return out
+
+    @property
+    def round_samples(self) -> list[list[float]]:
+        """Seconds per call by round: the blocks' when stored, else all samples as one round (rows stored before
+        rounds, which are never given a CI)."""
+        if self.blocks:
+            return blocks_by_round(self.blocks)
+        return [list(self.samples)] if self.samples else []
+
+    @property
+    def round_count(self) -> int:
+        """Rounds behind the row's time (1 for rows stored before rounds)."""
+        return len(self.round_samples)
+
+    @property
+    def contended(self) -> list[str]:
+        """Why the machine was busy with other work while this cell was timed (empty: it was not, or unknown)."""
+        return [] if self.noise is None else contention(self.noise)
 
 
 # The result columns a record carries as attributes of the same name (``samples``/``details`` decoded apart).
@@ -336,4 +373,7 @@ COLUMN_NAMES: tuple[str, ...] = (
     "interop_threads",
     "flops",
     "wall_s",
+    "group_key",
+    "schedule",
+    "rounds",
 )

@@ -30,6 +30,7 @@ class Phase(ABC):
 
     name: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]  # the case dtypes (spec.Dtype) this phase runs
+    interleavable: ClassVar[bool] = True  # its timed calls can be served in blocks on command (Cell.serve_blocks)
 
     def unsupported(self, description: ModelDescription) -> str | None:
         """Why ``description``'s model cannot run this phase (None when it can); nothing is imported."""

@@ -27,6 +27,7 @@ class Fit(Phase):
     """build → fit (every epoch, the first one compiling) → evaluate; no timer of ours, no parity stage."""
 
     name = "fit"
+    interleavable = False  # an epoch is the sample: fit cells run one after another (interleaving by epoch: not yet)
     dtypes = FIT_DTYPES
 
     def unsupported(self, description: ModelDescription) -> str | None:

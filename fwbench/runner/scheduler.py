@@ -1,0 +1,381 @@
+"""The scheduler: a plan's cells in *comparison groups* (cells that differ only by runtime), each group run in
+``rounds`` fresh sets of workers, interleaved by default.
+
+Interleaved (``Settings.interleave``, phases that allow it): the group's workers start (import, build, compile,
+warm up) as many at a time as they have CPUs, then calibrate their blocks one after another, each alone on the
+machine, and stay alive together, pinned to the same CPUs. Then, cycle after cycle, every worker times one block, in an order drawn afresh each cycle from a
+generator seeded by the run's seed, the group and the round. Exactly one worker measures at a time: the manager
+sends one ``block`` command and waits for its answer before the next, and the idle workers block on their stdin.
+Before a worker's block the manager pauses ``settle_s`` when another worker timed the last one, so thread pools
+that spin after work (OpenMP, Eigen) have gone quiet. Blocks of one cycle are adjacent in time: the report pairs
+them (:mod:`fwbench.measure.rounds`). Workers that would not fit in memory together are run in successive
+sub-groups (each still interleaved; their cycles are numbered apart, so only workers alive together pair).
+
+Sequential (``interleave`` off, and phase fit): each cell of the group runs start to end in its own worker, in
+a seeded random order per round, timed in one go as before.
+
+Either way a cell whose worker fails (error, timeout, oom, a parity mismatch) keeps that status and is not run
+again in later rounds; the others finish. A group's cells are stored together when its last round ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fwbench.measure import noise
+from fwbench.measure.environment import memory_available_bytes
+from fwbench.measure.noise import NoiseTotals
+from fwbench.measure.rounds import Block, blocks_by_round, time_estimate
+from fwbench.measure.timer import HF2019_REPEAT
+from fwbench.runner.messages import Job
+from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker
+from fwbench.runner.phases import get_phase
+from fwbench.runner.process import WorkerFailure, WorkerProcess, worker_cpus
+from fwbench.spec import Case, Settings
+
+GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device")
+MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
+MAX_CYCLES = 400
+MEMORY_HEADROOM = 1.5  # start another worker only while free memory exceeds this × the largest peak so far
+
+
+def group_key(case: Case) -> str:
+    """The key of ``case``'s comparison group: everything but the runtime."""
+    return "|".join(f"{name}={getattr(case, name)}" for name in GROUP_FIELDS)
+
+
+def comparison_groups(cases: Sequence[Case]) -> list[list[Case]]:
+    """``cases`` split into comparison groups, groups in order of first appearance, cases in plan order."""
+    groups: dict[str, list[Case]] = {}
+    for case in cases:
+        groups.setdefault(group_key(case), []).append(case)
+    return list(groups.values())
+
+
+def order_generator(settings: Settings, key: str, round_index: int) -> np.random.Generator:
+    """The seeded generator of one group's round: the same run gives the same orders."""
+    digest = hashlib.sha256(f"{settings.seed}|{key}|{round_index}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def is_interleaved(case: Case, settings: Settings) -> bool:
+    """Whether ``case``'s group runs interleaved: the setting, and a phase whose calls can be served in blocks."""
+    return settings.interleave and get_phase(case.phase).interleavable
+
+
+@dataclass
+class CellRounds:
+    """One cell's rounds so far: each round's outcome (ok), all its blocks, or the failure that ended it."""
+
+    case: Case
+    rounds: list[CellOutcome] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    failure: CellOutcome | None = None
+    noise: NoiseTotals = field(default_factory=NoiseTotals)  # interleaved: the rounds' spans, read by the manager
+
+    def fail(self, outcome: CellOutcome, round_index: int, settings: Settings) -> None:
+        if settings.rounds > 1 and outcome.reason:
+            outcome.reason = f"{outcome.reason} (round {round_index + 1} of {settings.rounds})"
+        self.failure = outcome
+
+
+def run_group(
+    cases: Sequence[Case], settings: Settings, check_parity: Mapping[str, bool], weights_path: str | None = None
+) -> list[CellOutcome]:
+    """Every cell of one comparison group over ``settings.rounds`` rounds; one outcome per case, in order.
+    ``check_parity[case.key]``: whether that cell checks its parity (in its first round only)."""
+    cells = {case.key: CellRounds(case) for case in cases}
+    interleaved = is_interleaved(cases[0], settings)
+    key = group_key(cases[0])
+    cycle = 0
+    subgroups: list[int] = []  # interleaved: sub-groups per round
+    for round_index in range(settings.rounds):
+        active = [case for case in cases if cells[case.key].failure is None]
+        if not active:
+            break
+        rng = order_generator(settings, key, round_index)
+        checks = {case.key: check_parity.get(case.key, True) and round_index == 0 for case in active}
+        if interleaved:
+            cycle, count = _interleaved_round(active, cells, settings, checks, weights_path, round_index, rng, cycle)
+            subgroups.append(count)
+        else:
+            _sequential_round(active, cells, settings, checks, weights_path, round_index, rng)
+    outcomes = [merge_rounds(cells[case.key], key, "interleaved" if interleaved else "sequential") for case in cases]
+    if any(count > 1 for count in subgroups):
+        for outcome in outcomes:  # the report says that not every pair of runtimes was measured together
+            outcome.details["interleave_subgroups"] = subgroups
+    return outcomes
+
+
+def _sequential_round(
+    active: Sequence[Case],
+    cells: dict[str, CellRounds],
+    settings: Settings,
+    checks: Mapping[str, bool],
+    weights_path: str | None,
+    round_index: int,
+    rng: np.random.Generator,
+) -> None:
+    for position in rng.permutation(len(active)):
+        case = active[int(position)]
+        outcome = run_worker(
+            case, settings, check_parity=checks[case.key], weights_path=weights_path, round_index=round_index
+        )
+        cell = cells[case.key]
+        if outcome.status != "ok":
+            cell.fail(outcome, round_index, settings)
+        else:
+            cell.rounds.append(outcome)
+            cell.blocks.extend(outcome.blocks)
+
+
+@dataclass
+class _Live:
+    """A ready interleaved worker: its case, process, calls per block and block seconds at calibration."""
+
+    case: Case
+    worker: WorkerProcess
+    calls: int
+    block_s: float
+    peak_bytes: int
+    blocks: int = 0
+
+
+def _cycles(live: Sequence[_Live], settings: Settings) -> int:
+    """Cycles this round: hf2019 spreads its 30 blocks of 3 calls over the rounds; adaptive fills the round's
+    share of ``max_time_s`` with the slowest worker's blocks (at least MIN_CYCLES)."""
+    if settings.protocol == "hf2019":
+        return math.ceil(HF2019_REPEAT / settings.rounds)
+    slowest = max(item.block_s for item in live)
+    budget = settings.max_time_s / settings.rounds
+    return max(MIN_CYCLES, min(MAX_CYCLES, int(budget / max(slowest, 1e-9))))
+
+
+def _fits_another(live: Sequence[_Live], settings: Settings, count: int = 1) -> bool:
+    """Whether ``count`` more workers fit in memory next to ``live``: free memory above MEMORY_HEADROOM × ``count``
+    × the largest peak so far (or the memory limit, when one is set and larger)."""
+    if not live:
+        return True
+    available = memory_available_bytes()
+    if available is None:
+        return True
+    largest = max(item.peak_bytes for item in live)
+    if settings.memory_limit_bytes is not None:
+        largest = max(largest, settings.memory_limit_bytes)
+    return available > MEMORY_HEADROOM * count * largest
+
+
+def _interleaved_round(
+    active: Sequence[Case],
+    cells: dict[str, CellRounds],
+    settings: Settings,
+    checks: Mapping[str, bool],
+    weights_path: str | None,
+    round_index: int,
+    rng: np.random.Generator,
+    cycle: int,
+) -> tuple[int, int]:
+    """One round of ``active`` in as many sub-groups as memory requires; returns the next free cycle number and
+    the number of sub-groups. Workers start (import, build, compile, warm up) as many at a time as they have
+    CPUs, then calibrate their blocks one after another, each alone on the machine."""
+    pending = [active[int(i)] for i in rng.permutation(len(active))]
+    at_once = max(1, len(worker_cpus(settings.threads)))
+    subgroup = 0
+    while pending:
+        live: list[_Live] = []
+        try:
+            while pending and _fits_another(live, settings, min(at_once, len(pending))):
+                batch, pending = pending[:at_once], pending[at_once:]
+                started = [
+                    (case, _start(case, cells[case.key], settings, checks[case.key], weights_path, round_index))
+                    for case in batch
+                ]
+                for case, worker in started:
+                    if worker is not None:
+                        ready = _await_ready(case, worker, cells[case.key], settings, round_index)
+                        if ready is not None:
+                            live.append(ready)
+            for item in live:
+                _calibrate(item, cells[item.case.key], settings, round_index)
+            measured = [item for item in live if cells[item.case.key].failure is None]
+            if measured:
+                cycle = _timed_cycles(measured, cells, settings, round_index, rng, cycle)
+                _finish(measured, cells, settings, round_index)
+        finally:
+            for item in live:
+                item.worker.close()
+        subgroup += 1
+    return cycle, subgroup
+
+
+def _start(
+    case: Case, cell: CellRounds, settings: Settings, check: bool, weights_path: str | None, round_index: int
+) -> WorkerProcess | None:
+    """Start ``case``'s interleaved worker; None (and the cell failed) if it cannot be started."""
+    job = Job(
+        case=case,
+        settings=settings,
+        check_parity=check,
+        weights_path=weights_path,
+        interleaved=True,
+        budget_s=settings.max_time_s / settings.rounds,
+    )
+    try:
+        return WorkerProcess(job)
+    except WorkerFailure as failure:
+        cell.fail(failed(case, failure), round_index, settings)
+        return None
+
+
+def _await_ready(
+    case: Case, worker: WorkerProcess, cell: CellRounds, settings: Settings, round_index: int
+) -> _Live | None:
+    """Wait until ``worker`` has warmed up; None (the worker closed, the cell failed) if it ended first: a crash,
+    a timeout, an error or mismatch it reported."""
+    try:
+        message = worker.await_message({"ready", "result"}, settings.timeout_s)
+    except WorkerFailure as failure:
+        worker.close()
+        cell.fail(failed(case, failure), round_index, settings)
+        return None
+    if "status" in message:  # a result before ready: the cell ended early (error, mismatch...)
+        worker.wait_exit()
+        worker.close()
+        cell.fail(outcome_from_result(case, message, round_index), round_index, settings)
+        return None
+    return _Live(case, worker, 0, 0.0, int(message["peak_memory_bytes"] or 0))
+
+
+def _calibrate(item: _Live, cell: CellRounds, settings: Settings, round_index: int) -> None:
+    """Have ``item``'s worker choose its calls per block (the others are idle); the cell fails if it dies."""
+    item.worker.command("calibrate")
+    try:
+        message = item.worker.await_message({"calibrated"}, settings.timeout_s)
+    except WorkerFailure as failure:
+        item.worker.close()
+        cell.fail(failed(item.case, failure), round_index, settings)
+        return
+    item.calls, item.block_s = int(message["calls_per_block"]), float(message["block_s"])
+
+
+def _timed_cycles(
+    live: list[_Live],
+    cells: dict[str, CellRounds],
+    settings: Settings,
+    round_index: int,
+    rng: np.random.Generator,
+    cycle: int,
+) -> int:
+    """The round's cycles over ``live``: one block per live worker per cycle, seeded order, one at a time. The
+    machine's counters are read around all of them, the manager and every worker counting as fwbench's own."""
+    pids: list[int | str] = ["self", *(item.worker.pid for item in live)]
+    before = noise.read(time.perf_counter(), pids)
+    last: _Live | None = None
+    for _ in range(_cycles(live, settings)):
+        for position in rng.permutation(len(live)):
+            item = live[int(position)]
+            cell = cells[item.case.key]
+            if cell.failure is not None:
+                continue
+            if last is not None and last is not item and settings.settle_s > 0:
+                time.sleep(settings.settle_s)  # the last worker's pools go quiet before this one measures
+            item.worker.command("block", calls=item.calls)
+            try:
+                message = item.worker.await_message({"block"}, settings.timeout_s)
+            except WorkerFailure as failure:
+                item.worker.close()
+                cell.fail(failed(item.case, failure), round_index, settings)
+                continue
+            cell.blocks.append(
+                Block(
+                    round_index,
+                    item.blocks,
+                    cycle,
+                    message["start_unix_s"],
+                    int(message["calls"]),
+                    float(message["seconds"]),
+                )
+            )
+            item.blocks += 1
+            last = item
+        cycle += 1
+    totals = NoiseTotals()
+    totals.add(before, noise.read(time.perf_counter(), pids))
+    for item in live:
+        cells[item.case.key].noise.merge(totals)
+    return cycle
+
+
+def _finish(live: Sequence[_Live], cells: dict[str, CellRounds], settings: Settings, round_index: int) -> None:
+    """Ask every live worker to finish (its parity check, its result) and keep each round's outcome."""
+    for item in live:
+        cell = cells[item.case.key]
+        if cell.failure is not None:
+            continue
+        item.worker.command("finish")
+        try:
+            result = item.worker.await_message({"result"}, settings.timeout_s)
+            item.worker.wait_exit()
+        except WorkerFailure as failure:
+            cell.fail(failed(item.case, failure), round_index, settings)
+            continue
+        outcome = check_memory(outcome_from_result(item.case, result, round_index), settings)
+        if outcome.status != "ok":
+            cell.blocks = [block for block in cell.blocks if block.round != round_index]
+            cell.fail(outcome, round_index, settings)
+        else:
+            cell.rounds.append(outcome)
+
+
+def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
+    """The cell's stored outcome: its failure, or its rounds merged — samples and blocks of every round, the
+    hierarchical time estimate (:func:`fwbench.measure.rounds.time_estimate`; a CI only with ≥ 3 rounds), the first
+    round's details, each round's first-call time and peaks, the noise totals of all rounds."""
+    shared: dict[str, Any] = {"group_key": key, "schedule": schedule, "rounds": len(cell.rounds)}
+    if cell.failure is not None:
+        outcome = cell.failure
+        outcome.fields.update(shared)
+        outcome.blocks = []
+        return outcome
+    first = cell.rounds[0]
+    blocks = sorted(cell.blocks, key=lambda b: (b.round, b.index))
+    samples = [block.per_call_s for block in blocks]
+    by_round = blocks_by_round(blocks)
+    noise = cell.noise
+    for outcome in cell.rounds:
+        if outcome.fields.get("noise"):
+            noise.merge(NoiseTotals.from_dict(outcome.fields["noise"]))
+    fields = dict(first.fields)
+    peaks = [o.fields.get("peak_memory_bytes") for o in cell.rounds]
+    fields.update(
+        shared, noise=noise.to_dict(), peak_memory_bytes=max((p for p in peaks if p is not None), default=None)
+    )
+    estimate = time_estimate(by_round)
+    if estimate is not None and samples:
+        data = np.asarray(samples)
+        fields.update(
+            median_s=estimate.value,
+            ci_low_s=estimate.ci_low,
+            ci_high_s=estimate.ci_high,
+            mean_s=float(np.mean(data)),
+            stdev_s=float(np.std(data, ddof=1)) if data.size > 1 else None,
+            min_s=float(np.min(data)),
+        )
+    details = dict(first.details)
+    details["round_details"] = [
+        {
+            "first_call_s": o.fields.get("first_call_s"),
+            "calls_per_sample": o.fields.get("calls_per_sample"),
+            "peak_memory_bytes": o.fields.get("peak_memory_bytes"),
+            "stage_seconds": o.details.get("stage_seconds"),
+        }
+        for o in cell.rounds
+    ]
+    return CellOutcome(cell.case, "ok", first.reason, samples, fields, details, blocks)

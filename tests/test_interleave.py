@@ -1,0 +1,160 @@
+"""The scheduler (fwbench.runner.scheduler): comparison groups run interleaved in rounds, checked without timing
+anything — the order and non-overlap of blocks from their recorded start times, the CPU idle workers use, a
+worker that dies mid-group, resuming an interleaved run, and the statistics stored with each cell."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
+from fwbench.runner.manager import execute
+from fwbench.runner.messages import Job
+from fwbench.runner.process import WorkerProcess
+from fwbench.runner.scheduler import comparison_groups, group_key, order_generator
+from fwbench.spec import Case, Plan, Settings
+from fwbench.store import Store
+
+FAST = Settings(threads=1, max_time_s=0.6, timeout_s=60, rounds=2, min_block_s=0.02, settle_s=0.03)
+
+
+def fake(mode: str, batch_size: int = 1) -> Case:
+    return Case("mlp", f"fake:{mode}", batch_size=batch_size)
+
+
+def run(db_path: Path, plan: Plan) -> int:
+    with Store.open(db_path) as store:
+        run_id = store.create_run(plan, "test", {}, "0")
+        execute(store, run_id, plan)
+    return run_id
+
+
+def test_groups_are_cells_that_differ_only_by_runtime() -> None:
+    cases = [fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2), Case("mlp", "fake:sleep", phase="training")]
+    groups = comparison_groups(cases)
+    assert groups == [[cases[0], cases[1]], [cases[2]], [cases[3]]]
+    assert group_key(cases[0]) == group_key(cases[1]) != group_key(cases[2])
+
+
+def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(plugin_env: dict[str, str], db_path: Path) -> None:
+    """Per round: the workers come up in a seeded order, then each cycle every worker times one block, in that
+    cycle's seeded order; no two blocks overlap, and a pause of ``settle_s`` separates blocks of two workers."""
+    cases = (fake("sleep"), fake("slowsync"), fake("spike"))
+    run_id = run(db_path, Plan(cases, FAST))
+    with Store.open(db_path, readonly=True) as store:
+        rows = {row.runtime: row for row in store.results([run_id])}
+    assert all(row.status == "ok" for row in rows.values()), {r.runtime: r.reason for r in rows.values()}
+    assert {row.schedule for row in rows.values()} == {"interleaved"} and {row.rounds for row in rows.values()} == {2}
+    assert len({row.group_key for row in rows.values()}) == 1
+    for round_index in range(FAST.rounds):
+        blocks = sorted(
+            ((block, runtime) for runtime, row in rows.items() for block in row.blocks if block.round == round_index),
+            key=lambda item: item[0].start_unix_s or 0.0,
+        )
+        rng = order_generator(FAST, group_key(cases[0]), round_index)
+        started = [cases[int(i)].runtime for i in rng.permutation(len(cases))]
+        cycles = len(blocks) // len(cases)
+        expected = [started[int(i)] for _ in range(cycles) for i in rng.permutation(len(cases))]
+        assert [runtime for _, runtime in blocks] == expected
+        cycle_of = [block.cycle for block, _ in blocks]
+        assert cycle_of == sorted(cycle_of) and len(set(cycle_of)) == cycles  # one block per worker per cycle
+        for (block, runtime), (following, next_runtime) in zip(blocks, blocks[1:]):
+            assert block.start_unix_s is not None and following.start_unix_s is not None
+            gap = following.start_unix_s - (block.start_unix_s + block.seconds)
+            assert gap >= (FAST.settle_s - 0.002 if runtime != next_runtime else 0.0), (gap, runtime, next_runtime)
+    for row in rows.values():
+        assert row.round_count == 2 and row.ci_low_s is None  # two rounds: an estimate, no CI
+        assert row.n_samples == len(row.blocks) and row.noise is not None and row.machine is not None
+
+
+def test_idle_workers_use_no_cpu_while_a_peer_measures(plugin_env: dict[str, str]) -> None:
+    """Two real frameworks alive together: during each of torch's blocks TensorFlow's idle worker (its Eigen
+    pools included) gains less than 1% of the block's wall time in CPU time, and the other way round."""
+    settings = Settings(threads=1, max_time_s=1.0, min_block_s=0.05, settle_s=0.05)
+    cases = [Case("mlp", runtime, batch_size=64) for runtime in ("torch:eager", "tensorflow:function")]
+    workers = [WorkerProcess(Job(case, settings, check_parity=False, interleaved=True, budget_s=1.0)) for case in cases]
+    try:
+        for worker in workers:
+            worker.await_message({"ready"}, 120)
+        calls = []
+        for worker in workers:
+            worker.command("calibrate")
+            calls.append(int(worker.await_message({"calibrated"}, 60)["calls_per_block"]))
+        idle_cpu, busy_wall = [0.0, 0.0], [0.0, 0.0]
+        for _ in range(6):
+            for active in (0, 1):
+                idle = 1 - active
+                time.sleep(settings.settle_s)
+                before = workers[idle].cpu_seconds()
+                start = time.perf_counter()
+                workers[active].command("block", calls=calls[active])
+                workers[active].await_message({"block"}, 60)
+                busy_wall[active] += time.perf_counter() - start
+                after = workers[idle].cpu_seconds()
+                assert before is not None and after is not None
+                idle_cpu[idle] += after - before
+        for idle in (0, 1):
+            active = 1 - idle
+            assert idle_cpu[idle] < 0.01 * busy_wall[active], (cases[idle].runtime, idle_cpu[idle], busy_wall[active])
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def test_a_worker_that_dies_mid_group_costs_its_cell_only(
+    plugin_env: dict[str, str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_CRASH_AFTER", "20")  # past the first call and warm-up: in calibration or the blocks
+    run_id = run(db_path, Plan((fake("late"), fake("sleep")), FAST))
+    with Store.open(db_path, readonly=True) as store:
+        late, sleep = store.results([run_id])
+    assert late.status == "error" and late.blocks == ()
+    assert late.reason is not None and "SIGSEGV during timing" in late.reason and "(round 1 of 2)" in late.reason
+    assert sleep.status == "ok" and sleep.round_count == 2
+
+
+def test_resume_runs_only_the_groups_not_stored(plugin_env: dict[str, str], db_path: Path) -> None:
+    """A run stopped after its first group (a listener that raises, as Ctrl-C would) resumes with the second."""
+    settings = Settings(threads=1, max_time_s=0.2, timeout_s=60, rounds=1, min_block_s=0.02, settle_s=0.0)
+    plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2), fake("slowsync", 2)), settings)
+    heard: list[str] = []
+
+    def stop_after_first_group(outcome: object) -> None:
+        heard.append(outcome.case.key)
+        if len(heard) == 2:
+            raise KeyboardInterrupt
+
+    with Store.open(db_path) as store:
+        run_id = store.create_run(plan, "test", {}, "0")
+        with pytest.raises(KeyboardInterrupt):
+            execute(store, run_id, plan, stop_after_first_group)
+        first = {row.case_key: row.id for row in store.results([run_id])}
+        assert sorted(first) == sorted(c.key for c in plan.cases[:2])
+        outcomes = execute(store, run_id, plan)
+        assert [o.case.key for o in outcomes] == [c.key for c in plan.cases[2:]]
+        rows = store.results([run_id])
+    assert len(rows) == 4 and all(row.status == "ok" for row in rows)
+    assert {row.case_key: row.id for row in rows if row.case_key in first} == first  # untouched
+
+
+def test_sequential_rounds_store_each_rounds_blocks(plugin_env: dict[str, str], db_path: Path) -> None:
+    settings = Settings(threads=1, max_time_s=0.2, timeout_s=60, rounds=3, interleave=False, min_block_s=0.02)
+    run_id = run(db_path, Plan((fake("sleep"), fake("slowsync")), settings))
+    with Store.open(db_path, readonly=True) as store:
+        rows = store.results([run_id])
+    for row in rows:
+        assert row.status == "ok" and row.schedule == "sequential" and row.round_count == 3
+        assert all(block.cycle is None for block in row.blocks)  # nothing to pair with
+        assert row.ci_low_s is not None and row.ci_low_s <= row.median_s <= row.ci_high_s  # type: ignore[operator]
+
+
+def test_contention_thresholds() -> None:
+    quiet = NoiseTotals(wall_s=10.0, other_cpu_s=0.05, steal_s=0.01, machine_s=20.0)
+    assert contention(quiet) == []
+    busy = NoiseTotals(wall_s=10.0, other_cpu_s=10.0 * OTHER_CPU_LIMIT_CORES * 1.5, steal_s=1.0, machine_s=20.0)
+    reasons = contention(busy)
+    assert len(reasons) == 2 and "15% of a core" in reasons[0] and "steal 5.0%" in reasons[1]
+    assert np.isclose(NoiseTotals.from_dict(busy.to_dict()).other_cpu_s, busy.other_cpu_s)
