@@ -38,10 +38,12 @@ def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
     results = data["results"]
     assert [(r["runtime"], r["batch_size"], r["seq_len"]) for r in results] == [
         ("torch:eager", 1, None),
-        ("torch:eager", 4, None),
         ("tensorflow:function", 1, None),
+        ("torch:eager", 4, None),
         ("tensorflow:function", 4, None),
-    ]
+    ]  # stored comparison group by comparison group: both runtimes of b=1 were measured together, interleaved
+    assert {r["schedule"] for r in results} == {"interleaved"} and {r["rounds"] for r in results} == {3}
+    assert {len({b["round"] for b in r["blocks"]}) for r in results} == {3}
     for r in results:
         assert r["status"] == "ok", r["reason"]
         assert r["run_id"] == 1 and r["phase"] == "inference" and r["dtype"] == "fp32" and r["threads"] == 1
@@ -57,7 +59,7 @@ def test_mlp_in_torch_and_tensorflow(db_path: Path) -> None:
         assert r["details"]["threads_effective"]["intra_op"] == 1
         assert r["details"]["thread_cpu_lists"] == [str(r["details"]["cpus"][0])]
         assert r["flops"] == 2 * r["batch_size"] * (64 * 64 + 64 * 64 + 64 * 10)
-    assert "torch" in results[0]["details"]["versions"] and "tensorflow" in results[2]["details"]["versions"]
+    assert "torch" in results[0]["details"]["versions"] and "tensorflow" in results[1]["details"]["versions"]
 
     table = run_cli("report", "--db", str(db_path), "--format", "table")
     assert table.returncode == 0 and "tensorflow:function" in table.stdout

@@ -28,6 +28,8 @@ CSV_COLUMNS = (
     "status",
     "reason",
     "protocol",
+    "schedule",
+    "rounds",
     "n_samples",
     "calls_per_sample",
     "median_s",

@@ -71,3 +71,14 @@ def parity_mark(row: ResultRecord, parity: dict[ParityKey, float | None]) -> str
         return NOT_CHECKED
     worst = parity[parity_key(row)]
     return PARITY_FAILED if worst is None else f"{worst:.0e}"
+
+
+def samples_text(row: ResultRecord) -> str:
+    """The samples column: ``rounds×blocks×calls`` per block (blocks per round, the most in any round) when the
+    cell ran in several rounds, else ``blocks×calls``; — without samples."""
+    if not row.n_samples:
+        return "—"
+    rounds = row.round_samples
+    if len(rounds) > 1:
+        return f"{len(rounds)}×{max(len(r) for r in rounds)}×{row.calls_per_sample}"
+    return f"{row.n_samples}×{row.calls_per_sample}"

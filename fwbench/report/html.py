@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
-from fwbench.report.flags import NOISY_REL_CI, cell_flags, compile_flags, is_noisy, rel_half_width
+from fwbench.report.flags import NOISY_REL_CI, cell_flags, compile_flags, is_noisy, rel_half_width, samples_text
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.summary import (
     ALPHA,
@@ -657,7 +657,7 @@ def results_section(
                 esc(format_gflops(achieved_gflops(r))),
                 *([esc(format_fraction(peak_fraction(r, peak)))] if peak else []),
                 *(esc(format_rate(rate)) for rate in throughput(r)[: len(rate_headers)]),
-                f"{r.n_samples}×{esc(r.calls_per_sample)}" if r.n_samples else "—",
+                esc(samples_text(r)),
                 note,
             ]
         )

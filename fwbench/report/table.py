@@ -32,6 +32,7 @@ from fwbench.report.flags import (
     parity_by_pair,
     parity_mark,
     rel_half_width,
+    samples_text,
 )
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.summary import (
@@ -268,7 +269,7 @@ def result_tables(
                     *map(format_rate, throughput(row)[: len(rate_headers)]),
                     format_seconds(row.first_call_s),
                     format_bytes(row.peak_memory_bytes),
-                    f"{row.n_samples}×{row.calls_per_sample}" if row.n_samples else "—",
+                    samples_text(row),
                     _parity_cell(row, parity),
                     _note(row),
                 ]

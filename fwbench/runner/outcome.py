@@ -33,8 +33,8 @@ def failed(case: Case, failure: WorkerFailure) -> CellOutcome:
 
 
 def outcome_from_result(case: Case, result: dict[str, Any], round_index: int = 0) -> CellOutcome:
-    """Turn the worker's result message into stored fields (statistics are computed when rounds are merged)
-    and, for a one-shot timing, its blocks (one per sample)."""
+    """Turn the worker's result message into stored fields (one round's median; statistics over rounds are
+    computed when they are merged) and its blocks, one per sample (start times where the worker sent them)."""
     samples = [float(s) for s in result.pop("samples_s", [])]
     starts = result.pop("block_starts_unix_s", None)
     status = result.pop("status")
@@ -54,12 +54,10 @@ def outcome_from_result(case: Case, result: dict[str, Any], round_index: int = 0
             stdev_s=float(np.std(data, ddof=1)) if data.size > 1 else None,
             min_s=float(np.min(data)),
         )
-    blocks: list[Block] = []
-    calls = fields["calls_per_sample"]
-    if starts is not None and calls and len(starts) == len(samples):
-        blocks = [
-            Block(round_index, i, None, start, calls, s * calls) for i, (start, s) in enumerate(zip(starts, samples))
-        ]
+    calls = int(fields["calls_per_sample"] or 1)  # fit: an epoch per sample
+    if starts is None or len(starts) != len(samples):
+        starts = [None] * len(samples)
+    blocks = [Block(round_index, i, None, start, calls, s * calls) for i, (start, s) in enumerate(zip(starts, samples))]
     return CellOutcome(case, status, reason, samples, fields, result, blocks)
 
 
