@@ -27,7 +27,6 @@ import timeit
 from collections.abc import Callable
 
 from fwbench.measure import environment, timer
-from fwbench.measure.stats import summarize
 from fwbench.runner.manager import run_worker, worker_cpus
 from fwbench.runner.messages import thread_environment
 from fwbench.spec import Case, Settings
@@ -109,7 +108,7 @@ def main() -> None:
         direct = statistics.median(
             t / harness.calls_per_sample for t in timeit.repeat(noop, number=harness.calls_per_sample, repeat=100)
         )
-        noop_ratios.append(summarize(harness.samples_s).median_s / direct)
+        noop_ratios.append(statistics.median(harness.samples_s) / direct)
     print(f"2. 10 µs spin: median ratio adaptive/bare timeit {statistics.median(noop_ratios):.4f}")
 
     for protocol, extra in (("hf2019", {}), ("adaptive", {"max_time_s": 30.0})):

@@ -10,7 +10,8 @@ PYTHONPATH). Modes (``fake:<mode>``):
 - ``wrong``   — returns outputs that differ from the reference (parity mismatch);
 - ``spike``   — touches $FAKE_HOG_BYTES for a moment while building, frees it, then runs normally;
 - ``slowsync`` — calls return at once; waiting for the result (``sync``) takes $FAKE_SLEEP_S;
-- ``late``    — like ``sleep``, but dies of SIGSEGV at call $FAKE_CRASH_AFTER (default 200): mid-timing.
+- ``late``    — like ``sleep``, but dies of SIGSEGV at call $FAKE_CRASH_AFTER (default 200): mid-timing
+  (with $FAKE_LATE_RAISE set it raises MemoryError there instead).
 Also ``missing:eager``, whose framework package does not exist (recorded as skipped), and
 ``retrace:jax`` / ``retrace:tensorflow`` (``fwbench_retrace_backends``), which retrace at every call, and
 ``wronglr:torch`` (``fwbench_training_backends``), which trains with 1.5x the learning rate.
@@ -64,9 +65,10 @@ class FakeBackend(Backend):
 
     def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         self.calls = getattr(self, "calls", 0) + 1
-        if self.mode == "crash" or (
-            self.mode == "late" and self.calls >= int(os.environ.get("FAKE_CRASH_AFTER", "200"))
-        ):
+        late = self.mode == "late" and self.calls >= int(os.environ.get("FAKE_CRASH_AFTER", "200"))
+        if late and os.environ.get("FAKE_LATE_RAISE"):
+            raise MemoryError("fake allocation failure mid-timing")
+        if self.mode == "crash" or late:
             ctypes.string_at(0)  # reads address 0: SIGSEGV
         if self.mode == "oom":
             raise MemoryError("fake allocation failure")

@@ -116,6 +116,20 @@ def test_a_worker_that_dies_mid_group_costs_its_cell_only(
     assert sleep.status == "ok" and sleep.round_count == 2
 
 
+def test_an_exception_mid_group_keeps_its_status_and_reason(
+    plugin_env: dict[str, str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that raises while serving blocks reports it (its result line); the cell keeps that status."""
+    monkeypatch.setenv("FAKE_CRASH_AFTER", "20")
+    monkeypatch.setenv("FAKE_LATE_RAISE", "1")
+    run_id = run(db_path, Plan((fake("late"), fake("sleep")), FAST))
+    with Store.open(db_path, readonly=True) as store:
+        late, sleep = store.results([run_id])
+    assert late.status == "oom", late.reason
+    assert late.reason is not None and late.reason.startswith("MemoryError during timing: fake allocation failure")
+    assert sleep.status == "ok"
+
+
 def test_resume_runs_only_the_groups_not_stored(plugin_env: dict[str, str], db_path: Path) -> None:
     """A run stopped after its first group (a listener that raises, as Ctrl-C would) resumes with the second."""
     settings = Settings(threads=1, max_time_s=0.2, timeout_s=60, rounds=1, min_block_s=0.02, settle_s=0.0)
@@ -158,3 +172,23 @@ def test_contention_thresholds() -> None:
     reasons = contention(busy)
     assert len(reasons) == 2 and "15% of a core" in reasons[0] and "steal 5.0%" in reasons[1]
     assert np.isclose(NoiseTotals.from_dict(busy.to_dict()).other_cpu_s, busy.other_cpu_s)
+
+
+def test_env_noise_probe_reports_each_probe_and_the_rounds_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fwbench.cli import main
+    from fwbench.measure.probe import MAX_ROUNDS, PROBES, recommended_rounds
+
+    assert main(["env", "--noise", "--rounds", "2", "--seconds", "0.3", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [probe["name"] for probe in data["probes"]] == list(PROBES)
+    for probe in data["probes"]:
+        assert probe["median_s"] > 0 and probe["within_cv"] >= 0 and probe["between_cv"] >= 0
+        assert 3 <= probe["recommended_rounds"] <= MAX_ROUNDS and probe["rel_half_width"] is None  # 2 rounds: no CI
+    assert data["noise"]["wall_s"] > 0.5
+    # no spread between processes: the fewest rounds that give a CI; a huge spread: the cap; more spread, more rounds
+    assert recommended_rounds(0.0) == 3 and recommended_rounds(1.0) == MAX_ROUNDS
+    assert recommended_rounds(0.01) <= recommended_rounds(0.02) <= recommended_rounds(0.04)
+    assert main(["env", "--rounds", "2"]) == 2  # --rounds without --noise: one clear line
+    assert "only with env --noise" in capsys.readouterr().err

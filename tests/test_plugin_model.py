@@ -166,3 +166,17 @@ def test_the_plugin_model_runs_end_to_end_with_parity(plugin_model_env: dict[str
         assert parity["outputs"]["logits"]["rel_l2"] < parity["tolerance_rel_l2"], runtime
     skipped = rows["tensorflow:function"]
     assert skipped["status"] == "skipped" and skipped["reason"] == "no tensorflow implementation of plugin_mlp yet"
+
+
+def test_the_planner_skips_a_dtype_the_runtime_does_not_declare(plugin_model_env: dict[str, str]) -> None:
+    """pluginfw:torch declares fp32 only: a bf16 plan keeps its cell as skipped, with the registry's reason."""
+    from fwbench.runner.planner import build_plan
+    from fwbench.spec import Settings
+
+    plan = build_plan(["plugin-mlp"], ["pluginfw:torch", "torch:eager"], [2], [], Settings(), dtype="bf16")
+    assert [c.runtime for c in plan.cases] == ["torch:eager"]
+    (skipped,) = plan.skipped
+    assert (
+        skipped.case.runtime == "pluginfw:torch"
+        and skipped.reason == "pluginfw:torch cannot compute in bf16 (it computes in fp32)"
+    )

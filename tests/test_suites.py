@@ -33,7 +33,8 @@ def test_quick_suite_covers_every_framework_and_a_real_size_model() -> None:
     assert frameworks == {"torch", "tensorflow", "jax", "keras"}
     assert {"mlp", "bert-tiny", "bert-base"} <= {case.model for case in plan.cases}
     assert get_model("bert-base").parameter_count() > 100e6
-    assert estimate_plan_s(plan) < 300  # the issue's budget for the main job: ≤ 5 minutes on 2 cores
+    assert plan.settings.rounds == 3  # the fewest rounds that give a CI
+    assert estimate_plan_s(plan) < 480  # the main job with CIs: ≤ 8 minutes on 2 cores (issue 14)
 
 
 def test_runtimes_suite_is_every_builtin_runtime_on_bert_base_and_resnet50() -> None:

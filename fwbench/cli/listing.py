@@ -9,7 +9,7 @@ from typing import Any
 
 from fwbench.frameworks import runtimes
 from fwbench.measure import environment
-from fwbench.models import MODELS
+from fwbench.models import all_models
 from fwbench.report.listing import SuiteRow, fit_table, models_table, runtimes_table, suites_table, training_table
 from fwbench.report.table import make_console
 from fwbench.runner.estimate import NOMINAL_FLOPS_PER_S_PER_THREAD, estimate_plan_s, format_estimate
@@ -45,10 +45,11 @@ def suite_rows(threads: int) -> list[SuiteRow]:
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     console = make_console()
     registered = runtimes()
-    console.print(models_table(MODELS))
+    models = all_models()  # plugin models too
+    console.print(models_table(models))
     console.print(runtimes_table(registered))
-    console.print(training_table(MODELS, registered))
-    console.print(fit_table(MODELS, registered))
+    console.print(training_table(models, registered))
+    console.print(fit_table(models, registered))
     threads = environment.physical_core_count()
     console.print(suites_table(suite_rows(threads), threads, NOMINAL_FLOPS_PER_S_PER_THREAD))
     return 0

@@ -11,12 +11,14 @@ from typing import Any
 
 from rich.markup import escape
 
+from fwbench.frameworks import native_runtimes
 from fwbench.models.fit import FIT_ACCURACY_ATOL, FIT_LOSS_RTOL, agreement
 from fwbench.report.units import format_seconds
 from fwbench.store import FitDetails, ResultRecord
 
-# The manual loop of each framework a high-level API runs on; a keras:X runtime runs on framework X.
-MANUAL_LOOPS = {"torch": "torch:eager", "tensorflow": "tensorflow:function", "jax": "jax:jit"}
+# The manual loop of each framework a high-level API runs on (its native runtime, from the registry, which
+# imports no framework); a keras:X runtime runs on framework X.
+MANUAL_LOOPS = {runtime.split(":")[0]: runtime for runtime in native_runtimes()}
 REFERENCE_LOOP = "torch:eager"  # final losses are compared with this one's
 HEADERS = [
     "batch",

@@ -40,9 +40,14 @@ CONTENDED = "contended"
 
 def cell_flags(row: ResultRecord) -> list[str]:
     """The note of an ``ok`` cell: ``noisy`` first when it is, ``contended`` when other work shared the machine
-    while it was timed (fwbench.measure.noise), then its compile-health flags."""
+    while it was timed (fwbench.measure.noise), the sub-groups its comparison group was split into when its
+    workers did not fit in memory together, then its compile-health flags."""
     contended = [CONTENDED] if row.status == "ok" and row.contended else []
-    return ([NOISY] if is_noisy(row) else []) + contended + compile_flags(row)
+    subgroups = row.details.get("interleave_subgroups")
+    split = (
+        [f"interleaved in {max(subgroups)} sub-groups (memory)"] if isinstance(subgroups, list) and subgroups else []
+    )
+    return ([NOISY] if is_noisy(row) else []) + contended + split + compile_flags(row)
 
 
 def parity_key(row: ResultRecord) -> ParityKey:

@@ -367,6 +367,25 @@ def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False) ->
     return lines
 
 
+def evidence_line(pairs: Sequence[GroupedPair]) -> str | None:
+    """How many rounds and block pairs stand behind the speed-ups (their ranges over the cells with a ratio)."""
+    cells = [cell for pair in pairs for cell in pair.cells if cell.ratio is not None]
+    if not cells:
+        return None
+
+    def span(values: list[int]) -> str:
+        return str(values[0]) if min(values) == max(values) else f"{min(values)}–{max(values)}"
+
+    rounds = sorted(cell.rounds or 1 for cell in cells)
+    paired = sorted(cell.pairs for cell in cells if cell.pairs is not None)
+    text = f"speed-ups rest on {span(rounds)} rounds per cell"
+    if paired:
+        text += f"; {len(paired)} of {len(cells)} from paired blocks, {span(paired)} pairs per cell"
+    if len(paired) < len(cells):
+        text += f"; {len(cells) - len(paired)} unpaired (not measured together)"
+    return text + "."
+
+
 def report_tables(
     results: Sequence[ResultRecord], title: str | None = None, peak: Peak | None = None, baseline: str | None = None
 ) -> tuple[list[TableData], list[str]]:
@@ -387,6 +406,9 @@ def report_tables(
     if pairs and shown:
         tables.append(summary_table(pairs, shown))
     lines = legend(shown, peak, bool(throughput_headers(results)))
+    evidence = evidence_line(pairs)
+    if evidence:
+        lines.insert(1, evidence)
     fit = overhead_tables(results)
     for table in fit:  # phase fit: high-level APIs against the manual loops
         tables.append(

@@ -38,10 +38,12 @@ def startup_and_compile_s(runtime: str) -> tuple[float, float]:
 
 
 def estimate_cell_s(case: Case, settings: Settings) -> float:
-    """Seconds one cell may take, worker start-up to stored result (the compile time twice: once more at the
-    parity shape)."""
+    """Seconds one cell may take, worker start-up to stored result, over its rounds: a fresh worker's start-up,
+    build, compile (twice: once more at the parity shape) and warm-up per round, and the timing budget (shared by
+    the rounds; interleaved, the pauses between workers' blocks add to it)."""
     startup_s, compile_s = startup_and_compile_s(case.runtime)
     call = estimate_call_s(case, settings)
+    rounds = settings.rounds
     if settings.protocol == "hf2019":
         timing = HF2019_REPEAT * HF2019_NUMBER * call
     else:
@@ -50,8 +52,11 @@ def estimate_cell_s(case: Case, settings: Settings) -> float:
     if case.phase == "fit":  # epochs × steps, each step its FLOPs plus a training loop's per-step cost
         steps = settings.epochs * (settings.fit_samples // case.batch_size)
         timing = steps * (call + FIT_STEP_OVERHEAD_S)
-        return startup_s + build + 2 * compile_s + timing
-    return startup_s + build + 2 * compile_s + (1 + max(2, settings.warmup_calls)) * call + timing
+        return rounds * (startup_s + build + 2 * compile_s + timing)
+    fixed = startup_s + build + 2 * compile_s + (1 + max(2, settings.warmup_calls)) * call
+    if settings.interleave:
+        timing *= 1 + settings.settle_s / max(settings.min_block_s, call)
+    return rounds * fixed + timing
 
 
 def estimate_plan_s(plan: Plan) -> float:

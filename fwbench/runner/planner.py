@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fwbench.frameworks import get_runtime, phase_unsupported
+from fwbench.frameworks import dtype_unsupported, get_runtime, phase_unsupported
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
@@ -132,7 +132,8 @@ def _check_cell_settings(grid: Grid, settings: Settings) -> None:
 
 def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | None]]:
     """Every cell of one grid (its cell settings filled in) with the reason it cannot run (None when it can):
-    a sequence too long for the model, or a phase the runtime or the model does not implement."""
+    a sequence too long for the model, a phase the runtime or the model does not implement, or a dtype the
+    runtime does not compute in (its registry record)."""
     try:
         _check_cell_settings(grid, settings)
     except SpecError as exc:
@@ -143,12 +144,13 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         get_runtime(name)
     if not grid.models or not grid.runtimes or not grid.batch_sizes:
         raise SpecError("a plan needs at least one model, one runtime and one batch size")
-    phase = str(grid.phase)
+    phase, dtype = str(grid.phase), str(grid.dtype)
     for model_name, runtime, batch in itertools.product(
         _unique(grid.models), _unique(grid.runtimes), _unique(grid.batch_sizes)
     ):
         model = get_model(model_name)
-        unsupported = phase_unsupported(get_runtime(runtime), phase)
+        info = get_runtime(runtime)
+        unsupported = phase_unsupported(info, phase) or dtype_unsupported(info, phase, dtype)
         if unsupported is None and phase == "training":
             unsupported = model.training_unsupported()
         if unsupported is None and phase == "fit":

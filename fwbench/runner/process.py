@@ -159,6 +159,11 @@ class WorkerProcess:
                     self.stage = message["stage"]
                 elif kind in kinds:
                     return message
+                elif kind == "result":  # the cell ended (an exception it reported) while something else was due
+                    status = message.get("status") if message.get("status") in ("oom", "error", "mismatch") else "error"
+                    raise WorkerFailure(
+                        str(status), str(message.get("reason") or f"the worker ended during {self.stage}")
+                    )
                 continue
             if not self._pipe_open and self.proc.poll() is not None:
                 raise self._death()

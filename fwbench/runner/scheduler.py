@@ -20,6 +20,7 @@ again in later rounds; the others finish. A group's cells are stored together wh
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -123,10 +124,13 @@ def _sequential_round(
     round_index: int,
     rng: np.random.Generator,
 ) -> None:
+    """One round of ``active``, each cell start to end in its own worker, in a seeded order; the rounds share
+    ``max_time_s`` (adaptive) as interleaved rounds do."""
+    per_round = dataclasses.replace(settings, max_time_s=settings.max_time_s / settings.rounds)
     for position in rng.permutation(len(active)):
         case = active[int(position)]
         outcome = run_worker(
-            case, settings, check_parity=checks[case.key], weights_path=weights_path, round_index=round_index
+            case, per_round, check_parity=checks[case.key], weights_path=weights_path, round_index=round_index
         )
         cell = cells[case.key]
         if outcome.status != "ok":
@@ -306,6 +310,8 @@ def _timed_cycles(
             item.blocks += 1
             last = item
         cycle += 1
+    if any(cells[item.case.key].failure is not None for item in live):
+        return cycle  # a dead worker's CPU time can no longer be read: this round's counters would misattribute it
     totals = NoiseTotals()
     totals.add(before, noise.read(time.perf_counter(), pids))
     for item in live:
