@@ -206,3 +206,25 @@ def test_ratio_orientation_on_fixed_samples() -> None:
     assert cell.ratio == pytest.approx(1.5) and cell.median_a_s == pytest.approx(2.0)
     expected = unpaired_ratio([a[5 * r : 5 * r + 5] * 1.5 for r in range(3)], [a[5 * r : 5 * r + 5] for r in range(3)])
     assert expected is not None and cell.verdict == "regression" and cell.p_value == pytest.approx(expected.p_value)
+
+
+def test_runs_of_one_round_get_no_verdict_and_say_so(tmp_path: Path) -> None:
+    """A speed-up needs 3 rounds a side for a CI: runs of one round compare without any verdict, and the
+    closing line says how many cells that is, so a CI gate on them is not mistaken for a pass on evidence."""
+    from fwbench.report.compare import verdict_line
+
+    with Store.open(tmp_path / "one.db") as store:
+        one = [Cell(c.case, c.samples, c.status, c.reason, c.details, rounds=0) for c in cells(seed=1)]
+        slower = [
+            Cell(c.case, [2 * s for s in c.samples], c.status, c.reason, c.details, rounds=0) for c in cells(seed=2)
+        ]
+        add_run(store, one, ENV_A)
+        add_run(store, slower, ENV_A)
+        comparison = compare_results(store.results([1]), store.results([2]), 1, 2)
+    assert all(
+        c.ratio is not None and c.ratio > 1.9 and c.p_value is None and not c.significant for c in comparison.cells
+    )
+    assert not comparison.failed
+    assert "; 6 of them without a verdict (fewer than 3 rounds on a side: run with --rounds 3 or more); exit 0" in (
+        verdict_line(comparison)
+    )

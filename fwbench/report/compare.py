@@ -409,9 +409,12 @@ def verdict_line(comparison: RunComparison) -> str:
     broken = [c for c in comparison.cells if c.verdict == "broken"]
     improved = sum(1 for c in comparison.cells if c.verdict == "improvement")
     common = sum(1 for c in comparison.cells if c.ratio is not None)
+    untestable = sum(1 for c in comparison.cells if c.ratio is not None and c.p_value is None)
     text = (
         f"{len(regressions)} significant regressions beyond {percent(comparison.threshold)}, {len(broken)} cells broken, "
         f"{improved} improvements, over {common} cells both runs completed ok "
         f"({len(comparison.only_a)} only in A, {len(comparison.only_b)} only in B)"
     )
+    if untestable:  # a gate on such runs could never fail on speed: say so
+        text += f"; {untestable} of them without a verdict (fewer than 3 rounds on a side: run with --rounds 3 or more)"
     return plain(text) + ("; exit 1" if comparison.failed else "; exit 0")
