@@ -2,10 +2,10 @@
 
 The worker writes one ``{"type": "stage", ...}`` line as it enters each stage and exactly one
 ``{"type": "result", ...}`` line at the end. An *interleaved* job (``Job.interleaved``) also talks in between:
-after warm-up the worker writes ``{"type": "ready", ...}`` (its calibrated calls per block) and then serves
-the commands the manager writes on its stdin, one JSON line each: ``{"command": "block", "calls": n}`` →
-one timed block of ``n`` calls → ``{"type": "block", ...}``; ``{"command": "finish"}`` → its remaining stages
-and the result. Framework chatter on stdout/stderr never mixes in,
+after warm-up the worker writes ``{"type": "ready", ...}`` (its resident peak) and then serves the commands the
+manager writes on its stdin, one JSON line each: ``{"command": "calibrate"}`` → the calls per block →
+``{"type": "calibrated", ...}``; ``{"command": "block", "calls": n}`` → one timed block of ``n`` calls →
+``{"type": "block", ...}``; ``{"command": "finish"}`` → its remaining stages and the result. Framework chatter on stdout/stderr never mixes in,
 because results travel on their own file descriptor. The thread budget reaches the worker's native
 pools through its environment (:func:`thread_environment`), set by the manager before it starts.
 """
@@ -86,7 +86,7 @@ def stage_message(stage: str) -> str:
 
 
 def message(kind: str, **fields: Any) -> str:
-    """One line of ``kind`` (stage, ready, block, result) with ``fields``."""
+    """One line of ``kind`` (stage, ready, calibrated, block, result) with ``fields``."""
     return json.dumps({"type": kind, **fields}) + "\n"
 
 
