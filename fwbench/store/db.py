@@ -8,6 +8,7 @@ Times are stored in seconds and sizes in bytes; raw samples are kept as a JSON a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -21,7 +22,7 @@ from typing import Any
 
 from fwbench.measure.rounds import Block
 from fwbench.spec import Case, Plan
-from fwbench.store.records import ResultRecord
+from fwbench.store.records import COLUMN_NAMES, ResultRecord
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x66776262  # "fwbb": PRAGMA application_id of fwbench databases
@@ -110,28 +111,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-RESULT_COLUMNS = (
-    "status",
-    "reason",
-    "protocol",
-    "calls_per_sample",
-    "median_s",
-    "ci_low_s",
-    "ci_high_s",
-    "mean_s",
-    "stdev_s",
-    "min_s",
-    "first_call_s",
-    "peak_memory_bytes",
-    "allocator_peak_bytes",
-    "threads",
-    "interop_threads",
-    "flops",
-    "wall_s",
-    "group_key",
-    "schedule",
-    "rounds",
+# The result columns add_result takes from its ``fields``: every record column except those it writes itself from
+# the run, the case and the samples.
+OWN_COLUMNS = frozenset(
+    {"id", "run_id", "case_key", "created", "n_samples", *(f.name for f in dataclasses.fields(Case))}
 )
+RESULT_COLUMNS = tuple(name for name in COLUMN_NAMES if name not in OWN_COLUMNS)
 
 
 def _id_filter(column: str, ids: Iterable[int] | None) -> tuple[str, tuple[int, ...]]:
