@@ -3,11 +3,11 @@ follow from it.
 
 A fixed probe, framework-free (numpy only): a 256 × 256 float32 matmul (BLAS, ~1 ms: a kernel-bound call)
 and a 64-element add (~1 µs: a dispatch-bound call, like a small model's eager step), each timed in blocks of
-:data:`BLOCK_S` seconds, interleaved, in ``rounds`` fresh processes (``python -m fwbench.measure.probe``)
-pinned to one CPU with one thread, the way a worker is. Per probe it reports the spread of blocks within a
-process, the spread of the processes' medians (what a CI over one process misses), the machine's noise
-counters, and the fewest rounds whose 95% CI half-width (Student t over rounds) would be within
-:data:`TARGET_REL_CI` — at least :data:`~fwbench.measure.rounds.MIN_ROUNDS_FOR_CI`.
+:data:`BLOCK_S` seconds (``timeit``; calls per block from the adaptive timer's calibration), interleaved, in
+``rounds`` fresh processes (``python -m fwbench.measure.probe``) pinned to one CPU with one thread, the way a
+worker is. Per probe it reports the spread of blocks within a process, the spread of the processes' medians
+(what a CI over one process misses), the machine's noise counters, and the fewest rounds whose 95% CI
+half-width (Student t over rounds) would be within :data:`TARGET_REL_CI` — at least :data:`~fwbench.measure.rounds.MIN_ROUNDS_FOR_CI`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import numpy as np
 from scipy import stats
 
 from fwbench.measure.rounds import MIN_ROUNDS_FOR_CI, time_estimate
+from fwbench.measure.timer import calibrate_block
 
 BLOCK_S = 0.05
 TARGET_REL_CI = 0.02
@@ -54,31 +56,15 @@ def _calls(name: str) -> Callable[[], object]:
     return lambda: x + x
 
 
-def _block_calls(call: Callable[[], object]) -> int:
-    """Calls per block: doubled until a block lasts BLOCK_S."""
-    calls = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        if time.perf_counter() - start >= BLOCK_S:
-            return calls
-        calls *= 2
-
-
 def probe_process(seconds: float) -> dict[str, list[float]]:
     """One round (this process): the probes' blocks alternated for ``seconds``; seconds per call by probe."""
-    calls = {name: _calls(name) for name in PROBES}
-    counts = {name: _block_calls(call) for name, call in calls.items()}
+    timers = {name: timeit.Timer(_calls(name)) for name in PROBES}
+    counts = {name: calibrate_block(timed, BLOCK_S, seconds)[0] for name, timed in timers.items()}
     samples: dict[str, list[float]] = {name: [] for name in PROBES}
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        for name, call in calls.items():
-            n = counts[name]
-            start = time.perf_counter()
-            for _ in range(n):
-                call()
-            samples[name].append((time.perf_counter() - start) / n)
+        for name, timed in timers.items():
+            samples[name].append(timed.timeit(counts[name]) / counts[name])
     return samples
 
 

@@ -32,6 +32,16 @@ def failed(case: Case, failure: WorkerFailure) -> CellOutcome:
     return CellOutcome(case, failure.status, failure.reason)
 
 
+def spread_fields(samples: list[float]) -> dict[str, float | None]:
+    """The stored mean, standard deviation and minimum of a cell's samples (seconds per call; at least one)."""
+    data = np.asarray(samples)
+    return {
+        "mean_s": float(np.mean(data)),
+        "stdev_s": float(np.std(data, ddof=1)) if data.size > 1 else None,
+        "min_s": float(np.min(data)),
+    }
+
+
 def outcome_from_result(case: Case, result: dict[str, Any], round_index: int = 0) -> CellOutcome:
     """Turn the worker's result message into stored fields (one round's median; statistics over rounds are
     computed when they are merged) and its blocks, one per sample (start times where the worker sent them)."""
@@ -47,13 +57,7 @@ def outcome_from_result(case: Case, result: dict[str, Any], round_index: int = 0
         "noise": result.pop("noise", None),
     }
     if samples:  # one round: its median (a CI needs rounds: fwbench.measure.rounds)
-        data = np.asarray(samples)
-        fields.update(
-            median_s=float(np.median(data)),
-            mean_s=float(np.mean(data)),
-            stdev_s=float(np.std(data, ddof=1)) if data.size > 1 else None,
-            min_s=float(np.min(data)),
-        )
+        fields.update(median_s=float(np.median(samples)), **spread_fields(samples))
     calls = int(fields["calls_per_sample"] or 1)  # fit: an epoch per sample
     if starts is None or len(starts) != len(samples):
         starts = [None] * len(samples)

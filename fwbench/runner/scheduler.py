@@ -36,7 +36,7 @@ from fwbench.measure.noise import NoiseTotals
 from fwbench.measure.rounds import Block, blocks_by_round, time_estimate
 from fwbench.measure.timer import HF2019_REPEAT
 from fwbench.runner.messages import Job
-from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker
+from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker, spread_fields
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import WorkerFailure, WorkerProcess, worker_cpus
 from fwbench.spec import Case, Settings
@@ -365,14 +365,8 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
     )
     estimate = time_estimate(by_round)
     if estimate is not None and samples:
-        data = np.asarray(samples)
         fields.update(
-            median_s=estimate.value,
-            ci_low_s=estimate.ci_low,
-            ci_high_s=estimate.ci_high,
-            mean_s=float(np.mean(data)),
-            stdev_s=float(np.std(data, ddof=1)) if data.size > 1 else None,
-            min_s=float(np.min(data)),
+            median_s=estimate.value, ci_low_s=estimate.ci_low, ci_high_s=estimate.ci_high, **spread_fields(samples)
         )
     details = dict(first.details)
     details["round_details"] = [
