@@ -90,10 +90,6 @@ class Estimate:
     p_value: float | None = None
 
     @property
-    def has_ci(self) -> bool:
-        return self.ci_low is not None and self.ci_high is not None
-
-    @property
     def rel_half_width(self) -> float | None:
         """Half the CI width over the estimate (0.01 = ±1%), None without a CI."""
         if self.ci_low is None or self.ci_high is None or self.value <= 0:
