@@ -48,13 +48,29 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 
+# Tests that share one expensive computation go to one xdist process (``--dist loadgroup``), or each process that
+# runs one of them computes it again: a module-scoped fixture by its name, and tests/test_training.py's per-runtime
+# report (a subprocess that trains every tiny model, cached for every test of that runtime).
+SHARED_FIXTURE_GROUPS = {"reports": "keras-reports", "fit_db": "fit-mlp", "resnet_fit": "fit-resnet"}
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group an expensive-to-set-up test belongs to, None for any other test."""
+    callspec = getattr(item, "callspec", None)
+    if item.path.name == "test_training.py" and callspec is not None and "runtime" in callspec.params:
+        return f"training-{callspec.params['runtime']}"
+    shared = [
+        SHARED_FIXTURE_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_FIXTURE_GROUPS
+    ]
+    return shared[0] if shared else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the markers into the node ids it schedules by
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that share one expensive per-runtime report (tests/test_training.py runs each runtime once in a
-    subprocess, cached for every test of that runtime) go to one xdist process: ``--dist loadgroup``."""
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        if item.path.name == "test_training.py" and callspec is not None and "runtime" in callspec.params:
-            item.add_marker(pytest.mark.xdist_group(f"training-{callspec.params['runtime']}"))
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,10 +1,11 @@
 """Phase fit: the seeded dataset, the planner's and the CLI's refusals, the overhead table's arithmetic, and
-one `fwbench run --phase fit` of the MLP in every fit runtime (2 epochs, 512 samples, batch 64) whose stored
-cells must agree with torch:eager's manual loop (fwbench.models.fit's tolerance), with every loss falling,
-and whose report has the overhead section; the same for resnet-tiny in five of them (2 epochs, 256 samples,
-batch 32: batch norm in training mode during the epochs, the final evaluation on the running statistics),
-run with --fit-logging so Lightning's CSV log and checkpoint are written there, while the MLP run (without
-it, in an empty working directory) writes nothing.
+one `fwbench run --phase fit` of the MLP in every fit runtime (3 epochs, 512 samples, batch 64; interleaved,
+the default: the runtimes take turns epoch by epoch) whose stored cells must agree with torch:eager's manual
+loop (fwbench.models.fit's tolerance), with every loss falling, and whose report has the overhead section;
+the same for resnet-tiny in five of them (2 epochs, 256 samples, batch 32: batch norm in training mode during
+the epochs, the final evaluation on the running statistics; --interleave off: one cell after another), run
+with --fit-logging so Lightning's CSV log and checkpoint are written there, while the MLP run (without it, in
+an empty working directory) writes nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ FIT_RUNTIMES = (
 # resnet-tiny runs where its fit code differs: torch's loop and Lightning, TF's and JAX's loops, Keras once
 # (the three Keras backends share one model.fit and one BatchNormalization; the MLP runs all three).
 RESNET_FIT_RUNTIMES = ("torch:eager", "torch:lightning", "tensorflow:function", "jax:jit", "keras:jax")
-EPOCHS, SAMPLES, BATCH = 2, 512, 64
+EPOCHS, SAMPLES, BATCH = 3, 512, 64  # 3 epochs: 2 interleaving cycles
 RESNET_EPOCHS, RESNET_SAMPLES, RESNET_BATCH = 2, 256, 32
 
 
@@ -251,6 +252,8 @@ def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             "run",
             "--rounds",
             "1",  # one worker per cell: this test is not about the statistics
+            "--interleave",
+            "off",  # the sequential path (the MLP's run is interleaved)
             "--phase",
             "fit",
             "--models",
@@ -320,6 +323,24 @@ def test_fit_loops_agree_on_the_mlp(fit_db: Path) -> None:
 
 
 @pytest.mark.slow
+def test_fit_cells_take_turns_epoch_by_epoch(fit_db: Path) -> None:
+    """Interleaved: each epoch after the first is one block of one call, the very epoch the loop timed; every
+    runtime's epoch of one cycle ran before any runtime's epoch of the next, and no two ran at once."""
+    spans = []
+    for runtime, row in _results(fit_db).items():
+        assert row.schedule == "interleaved" and row.rounds == 1, runtime
+        assert [(b.round, b.index, b.cycle, b.calls) for b in row.blocks] == [
+            (0, i, i, 1) for i in range(EPOCHS - 1)
+        ], runtime
+        assert [b.seconds for b in row.blocks] == list(_fit(row).epoch_s[1:]), runtime
+        spans += [(b.start_unix_s, b.start_unix_s + b.seconds, b.cycle) for b in row.blocks if b.start_unix_s]
+    assert len(spans) == len(FIT_RUNTIMES) * (EPOCHS - 1)
+    spans.sort()
+    assert all(end <= following for (_, end, _), (following, _, _) in zip(spans, spans[1:]))
+    assert [cycle for _, _, cycle in spans] == sorted(cycle for _, _, cycle in spans)
+
+
+@pytest.mark.slow
 def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path]) -> None:
     from fwbench.models.fit import fit_tolerance
 
@@ -330,6 +351,7 @@ def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path]) -> None:
     reference = _fit(results["torch:eager"])
     for runtime, row in results.items():
         fit = _fit(row)
+        assert row.schedule == "sequential" and [b.cycle for b in row.blocks] == [None] * (RESNET_EPOCHS - 1)
         assert fit.samples == RESNET_SAMPLES and len(fit.epoch_loss) == RESNET_EPOCHS
         assert fit.epoch_loss[1] < fit.epoch_loss[0] and math.isfinite(fit.final_loss), runtime
         rel = abs(fit.final_loss - reference.final_loss) / reference.final_loss

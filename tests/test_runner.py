@@ -158,6 +158,8 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
         "fake:sleep",
         "--batch-sizes",
         "1,2,3,4,5,6,7,8",
+        "--rounds",
+        "1",
         "--max-time",
         "0.3",
         "--threads",

@@ -106,6 +106,17 @@ def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
         "stateful_counters": {},
     }
     out["compute_dtypes"] = {"fp32": {}, "bf16": {}}  # fp32: the control, the same probe must see float32 there
+
+    def record_mlp(optimizer: str, backend: Any, step: Any, losses: list[float]) -> None:
+        """The MLP after OPTIMIZER_PARITY_STEPS steps: its parameters, losses, and compile counters then and
+        after one more step."""
+        out["mlp_parameters"][optimizer] = _mlp_parameters(backend)
+        out["mlp_losses"][optimizer] = losses[:OPTIMIZER_PARITY_STEPS]
+        counters = backend.compile_counters()
+        step()
+        out["mlp_counters"][optimizer] = [counters, backend.compile_counters()]
+
+    assert OPTIMIZER_PARITY_STEPS == 2  # the loss loop's MLP (AdamW, two steps) is also AdamW's parity run
     for model in models:
         with recorded_compute_dtypes(runtime) as seen:
             backend, step, losses, reference = _train(runtime, model, "adamw", 1)
@@ -120,24 +131,22 @@ def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
             step()
             out["stateful_counters"][model] = [counters, backend.compile_counters()]
         out["loss"][model] = {"first": losses[0], "second": losses[1], "reference": reference}
+        if model == "mlp":
+            record_mlp("adamw", backend, step, losses)
         if model == "bert-tiny":  # frozen: AdamW's weight decay would move it otherwise
             canonical = backend.description.canonical_weights(0)["pooler.dense.weight"]
             out["bert_pooler_unchanged"] = bool(np.array_equal(_pooler_weight(backend), canonical))
-    for optimizer in ("sgd", "adamw"):
-        backend, step, losses, _ = _train(runtime, "mlp", optimizer, OPTIMIZER_PARITY_STEPS)
-        out["mlp_parameters"][optimizer] = _mlp_parameters(backend)
-        out["mlp_losses"][optimizer] = losses
-        counters = backend.compile_counters()
-        step()
-        out["mlp_counters"][optimizer] = [counters, backend.compile_counters()]
+    backend, step, losses, _ = _train(runtime, "mlp", "sgd", OPTIMIZER_PARITY_STEPS)
+    record_mlp("sgd", backend, step, losses)
     out["bf16_loss"] = {}
     for model in models:
+        optimizer = "sgd" if model == "mlp" else "adamw"  # the MLP's bf16 run is also the SGD master-weight check
         with recorded_compute_dtypes(runtime) as seen:
-            _, _, losses, reference = _train(runtime, model, "adamw", 2, dtype="bf16")
+            backend, _, losses, reference = _train(runtime, model, optimizer, OPTIMIZER_PARITY_STEPS, dtype="bf16")
         out["compute_dtypes"]["bf16"][model] = sorted(set(seen))
         out["bf16_loss"][model] = {"first": losses[0], "second": losses[1], "reference": reference}
-    backend, _, _, _ = _train(runtime, "mlp", "sgd", OPTIMIZER_PARITY_STEPS, dtype="bf16")
-    out["bf16_mlp_parameters"] = _mlp_parameters(backend)
+        if model == "mlp":
+            out["bf16_mlp_parameters"] = _mlp_parameters(backend)
     return out
 
 
@@ -299,6 +308,15 @@ def test_carried_batch_norm_state_compiles_nothing_more(runtime: str) -> None:
     variables, Keras' non-trainable state) leave the third step with nothing to trace or compile."""
     before, after = runtime_report(runtime)["stateful_counters"]["resnet-tiny"]
     assert before and before == after
+
+
+@pytest.mark.parametrize("runtime", ["jax:jit"])
+def test_a_runtimes_tests_share_one_xdist_process(request: pytest.FixtureRequest, runtime: str) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) every test of one runtime runs in the process that
+    computed its report (tests/conftest.py groups them); an ungrouped test would train the models again."""
+    if not request.config.getoption("loadgroup", default=False):  # set in each xdist process by --dist loadgroup
+        pytest.skip("runs under pytest-xdist --dist loadgroup (make test)")
+    assert request.node.nodeid.endswith(f"@training-{runtime}"), request.node.nodeid
 
 
 # -- framework-free -----------------------------------------------------------------------------

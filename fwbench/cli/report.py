@@ -14,7 +14,6 @@ from rich.console import Console
 
 from fwbench.cli.common import DB_HELP, TENSORBOARD_HELP, check_output_file, check_tensorboard_dir, resolve_run, run_id
 from fwbench.report.export import to_csv, to_json, write_csv_dir
-from fwbench.report.html import to_html
 from fwbench.report.peak import latest_peak
 from fwbench.report.summary import DEFAULT_BASELINE, resolve_baseline
 from fwbench.report.table import PIPE_WIDTH, make_console, markdown_report, print_results
@@ -91,6 +90,8 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             raise SpecError(f"--csv {args.csv}: cannot write it: {exc.strerror or exc}") from None
         print(f"wrote {len(written)} CSV files to {args.csv}", file=sys.stderr)
     if args.html is not None:
+        from fwbench.report.html import to_html  # matplotlib: imported only when a page is written
+
         page = to_html(runs, results, baseline=baseline, peak=peak, source=str(args.db))
         _write_text("--html", args.html, page)
         print(f"wrote {args.html} ({len(page.encode()) / 2**20:.2f} MiB)", file=sys.stderr)

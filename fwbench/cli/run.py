@@ -117,7 +117,8 @@ def add_parser(commands: Any) -> None:
         metavar="{on,off}",
         help="on (default): the runtimes of a comparison group (same model, phase, shape, dtype, device) are alive "
         "together and take turns at timed blocks in a seeded random order, so speed-ups come from paired blocks "
-        "that saw the same machine state; off: one cell after another, each timed in one go (phase fit: always off)",
+        "that saw the same machine state (phase fit: one epoch per turn); off: one cell after another, each timed "
+        "in one go",
     )
     timing.add_argument(
         "--settle",

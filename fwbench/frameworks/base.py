@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol, cast
 import numpy as np
 
 from fwbench.models.base import ModelDescription
+from fwbench.models.fit import EpochEnd
 from fwbench.spec import Settings
 
 BUILTIN_PACKAGE = "fwbench.frameworks"
@@ -91,9 +92,10 @@ class WeightsModule(Protocol):
 class FitModule(Protocol):
     """``<package>/fit.py``: phase fit."""
 
-    def fit(self, backend: Any, dataset: Any, epochs: int, batch_size: int) -> Any:
+    def fit(self, backend: Any, dataset: Any, epochs: int, batch_size: int, epoch_end: EpochEnd = ...) -> Any:
         """Train ``backend``'s built model ``epochs`` epochs over ``dataset`` (fwbench.models.fit.FitDataset)
-        with the framework's loop; a fwbench.models.fit.FitOutcome."""
+        with the framework's loop, calling ``epoch_end`` (fwbench.models.fit.EpochEnd) after each epoch's clock
+        stops; a fwbench.models.fit.FitResult."""
 
 
 class ModelFileError(TypeError):

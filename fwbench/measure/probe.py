@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from fwbench.measure.rounds import MIN_ROUNDS_FOR_CI, time_estimate
 from fwbench.measure.timer import calibrate_block
@@ -71,6 +70,8 @@ def probe_process(seconds: float) -> dict[str, list[float]]:
 def recommended_rounds(between_log_sd: float) -> int:
     """The fewest rounds whose CI half-width t(R − 1) · s / √R is within TARGET_REL_CI (log scale), at least
     MIN_ROUNDS_FOR_CI, at most MAX_ROUNDS."""
+    from scipy import stats  # here: the probe processes and the CLI import this module without it
+
     for rounds in range(MIN_ROUNDS_FOR_CI, MAX_ROUNDS + 1):
         if stats.t.ppf(0.975, rounds - 1) * between_log_sd / math.sqrt(rounds) <= math.log1p(TARGET_REL_CI):
             return rounds

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats
 
 CONFIDENCE = 0.95
 MIN_ROUNDS_FOR_CI = 3
@@ -124,6 +123,8 @@ def _estimate(centres: FloatArray, values: int, *, p_value: bool) -> Estimate:
 def _from_spread(
     centre: float, standard_error: float, dof: float, rounds: int, values: int, *, p_value: bool
 ) -> Estimate:
+    from scipy import stats  # here, not at import: the store and the CLI read Block without paying for scipy.stats
+
     half = float(stats.t.ppf(1 - (1 - CONFIDENCE) / 2, dof)) * standard_error
     p: float | None = None
     if p_value:

@@ -15,6 +15,7 @@ batch size (the sample count must be a multiple of it), with the training loss o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,16 @@ FIT_LOSS_RTOL = 2e-3
 FIT_ACCURACY_ATOL = 0.01
 FIT_TOLERANCES: dict[str, tuple[float, float]] = {}  # per model (loss rtol, accuracy atol) where not the above
 TEACHER_CHUNK = 256  # samples per float64 teacher forward (the teacher is in inference form: per-sample)
+
+
+EpochEnd = Callable[[float], None]
+"""Called by every framework's fit loop after each epoch, once that epoch's clock has stopped and before the next
+one's starts, with the epoch's wall seconds. Interleaved (phase fit's worker) it waits there for the manager's
+next command, so an epoch is one block; the wait is outside every epoch's time."""
+
+
+def no_pause(seconds: float) -> None:
+    """The default :data:`EpochEnd`: the next epoch starts at once."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ with the last row's tail padded (a quarter of it, at least one real token kept),
 from __future__ import annotations
 
 import numpy as np
-from scipy import special
 
 from fwbench.models.base import tensor_rng
 
@@ -71,6 +70,8 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
+    from scipy import special  # here: every CLI command imports the model descriptions, few compute a reference
+
     return 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))
 
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from fwbench.measure.rounds import paired_log_ratios, paired_speedup, unpaired_ratio
 from fwbench.store import ResultRecord
@@ -168,6 +167,8 @@ def geometric_mean_ci(
     """Geometric mean of positive ratios (``scipy.stats.gmean``) and its seeded percentile-bootstrap
     ``confidence`` interval over the ratios (cells resampled); (None, None, None) for no ratio, CI None
     for one."""
+    from scipy import stats  # here, not at import: every CLI command imports the reports
+
     data = np.asarray(ratios, dtype=np.float64)
     if data.size == 0:
         return None, None, None

@@ -104,6 +104,15 @@ class Cell:
         self.channel.write(message(kind, **fields))
         self.channel.flush()
 
+    def await_command(self) -> dict[str, Any]:
+        """The manager's next command (interleaved jobs), blocking on ``commands``; raises when the stream ends."""
+        assert self.commands is not None, "an interleaved job needs its command stream"
+        line = self.commands.readline()
+        if not line:
+            raise RuntimeError("the manager's command stream ended before finish")
+        command: dict[str, Any] = json.loads(line)
+        return command
+
     # -- shared stages ------------------------------------------------------------------------------
     def build_backend(self, description: ModelDescription) -> Backend:
         """Stages import and build: the case's backend, created for its dtype and phase, with the thread budget

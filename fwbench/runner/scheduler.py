@@ -11,8 +11,11 @@ that spin after work (OpenMP, Eigen) have gone quiet. Blocks of one cycle are ad
 them (:mod:`fwbench.measure.rounds`). Workers that would not fit in memory together are run in successive
 sub-groups (each still interleaved; their cycles are numbered apart, so only workers alive together pair).
 
-Sequential (``interleave`` off, and phase fit): each cell of the group runs start to end in its own worker, in
-a seeded random order per round, timed in one go as before.
+Phase fit interleaves by epoch: a worker's first epoch (compilation included) is its warm-up, each later epoch
+one block on command (``Phase.blocks_per_round``: ``epochs`` − 1 cycles a round).
+
+Sequential (``interleave`` off): each cell of the group runs start to end in its own worker, in a seeded random
+order per round, timed in one go as before.
 
 Either way a cell whose worker fails (error, timeout, oom, a parity mismatch) keeps that status and is not run
 again in later rounds; the others finish. A group's cells are stored together when its last round ends.
@@ -153,8 +156,12 @@ class _Live:
 
 
 def _cycles(live: Sequence[_Live], settings: Settings) -> int:
-    """Cycles this round: hf2019 spreads its 30 blocks of 3 calls over the rounds; adaptive fills the round's
-    share of ``max_time_s`` with the slowest worker's blocks (at least MIN_CYCLES)."""
+    """Cycles this round: what the phase fixes (fit: one per epoch after the first); else hf2019 spreads its 30
+    blocks of 3 calls over the rounds, and adaptive fills the round's share of ``max_time_s`` with the slowest
+    worker's blocks (at least MIN_CYCLES)."""
+    fixed = get_phase(live[0].case.phase).blocks_per_round(settings)  # a group shares its phase
+    if fixed is not None:
+        return fixed
     if settings.protocol == "hf2019":
         return math.ceil(HF2019_REPEAT / settings.rounds)
     slowest = max(item.block_s for item in live)

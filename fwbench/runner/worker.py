@@ -38,11 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     die_with_manager(args.manager_pid)
     os.sched_setaffinity(0, [int(cpu) for cpu in args.cpus.split(",")])
 
+    from fwbench.measure import stats
     from fwbench.measure.environment import thread_affinities
     from fwbench.runner.cell import Cell  # numpy and friends: only now, inside the affinity
     from fwbench.runner.messages import Job, result_message
     from fwbench.runner.phases import get_phase
 
+    stats.load()  # the timer's stopping rule needs scipy.stats inside the timed window: imported here, untimed
     job = Job.from_json(sys.stdin.readline())  # one line; an interleaved job's commands follow on stdin
     with os.fdopen(args.result_fd, "w") as channel:
         cell = Cell(job, channel, sys.stdin)

@@ -18,11 +18,13 @@ import optax
 from fwbench.frameworks.base import Backend, as_evaluated_arch
 from fwbench.frameworks.jax.training import make_optimizer, training_forward, training_trees
 from fwbench.frameworks.jax.weights import jax_device
-from fwbench.models.fit import FitDataset, FitResult
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
 from fwbench.models.training import optimizer_spec
 
 
-def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
+def fit(
+    backend: Backend, dataset: FitDataset, epochs: int, batch_size: int, epoch_end: EpochEnd = no_pause
+) -> FitResult:
     """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring)."""
     assert backend.description is not None
     if backend.mode != "jit":
@@ -63,6 +65,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
         jax.block_until_ready((params, stats))
         epoch_s.append(time.perf_counter() - epoch_start)
         epoch_loss.append(mean)
+        epoch_end(epoch_s[-1])
     total_s = time.perf_counter() - started
     evaluated = as_evaluated_arch(arch)
     logits = jax.jit(lambda p, s, *xs: evaluated.inference_logits(model, p, s, *xs))(params, stats, *inputs)

@@ -18,31 +18,35 @@ from fwbench.frameworks.base import Backend, as_keras_training_arch
 from fwbench.frameworks.keras.backend import _CHANNELS_FIRST_INPUTS
 from fwbench.frameworks.keras.training import loss as keras_loss
 from fwbench.frameworks.keras.training import make_optimizer
-from fwbench.models.fit import FitDataset, FitResult
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
 from fwbench.models.training import optimizer_spec
 
 
 class EpochClock(keras.callbacks.Callback):
-    """Wall seconds of each epoch, from Keras' own epoch hooks."""
+    """Wall seconds of each epoch, from Keras' own epoch hooks, each handed to ``epoch_end`` once measured."""
 
-    def __init__(self) -> None:
+    def __init__(self, epoch_end: EpochEnd) -> None:
         super().__init__()
         self.epoch_s: list[float] = []
+        self.epoch_end = epoch_end
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.start = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.epoch_s.append(time.perf_counter() - self.start)
+        self.epoch_end(self.epoch_s[-1])
 
 
-def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
+def fit(
+    backend: Backend, dataset: FitDataset, epochs: int, batch_size: int, epoch_end: EpochEnd = no_pause
+) -> FitResult:
     """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring)."""
     assert backend.description is not None
     if backend.mode == "torch":
         backend._make_variables_leaves()  # type: ignore[attr-defined]
     arch = as_keras_training_arch(backend.arch_module())
-    clock = EpochClock()
+    clock = EpochClock(epoch_end)
     started = time.perf_counter()
     model = arch.training_model(backend.model, backend.description)
     model.compile(

@@ -14,11 +14,13 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.base import Backend, as_evaluated_arch, as_training_arch
-from fwbench.models.fit import FitDataset, FitResult
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
 from fwbench.models.training import optimizer_spec
 
 
-def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
+def fit(
+    backend: Backend, dataset: FitDataset, epochs: int, batch_size: int, epoch_end: EpochEnd = no_pause
+) -> FitResult:
     """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring)."""
     assert backend.description is not None
     if backend.mode != "function":
@@ -62,6 +64,7 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
             mean = float(total) / batches  # reads the loss: the epoch's work has finished
             epoch_s.append(time.perf_counter() - epoch_start)
             epoch_loss.append(mean)
+            epoch_end(epoch_s[-1])
         total_s = time.perf_counter() - started
         logits = evaluated.inference_logits(model, *(tf.constant(a) for a in dataset.inputs.values()))
     return FitResult(

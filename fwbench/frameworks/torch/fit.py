@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fwbench.frameworks.base import Backend, as_training_arch
 from fwbench.frameworks.torch.training import make_optimizer
-from fwbench.models.fit import FitDataset, FitResult
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
 from fwbench.models.training import optimizer_spec
 
 
@@ -46,7 +46,9 @@ def _logits(backend: Backend, dataset: FitDataset) -> np.ndarray:
         return backend.model.eval()(*tensors)[0].float().cpu().numpy()
 
 
-def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> FitResult:
+def fit(
+    backend: Backend, dataset: FitDataset, epochs: int, batch_size: int, epoch_end: EpochEnd = no_pause
+) -> FitResult:
     """``epochs`` epochs of ``dataset`` in batches of ``batch_size``: the manual loop (mode eager) or
     Lightning's Trainer.fit (mode lightning); see the module docstring."""
     assert backend.description is not None
@@ -56,11 +58,18 @@ def fit(backend: Backend, dataset: FitDataset, epochs: int, batch_size: int) -> 
     model = backend.model.train()
     spec = optimizer_spec(backend.settings.optimizer)
     run = _lightning if backend.mode == "lightning" else _manual
-    return run(backend, arch, model, spec, dataset, epochs, batch_size)
+    return run(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end)
 
 
 def _manual(
-    backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, dataset: FitDataset, epochs: int, batch_size: int
+    backend: Backend,
+    arch: Any,
+    model: torch.nn.Module,
+    spec: Any,
+    dataset: FitDataset,
+    epochs: int,
+    batch_size: int,
+    epoch_end: EpochEnd,
 ) -> FitResult:
     device, on_cuda = backend.device, backend.device == "cuda"
     epoch_s: list[float] = []
@@ -84,6 +93,7 @@ def _manual(
             torch.cuda.synchronize()
         epoch_s.append(time.perf_counter() - epoch_start)
         epoch_loss.append(mean)
+        epoch_end(epoch_s[-1])
     total_s = time.perf_counter() - started
     return FitResult(
         "manual DataLoader loop",
@@ -96,7 +106,14 @@ def _manual(
 
 
 def _lightning(
-    backend: Backend, arch: Any, model: torch.nn.Module, spec: Any, dataset: FitDataset, epochs: int, batch_size: int
+    backend: Backend,
+    arch: Any,
+    model: torch.nn.Module,
+    spec: Any,
+    dataset: FitDataset,
+    epochs: int,
+    batch_size: int,
+    epoch_end: EpochEnd,
 ) -> FitResult:
     import lightning as L
 
@@ -135,6 +152,7 @@ def _lightning(
             if backend.device == "cuda":
                 torch.cuda.synchronize()
             epoch_s.append(time.perf_counter() - self.start)
+            epoch_end(epoch_s[-1])
 
     log_dir = backend.settings.fit_logging
     started = time.perf_counter()

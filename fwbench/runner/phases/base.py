@@ -32,6 +32,11 @@ class Phase(ABC):
     dtypes: ClassVar[tuple[str, ...]]  # the case dtypes (spec.Dtype) this phase runs
     interleavable: ClassVar[bool] = True  # its timed calls can be served in blocks on command (Cell.serve_blocks)
 
+    def blocks_per_round(self, settings: Settings) -> int | None:
+        """Interleaved: the blocks each worker times in a round when the phase fixes them (None: as many as the
+        round's share of ``max_time_s`` holds)."""
+        return None
+
     def unsupported(self, description: ModelDescription) -> str | None:
         """Why ``description``'s model cannot run this phase (None when it can); nothing is imported."""
         return None

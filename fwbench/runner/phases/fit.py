@@ -2,18 +2,22 @@
 ``settings.epochs`` epochs of the seeded dataset (fwbench.models.fit). Epoch 1 (tracing and compilation included)
 is stored as ``first_call_s``, epochs 2.. are the samples (one epoch each); ``details.fit`` holds every epoch's
 seconds and mean loss and the final full-dataset loss and accuracy. Agreement across runtimes is checked in
-reports. A final loss that is not finite makes the cell ``mismatch``."""
+reports. A final loss that is not finite makes the cell ``mismatch``.
+
+Interleaved (the default), each epoch after the first is one block on the manager's command
+(:class:`EpochBlocks`), so the runtimes of a group take turns epoch by epoch, as other phases do block by block."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
+import time
 from typing import TYPE_CHECKING
 
 from fwbench.measure import memory
 from fwbench.models.base import ModelDescription
-from fwbench.models.fit import evaluate, make_fit_dataset
+from fwbench.models.fit import EpochEnd, evaluate, make_fit_dataset, no_pause
 from fwbench.models.training import optimizer_spec
 from fwbench.runner.cell import Cell
 from fwbench.runner.phases.base import Phase
@@ -23,12 +27,44 @@ if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
 
 
+class EpochBlocks:
+    """The fit loop's :data:`~fwbench.models.fit.EpochEnd` in an interleaved worker: after epoch 1 it says
+    ``ready`` and answers ``calibrate`` (a block is one epoch); after each later epoch it reports that epoch as a
+    ``block``; then it waits for the manager's next command, ``block`` (the next epoch runs) or, after the last
+    epoch, ``finish``. The waiting happens between two epochs' clocks, never inside one."""
+
+    def __init__(self, cell: Cell, epochs: int) -> None:
+        self.cell, self.epochs = cell, epochs
+        self.done = 0
+        self.first_s = 0.0
+        self.start_unix_s = 0.0
+
+    def __call__(self, seconds: float) -> None:
+        self.done += 1
+        if self.done == 1:
+            self.first_s = seconds
+            self.cell.send("ready", peak_memory_bytes=memory.peak_rss_bytes())
+        else:
+            self.cell.send("block", seconds=seconds, calls=1, start_unix_s=self.start_unix_s)
+        expected = "finish" if self.done == self.epochs else "block"
+        command = self.cell.await_command()
+        if command["command"] == "calibrate":  # after epoch 1 only: the block is the epoch
+            self.cell.send("calibrated", calls_per_block=1, block_s=self.first_s)
+            command = self.cell.await_command()
+        if command["command"] != expected:
+            raise RuntimeError(f"after epoch {self.done} of {self.epochs} the manager sent {command['command']!r}")
+        self.start_unix_s = time.time()
+
+
 class Fit(Phase):
     """build → fit (every epoch, the first one compiling) → evaluate; no timer of ours, no parity stage."""
 
     name = "fit"
-    interleavable = False  # an epoch is the sample: fit cells run one after another (interleaving by epoch: not yet)
     dtypes = FIT_DTYPES
+
+    def blocks_per_round(self, settings: Settings) -> int:
+        """One block per epoch after the first (which compiles: the warm-up)."""
+        return settings.epochs - 1
 
     def unsupported(self, description: ModelDescription) -> str | None:
         return description.fit_unsupported()
@@ -44,7 +80,8 @@ class Fit(Phase):
         cell.stage("fit")
         cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
         cell.result["loadavg_before_timing"] = os.getloadavg()
-        outcome = fit(backend, dataset, settings.epochs, case.batch_size)
+        epoch_end: EpochEnd = EpochBlocks(cell, settings.epochs) if cell.job.interleaved else no_pause
+        outcome = fit(backend, dataset, settings.epochs, case.batch_size, epoch_end)
         cell.result["peak_memory_bytes"] = memory.peak_rss_bytes()
         cell.stage("evaluate")
         final = evaluate(outcome.logits, dataset.labels)
