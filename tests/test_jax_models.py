@@ -213,4 +213,4 @@ def test_jax_uses_the_right_gelu(description) -> None:  # type: ignore[no-untype
 
 
 def test_the_registry_dtypes_are_the_jax_backends() -> None:
-    assert registry.get_runtime("jax:jit").dtypes == jax_backend.JaxBackend.dtypes
+    assert registry.get_runtime("jax:jit").dtypes == jax_backend.JaxBackend.dtypes_of("jit")

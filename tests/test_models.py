@@ -239,7 +239,7 @@ def test_the_registry_dtypes_are_the_torch_and_keras_backends() -> None:
 
     for backend in (TorchBackend, KerasBackend):
         for mode in backend.modes:
-            assert get_runtime(f"{backend.framework}:{mode}").dtypes == backend.dtypes, mode
+            assert get_runtime(f"{backend.framework}:{mode}").dtypes == backend.dtypes_of(mode), mode
 
 
 def test_the_frozen_tensors_are_the_descriptions_found_through_the_weight_map() -> None:

@@ -21,7 +21,7 @@ def _run_args(*argv: str) -> argparse.Namespace:
 
 
 def test_builtin_suites_all_load_and_plan() -> None:
-    assert builtin_suites() == ["hf2019", "mlp", "quick", "runtimes", "training"]
+    assert builtin_suites() == ["deploy", "hf2019", "mlp", "quick", "runtimes", "training"]
     for name in builtin_suites():
         plan = suite_plan(load_suite(name), threads=1)
         assert plan.cases and plan.suite == name
@@ -38,10 +38,25 @@ def test_quick_suite_covers_every_framework_and_a_real_size_model() -> None:
 
 
 def test_runtimes_suite_is_every_builtin_runtime_on_bert_base_and_resnet50() -> None:
+    from fwbench.frameworks import BUILTIN_PACKAGE, runtimes
+
     plan = suite_plan(load_suite("runtimes"), threads=2)
-    builtin = {name for name in (case.runtime for case in plan.cases)}
-    assert {"torch:eager", "torch:script", "torch:compile", "tensorflow:xla", "jax:jit", "keras:torch"} <= builtin
+    inference = {  # built in (a test may have loaded the fake plugin runtimes into this process)
+        name
+        for name, info in runtimes().items()
+        if "inference" in info.phases and info.module.startswith(BUILTIN_PACKAGE)
+    }
+    assert {case.runtime for case in plan.cases} == inference
     assert {case.model for case in plan.cases} == {"bert-base", "resnet50"}
+
+
+def test_deploy_suite_is_every_deployment_runtime_against_the_fastest_modes() -> None:
+    plan = suite_plan(load_suite("deploy"), threads=2)
+    assert {case.runtime for case in plan.cases} >= {"onnxruntime:torch", "tensorflow:savedmodel", "torch:export"}
+    assert {(case.model, case.batch_size) for case in plan.cases} == {
+        (model, batch) for model in ("bert-base", "resnet50") for batch in (1, 8)
+    }
+    assert {case.dtype for case in plan.cases} == {"fp32"}
 
 
 def test_grids_are_merged_in_order_without_duplicates() -> None:

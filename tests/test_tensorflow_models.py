@@ -157,4 +157,4 @@ def test_the_registry_dtypes_are_the_tensorflow_backends() -> None:
     from fwbench.frameworks.tensorflow.backend import TensorFlowBackend
 
     for mode in TensorFlowBackend.modes:
-        assert get_runtime(f"tensorflow:{mode}").dtypes == TensorFlowBackend.dtypes, mode
+        assert get_runtime(f"tensorflow:{mode}").dtypes == TensorFlowBackend.dtypes_of(mode), mode

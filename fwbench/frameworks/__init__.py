@@ -99,10 +99,14 @@ def _builtin(
     extras: tuple[str, ...] = (),
     startup_s: float = 2.0,
     compile_s: float = 0.0,
+    dtypes: tuple[str, ...] = ("fp32", "bf16"),
+    package: str = "",
 ) -> None:
     """A built-in runtime; ``training`` (what one timed training call is) gives it phase training, ``fit``
-    (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains. Every built-in backend
-    computes in fp32 and bf16 (phase fit: fp32 only, see :func:`dtype_unsupported`)."""
+    (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains. Built-in backends compute
+    in fp32 and bf16 unless ``dtypes`` says otherwise (phase fit: fp32 only, see :func:`dtype_unsupported`);
+    ``package``: where its model files are when not its own framework's (an engine running another
+    framework's export)."""
     phases = (*(("inference",) if inference else ()), *(("training",) if training else ()), *(("fit",) if fit else ()))
     register_runtime(
         RuntimeInfo(
@@ -114,11 +118,12 @@ def _builtin(
             phases,
             training,
             fit,
-            dtypes=("fp32", "bf16"),
+            dtypes=dtypes,
             native=native,
             extras=extras,
             startup_s=startup_s,
             compile_s=compile_s,
+            package=package,
         )
     )
 
@@ -228,6 +233,30 @@ _builtin(
     "optimizer update in one XLA program",
     startup_s=5.5,
     compile_s=3.0,
+)
+_builtin(
+    "tensorflow",
+    "savedmodel",
+    ("tensorflow",),
+    "tf.saved_model.save with a serving signature (every input axis free), reloaded with tf.saved_model.load; "
+    "the reloaded serving_default signature is timed (what TF Serving runs), the built model dropped",
+    "deployment; export and reload seconds and the folder's size in details.compile_report",
+    startup_s=5.5,
+    compile_s=2.0,
+    dtypes=("fp32",),
+)
+_builtin(
+    "onnxruntime",
+    "torch",
+    ("onnxruntime", "onnx", "onnxscript", "torch"),
+    "our torch model exported by torch.onnx.export(dynamo=True) per cell shape (weights in the file), run by "
+    "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed",
+    "deployment; export and session seconds and the file's size in details.compile_report",
+    startup_s=3.0,
+    compile_s=5.0,
+    dtypes=("fp32",),
+    extras=("deploy", "torch"),
+    package=builtin_package("torch"),
 )
 _builtin(
     "jax",

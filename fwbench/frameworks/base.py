@@ -224,15 +224,22 @@ class Backend(ABC):
     modes: ClassVar[tuple[str, ...]]
     # The case dtypes (spec.Dtype) this backend computes in; a backend that does not say runs fp32 only.
     dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
+    # Modes that compute in fewer dtypes than ``dtypes`` (a deployment export in fp32 only, say).
+    mode_dtypes: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @classmethod
+    def dtypes_of(cls, mode: str) -> tuple[str, ...]:
+        """The case dtypes ``mode`` computes in."""
+        return cls.mode_dtypes.get(mode, cls.dtypes)
 
     def __init__(
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
     ) -> None:
         if mode not in self.modes:
             raise UnsupportedMode(f"{self.framework} has no mode {mode!r}; allowed: {', '.join(self.modes)}")
-        if dtype not in self.dtypes:
+        if dtype not in self.dtypes_of(mode):
             raise UnsupportedDtype(
-                f"{self.framework}:{mode} cannot compute in {dtype}; allowed: {', '.join(self.dtypes)}"
+                f"{self.framework}:{mode} cannot compute in {dtype}; allowed: {', '.join(self.dtypes_of(mode))}"
             )
         self.mode = mode
         self.device = device

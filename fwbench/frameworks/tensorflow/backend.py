@@ -1,6 +1,9 @@
 """TensorFlow backend. Modes: ``eager`` (tf ops called eagerly), ``function`` (tf.function with a
 fixed input signature, so the timed loop never retraces), ``xla`` (the same with
-``jit_compile=True``: the whole function compiled by XLA).
+``jit_compile=True``: the whole function compiled by XLA), ``savedmodel`` (deployment: the model saved with
+``tf.saved_model.save`` and a serving signature whose every input axis is free, as TF Serving models are
+exported, then reloaded with ``tf.saved_model.load``; the reloaded ``serving_default`` signature is what is
+timed, and the built model is dropped so that only the reloaded one is in memory; fp32 only).
 
 bf16 (``dtype="bf16"``): the model is built in float32 as for fp32, then every variable is replaced by
 a tf.bfloat16 copy, and float inputs are cast to tf.bfloat16 when made (integer token ids stay int32);
@@ -10,6 +13,9 @@ accumulate in float32), and the outputs are bfloat16 until ``to_numpy``.
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,9 +35,11 @@ def tracing_counters(function: Any) -> dict[str, int]:
 
 class TensorFlowBackend(Backend):
     framework = "tensorflow"
-    modes = ("eager", "function", "xla")
+    modes = ("eager", "function", "xla", "savedmodel")
     dtypes = ("fp32", "bf16")
     _working: tf.Module | None = None  # bf16 training: the bfloat16 copy the step computes with (build)
+    mode_dtypes = {"savedmodel": ("fp32",)}
+    _saved: dict[str, Any] | None = None  # savedmodel: what the export and reload cost (compile_report)
 
     @property
     def _float_dtype(self) -> tf.DType:
@@ -92,8 +100,44 @@ class TensorFlowBackend(Backend):
         if self.mode == "eager":
             self._forward = self.model
             return
+        if self.mode == "savedmodel":
+            if self._saved is None:  # one export serves every shape: its signature leaves each axis free
+                self._forward = self._save_and_load(inputs)
+            return
         signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
         self._forward = tf.function(self.model.__call__, input_signature=signature, jit_compile=self.mode == "xla")
+
+    def _save_and_load(self, inputs: Sequence[tf.Tensor]) -> Callable[..., tuple[tf.Tensor, ...]]:
+        """Save the model with a ``serving_default`` signature (inputs ``input_0``.. of the inputs' dtypes and
+        ranks, every axis None), reload it, and return a call of the reloaded signature giving the outputs in
+        order. The folder is deleted once loaded (the variables are restored into memory by then)."""
+        signature = [tf.TensorSpec([None] * t.shape.rank, t.dtype, name=f"input_{i}") for i, t in enumerate(inputs)]
+        serve = tf.function(self.model.__call__, input_signature=signature)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="fwbench-savedmodel-") as folder:
+            tf.saved_model.save(self.model, folder, signatures={"serving_default": serve.get_concrete_function()})
+            saved_at = time.perf_counter()
+            size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
+            loaded = tf.saved_model.load(folder)
+        serving = loaded.signatures["serving_default"]
+        self._saved = {
+            "export_s": saved_at - started,
+            "load_s": time.perf_counter() - saved_at,
+            "artefact_bytes": size,
+            "artefact": "SavedModel folder (saved_model.pb + variables/)",
+            "signature": "serving_default: "
+            + ", ".join(f"{s.name} {s.dtype.name}[rank {s.shape.rank}]" for s in signature),
+        }
+        self._loaded = loaded  # the signature's functions hold the restored variables; keep them alive
+        self.model = None  # only the reloaded model stays in memory, as in a serving process
+        outputs = sorted(serving.structured_outputs, key=lambda name: int(name.rsplit("_", 1)[1]))
+        names = [spec.name for spec in signature]
+
+        def call(*tensors: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            result = serving(**dict(zip(names, tensors)))
+            return tuple(result[name] for name in outputs)
+
+        return call
 
     def infer(self, inputs: Sequence[Any]) -> tuple[tf.Tensor, ...]:
         return self._forward(*inputs)
@@ -212,9 +256,13 @@ class TensorFlowBackend(Backend):
         return self._working, working_variables, list(zip(working_variables, variables)), stats
 
     def compile_counters(self) -> dict[str, int]:
-        if self.mode == "eager":
+        if self.mode in ("eager", "savedmodel"):  # the reloaded signature is a concrete function: it cannot trace
             return {}
         return tracing_counters(self._forward)
+
+    def compile_report(self) -> dict[str, Any]:
+        """savedmodel: seconds to save and to reload, the folder's size, the serving signature."""
+        return dict(self._saved) if self._saved is not None else {}
 
     def reset_peak_memory(self) -> None:
         if self.device == "cuda":
