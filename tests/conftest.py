@@ -65,12 +65,26 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return shared[0] if shared else None
 
 
+# The files whose tests start framework subprocesses for minutes go first: xdist hands out work in collection
+# order, so the short tests fill the end of the run instead of one long group keeping a core busy alone.
+LONG_FILES = (
+    "test_training.py",
+    "test_keras_models.py",
+    "test_fit.py",
+    "test_compiled_runtimes.py",
+    "test_end_to_end.py",
+    "test_deploy.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the markers into the node ids it schedules by
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    order = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: order.get(item.path.name, len(LONG_FILES)))  # stable: file order kept otherwise
 
 
 @pytest.fixture(scope="session", autouse=True)
