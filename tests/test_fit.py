@@ -333,11 +333,48 @@ def test_fit_cells_take_turns_epoch_by_epoch(fit_db: Path) -> None:
             (0, i, i, 1) for i in range(EPOCHS - 1)
         ], runtime
         assert [b.seconds for b in row.blocks] == list(_fit(row).epoch_s[1:]), runtime
+        fit = _fit(row)  # its own time excludes the turns it waited for
+        assert fit.extra["waited_between_epochs_s"] > 0 and fit.total_s is not None, runtime
+        assert fit.total_s >= sum(fit.epoch_s), runtime
         spans += [(b.start_unix_s, b.start_unix_s + b.seconds, b.cycle) for b in row.blocks if b.start_unix_s]
     assert len(spans) == len(FIT_RUNTIMES) * (EPOCHS - 1)
     spans.sort()
     assert all(end <= following for (_, end, _), (following, _, _) in zip(spans, spans[1:]))
     assert [cycle for _, _, cycle in spans] == sorted(cycle for _, _, cycle in spans)
+
+
+class _ManagerSide:
+    """What EpochBlocks talks to in a worker (its Cell), with the manager's commands scripted."""
+
+    def __init__(self, commands: list[str]) -> None:
+        self.commands, self.sent = list(commands), []
+
+    def send(self, kind: str, **fields: object) -> None:
+        self.sent.append((kind, fields))
+
+    def await_command(self) -> dict[str, str]:
+        return {"command": self.commands.pop(0)}
+
+
+def test_epoch_blocks_serve_the_managers_commands_between_epochs() -> None:
+    from fwbench.runner.phases.fit import EpochBlocks
+
+    manager = _ManagerSide(["calibrate", "block", "block", "finish"])
+    blocks = EpochBlocks(manager, 3)  # type: ignore[arg-type]
+    for seconds in (0.5, 0.2, 0.3):  # what the loop timed, epoch by epoch
+        blocks(seconds)
+    blocks.check_finished("fake:fit")
+    assert [kind for kind, _ in manager.sent] == ["ready", "calibrated", "block", "block"]
+    assert manager.sent[1][1] == {"calls_per_block": 1, "block_s": 0.5}
+    assert [(f["seconds"], f["calls"]) for kind, f in manager.sent if kind == "block"] == [(0.2, 1), (0.3, 1)]
+    assert not manager.commands and blocks.waited_s >= 0
+    early = EpochBlocks(_ManagerSide(["calibrate", "finish"]), 3)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="after epoch 1 of 3 the manager sent 'finish'"):
+        early(0.5)
+    skipped = EpochBlocks(_ManagerSide(["calibrate", "block"]), 3)  # type: ignore[arg-type]
+    skipped(0.5)  # a loop that then never calls epoch_end again
+    with pytest.raises(RuntimeError, match="fake:fit's fit loop called epoch_end 1 times for 3 epochs"):
+        skipped.check_finished("fake:fit")
 
 
 @pytest.mark.slow

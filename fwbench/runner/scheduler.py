@@ -12,7 +12,8 @@ them (:mod:`fwbench.measure.rounds`). Workers that would not fit in memory toget
 sub-groups (each still interleaved; their cycles are numbered apart, so only workers alive together pair).
 
 Phase fit interleaves by epoch: a worker's first epoch (compilation included) is its warm-up, each later epoch
-one block on command (``Phase.blocks_per_round``: ``epochs`` − 1 cycles a round).
+one block on command (``Phase.blocks_per_round``: ``epochs`` − 1 cycles a round); its workers start one at a time
+(``Phase.starts_alone``), since epoch 1 is a stored result.
 
 Sequential (``interleave`` off): each cell of the group runs start to end in its own worker, in a seeded random
 order per round, timed in one go as before.
@@ -197,7 +198,7 @@ def _interleaved_round(
     the number of sub-groups. Workers start (import, build, compile, warm up) as many at a time as they have
     CPUs, then calibrate their blocks one after another, each alone on the machine."""
     pending = [active[int(i)] for i in rng.permutation(len(active))]
-    at_once = max(1, len(worker_cpus(settings.threads)))
+    at_once = 1 if get_phase(active[0].phase).starts_alone else max(1, len(worker_cpus(settings.threads)))
     subgroup = 0
     while pending:
         live: list[_Live] = []

@@ -118,7 +118,8 @@ class TensorFlowBackend(Backend):
             tf.saved_model.save(self.model, folder, signatures={"serving_default": serve.get_concrete_function()})
             saved_at = time.perf_counter()
             size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
-            loaded = tf.saved_model.load(folder)
+            with tf.device(self._tf_device):  # the restored variables on the cell's device, as the built ones were
+                loaded = tf.saved_model.load(folder)
         serving = loaded.signatures["serving_default"]
         self._saved = {
             "export_s": saved_at - started,

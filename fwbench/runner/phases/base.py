@@ -31,6 +31,9 @@ class Phase(ABC):
     name: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]  # the case dtypes (spec.Dtype) this phase runs
     interleavable: ClassVar[bool] = True  # its timed calls can be served in blocks on command (Cell.serve_blocks)
+    # Interleaved workers start one at a time, not one per CPU at once: what a worker does before it is ready is
+    # itself a stored result (fit's epoch 1), which must not share the CPUs with another worker's.
+    starts_alone: ClassVar[bool] = False
 
     def blocks_per_round(self, settings: Settings) -> int | None:
         """Interleaved: the blocks each worker times in a round when the phase fixes them (None: as many as the
