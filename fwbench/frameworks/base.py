@@ -209,6 +209,15 @@ def check_weight_map(targets: set[str], mapping: dict[str, str], weights: dict[s
         raise ValueError("weight map: a variable is the target of more than one tensor")
 
 
+def export_report(exports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A ``compile_report`` from a backend's exports in order (one per input shape): the first, made for the timed
+    shapes, with the later ones (the parity shape's) under ``reexports``; empty before any export."""
+    if not exports:
+        return {}
+    first, *later = exports
+    return {**first, "reexports": later} if later else dict(first)
+
+
 class UnsupportedMode(ValueError):
     """The backend has no such mode."""
 

@@ -23,7 +23,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from fwbench.frameworks.base import Backend, builtin_package
+from fwbench.frameworks.base import Backend, builtin_package, export_report
 from fwbench.spec import Settings
 
 SPINNING = "1"  # ORT's default, stated: a pool thread spins briefly for work before it sleeps
@@ -127,10 +127,7 @@ class OnnxRuntimeBackend(Backend):
 
     def compile_report(self) -> dict[str, Any]:
         """The export for the timed shapes; ``reexports`` lists those for other shapes made later (parity)."""
-        if not self._exports:
-            return {}
-        first, *later = self._exports
-        return {**first, "reexports": later} if later else dict(first)
+        return export_report(self._exports)
 
     def versions(self) -> dict[str, str]:
         import onnxscript

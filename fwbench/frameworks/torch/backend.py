@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fwbench.frameworks.base import Backend, as_training_arch
+from fwbench.frameworks.base import Backend, as_training_arch, export_report
 from fwbench.spec import Settings
 
 
@@ -237,10 +237,7 @@ class TorchBackend(Backend):
     def compile_report(self) -> dict[str, Any]:
         """export: seconds of ``torch.export``, of the AOTInductor compile and of loading the package
         for the timed shapes; ``reexports`` lists the same for other shapes compiled later (parity)."""
-        if not self._export_log:
-            return {}
-        first, *later = self._export_log
-        return {**first, "reexports": later} if later else dict(first)
+        return export_report(self._export_log)
 
     def reset_peak_memory(self) -> None:
         if self.device == "cuda":
