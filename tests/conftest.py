@@ -50,7 +50,7 @@ _pin_xdist_worker()
 
 # Tests that share one expensive computation go to one xdist process (``--dist loadgroup``), or each process that
 # runs one of them computes it again: a module-scoped fixture by its name, and tests/test_training.py's per-runtime
-# report (a subprocess that trains every tiny model, cached for every test of that runtime).
+# report parts (subprocesses that train the tiny models, cached for every test of that runtime and part).
 SHARED_FIXTURE_GROUPS = {"reports": "keras-reports", "fit_db": "fit-mlp", "resnet_fit": "fit-resnet"}
 
 
@@ -58,7 +58,8 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group an expensive-to-set-up test belongs to, None for any other test."""
     callspec = getattr(item, "callspec", None)
     if item.path.name == "test_training.py" and callspec is not None and "runtime" in callspec.params:
-        return f"training-{callspec.params['runtime']}"
+        part = callspec.params.get("part", "matrix" if item.get_closest_marker("matrix") else "default")
+        return f"training-{callspec.params['runtime']}-{part}"
     shared = [
         SHARED_FIXTURE_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_FIXTURE_GROUPS
     ]

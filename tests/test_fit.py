@@ -30,7 +30,12 @@ FIT_RUNTIMES = (
 )
 # resnet-tiny runs where its fit code differs: torch's loop and Lightning, TF's and JAX's loops, Keras once
 # (the three Keras backends share one model.fit and one BatchNormalization; the MLP runs all three).
-RESNET_FIT_RUNTIMES = ("torch:eager", "torch:lightning", "tensorflow:function", "jax:jit", "keras:jax")
+# resnet-tiny's fit run: torch's two loops by default (Lightning's logging checked on it); the matrix
+# (make test-matrix) checks TensorFlow's, JAX's and Keras' loops against torch's.
+RESNET_FIT_RUNTIMES = {
+    "default": ("torch:eager", "torch:lightning"),
+    "matrix": ("torch:eager", "tensorflow:function", "jax:jit", "keras:jax"),
+}
 EPOCHS, SAMPLES, BATCH = 3, 512, 64  # 3 epochs: 2 interleaving cycles
 RESNET_EPOCHS, RESNET_SAMPLES, RESNET_BATCH = 2, 256, 32
 
@@ -240,12 +245,14 @@ def fit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-@pytest.fixture(scope="module")
-def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(database, --fit-logging directory) of one resnet-tiny fit run in RESNET_FIT_RUNTIMES."""
+@pytest.fixture(scope="module", params=["default", pytest.param("matrix", marks=pytest.mark.matrix)])
+def resnet_fit(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, tuple[str, ...]]:
+    """(database, --fit-logging directory, runtimes) of one resnet-tiny fit run in RESNET_FIT_RUNTIMES[part]."""
     from fwbench.cli import main
 
-    root = tmp_path_factory.mktemp("resnet_fit")
+    root = tmp_path_factory.mktemp(f"resnet_fit_{request.param}")
     db, logs = root / "fit.db", root / "lightning"
     code = main(
         [
@@ -259,7 +266,7 @@ def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             "--models",
             "resnet-tiny",
             "--runtimes",
-            ",".join(RESNET_FIT_RUNTIMES),
+            ",".join(RESNET_FIT_RUNTIMES[request.param]),
             "--batch-sizes",
             str(RESNET_BATCH),
             "--epochs",
@@ -275,7 +282,7 @@ def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ]
     )
     assert code == 0
-    return db, logs
+    return db, logs, RESNET_FIT_RUNTIMES[request.param]
 
 
 def _results(db: Path) -> dict[str, ResultRecord]:
@@ -378,12 +385,13 @@ def test_epoch_blocks_serve_the_managers_commands_between_epochs() -> None:
 
 
 @pytest.mark.slow
-def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path]) -> None:
+def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path, tuple[str, ...]]) -> None:
     from fwbench.models.fit import fit_tolerance
 
     rtol, atol = fit_tolerance("resnet-tiny")
-    results = _results(resnet_fit[0])
-    assert set(results) == set(RESNET_FIT_RUNTIMES)
+    db, _, runtimes = resnet_fit
+    results = _results(db)
+    assert set(results) == set(runtimes)
     assert all(r.status == "ok" for r in results.values()), {k: r.reason for k, r in results.items()}
     reference = _fit(results["torch:eager"])
     for runtime, row in results.items():
@@ -399,8 +407,9 @@ def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.slow
-def test_fit_logging_writes_lightnings_log_and_checkpoint(resnet_fit: tuple[Path, Path]) -> None:
-    db, logs = resnet_fit
+@pytest.mark.parametrize("resnet_fit", ["default"], indirect=True)  # the run with torch:lightning
+def test_fit_logging_writes_lightnings_log_and_checkpoint(resnet_fit: tuple[Path, Path, tuple[str, ...]]) -> None:
+    db, logs, _ = resnet_fit
     logging = _fit(_results(db)["torch:lightning"]).extra["logging"]
     version = Path(logging["log_dir"])
     assert version.parent == logs / f"resnet-tiny-b{RESNET_BATCH}" and version.name == "version_0"

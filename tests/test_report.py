@@ -80,6 +80,25 @@ def test_json_shape() -> None:
     assert data["results"][0]["samples"] == [1.9e-5, 2e-5, 2.1e-5]
 
 
+def test_time_to_first_result_sums_the_stages_before_the_first_outputs() -> None:
+    """Start-up, import, build, compile (export and load) and the first call; never the timing. The table shows
+    it only next to a deployment cell (one whose compile report has export seconds); JSON and CSV always."""
+    stages = {"start": 0.25, "import": 2.0, "build": 0.5, "compile": 4.0, "first_call": 0.125, "timing": 9.0}
+    exported = row(runtime="onnxruntime:torch", details={"stage_seconds": stages, "compile_report": {"export_s": 3.5}})
+    assert exported.time_to_first_result_s == 6.875 and exported.exported
+    eager = row(details={"stage_seconds": {**stages, "compile": 0.0}})
+    assert eager.time_to_first_result_s == 2.875 and not eager.exported
+    assert row(status="error", details={"stage_seconds": {"start": 0.1, "import": 2.0}}).time_to_first_result_s is None
+    assert json.loads(to_json([], [exported]))["results"][0]["time_to_first_result_s"] == 6.875
+    assert dict(zip(*csv.reader(io.StringIO(to_csv([eager])))))["time_to_first_result_s"] == "2.875"
+    for rows, shown in (([eager], False), ([eager, exported], True)):
+        console = Console(record=True, width=400)
+        print_results(rows, console)
+        text = console.export_text()
+        assert ("to first result" in text) == shown
+        assert ("6.88 s" in text) == shown
+
+
 def test_table_shows_markup_in_reasons_literally() -> None:
     console = Console(record=True, width=300)
     print_results([row(status="error", reason="RuntimeError: [bold]boom[/bold] x[0]", median_s=None)], console)

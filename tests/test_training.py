@@ -136,8 +136,9 @@ def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
         if model == "bert-tiny":  # frozen: AdamW's weight decay would move it otherwise
             canonical = backend.description.canonical_weights(0)["pooler.dense.weight"]
             out["bert_pooler_unchanged"] = bool(np.array_equal(_pooler_weight(backend), canonical))
-    backend, step, losses, _ = _train(runtime, "mlp", "sgd", OPTIMIZER_PARITY_STEPS)
-    record_mlp("sgd", backend, step, losses)
+    if "mlp" in models:
+        backend, step, losses, _ = _train(runtime, "mlp", "sgd", OPTIMIZER_PARITY_STEPS)
+        record_mlp("sgd", backend, step, losses)
     out["bf16_loss"] = {}
     for model in models:
         optimizer = "sgd" if model == "mlp" else "adamw"  # the MLP's bf16 run is also the SGD master-weight check
@@ -151,6 +152,13 @@ def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
 
 
 # -- the pytest side ----------------------------------------------------------------------------
+# Each runtime's report comes in two parts, each its own subprocess and xdist group: the default run (make test)
+# trains the MLP (optimizer parity, master weights, compile counters) and bert-tiny (attention, layer norm, a
+# frozen parameter); the matrix (make test-matrix, marker ``matrix``) adds gpt2-tiny (causal LM, tied embeddings)
+# and resnet-tiny (convolutions, batch norm's running statistics, carried state) in every runtime.
+DEFAULT_MODELS = ("mlp", "bert-tiny")
+MATRIX_MODELS = ("gpt2-tiny", "resnet-tiny")
+assert set(DEFAULT_MODELS + MATRIX_MODELS) == set(MODELS)
 RUNTIMES = (
     "torch:eager",
     "tensorflow:eager",
@@ -162,11 +170,28 @@ RUNTIMES = (
     "keras:torch",
 )
 COMPILED_MLP_ONLY = ("torch:compile",)  # a cold inductor compile per model: the MLP only
+# (runtime, part) of every report part there is: the compiled-MLP-only runtimes have no matrix part.
+RUNTIME_PARTS = [
+    *(pytest.param(runtime, "default", id=f"{runtime}-default") for runtime in RUNTIMES + COMPILED_MLP_ONLY),
+    *(pytest.param(runtime, "matrix", id=f"{runtime}-matrix", marks=pytest.mark.matrix) for runtime in RUNTIMES),
+]
+
+
+def part_models(runtime: str, part: str) -> tuple[str, ...]:
+    """The models a part of ``runtime``'s report trains (a compiled-MLP-only runtime: the MLP, in its one part)."""
+    if runtime in COMPILED_MLP_ONLY:
+        return ("mlp",)
+    return DEFAULT_MODELS if part == "default" else MATRIX_MODELS
+
+
+def runtime_report(runtime: str, part: str = "default") -> dict[str, Any]:
+    """``runtime``'s report part, computed once per process (one cache entry whichever way it is asked for)."""
+    return _part_report(runtime, part)
 
 
 @functools.cache
-def runtime_report(runtime: str) -> dict[str, Any]:
-    models = ("mlp",) if runtime in COMPILED_MLP_ONLY else MODELS
+def _part_report(runtime: str, part: str) -> dict[str, Any]:
+    models = part_models(runtime, part)
     done = subprocess.run(
         [sys.executable, __file__, runtime, ",".join(models)],
         capture_output=True,
@@ -184,15 +209,15 @@ def _rel_l2(got: Any, expected: Any) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", RUNTIMES + COMPILED_MLP_ONLY)
-def test_first_step_loss_matches_the_float64_reference(runtime: str) -> None:
-    losses = runtime_report(runtime)["loss"]
-    assert set(losses) == ({"mlp"} if runtime in COMPILED_MLP_ONLY else set(MODELS))
+@pytest.mark.parametrize(("runtime", "part"), RUNTIME_PARTS)
+def test_first_step_loss_matches_the_float64_reference(runtime: str, part: str) -> None:
+    losses = runtime_report(runtime, part)["loss"]
+    assert set(losses) == set(part_models(runtime, part))
     for model, loss in losses.items():
         assert abs(loss["first"] - loss["reference"]) / loss["reference"] < LOSS_TOLERANCE, (model, loss)
         assert loss["second"] < loss["first"], (model, loss)
     if "bert-tiny" in losses:
-        assert runtime_report(runtime)["bert_pooler_unchanged"]  # frozen: not on the loss's path
+        assert runtime_report(runtime, part)["bert_pooler_unchanged"]  # frozen: not on the loss's path
 
 
 @pytest.mark.slow
@@ -233,12 +258,12 @@ BF16_UPDATE_TOLERANCE = 0.1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", RUNTIMES + COMPILED_MLP_ONLY)
-def test_bf16_training_computes_in_bfloat16_near_the_reference(runtime: str) -> None:
+@pytest.mark.parametrize(("runtime", "part"), RUNTIME_PARTS)
+def test_bf16_training_computes_in_bfloat16_near_the_reference(runtime: str, part: str) -> None:
     """Every matmul and convolution of a bf16 training step (forward and backward) computed on bfloat16 data,
     of the fp32 step in float32 (the control: the probe sees the dtype, it does not assume it), and the bf16
     first-step loss is near the float64 reference and the second one lower."""
-    report = runtime_report(runtime)
+    report = runtime_report(runtime, part)
     assert set(report["bf16_loss"]) == set(report["loss"])
     for model, loss in report["bf16_loss"].items():
         error = abs(loss["first"] - loss["reference"]) / loss["reference"]
@@ -266,6 +291,7 @@ def test_bf16_training_updates_float32_master_weights(runtime: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_batch_norm_trains_on_batch_statistics_and_updates_its_running_ones(runtime: str) -> None:
     """After one step of resnet-tiny every BN running statistic has moved from its initial value r₀ to
@@ -275,7 +301,7 @@ def test_batch_norm_trains_on_batch_statistics_and_updates_its_running_ones(runt
     from fwbench.models import get_model
 
     description = get_model("resnet-tiny")
-    got = runtime_report(runtime)["running_statistics"]["resnet-tiny"]
+    got = runtime_report(runtime, "matrix")["running_statistics"]["resnet-tiny"]
     assert set(got) == set(description.running_statistics())
     weights = description.canonical_weights(0)
     expected = description.reference_running_statistics(weights, description.make_inputs(2, None, 0))
@@ -302,11 +328,12 @@ def test_later_steps_compile_nothing(runtime: str, optimizer: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("runtime", [r for r in COUNTED if r not in COMPILED_MLP_ONLY])
 def test_carried_batch_norm_state_compiles_nothing_more(runtime: str) -> None:
     """ResNet's running statistics fed back into the compiled step (jax:jit's returned state, TF's assigned
     variables, Keras' non-trainable state) leave the third step with nothing to trace or compile."""
-    before, after = runtime_report(runtime)["stateful_counters"]["resnet-tiny"]
+    before, after = runtime_report(runtime, "matrix")["stateful_counters"]["resnet-tiny"]
     assert before and before == after
 
 
@@ -316,7 +343,7 @@ def test_a_runtimes_tests_share_one_xdist_process(request: pytest.FixtureRequest
     computed its report (tests/conftest.py groups them); an ungrouped test would train the models again."""
     if not request.config.getoption("loadgroup", default=False):  # set in each xdist process by --dist loadgroup
         pytest.skip("runs under pytest-xdist --dist loadgroup (make test)")
-    assert request.node.nodeid.endswith(f"@training-{runtime}"), request.node.nodeid
+    assert request.node.nodeid.endswith(f"@training-{runtime}-default"), request.node.nodeid
 
 
 # -- framework-free -----------------------------------------------------------------------------

@@ -55,6 +55,10 @@ class RuntimeInfo:
     startup_s: float = 2.0  # seconds to start a worker and import the framework (2-core AMD EPYC, warm cache)
     compile_s: float = 0.0  # seconds the mode compiles a small model before or in its first call
     package: str = ""
+    # What ``fwbench export`` writes for it (a deployment artefact, in words; its path must end in
+    # ``artefact_suffix`` when that is set); empty: the runtime writes none.
+    artefact: str = ""
+    artefact_suffix: str = ""
 
     @property
     def framework(self) -> str:
@@ -101,12 +105,14 @@ def _builtin(
     compile_s: float = 0.0,
     dtypes: tuple[str, ...] = ("fp32", "bf16"),
     package: str = "",
+    artefact: str = "",
+    artefact_suffix: str = "",
 ) -> None:
     """A built-in runtime; ``training`` (what one timed training call is) gives it phase training, ``fit``
     (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains. Built-in backends compute
     in fp32 and bf16 unless ``dtypes`` says otherwise (phase fit: fp32 only, see :func:`dtype_unsupported`);
     ``package``: where its model files are when not its own framework's (an engine running another
-    framework's export)."""
+    framework's export); ``artefact``: what ``fwbench export`` writes for it."""
     phases = (*(("inference",) if inference else ()), *(("training",) if training else ()), *(("fit",) if fit else ()))
     register_runtime(
         RuntimeInfo(
@@ -124,6 +130,8 @@ def _builtin(
             startup_s=startup_s,
             compile_s=compile_s,
             package=package,
+            artefact=artefact,
+            artefact_suffix=artefact_suffix,
         )
     )
 
@@ -154,6 +162,7 @@ def native_runtimes() -> tuple[str, ...]:
     return tuple(info.name for info in runtimes().values() if info.native)
 
 
+DEPLOYMENT_NOTE = "deployment; export and load seconds and the artefact's size in details.compile_report"
 _builtin(
     "torch",
     "eager",
@@ -201,6 +210,8 @@ _builtin(
     "the loaded runner's Python call is timed, under inference_mode",
     "TorchScript's successor for deployment",
     compile_s=20.0,
+    artefact="AOTInductor package (.pt2)",
+    artefact_suffix=".pt2",
 )
 _builtin(
     "tensorflow",
@@ -244,6 +255,7 @@ _builtin(
     startup_s=5.5,
     compile_s=2.0,
     dtypes=("fp32",),
+    artefact="SavedModel folder (saved_model.pb + variables/)",
 )
 _builtin(
     "onnxruntime",
@@ -251,12 +263,55 @@ _builtin(
     ("onnxruntime", "onnx", "onnxscript", "torch"),
     "our torch model exported by torch.onnx.export(dynamo=True) per cell shape (weights in the file), run by "
     "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed",
-    "deployment; export and session seconds and the file's size in details.compile_report",
+    DEPLOYMENT_NOTE,
     startup_s=3.0,
     compile_s=5.0,
     dtypes=("fp32",),
     extras=("deploy", "torch"),
     package=builtin_package("torch"),
+    artefact="ONNX file, weights inside",
+)
+_builtin(
+    "onnxruntime",
+    "tensorflow",
+    ("onnxruntime", "onnx", "tf2onnx", "tensorflow"),
+    "our tf.function at the cell's input signature converted by tf2onnx (opset 18), run by "
+    "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed",
+    DEPLOYMENT_NOTE,
+    startup_s=5.5,
+    compile_s=4.0,
+    dtypes=("fp32",),
+    extras=("deploy", "tensorflow"),
+    package=builtin_package("tensorflow"),
+    artefact="ONNX file, weights inside",
+)
+_builtin(
+    "openvino",
+    "torch",
+    ("openvino", "onnx", "onnxscript", "torch"),
+    "the onnxruntime:torch ONNX file compiled by openvino compile_model(CPU, PERFORMANCE_HINT=LATENCY, "
+    "NUM_STREAMS=1, INFERENCE_PRECISION_HINT=f32); InferRequest.infer on numpy is timed",
+    DEPLOYMENT_NOTE,
+    startup_s=3.5,
+    compile_s=5.0,
+    dtypes=("fp32",),
+    extras=("deploy", "torch"),
+    package=builtin_package("torch"),
+    artefact="ONNX file, weights inside (what OpenVINO compiles)",
+)
+_builtin(
+    "litert",
+    "tensorflow",
+    ("ai_edge_litert", "tensorflow"),
+    "our tf.function at the cell's input signature converted by tf.lite.TFLiteConverter (float32), run by the "
+    "ai_edge_litert Interpreter (XNNPACK); the serving_default signature runner on numpy is timed",
+    DEPLOYMENT_NOTE,
+    startup_s=5.5,
+    compile_s=4.0,
+    dtypes=("fp32",),
+    extras=("deploy", "tensorflow"),
+    package=builtin_package("tensorflow"),
+    artefact="TFLite flatbuffer, weights inside",
 )
 _builtin(
     "jax",

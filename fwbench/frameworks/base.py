@@ -6,8 +6,9 @@ One backend instance runs one cell in one worker process:
 (phase training: ``… → make_inputs → make_targets → make_train_step``).
 A framework's model files live in its package (``fwbench/frameworks/<framework>/`` for the built-in ones,
 ``RuntimeInfo.package`` for a plugin's) with the same file names in every package: ``backend.py`` (this
-interface), ``weights.py`` (:class:`WeightsModule`), ``fit.py`` (:class:`FitModule`) and one file per model
-architecture (``mlp.py``, ...: :class:`ArchModule`, plus the training roles the framework's backend uses).
+interface), ``weights.py`` (:class:`WeightsModule`), ``fit.py`` (:class:`FitModule`), ``deploy.py`` where other
+engines run its exports (:class:`OnnxExporter`, :class:`TfliteExporter`) and one file per model architecture
+(``mlp.py``, ...: :class:`ArchModule`, plus the training roles the framework's backend uses).
 A model registered by a plugin may name its own module per framework package
 (``ModelDescription.implementations``). Each role is a ``typing.Protocol``; :func:`require` checks a module
 provides one and names what is missing.
@@ -96,6 +97,35 @@ class FitModule(Protocol):
         """Train ``backend``'s built model ``epochs`` epochs over ``dataset`` (fwbench.models.fit.FitDataset)
         with the framework's loop, calling ``epoch_end`` (fwbench.models.fit.EpochEnd) after each epoch's clock
         stops; a fwbench.models.fit.FitResult."""
+
+
+class OnnxExporter(Protocol):
+    """``<package>/deploy.py`` of a framework whose models a deployment engine runs from ONNX (torch,
+    tensorflow)."""
+
+    def configure(self, threads: int) -> None:
+        """Give the exporting framework the cell's thread budget and full float32 precision."""
+
+    def to_onnx(self, model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
+        """Write ``model`` (built by the package's arch module) called on arrays shaped like ``inputs`` to the
+        ONNX file ``path``, weights inside; return how (``exporter``)."""
+
+    def versions(self) -> dict[str, str]:
+        """Versions of the framework and of its exporter."""
+
+
+class TfliteExporter(Protocol):
+    """``<package>/deploy.py`` of a framework whose models LiteRT runs (tensorflow)."""
+
+    def configure(self, threads: int) -> None:
+        """As :meth:`OnnxExporter.configure`."""
+
+    def to_tflite(self, model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
+        """Write ``model`` called on arrays shaped like ``inputs`` to the TFLite file ``path`` with a signature
+        ``serving_default`` (inputs ``input_0``.., outputs ``output_0``.. in the model's order); return how."""
+
+    def versions(self) -> dict[str, str]:
+        """As :meth:`OnnxExporter.versions`."""
 
 
 class ModelFileError(TypeError):
@@ -191,6 +221,22 @@ def import_weights(package: str) -> WeightsModule:
 def import_fit(package: str) -> FitModule:
     """The checked ``<package>.fit`` (phase fit)."""
     return as_fit(importlib.import_module(f"{package}.fit"))
+
+
+def import_deploy(package: str) -> ModuleType:
+    """``<package>.deploy``, unchecked: each deployment backend checks the role it uses (:func:`as_onnx_exporter`,
+    :func:`as_tflite_exporter`)."""
+    return importlib.import_module(f"{package}.deploy")
+
+
+def as_onnx_exporter(module: ModuleType) -> OnnxExporter:
+    require(module, OnnxExporter)
+    return cast(OnnxExporter, module)
+
+
+def as_tflite_exporter(module: ModuleType) -> TfliteExporter:
+    require(module, TfliteExporter)
+    return cast(TfliteExporter, module)
 
 
 def check_weight_map(targets: set[str], mapping: dict[str, str], weights: dict[str, np.ndarray]) -> None:
@@ -426,6 +472,12 @@ class Backend(ABC):
         growing while the timed loop runs means the loop recompiled. Empty for a mode that compiles
         nothing at run time."""
         return {}
+
+    def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
+        """``fwbench export``: write the artefact this runtime runs, for ``inputs``' shapes, to ``path`` (a file, or
+        a folder for a SavedModel), load it back from there so that :meth:`infer` runs the written artefact, and
+        return what it cost (a ``compile_report``). Only deployment runtimes write one."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} writes no artefact")
 
     def compile_report(self) -> dict[str, Any]:
         """What ``compile`` did ahead of the first call, as JSON-ready data the cell stores in its

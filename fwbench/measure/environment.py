@@ -25,6 +25,10 @@ TRACKED_PACKAGES = (
     "jaxlib",
     "keras",
     "onnxruntime",
+    "onnx",
+    "openvino",
+    "ai-edge-litert",
+    "tf2onnx",
 )
 TRACKED_ENV_VARS = (
     "OMP_NUM_THREADS",

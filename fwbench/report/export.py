@@ -39,6 +39,7 @@ CSV_COLUMNS = (
     "stdev_s",
     "min_s",
     "first_call_s",
+    "time_to_first_result_s",
     "peak_memory_bytes",
     "allocator_peak_bytes",
     "threads",
@@ -55,12 +56,14 @@ CSV_COLUMNS = (
 
 
 def with_rates(row: ResultRecord, peak: Peak | None) -> dict[str, Any]:
-    """``row`` as a dict (:meth:`ResultRecord.to_dict`) plus ``achieved_gflops`` (flops / median_s / 1e9, None when not ok), ``samples_per_s`` and
+    """``row`` as a dict (:meth:`ResultRecord.to_dict`) plus ``time_to_first_result_s``
+    (:attr:`ResultRecord.time_to_first_result_s`), ``achieved_gflops`` (flops / median_s / 1e9, None when not ok), ``samples_per_s`` and
     ``tokens_per_s`` (training cells: batch, × seq_len for a sequence model, over median_s; else None) and,
     with a peak, ``peak_fraction`` (achieved over the peak's GFLOP/s; None for another dtype or device)."""
     samples_s, tokens_s = throughput(row)
     rated = {
         **row.to_dict(),
+        "time_to_first_result_s": row.time_to_first_result_s,
         "achieved_gflops": achieved_gflops(row),
         "samples_per_s": samples_s,
         "tokens_per_s": tokens_s,

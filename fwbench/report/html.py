@@ -603,6 +603,7 @@ def results_section(
 ) -> str:
     """Every stored cell, one row each, in stored order."""
     rate_headers = throughput_headers(results)  # training cells: samples/s (tokens/s); none for inference only
+    first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
     headers = [
         "run",
         "model",
@@ -617,6 +618,7 @@ def results_section(
         "±95% CI",
         f"speed-up vs {esc(baseline)}",
         "first call",
+        *(["to first result"] if first_result else []),
         "peak RSS",
         "GFLOP/s",
         *(["% peak"] if peak else []),
@@ -653,6 +655,7 @@ def results_section(
                 "—" if half is None else f"±{half:.1%}",
                 speed,
                 esc(format_seconds(r.first_call_s)),
+                *([esc(format_seconds(r.time_to_first_result_s))] if first_result else []),
                 esc(format_bytes(r.peak_memory_bytes)),
                 esc(format_gflops(achieved_gflops(r))),
                 *([esc(format_fraction(peak_fraction(r, peak)))] if peak else []),

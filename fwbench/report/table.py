@@ -108,6 +108,7 @@ RIGHT_COLUMNS = frozenset(
         "samples/s",
         "tokens/s",
         "first call",
+        "to first result",
         "peak RSS",
         "samples",
         "parity",
@@ -224,6 +225,7 @@ def result_tables(
     groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
     parity = parity_by_pair(results)
     rate_headers = throughput_headers(results)
+    first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
     headers = [label for _, label in varying] + [
         "batch",
         "seq",
@@ -234,6 +236,7 @@ def result_tables(
         *(["% peak"] if peak else []),
         *rate_headers,
         "first call",
+        *(["to first result"] if first_result else []),
         "peak RSS",
         "samples",
         "parity",
@@ -268,6 +271,7 @@ def result_tables(
                     *([format_fraction(peak_fraction(row, peak))] if peak else []),
                     *map(format_rate, throughput(row)[: len(rate_headers)]),
                     format_seconds(row.first_call_s),
+                    *([format_seconds(row.time_to_first_result_s)] if first_result else []),
                     format_bytes(row.peak_memory_bytes),
                     samples_text(row),
                     _parity_cell(row, parity),

@@ -28,7 +28,9 @@ class Job:
     With ``verify_output`` set, the worker only builds the model and writes its outputs at the
     case's shape to that .npz path (``fwbench verify``); nothing is timed. For a training case it takes
     ``train_steps`` optimizer steps and writes their losses and the trained parameters instead. ``weights_path`` is a
-    safetensors file to use instead of the seeded canonical weights.
+    safetensors file to use instead of the seeded canonical weights. With ``export_to`` set (``fwbench export``), the
+    worker writes the artefact the runtime runs at the case's shape to that path, loads it back with the engine and
+    checks its outputs against the float64 reference; nothing is timed.
     """
 
     case: Case
@@ -36,6 +38,7 @@ class Job:
     check_parity: bool = True
     verify_output: str | None = None
     weights_path: str | None = None
+    export_to: str | None = None
     train_steps: int = 20  # verify of a training case: optimizer steps taken before writing losses and parameters
     interleaved: bool = False  # serve timed blocks on command (the scheduler's interleaved rounds)
     budget_s: float | None = None  # interleaved: this round's timing budget, seconds (block calibration)
@@ -48,6 +51,7 @@ class Job:
                 "check_parity": self.check_parity,
                 "verify_output": self.verify_output,
                 "weights_path": self.weights_path,
+                "export_to": self.export_to,
                 "train_steps": self.train_steps,
                 "interleaved": self.interleaved,
                 "budget_s": self.budget_s,
@@ -63,6 +67,7 @@ class Job:
             check_parity=bool(data.get("check_parity", True)),
             verify_output=data.get("verify_output"),
             weights_path=data.get("weights_path"),
+            export_to=data.get("export_to"),
             train_steps=int(data.get("train_steps", 20)),
             interleaved=bool(data.get("interleaved", False)),
             budget_s=data.get("budget_s"),

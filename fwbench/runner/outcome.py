@@ -84,6 +84,7 @@ def run_worker(
     *,
     verify_output: str | None = None,
     weights_path: str | None = None,
+    export_to: str | None = None,
     train_steps: int = 20,
     round_index: int = 0,
 ) -> CellOutcome:
@@ -94,6 +95,7 @@ def run_worker(
         check_parity=check_parity,
         verify_output=verify_output,
         weights_path=weights_path,
+        export_to=export_to,
         train_steps=train_steps,
     )
     try:

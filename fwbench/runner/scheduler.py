@@ -2,18 +2,20 @@
 ``rounds`` fresh sets of workers, interleaved by default.
 
 Interleaved (``Settings.interleave``, phases that allow it): the group's workers start (import, build, compile,
-warm up) as many at a time as they have CPUs, then calibrate their blocks one after another, each alone on the
-machine, and stay alive together, pinned to the same CPUs. Then, cycle after cycle, every worker times one block, in an order drawn afresh each cycle from a
-generator seeded by the run's seed, the group and the round. Exactly one worker measures at a time: the manager
-sends one ``block`` command and waits for its answer before the next, and the idle workers block on their stdin.
+first call, warm up) one at a time — a cell's first call and its stage seconds (its time to first result) are
+stored results, measured with the machine to itself — then calibrate their blocks one after another, each alone
+on the machine, and stay alive together, pinned to the same CPUs. Then, cycle after cycle, every worker times
+one block, in an order drawn afresh each cycle from a generator seeded by the run's seed, the group and the round.
+Exactly one worker measures at a time: the manager sends one ``block`` command and waits for its answer before
+the next, and the idle workers block on their stdin.
 Before a worker's block the manager pauses ``settle_s`` when another worker timed the last one, so thread pools
 that spin after work (OpenMP, Eigen) have gone quiet. Blocks of one cycle are adjacent in time: the report pairs
 them (:mod:`fwbench.measure.rounds`). Workers that would not fit in memory together are run in successive
 sub-groups (each still interleaved; their cycles are numbered apart, so only workers alive together pair).
 
-Phase fit interleaves by epoch: a worker's first epoch (compilation included) is its warm-up, each later epoch
-one block on command (``Phase.blocks_per_round``: ``epochs`` − 1 cycles a round); its workers start one at a time
-(``Phase.starts_alone``), since epoch 1 is a stored result.
+Phase fit interleaves by epoch: a worker's first epoch (compilation included, a stored result like any first
+call) is its warm-up, each later epoch one block on command (``Phase.blocks_per_round``: ``epochs`` − 1 cycles a
+round).
 
 Sequential (``interleave`` off): each cell of the group runs start to end in its own worker, in a seeded random
 order per round, timed in one go as before.
@@ -42,7 +44,7 @@ from fwbench.measure.timer import HF2019_REPEAT
 from fwbench.runner.messages import Job
 from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker, spread_fields
 from fwbench.runner.phases import get_phase
-from fwbench.runner.process import WorkerFailure, WorkerProcess, worker_cpus
+from fwbench.runner.process import WorkerFailure, WorkerProcess
 from fwbench.spec import Case, Settings
 
 GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device")
@@ -170,9 +172,9 @@ def _cycles(live: Sequence[_Live], settings: Settings) -> int:
     return max(MIN_CYCLES, min(MAX_CYCLES, int(budget / max(slowest, 1e-9))))
 
 
-def _fits_another(live: Sequence[_Live], settings: Settings, count: int = 1) -> bool:
-    """Whether ``count`` more workers fit in memory next to ``live``: free memory above MEMORY_HEADROOM × ``count``
-    × the largest peak so far (or the memory limit, when one is set and larger)."""
+def _fits_another(live: Sequence[_Live], settings: Settings) -> bool:
+    """Whether one more worker fits in memory next to ``live``: free memory above MEMORY_HEADROOM × the largest
+    peak so far (or the memory limit, when one is set and larger)."""
     if not live:
         return True
     available = memory_available_bytes()
@@ -181,7 +183,7 @@ def _fits_another(live: Sequence[_Live], settings: Settings, count: int = 1) -> 
     largest = max(item.peak_bytes for item in live)
     if settings.memory_limit_bytes is not None:
         largest = max(largest, settings.memory_limit_bytes)
-    return available > MEMORY_HEADROOM * count * largest
+    return available > MEMORY_HEADROOM * largest
 
 
 def _interleaved_round(
@@ -195,25 +197,20 @@ def _interleaved_round(
     cycle: int,
 ) -> tuple[int, int]:
     """One round of ``active`` in as many sub-groups as memory requires; returns the next free cycle number and
-    the number of sub-groups. Workers start (import, build, compile, warm up) as many at a time as they have
-    CPUs, then calibrate their blocks one after another, each alone on the machine."""
+    the number of sub-groups. Workers start (import, build, compile, first call, warm up) one at a time, then
+    calibrate their blocks one after another, each alone on the machine."""
     pending = [active[int(i)] for i in rng.permutation(len(active))]
-    at_once = 1 if get_phase(active[0].phase).starts_alone else max(1, len(worker_cpus(settings.threads)))
     subgroup = 0
     while pending:
         live: list[_Live] = []
         try:
-            while pending and _fits_another(live, settings, min(at_once, len(pending))):
-                batch, pending = pending[:at_once], pending[at_once:]
-                started = [
-                    (case, _start(case, cells[case.key], settings, checks[case.key], weights_path, round_index))
-                    for case in batch
-                ]
-                for case, worker in started:
-                    if worker is not None:
-                        ready = _await_ready(case, worker, cells[case.key], settings, round_index)
-                        if ready is not None:
-                            live.append(ready)
+            while pending and _fits_another(live, settings):
+                case, pending = pending[0], pending[1:]
+                worker = _start(case, cells[case.key], settings, checks[case.key], weights_path, round_index)
+                if worker is not None:
+                    ready = _await_ready(case, worker, cells[case.key], settings, round_index)
+                    if ready is not None:
+                        live.append(ready)
             for item in live:
                 _calibrate(item, cells[item.case.key], settings, round_index)
             measured = [item for item in live if cells[item.case.key].failure is None]

@@ -239,6 +239,10 @@ class CompileHealth:
 NO_COMPILE_HEALTH = CompileHealth()
 
 
+# The worker's stages up to its first call's outputs (runner.messages.STAGES): the time to first result.
+FIRST_RESULT_STAGES = ("start", "import", "build", "compile", "first_call")
+
+
 @dataclass(frozen=True)
 class ResultRecord:
     """One stored cell: its case, status, statistics (seconds per call), memory (bytes), raw samples and the
@@ -322,6 +326,21 @@ class ResultRecord:
         out["machine"] = None if self.machine is None else dict(self.machine)
         out["blocks"] = [dataclasses.asdict(block) for block in self.blocks]
         return out
+
+    @property
+    def time_to_first_result_s(self) -> float | None:
+        """Seconds from the worker's start to its first call's outputs: start-up and imports, build, compile (an
+        export, conversion and load included) and the first call, from ``details.stage_seconds``; None where the
+        cell never reached its first call or stored no stage seconds."""
+        stages = _dict(self.details.get("stage_seconds"))
+        if _float(stages.get("first_call")) is None:
+            return None
+        return sum(_float(stages.get(stage)) or 0.0 for stage in FIRST_RESULT_STAGES)
+
+    @property
+    def exported(self) -> bool:
+        """Whether the cell ran an exported artefact: its compile report has the export's seconds."""
+        return _float(_dict(self.details.get("compile_report")).get("export_s")) is not None
 
     @property
     def round_samples(self) -> list[list[float]]:

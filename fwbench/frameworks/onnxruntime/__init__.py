@@ -1,1 +1,2 @@
-"""ONNX Runtime: engines running another framework's ONNX export of our models (``onnxruntime:torch``)."""
+"""ONNX Runtime: the engine running another framework's ONNX export of our models (``onnxruntime:torch``,
+``onnxruntime:tensorflow``)."""

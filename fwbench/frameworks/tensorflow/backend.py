@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from fwbench.frameworks import get_runtime
 from fwbench.frameworks.base import Backend, as_arch, as_training_arch
 from fwbench.frameworks.tensorflow.weights import cast_variables
 from fwbench.models.base import ModelDescription
@@ -102,30 +103,37 @@ class TensorFlowBackend(Backend):
             return
         if self.mode == "savedmodel":
             if self._saved is None:  # one export serves every shape: its signature leaves each axis free
-                self._forward = self._save_and_load(inputs)
+                with tempfile.TemporaryDirectory(prefix="fwbench-savedmodel-") as folder:
+                    self._forward = self._save_and_load(inputs, folder)  # the variables are in memory once loaded
             return
         signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
         self._forward = tf.function(self.model.__call__, input_signature=signature, jit_compile=self.mode == "xla")
 
-    def _save_and_load(self, inputs: Sequence[tf.Tensor]) -> Callable[..., tuple[tf.Tensor, ...]]:
-        """Save the model with a ``serving_default`` signature (inputs ``input_0``.. of the inputs' dtypes and
-        ranks, every axis None), reload it, and return a call of the reloaded signature giving the outputs in
-        order. The folder is deleted once loaded (the variables are restored into memory by then)."""
+    def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
+        """savedmodel: the SavedModel folder written to ``path`` and reloaded from there."""
+        if self.mode != "savedmodel":
+            return super().save_artefact(inputs, path)
+        self._forward = self._save_and_load(inputs, path)
+        return self.compile_report()
+
+    def _save_and_load(self, inputs: Sequence[tf.Tensor], folder: str) -> Callable[..., tuple[tf.Tensor, ...]]:
+        """Save the model to ``folder`` with a ``serving_default`` signature (inputs ``input_0``.. of the inputs'
+        dtypes and ranks, every axis None), reload it, and return a call of the reloaded signature giving the
+        outputs in order."""
         signature = [tf.TensorSpec([None] * t.shape.rank, t.dtype, name=f"input_{i}") for i, t in enumerate(inputs)]
         serve = tf.function(self.model.__call__, input_signature=signature)
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="fwbench-savedmodel-") as folder:
-            tf.saved_model.save(self.model, folder, signatures={"serving_default": serve.get_concrete_function()})
-            saved_at = time.perf_counter()
-            size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
-            with tf.device(self._tf_device):  # the restored variables on the cell's device, as the built ones were
-                loaded = tf.saved_model.load(folder)
+        tf.saved_model.save(self.model, folder, signatures={"serving_default": serve.get_concrete_function()})
+        saved_at = time.perf_counter()
+        size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
+        with tf.device(self._tf_device):  # the restored variables on the cell's device, as the built ones were
+            loaded = tf.saved_model.load(folder)
         serving = loaded.signatures["serving_default"]
         self._saved = {
             "export_s": saved_at - started,
             "load_s": time.perf_counter() - saved_at,
             "artefact_bytes": size,
-            "artefact": "SavedModel folder (saved_model.pb + variables/)",
+            "artefact": get_runtime("tensorflow:savedmodel").artefact,
             "signature": "serving_default: "
             + ", ".join(f"{s.name} {s.dtype.name}[rank {s.shape.rank}]" for s in signature),
         }

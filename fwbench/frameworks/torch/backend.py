@@ -84,12 +84,15 @@ class TorchBackend(Backend):
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
         return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for a in arrays.values())
 
-    def compile(self, inputs: Sequence[Any]) -> None:
-        # One worker runs one inference cell, so autograd is switched off for the whole process:
-        # no per-call context manager inside the timed loop.
+    def _enter_inference_mode(self) -> None:
+        """One worker runs one inference cell, so autograd is switched off for the whole process: no per-call
+        context manager inside the timed loop."""
         if not hasattr(self, "_inference_mode"):
             self._inference_mode = torch.inference_mode()
             self._inference_mode.__enter__()
+
+    def compile(self, inputs: Sequence[Any]) -> None:
+        self._enter_inference_mode()
         if self.mode == "script":
             traced = torch.jit.trace(self._module(), tuple(inputs), check_trace=False)
             self._forward = torch.jit.freeze(traced)
@@ -116,14 +119,27 @@ class TorchBackend(Backend):
         signature = tuple((tuple(t.shape), str(t.dtype), str(t.device)) for t in inputs)
         if signature == self._export_signature:
             return self._forward
+        with tempfile.TemporaryDirectory(prefix="fwbench-aoti-") as folder:
+            return self._package_and_load(inputs, os.path.join(folder, "model.pt2"))
+
+    def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
+        """export: the AOTInductor package written to ``path`` (which must end in ``.pt2``) and loaded from there."""
+        if self.mode != "export":
+            return super().save_artefact(inputs, path)
+        self._enter_inference_mode()  # as the timed path exports
+        self._forward = self._package_and_load(inputs, path)
+        return dict(self._export_log[-1])
+
+    def _package_and_load(self, inputs: Sequence[torch.Tensor], path: str) -> Callable[..., Any]:
+        """``torch.export`` of the module on ``inputs``, AOT-compiled into the package ``path``, loaded."""
+        signature = tuple((tuple(t.shape), str(t.dtype), str(t.device)) for t in inputs)
         started = time.perf_counter()
         exported = torch.export.export(self._module(), tuple(inputs))
         exported_at = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="fwbench-aoti-") as folder:
-            package = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(folder, "model.pt2"))
-            compiled_at = time.perf_counter()
-            package_bytes = os.path.getsize(package)
-            runner = torch._inductor.aoti_load_package(package)
+        package = torch._inductor.aoti_compile_and_package(exported, package_path=path)
+        compiled_at = time.perf_counter()
+        package_bytes = os.path.getsize(package)
+        runner = torch._inductor.aoti_load_package(package)
         del exported
         self._export_signature = signature
         self._export_log = (

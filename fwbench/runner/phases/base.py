@@ -31,9 +31,6 @@ class Phase(ABC):
     name: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]  # the case dtypes (spec.Dtype) this phase runs
     interleavable: ClassVar[bool] = True  # its timed calls can be served in blocks on command (Cell.serve_blocks)
-    # Interleaved workers start one at a time, not one per CPU at once: what a worker does before it is ready is
-    # itself a stored result (fit's epoch 1), which must not share the CPUs with another worker's.
-    starts_alone: ClassVar[bool] = False
 
     def blocks_per_round(self, settings: Settings) -> int | None:
         """Interleaved: the blocks each worker times in a round when the phase fixes them (None: as many as the
@@ -50,7 +47,8 @@ class Phase(ABC):
 
     def run(self, cell: Cell) -> dict[str, Any]:
         """The cell from its start to ``done``: stage start (these checks) → import → build (shared, on ``cell``)
-        → :meth:`measure`, or :meth:`verify` when the job has a ``verify_output``. Returns ``cell.result``.
+        → :meth:`measure`, or :meth:`verify` when the job has a ``verify_output``, or :meth:`export` when it has an
+        ``export_to``. Returns ``cell.result``.
 
         NotImplementedError (the cell's status becomes ``error``) when the phase cannot run the case."""
         case = cell.job.case
@@ -63,6 +61,8 @@ class Phase(ABC):
         backend = cell.build_backend(description)
         if cell.job.verify_output is not None:
             self.verify(cell, backend, description, Path(cell.job.verify_output))
+        elif cell.job.export_to is not None:
+            self.export(cell, backend, description, Path(cell.job.export_to))
         else:
             self.measure(cell, backend, description)
         return cell.result
@@ -75,3 +75,8 @@ class Phase(ABC):
         """``fwbench verify``: write ``output`` (the job's ``verify_output``, .npz) from the built ``backend``,
         nothing timed."""
         raise NotImplementedError(f"fwbench verify has no {self.name} phase")
+
+    def export(self, cell: Cell, backend: Backend, description: ModelDescription, destination: Path) -> None:
+        """``fwbench export``: write the runtime's artefact to ``destination`` from the built ``backend``, load it
+        back and check it, nothing timed."""
+        raise NotImplementedError(f"fwbench export has no {self.name} phase")

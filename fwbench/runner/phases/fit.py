@@ -70,7 +70,6 @@ class Fit(Phase):
 
     name = "fit"
     dtypes = FIT_DTYPES
-    starts_alone = True  # epoch 1 (compilation included) is stored: no other worker's epoch 1 beside it
 
     def blocks_per_round(self, settings: Settings) -> int:
         """One block per epoch after the first (which compiles: the warm-up)."""

@@ -18,6 +18,16 @@ if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
 
 
+def mismatch_reason(check: dict[str, Any]) -> str:
+    """Why a failed parity check (:func:`fwbench.runner.cell.parity`) failed: its worst output and error."""
+    per_output: dict[str, dict[str, float]] = check["outputs"]
+    worst, errors = max(per_output.items(), key=lambda item: item[1]["rel_l2"], default=("?", {}))
+    return (
+        f"outputs differ from the reference: {worst} relative L2 error "
+        f"{errors.get('rel_l2', float('nan')):.3g} > {check['tolerance_rel_l2']:g}"
+    )
+
+
 class Inference(Phase):
     """build → compile → first call → warm-up → timed samples → parity."""
 
@@ -50,12 +60,7 @@ class Inference(Phase):
         check["shape"] = list(description.parity_shape())
         cell.result["parity"] = check
         if not check["ok"]:
-            per_output: dict[str, dict[str, float]] = check["outputs"]
-            worst, errors = max(per_output.items(), key=lambda item: item[1]["rel_l2"], default=("?", {}))
-            cell.fail_check(
-                f"outputs differ from the reference: {worst} relative L2 error "
-                f"{errors.get('rel_l2', float('nan')):.3g} > {check['tolerance_rel_l2']:g}"
-            )
+            cell.fail_check(mismatch_reason(check))
 
     def verify(self, cell: Cell, backend: Backend, description: ModelDescription, output: Path) -> None:
         """One compiled call at the case's shape, its outputs saved to ``output`` by name."""
@@ -67,4 +72,25 @@ class Inference(Phase):
         outputs: dict[str, Any] = backend.to_numpy(backend.infer(inputs))
         np.savez(output, **outputs)
         cell.result["status"] = "ok"
+        cell.stage("done")
+
+    def export(self, cell: Cell, backend: Backend, description: ModelDescription, destination: Path) -> None:
+        """The artefact for the case's shape written to ``destination`` and loaded back from there by the engine
+        (``compile_report``: what the export cost); the reloaded artefact's outputs at that shape against the
+        float64 reference (``parity``; a failure makes the result ``mismatch``)."""
+        case, settings = cell.job.case, cell.job.settings
+        arrays = description.make_inputs(case.batch_size, case.seq_len, settings.seed)
+        inputs = backend.make_inputs(arrays)
+        cell.stage("compile")
+        cell.result["compile_report"] = backend.save_artefact(inputs, str(destination))
+        cell.stage("first_call")
+        outputs = backend.to_numpy(backend.infer(inputs))
+        reference = description.reference_forward(cell.weights(description), arrays)
+        cell.result["status"] = "ok"
+        if reference is not None:
+            check = parity(outputs, reference, case.dtype)
+            check["shape"] = [case.batch_size, case.seq_len]
+            cell.result["parity"] = check
+            if not check["ok"]:
+                cell.fail_check(f"the reloaded artefact's {mismatch_reason(check)}")
         cell.stage("done")

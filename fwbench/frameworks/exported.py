@@ -1,0 +1,127 @@
+"""What the deployment engines share (``onnxruntime:*``, ``openvino:torch``, ``litert:tensorflow``): our model,
+built from the exporting framework's model files (the mode names that framework) with the canonical weights,
+exported by that framework's ``deploy.py`` to a file for the cell's input shapes, which the engine loads and
+runs on numpy arrays. A shape not exported yet (the parity shape) is exported again; every export is in
+``compile_report`` (export seconds, load seconds: the engine reading and preparing the file, file size, what
+exported it, what the engine reports it compiled). The file lives in a temporary folder only while it loads.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fwbench.frameworks import get_runtime
+from fwbench.frameworks.base import Backend, builtin_package, export_report, import_deploy
+from fwbench.spec import Settings
+
+Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
+
+
+class ExportedBackend(Backend):
+    """A deployment engine running an artefact exported per input shape. Subclasses say how to export
+    (:meth:`export`), how to load (:meth:`load`) and call (:meth:`infer`) it, and the engine's thread settings."""
+
+    suffix: ClassVar[str]  # the artefact's file extension, ".onnx"
+    cuda_unavailable: ClassVar[str]  # why the engine does not run on CUDA here
+
+    def __init__(
+        self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+    ) -> None:
+        super().__init__(mode, device, settings, dtype=dtype, phase=phase)
+        if device != "cpu":
+            raise NotImplementedError(f"{self.framework}:{mode} on {device}: {self.cuda_unavailable}")
+        self.package = builtin_package(mode)  # the exporting framework's model files
+        self.deploy = import_deploy(self.package)
+        self.threads = 1
+        self._signature: Signature | None = None
+        self._exports: list[dict[str, Any]] = []
+
+    # -- what each engine provides ---------------------------------------------------------------
+    @abstractmethod
+    def export(self, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
+        """Write the built model for ``inputs``' shapes to ``path``; return how (``exporter`` and the like)."""
+
+    @abstractmethod
+    def load(self, path: str, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
+        """Load ``path`` into the engine so that :meth:`infer` runs it; return what the engine reports it
+        compiled (precision, providers, opset, ...)."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Drop the loaded artefact (before the next shape's is loaded)."""
+
+    @abstractmethod
+    def engine_threads(self) -> dict[str, Any]:
+        """The engine's thread settings for :attr:`threads`, as the engine reports them."""
+
+    # -- the Backend interface ---------------------------------------------------------------------
+    def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
+        """The engine gets the budget as its one pool (its own inter-op parallelism off); the exporting
+        framework gets the same budget."""
+        self.threads = intra_op
+        self.deploy.configure(intra_op)
+        return self.engine_threads()
+
+    def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        return tuple(np.ascontiguousarray(a) for a in arrays.values())
+
+    def compile(self, inputs: Sequence[Any]) -> None:
+        """Export and load for these shapes, unless the loaded artefact is already for them."""
+        signature = tuple((tuple(a.shape), str(a.dtype)) for a in inputs)
+        if signature == self._signature:
+            return
+        with tempfile.TemporaryDirectory(prefix=f"fwbench-{self.framework}-") as folder:
+            self._export_and_load(inputs, os.path.join(folder, f"model{self.suffix}"))
+
+    def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
+        """The artefact written to ``path`` and loaded back from there."""
+        self._export_and_load(inputs, path)
+        return self._exports[-1]
+
+    def _export_and_load(self, inputs: Sequence[np.ndarray], path: str) -> None:
+        """Export for ``inputs``' shapes to ``path``, load it, and record what each took."""
+        self.release()
+        self._signature = None
+        started = time.perf_counter()
+        how = self.export(inputs, path)
+        exported_at = time.perf_counter()
+        size = os.path.getsize(path)
+        facts = self.load(path, inputs)
+        self._signature = tuple((tuple(a.shape), str(a.dtype)) for a in inputs)
+        self._exports.append(
+            {
+                "input_shapes": [list(a.shape) for a in inputs],
+                "export_s": exported_at - started,
+                "load_s": time.perf_counter() - exported_at,
+                "artefact_bytes": size,
+                "artefact": get_runtime(f"{self.framework}:{self.mode}").artefact,
+                **how,
+                **facts,
+            }
+        )
+
+    def sync(self, outputs: Any) -> None:
+        """Nothing to wait for: the engines return computed numpy arrays."""
+
+    def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
+        assert self.description is not None
+        return {name: np.asarray(o, dtype=np.float32) for name, o in zip(self.description.output_names, outputs)}
+
+    def compile_report(self) -> dict[str, Any]:
+        """The export for the timed shapes; ``reexports`` lists those for other shapes made later (parity)."""
+        return export_report(self._exports)
+
+
+def onnx_opset(path: str) -> int | None:
+    """The default-domain opset an ONNX file declares."""
+    import onnx
+
+    imports = onnx.load(path, load_external_data=False).opset_import
+    return max((o.version for o in imports if o.domain in ("", "ai.onnx")), default=None)

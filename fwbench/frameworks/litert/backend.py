@@ -1,0 +1,75 @@
+"""LiteRT backend (:mod:`fwbench.frameworks.exported`). Mode ``tensorflow``: our tf.Module's ``tf.function`` at the
+cell's input signature (every shape fixed) converted by ``tf.lite.TFLiteConverter.from_concrete_functions``
+(float32, no quantisation), run by ``ai_edge_litert.interpreter.Interpreter`` with its default XNNPACK delegate
+and ``num_threads`` = the thread budget. The timed call is the ``serving_default`` signature runner called on
+numpy inputs: it sets each input tensor, ``invoke()``s and copies each output out — the same work as
+ORT's ``session.run(feed)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.metadata import version
+from typing import Any
+
+import numpy as np
+from ai_edge_litert.interpreter import Interpreter
+
+from fwbench.frameworks.base import as_tflite_exporter
+from fwbench.frameworks.exported import ExportedBackend
+from fwbench.spec import Settings
+
+SIGNATURE = "serving_default"
+
+
+class LiteRtBackend(ExportedBackend):
+    framework = "litert"
+    modes = ("tensorflow",)
+    dtypes = ("fp32",)
+    suffix = ".tflite"
+    cuda_unavailable = "LiteRT's GPU delegate runs on mobile GPUs, not CUDA"
+
+    def __init__(
+        self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+    ) -> None:
+        super().__init__(mode, device, settings, dtype=dtype, phase=phase)
+        self.exporter = as_tflite_exporter(self.deploy)
+        self._interpreter: Interpreter | None = None
+        self._runner: Any = None
+        self._outputs: list[str] = []
+
+    def engine_threads(self) -> dict[str, Any]:
+        return {"num_threads": self.threads}
+
+    def configure_precision(self) -> dict[str, object]:
+        return {"litert_precision": "float32 model, XNNPACK delegate in float32 (no quantisation, no fp16)"}
+
+    def export(self, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
+        return self.exporter.to_tflite(self.model, inputs, path)
+
+    def load(self, path: str, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
+        interpreter = Interpreter(model_path=path, num_threads=self.threads)
+        signature = interpreter.get_signature_list()[SIGNATURE]
+        if len(signature["inputs"]) != len(inputs):
+            raise RuntimeError(f"the converted model takes inputs {signature['inputs']}, the model {len(inputs)}")
+        self._runner = interpreter.get_signature_runner(SIGNATURE)  # allocates the tensors
+        self._interpreter = interpreter
+        self._outputs = sorted(signature["outputs"], key=lambda name: int(name.rsplit("_", 1)[1]))
+        return {"signature": f"{SIGNATURE}: {', '.join(signature['inputs'])} -> {', '.join(self._outputs)}"}
+
+    def release(self) -> None:
+        self._runner = self._interpreter = None
+
+    def infer(self, inputs: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        assert self._runner is not None, "compile() first"
+        result = self._runner(**{f"input_{i}": a for i, a in enumerate(inputs)})
+        return tuple(result[name] for name in self._outputs)
+
+    def versions(self) -> dict[str, str]:
+        return {"ai-edge-litert": version("ai-edge-litert"), **self.exporter.versions()}
+
+
+def create_backend(
+    mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+) -> LiteRtBackend:
+    return LiteRtBackend(mode, device, settings, dtype=dtype, phase=phase)

@@ -1,0 +1,37 @@
+"""torch's side of the deployment runtimes (:class:`fwbench.frameworks.base.OnnxExporter`): our torch model,
+with the canonical weights, written as an ONNX file that ``onnxruntime:torch`` and ``openvino:torch`` run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def configure(threads: int) -> None:
+    """The exporter traces in full float32 with the cell's thread budget."""
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision("highest")
+
+
+def to_onnx(model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
+    """``torch.onnx.export(dynamo=True)`` of ``model`` (an ``nn.Module``) traced on ``inputs``; the weights are
+    inside the one file (``external_data=False``), the input shapes fixed. Returns how it was exported."""
+    with torch.no_grad():
+        torch.onnx.export(
+            model.eval(),
+            tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs),
+            path,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+    return {"exporter": "torch.onnx.export(dynamo=True)"}
+
+
+def versions() -> dict[str, str]:
+    import onnxscript
+
+    return {"torch": torch.__version__, "onnxscript": onnxscript.__version__}
