@@ -7,6 +7,7 @@ the exporter's message while the sweep goes on; the planner refuses what they ca
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ def _matmul_onnx(path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
 
 
+@pytest.mark.slow
 def test_openvino_computes_float32_only_because_it_is_told_to(tmp_path: Path) -> None:
     """The backend's compile settings make the compiled model report f32. Without the precision hint, a CPU with
     bf16 units (OpenVINO's BF16 capability) compiles the same float32 model to bf16: the hint is what keeps it
@@ -129,6 +131,7 @@ def test_openvino_computes_float32_only_because_it_is_told_to(tmp_path: Path) ->
     _matmul_onnx(path)
     backend = OpenVinoBackend("torch", "cpu", Settings())
     config = backend.config()
+    assert config[hints.inference_precision()] == ov.Type.f32
     compiled = backend.core.compile_model(str(path), DEVICE, config)
     assert plain(compiled.get_property(hints.inference_precision())) == "f32"
     if "BF16" not in ov.Core().get_property(DEVICE, props.device.capabilities()):
@@ -146,9 +149,12 @@ def gelu_model_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     monkeypatch.setenv("FWBENCH_PLUGINS", "fwbench_gelu_model")
     monkeypatch.syspath_prepend(str(TESTS_DIR))
     monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    monkeypatch.setattr(registry, "_RUNTIMES", dict(registry._RUNTIMES))  # fwbench_plugin_model adds one
     monkeypatch.setattr(registry, "_plugins_loaded", False)
     registry.load_plugins()
     yield dict(os.environ)
+    for name in [n for n in sys.modules if n.startswith(("fwbench_gelu_model", "fwbench_plugin_model"))]:
+        del sys.modules[name]
 
 
 @pytest.mark.slow
@@ -246,6 +252,7 @@ def test_export_writes_an_artefact_the_engine_alone_runs(runtime: str, tmp_path:
         (["mlp", "--runtime", "torch:export"], "torch:export writes an AOTInductor package (.pt2): the path must end"),
         (["gpt2-tiny", "--runtime", "onnxruntime:torch", "--seq-len", "100000"], "gpt2-tiny"),
         (["mlp", "--runtime", "onnxruntime:torch", "--batch-size", "0"], "'0' is not a positive integer"),
+        (["mlp", "--runtime", "onnxruntime:torch", "--seq-len", "16"], "--seq-len: mlp has no sequence axis"),
     ],
 )
 def test_export_refuses_bad_input_in_one_line_and_writes_nothing(

@@ -154,10 +154,12 @@ def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
 # -- the pytest side ----------------------------------------------------------------------------
 # Each runtime's report comes in two parts, each its own subprocess and xdist group: the default run (make test)
 # trains the MLP (optimizer parity, master weights, compile counters) and bert-tiny (attention, layer norm, a
-# frozen parameter); the matrix (make test-matrix, marker ``matrix``) adds gpt2-tiny (causal LM, tied embeddings)
-# and resnet-tiny (convolutions, batch norm's running statistics, carried state) in every runtime.
+# frozen parameter) in every runtime, and resnet-tiny (convolutions, batch norm's running statistics, state
+# carried into a compiled step) in RESNET_BY_DEFAULT; the matrix (make test-matrix, marker ``matrix``) trains the
+# other models in every runtime: gpt2-tiny (causal LM, tied embeddings), and resnet-tiny in the others.
 DEFAULT_MODELS = ("mlp", "bert-tiny")
 MATRIX_MODELS = ("gpt2-tiny", "resnet-tiny")
+RESNET_BY_DEFAULT = ("torch:eager", "tensorflow:function")  # the cheapest eager and compiled resnet-tiny steps
 assert set(DEFAULT_MODELS + MATRIX_MODELS) == set(MODELS)
 RUNTIMES = (
     "torch:eager",
@@ -177,11 +179,22 @@ RUNTIME_PARTS = [
 ]
 
 
+def resnet_part(runtime: str) -> str:
+    """The part of ``runtime``'s report that trains resnet-tiny."""
+    return "default" if runtime in RESNET_BY_DEFAULT else "matrix"
+
+
 def part_models(runtime: str, part: str) -> tuple[str, ...]:
     """The models a part of ``runtime``'s report trains (a compiled-MLP-only runtime: the MLP, in its one part)."""
     if runtime in COMPILED_MLP_ONLY:
         return ("mlp",)
-    return DEFAULT_MODELS if part == "default" else MATRIX_MODELS
+    models = DEFAULT_MODELS if part == "default" else MATRIX_MODELS
+    return tuple(m for m in models if m != "resnet-tiny") + (("resnet-tiny",) if resnet_part(runtime) == part else ())
+
+
+def resnet_param(runtime: str) -> Any:
+    """``runtime`` as a test parameter, marked ``matrix`` unless its resnet-tiny is trained by default."""
+    return pytest.param(runtime, marks=() if resnet_part(runtime) == "default" else pytest.mark.matrix)
 
 
 def runtime_report(runtime: str, part: str = "default") -> dict[str, Any]:
@@ -291,8 +304,7 @@ def test_bf16_training_updates_float32_master_weights(runtime: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.matrix
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", [resnet_param(runtime) for runtime in RUNTIMES])
 def test_batch_norm_trains_on_batch_statistics_and_updates_its_running_ones(runtime: str) -> None:
     """After one step of resnet-tiny every BN running statistic has moved from its initial value r₀ to
     (1 − m)·r₀ + m·batch (m = 0.1, the batch's mean, its unbiased variance), the batch statistics those of
@@ -301,7 +313,7 @@ def test_batch_norm_trains_on_batch_statistics_and_updates_its_running_ones(runt
     from fwbench.models import get_model
 
     description = get_model("resnet-tiny")
-    got = runtime_report(runtime, "matrix")["running_statistics"]["resnet-tiny"]
+    got = runtime_report(runtime, resnet_part(runtime))["running_statistics"]["resnet-tiny"]
     assert set(got) == set(description.running_statistics())
     weights = description.canonical_weights(0)
     expected = description.reference_running_statistics(weights, description.make_inputs(2, None, 0))
@@ -328,12 +340,11 @@ def test_later_steps_compile_nothing(runtime: str, optimizer: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.matrix
-@pytest.mark.parametrize("runtime", [r for r in COUNTED if r not in COMPILED_MLP_ONLY])
+@pytest.mark.parametrize("runtime", [resnet_param(r) for r in COUNTED if r not in COMPILED_MLP_ONLY])
 def test_carried_batch_norm_state_compiles_nothing_more(runtime: str) -> None:
     """ResNet's running statistics fed back into the compiled step (jax:jit's returned state, TF's assigned
     variables, Keras' non-trainable state) leave the third step with nothing to trace or compile."""
-    before, after = runtime_report(runtime, "matrix")["stateful_counters"]["resnet-tiny"]
+    before, after = runtime_report(runtime, resnet_part(runtime))["stateful_counters"]["resnet-tiny"]
     assert before and before == after
 
 

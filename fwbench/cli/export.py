@@ -40,7 +40,12 @@ def add_parser(commands: Any) -> None:
         "at --out then), 2 on bad input (nothing written).",
     )
     export.add_argument("model", help="model name (fwbench list)")
-    export.add_argument("--runtime", required=True, help=f"one of: {', '.join(exportable())}")
+    export.add_argument(
+        "--runtime",
+        required=True,
+        help="a runtime that writes an artefact: torch:export, tensorflow:savedmodel, onnxruntime:torch, "
+        "onnxruntime:tensorflow, openvino:torch, litert:tensorflow (or a plugin's; fwbench list)",
+    )
     export.add_argument("--out", required=True, type=Path, metavar="PATH", help="where to write it (must not exist)")
     export.add_argument("--batch-size", type=positive_int, help="default: the model's parity shape (2)")
     export.add_argument("--seq-len", type=positive_int, help="default: the model's parity shape (16)")
@@ -70,6 +75,8 @@ def _checked_case(args: argparse.Namespace) -> Case:
         )
     batch, seq = description.parity_shape()
     if args.seq_len is not None:
+        if not description.has_sequence:
+            raise SpecError(f"--seq-len: {args.model} has no sequence axis")
         problem = description.supports_seq_len(args.seq_len)
         if problem:
             raise SpecError(problem)
@@ -116,7 +123,11 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if outcome.status != "ok":
             print(f"fwbench export: {args.runtime} {args.model}: {outcome.status}: {outcome.reason}", file=sys.stderr)
             return 1
-        os.replace(partial, out)
+        try:
+            os.replace(partial, out)
+        except OSError as exc:
+            print(f"fwbench export: could not move the artefact to {out}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     finally:
         _remove(partial)
     report: dict[str, Any] = outcome.details.get("compile_report", {})

@@ -117,11 +117,3 @@ class ExportedBackend(Backend):
     def compile_report(self) -> dict[str, Any]:
         """The export for the timed shapes; ``reexports`` lists those for other shapes made later (parity)."""
         return export_report(self._exports)
-
-
-def onnx_opset(path: str) -> int | None:
-    """The default-domain opset an ONNX file declares."""
-    import onnx
-
-    imports = onnx.load(path, load_external_data=False).opset_import
-    return max((o.version for o in imports if o.domain in ("", "ai.onnx")), default=None)

@@ -329,9 +329,10 @@ class ResultRecord:
 
     @property
     def time_to_first_result_s(self) -> float | None:
-        """Seconds from the worker's start to its first call's outputs: start-up and imports, build, compile (an
-        export, conversion and load included) and the first call, from ``details.stage_seconds``; None where the
-        cell never reached its first call or stored no stage seconds."""
+        """Seconds from the worker's first stage to its first call's outputs: importing the framework, build,
+        compile (an export, conversion and load included) and the first call, from ``details.stage_seconds``
+        (the interpreter's start and fwbench's own imports come before the first stage); None where the cell never
+        reached its first call or stored no stage seconds."""
         stages = _dict(self.details.get("stage_seconds"))
         if _float(stages.get("first_call")) is None:
             return None

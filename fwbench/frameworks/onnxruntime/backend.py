@@ -12,14 +12,14 @@ thread there is no pool to spin). fp32 on the CPU only here: the CUDA provider n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from fwbench.frameworks.base import as_onnx_exporter
-from fwbench.frameworks.exported import ExportedBackend, onnx_opset
+from fwbench.frameworks.exported import ExportedBackend
 from fwbench.spec import Settings
 
 SPINNING = "1"  # ORT's default, stated: a pool thread spins briefly for work before it sleeps
@@ -71,7 +71,7 @@ class OnnxRuntimeBackend(ExportedBackend):
         if len(names) != len(inputs):
             raise RuntimeError(f"the exported graph takes inputs {names}, the model {len(inputs)}")
         self._session, self._input_names = session, names
-        return {"opset": onnx_opset(path), "providers": session.get_providers()}
+        return {"providers": session.get_providers()}
 
     def release(self) -> None:
         self._session = None
@@ -81,7 +81,7 @@ class OnnxRuntimeBackend(ExportedBackend):
         return tuple(self._session.run(None, dict(zip(self._input_names, inputs))))
 
     def versions(self) -> dict[str, str]:
-        return {"onnxruntime": ort.__version__, "onnx": onnx.__version__, **self.exporter.versions()}
+        return {"onnxruntime": ort.__version__, "onnx": version("onnx"), **self.exporter.versions()}
 
 
 def create_backend(

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,8 @@ def to_onnx(model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, An
         raise ValueError(f"tf2onnx {tf2onnx.__version__}: Tensorflow op(s) not supported: {', '.join(unconverted)}")
     with open(path, "wb") as file:
         file.write(proto.SerializeToString())
-    return {"exporter": "tf2onnx.convert.from_function"}
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {"exporter": "tf2onnx.convert.from_function", "opset": opset}
 
 
 def unknown_onnx_ops(proto: Any) -> list[str]:
@@ -63,6 +65,8 @@ def to_tflite(model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, 
 
 
 def versions() -> dict[str, str]:
-    import tf2onnx
-
-    return {"tensorflow": tf.__version__, "tf2onnx": tf2onnx.__version__}
+    """TensorFlow's, and tf2onnx's where installed (read from its metadata: nothing imported)."""
+    try:
+        return {"tensorflow": tf.__version__, "tf2onnx": version("tf2onnx")}
+    except PackageNotFoundError:  # litert:tensorflow needs no tf2onnx
+        return {"tensorflow": tf.__version__}

@@ -4,6 +4,7 @@ with the canonical weights, written as an ONNX file that ``onnxruntime:torch`` a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -18,9 +19,10 @@ def configure(threads: int) -> None:
 
 def to_onnx(model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
     """``torch.onnx.export(dynamo=True)`` of ``model`` (an ``nn.Module``) traced on ``inputs``; the weights are
-    inside the one file (``external_data=False``), the input shapes fixed. Returns how it was exported."""
+    inside the one file (``external_data=False``), the input shapes fixed. Returns how it was exported and the
+    default-domain opset of the written graph."""
     with torch.no_grad():
-        torch.onnx.export(
+        program = torch.onnx.export(
             model.eval(),
             tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs),
             path,
@@ -28,10 +30,9 @@ def to_onnx(model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, An
             external_data=False,
             verbose=False,
         )
-    return {"exporter": "torch.onnx.export(dynamo=True)"}
+    assert program is not None, "torch.onnx.export(dynamo=True) returns the ONNXProgram it wrote"
+    return {"exporter": "torch.onnx.export(dynamo=True)", "opset": program.model.opset_imports.get("")}
 
 
 def versions() -> dict[str, str]:
-    import onnxscript
-
-    return {"torch": torch.__version__, "onnxscript": onnxscript.__version__}
+    return {"torch": torch.__version__, "onnxscript": version("onnxscript")}
