@@ -104,18 +104,50 @@ def _framework_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     os.environ.update(saved)
 
 
+def _name_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    """Make the test-only plugin ``module`` (in tests/) importable and named in $FWBENCH_PLUGINS, here and in every
+    subprocess."""
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("FWBENCH_PLUGINS", module)
+    monkeypatch.syspath_prepend(str(TESTS_DIR))
+
+
 @pytest.fixture
 def plugin_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Load the test-only fake runtimes here and in every worker."""
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH")]))
-    monkeypatch.setenv("PYTHONPATH", path)
-    monkeypatch.setenv("FWBENCH_PLUGINS", "fwbench_test_plugin")
-    monkeypatch.syspath_prepend(str(TESTS_DIR))
+    _name_plugin(monkeypatch, "fwbench_test_plugin")
     import fwbench.frameworks as registry
 
     monkeypatch.setattr(registry, "_plugins_loaded", False)
     registry.load_plugins()
     return dict(os.environ)
+
+
+# The test plugins that register models (fwbench_gelu_model imports fwbench_plugin_model): their registrations last
+# only as long as the test that loads them.
+MODEL_PLUGINS = ("fwbench_plugin_model", "fwbench_gelu_model")
+
+
+def _forget_model_plugins() -> None:
+    for name in [n for n in sys.modules if n.split(".", 1)[0] in MODEL_PLUGINS]:
+        del sys.modules[name]
+
+
+def loaded_model_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[dict[str, str]]:
+    """For a fixture: the model plugin ``module`` imported afresh here (the model and runtime registries restored
+    afterwards) and named for every subprocess; yields the environment a subprocess gets."""
+    import fwbench.frameworks as registry
+    import fwbench.models as models
+
+    _name_plugin(monkeypatch, module)
+    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    monkeypatch.setattr(registry, "_RUNTIMES", dict(registry._RUNTIMES))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    _forget_model_plugins()
+    registry.load_plugins()
+    yield dict(os.environ)
+    _forget_model_plugins()
 
 
 @pytest.fixture

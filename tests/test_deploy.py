@@ -6,8 +6,6 @@ the exporter's message while the sweep goes on; the planner refuses what they ca
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import fwbench.frameworks as registry
 import fwbench.models as models
-from conftest import REPO_DIR, TESTS_DIR, run_cli
+from conftest import loaded_model_plugin, run_cli
 from fwbench.runner.verify import verify_model
 from fwbench.spec import Case, Settings
 
@@ -144,17 +141,7 @@ def test_openvino_computes_float32_only_because_it_is_told_to(tmp_path: Path) ->
 @pytest.fixture
 def gelu_model_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The test plugin model gelu-mlp (tests/fwbench_gelu_model) loaded here and in every subprocess."""
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH")]))
-    monkeypatch.setenv("PYTHONPATH", path)
-    monkeypatch.setenv("FWBENCH_PLUGINS", "fwbench_gelu_model")
-    monkeypatch.syspath_prepend(str(TESTS_DIR))
-    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
-    monkeypatch.setattr(registry, "_RUNTIMES", dict(registry._RUNTIMES))  # fwbench_plugin_model adds one
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    registry.load_plugins()
-    yield dict(os.environ)
-    for name in [n for n in sys.modules if n.startswith(("fwbench_gelu_model", "fwbench_plugin_model"))]:
-        del sys.modules[name]
+    yield from loaded_model_plugin(monkeypatch, "fwbench_gelu_model")
 
 
 @pytest.mark.slow

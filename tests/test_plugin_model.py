@@ -5,7 +5,6 @@ built-in runtimes and by a plugin runtime whose framework package is the plugin'
 from __future__ import annotations
 
 import json
-import os
 import sys
 import types
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import pytest
 
 import fwbench.frameworks as registry
 import fwbench.models as models
-from conftest import REPO_DIR, TESTS_DIR, run_cli
+from conftest import loaded_model_plugin, run_cli
 from fwbench.frameworks.base import (
     ArchModule,
     ModelFileError,
@@ -33,25 +32,10 @@ PLUGIN = "fwbench_plugin_model"
 RUNTIMES = ("torch:eager", "jax:jit", "pluginfw:torch")  # built-in torch and jax, and the plugin's framework
 
 
-def _forget_plugin_modules() -> None:
-    for name in [n for n in sys.modules if n == PLUGIN or n.startswith(PLUGIN + ".")]:
-        del sys.modules[name]
-
-
 @pytest.fixture
 def plugin_model_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The plugin loaded here (the registries restored afterwards) and named for every subprocess."""
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH")]))
-    monkeypatch.setenv("PYTHONPATH", path)
-    monkeypatch.setenv("FWBENCH_PLUGINS", PLUGIN)
-    monkeypatch.syspath_prepend(str(TESTS_DIR))
-    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
-    monkeypatch.setattr(registry, "_RUNTIMES", dict(registry._RUNTIMES))
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    _forget_plugin_modules()
-    registry.load_plugins()
-    yield dict(os.environ)
-    _forget_plugin_modules()
+    yield from loaded_model_plugin(monkeypatch, PLUGIN)
 
 
 def test_the_plugin_model_is_registered_and_its_files_are_found_without_importing_them(

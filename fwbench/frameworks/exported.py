@@ -24,6 +24,11 @@ from fwbench.spec import Settings
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
 
 
+def signature_of(inputs: Sequence[np.ndarray]) -> Signature:
+    """What an export is specialised to: each input's shape and dtype."""
+    return tuple((tuple(a.shape), str(a.dtype)) for a in inputs)
+
+
 class ExportedBackend(Backend):
     """A deployment engine running an artefact exported per input shape. Subclasses say how to export
     (:meth:`export`), how to load (:meth:`load`) and call (:meth:`infer`) it, and the engine's thread settings."""
@@ -74,8 +79,7 @@ class ExportedBackend(Backend):
 
     def compile(self, inputs: Sequence[Any]) -> None:
         """Export and load for these shapes, unless the loaded artefact is already for them."""
-        signature = tuple((tuple(a.shape), str(a.dtype)) for a in inputs)
-        if signature == self._signature:
+        if signature_of(inputs) == self._signature:
             return
         with tempfile.TemporaryDirectory(prefix=f"fwbench-{self.framework}-") as folder:
             self._export_and_load(inputs, os.path.join(folder, f"model{self.suffix}"))
@@ -94,7 +98,7 @@ class ExportedBackend(Backend):
         exported_at = time.perf_counter()
         size = os.path.getsize(path)
         facts = self.load(path, inputs)
-        self._signature = tuple((tuple(a.shape), str(a.dtype)) for a in inputs)
+        self._signature = signature_of(inputs)
         self._exports.append(
             {
                 "input_shapes": [list(a.shape) for a in inputs],
