@@ -75,7 +75,11 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     # the training details are the first round's (its worker's losses): its blocks
     first_round = [block for block in row.blocks if block.round == 0]
     assert row.calls_per_sample is not None and parts.timed == len(first_round) * row.calls_per_sample
-    assert losses[0] == training.first_loss and losses[-1] > training.final_loss > 0  # AdamW on one batch
+    # AdamW on one batch: downhill from the first loss; one more step after the loop continues the curve. Strictly
+    # below the last step's loss only until the batch is fit: a fast CPU runs enough steps (836 on a 2-core EPYC)
+    # to reach float32's floor, where the two are equal (4.59e-6 both), so equal within that noise.
+    assert losses[0] == training.first_loss and 0 < training.final_loss < losses[0]
+    assert training.final_loss <= losses[-1] + 1e-3 * losses[0]
     assert training.counted_steps_before_final == len(losses) - parts.calibration
 
     run = logdir / "mlp" / "torch_eager"
