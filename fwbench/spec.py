@@ -23,12 +23,11 @@ OptimizerKind = Literal["sgd", "adamw"]  # phase training; hyperparameters in fw
 Status = Literal["ok", "oom", "timeout", "error", "skipped", "mismatch"]
 
 PHASES: tuple[str, ...] = get_args(Phase)
-# What the workers can run today; the other phases come with their backends. bf16 is each framework's
-# own way (torch autocast, TF/JAX weights and inputs cast, Keras' mixed_bfloat16 policy; see the README).
+# What the workers can run today; the other phases come with their backends. bf16 is one mixed-precision policy
+# in every framework (fwbench.precision; docs/precision.md).
 RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training", "fit")
 RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
-# Phase training: bf16 is mixed precision with float32 master weights (torch autocast, Keras mixed_bfloat16,
-# JAX parameters cast inside the loss, TF a bfloat16 working copy of the float32 variables). Phase fit: fp32.
+# Phase training: bf16 is the same policy, float32 master weights and update. Phase fit: fp32.
 TRAINING_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 FIT_DTYPES: tuple[str, ...] = ("fp32",)
 # Largest batch size, sequence length or count accepted (fits every store column and framework index).

@@ -158,5 +158,5 @@ def test_relative_errors_is_the_one_measure_of_parity_and_verify() -> None:
     assert relative_errors(got, expected.T) == (float("inf"), float("inf"))  # shapes differ
     assert relative_errors(np.zeros(2), np.zeros(2)) == (0.0, 0.0)  # an all-zero reference divides by 1
     assert relative_errors(2.2, 2.0) == pytest.approx((0.1, 0.2))  # scalars: a loss against its reference
-    check = parity({"logits": got}, {"logits": expected}, "fp32")
+    check = parity({"logits": got}, {"logits": expected}, "fp32", "mlp")
     assert check["outputs"]["logits"] == {"rel_l2": 0.1, "max_abs": 0.5} and check["ok"] is False

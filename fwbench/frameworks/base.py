@@ -299,7 +299,7 @@ class Backend(ABC):
         self.mode = mode
         self.device = device
         self.settings = settings
-        self.dtype = dtype  # the case's dtype: "fp32", or "bf16" computed the framework's own way
+        self.dtype = dtype  # the case's dtype: "fp32", or "bf16": the mixed-precision policy of fwbench.precision
         # The case's phase (spec.Phase), given at creation: bf16 training keeps float32 master weights where
         # bf16 inference casts the weights themselves (TF, JAX).
         self.phase = phase
@@ -463,6 +463,13 @@ class Backend(ABC):
     @abstractmethod
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
         """Outputs by name as numpy arrays (for parity checks)."""
+
+    def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
+        """What the built model's forward on ``inputs`` (from :meth:`make_inputs`) computes in, read from the
+        framework itself (traced graph, jaxpr, an op trace under autocast): op class (fwbench.precision
+        OBSERVED_OPS) → the sorted dtype names of its operands. None where this runtime cannot look inside
+        (an exported engine)."""
+        return None
 
     def compile_counters(self) -> dict[str, int]:
         """Cumulative compile-health counters of this process, read from the framework (cheap; never

@@ -1,5 +1,5 @@
-"""What every report marks on a stored cell, decided in one place: noisy cells, compile-health flags and
-parity marks. The terminal/Markdown tables, the HTML page and the exports all read these."""
+"""What every report marks on a stored cell, decided in one place: noisy cells, compile-health flags, parity
+marks and precision flags. The terminal/Markdown tables, the HTML page and the exports all read these."""
 
 from __future__ import annotations
 
@@ -76,6 +76,55 @@ def parity_mark(row: ResultRecord, parity: dict[ParityKey, float | None]) -> str
         return NOT_CHECKED
     worst = parity[parity_key(row)]
     return PARITY_FAILED if worst is None else f"{worst:.0e}"
+
+
+# A runtime whose parity error on an output is this many times the median of the other runtimes' (or this many
+# times smaller) on the same run, model, dtype and device computes in another precision than they do. Under the
+# bf16 policy the runtimes that follow it land within 2.7x of each other on the zoo (docs/precision.md), where
+# pure bfloat16 lands 3-25x above them; fp32 errors are rounding noise near 1e-7 that spreads ~10x, where TF32
+# or a bf16 pass lands 1e3x above.
+PRECISION_OUTLIER_RATIO = {"bf16": 4.0, "fp32": 100.0}
+
+
+def precision_flags(results: Sequence[ResultRecord]) -> dict[ParityKey, str]:
+    """Per :func:`parity_key`, why its runtime's precision is suspect: op classes its framework's graph showed
+    off the policy (``details.precision``), or an output whose parity error is more than
+    PRECISION_OUTLIER_RATIO[dtype] times above or below the lower median of every runtime's error on that output
+    (same run, model, dtype, device; at least two runtimes: with two, the larger error is the one flagged, with
+    three or more the majority decides)."""
+    checks: dict[ParityKey, ResultRecord] = {}
+    for row in results:
+        if row.parity is not None and row.parity.outputs:
+            checks.setdefault(parity_key(row), row)
+    flags: dict[ParityKey, list[str]] = {}
+    for key, row in checks.items():
+        if row.precision is not None and row.precision.mismatches:
+            flags.setdefault(key, []).append("off policy: " + "; ".join(row.precision.mismatches))
+        ratio = PRECISION_OUTLIER_RATIO.get(row.dtype)
+        peers = [
+            other
+            for k, other in checks.items()
+            if k != key and (k[0], k[1], k[3], k[4]) == (key[0], key[1], key[3], key[4])
+        ]
+        if ratio is None or not peers:
+            continue
+        assert row.parity is not None
+        for name, error in row.parity.outputs.items():
+            others = [
+                e.rel_l2 for p in peers if p.parity is not None and (e := p.parity.outputs.get(name)) and e.rel_l2
+            ]
+            if not others or not error.rel_l2:
+                continue
+            everyone = sorted([error.rel_l2, *others])
+            typical = everyone[(len(everyone) - 1) // 2]  # the (lower) median of all: one outlier cannot move it
+            times = error.rel_l2 / typical
+            if times > ratio or times < 1 / ratio:
+                flags.setdefault(key, []).append(
+                    f"{name} error {error.rel_l2:.1e} is {times:.2g}x the runtimes' median {typical:.1e}: "
+                    f"computes another precision"
+                )
+                break
+    return {key: "; ".join(texts) for key, texts in flags.items()}
 
 
 def samples_text(row: ResultRecord) -> str:

@@ -31,7 +31,16 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
-from fwbench.report.flags import NOISY_REL_CI, cell_flags, compile_flags, is_noisy, rel_half_width, samples_text
+from fwbench.report.flags import (
+    NOISY_REL_CI,
+    cell_flags,
+    compile_flags,
+    is_noisy,
+    parity_key,
+    precision_flags,
+    rel_half_width,
+    samples_text,
+)
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.summary import (
     ALPHA,
@@ -512,7 +521,9 @@ def _error_text(value: float | None) -> str:
 
 
 def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
-    """One row per stored parity check: relative L2 and max-abs error of each output against the reference."""
+    """One row per stored parity check: relative L2 and max-abs error of each output against the reference, the
+    dtypes the framework's graph showed per op class, and the precision flag (fwbench.report.flags)."""
+    precision = precision_flags(results)
     rows, classes = [], []
     for r in results:
         check = r.parity
@@ -526,6 +537,8 @@ def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
             or "—"
         )
         ok = check.passed
+        observed = r.precision.observed if r.precision is not None else {}
+        computed = "<br>".join(f"{esc(op)}: {esc(', '.join(dtypes))}" for op, dtypes in observed.items()) or "—"
         rows.append(
             ([esc(r.run_id)] if multi_run else [])
             + [
@@ -537,6 +550,7 @@ def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
                 esc(check.tolerance_rel_l2),
                 esc(check.reference),
                 errors,
+                computed + (f"<br><b>{esc(precision[parity_key(r)])}</b>" if parity_key(r) in precision else ""),
             ]
         )
         classes.append("" if ok else "bad")
@@ -549,6 +563,7 @@ def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
         "tolerance (rel L2)",
         "reference",
         "error per output",
+        "computed in (observed)",
     ]
     body = _table(headers, rows, row_classes=classes) if rows else "<p>No parity checks are stored here.</p>"
     return (
@@ -604,6 +619,7 @@ def results_section(
     """Every stored cell, one row each, in stored order."""
     rate_headers = throughput_headers(results)  # training cells: samples/s (tokens/s); none for inference only
     first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
+    precision = precision_flags(results)
     headers = [
         "run",
         "model",
@@ -639,7 +655,8 @@ def results_section(
                 if cell is None
                 else _ratio(cell.ratio) + ("" if cell.ratio is None or cell.significant else " <i>n.s.</i>")
             )
-        note = esc(r.reason) if not ok else esc("; ".join(cell_flags(r)))
+        flags = cell_flags(r) + ([precision[parity_key(r)]] if parity_key(r) in precision else [])
+        note = esc(r.reason) if not ok else esc("; ".join(flags))
         rows.append(
             [
                 esc(r.run_id),

@@ -30,7 +30,9 @@ from fwbench.report.flags import (
     cell_flags,
     is_noisy,
     parity_by_pair,
+    parity_key,
     parity_mark,
+    precision_flags,
     rel_half_width,
     samples_text,
 )
@@ -78,10 +80,10 @@ def _median_cell(row: ResultRecord) -> str:
     return f"[yellow]{text}[/]" if is_noisy(row) else text
 
 
-def _note(row: ResultRecord) -> str:
+def _note(row: ResultRecord, precision: dict[ParityKey, str]) -> str:
     if row.status != "ok":
         return escape(row.reason or "")
-    flags = cell_flags(row)
+    flags = cell_flags(row) + ([precision[parity_key(row)]] if parity_key(row) in precision else [])
     return ", ".join(f"[yellow]{escape(flag)}[/]" for flag in flags)
 
 
@@ -224,6 +226,7 @@ def result_tables(
     order = {name: i for i, name in enumerate(sorted(runtimes_in(results), key=lambda r: r != baseline))}
     groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
     parity = parity_by_pair(results)
+    precision = precision_flags(results)
     rate_headers = throughput_headers(results)
     first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
     headers = [label for _, label in varying] + [
@@ -275,7 +278,7 @@ def result_tables(
                     format_bytes(row.peak_memory_bytes),
                     samples_text(row),
                     _parity_cell(row, parity),
-                    _note(row),
+                    _note(row, precision),
                 ]
             )
             if index + 1 < len(rows) and _shape_key(rows[index + 1]) != _shape_key(row):

@@ -15,7 +15,7 @@ import os
 import time
 import timeit
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -24,16 +24,18 @@ import numpy as np
 from fwbench.measure import memory, noise, timer
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
+from fwbench.precision import policy_mismatches
 from fwbench.runner.messages import Job, message, stage_message
-from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, relative_errors
+from fwbench.runner.tolerances import parity_tolerance, relative_errors
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
 
 
-def parity(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
-    """Relative L2 and max-abs error of each output against the reference; ``ok`` within tolerance."""
-    tolerance = PARITY_REL_L2_TOLERANCE[dtype]
+def parity(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], dtype: str, model: str) -> dict[str, Any]:
+    """Relative L2 and max-abs error of each output against the reference; ``ok`` within ``model``'s tolerance in
+    ``dtype`` (fwbench.runner.tolerances.parity_tolerance)."""
+    tolerance = parity_tolerance(model, dtype)
     per_output: dict[str, dict[str, float]] = {}
     ok = set(outputs) == set(reference)
     for name, ref in reference.items():
@@ -133,6 +135,17 @@ class Cell:
         if backend.layout is not None:
             self.result["layout"] = backend.layout
         return backend
+
+    def record_precision(self, backend: Backend, inputs: Sequence[Any]) -> None:
+        """``result["precision"]``: the case's policy and what the framework's graph of the forward on ``inputs``
+        shows (backend.observe_precision), with the op classes that break the policy (fwbench.precision)."""
+        observed = backend.observe_precision(inputs)
+        dtype = self.job.case.dtype
+        self.result["precision"] = {
+            "policy": dtype,
+            "observed": observed or {},
+            "mismatches": policy_mismatches(dtype, observed or {}),
+        }
 
     def time_calls(self, backend: Backend, step: Callable[[], object]) -> tuple[int, timer.TimingResult]:
         """Stages first_call, warmup and timing of ``step`` (one synchronised call) under the job's timing

@@ -93,6 +93,34 @@ class ParityCheck:
 
 
 @dataclass(frozen=True)
+class PrecisionCheck:
+    """``details.precision``: the policy a cell ran under (its dtype, fwbench.precision) and what the framework's
+    own graph showed: op class → the dtypes its operands had (empty where the runtime cannot be looked into),
+    and each op class that did not compute as the policy says."""
+
+    policy: str | None = None
+    observed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    mismatches: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, raw: Any) -> PrecisionCheck | None:
+        """The check stored as ``raw``; None when there is none (not a JSON object)."""
+        if not isinstance(raw, dict):
+            return None
+        observed = {
+            str(op): tuple(str(d) for d in dtypes)
+            for op, dtypes in _dict(raw.get("observed")).items()
+            if isinstance(dtypes, list)
+        }
+        mismatches = raw.get("mismatches")
+        return cls(
+            policy=_str(raw.get("policy")),
+            observed=observed,
+            mismatches=tuple(str(m) for m in mismatches) if isinstance(mismatches, list) else (),
+        )
+
+
+@dataclass(frozen=True)
 class StepLossParts:
     """How many optimizer steps of a training cell's loop were which part, in the order they ran."""
 
@@ -280,6 +308,7 @@ class ResultRecord:
     wall_s: float | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
     parity: ParityCheck | None = None
+    precision: PrecisionCheck | None = None  # None: not observed (stored before the policy was observed)
     training: TrainingDetails | None = None
     fit: FitDetails | None = None
     compile_health: CompileHealth = NO_COMPILE_HEALTH
@@ -310,6 +339,7 @@ class ResultRecord:
             blocks=tuple(row.get("blocks") or ()),
             details=details,
             parity=ParityCheck.parse(details.get("parity")),
+            precision=PrecisionCheck.parse(details.get("precision")),
             training=TrainingDetails.parse(details.get("training")),
             fit=FitDetails.parse(details.get("fit")),
             compile_health=CompileHealth.parse(details.get("compile_health")),

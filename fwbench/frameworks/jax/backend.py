@@ -9,16 +9,14 @@ kernels single-threaded. (The folklore token ``intra_op_parallelism_threads=N`` 
 XLA ignores it after a ``--`` flag and dies taking it for a flags file when it comes first.)
 JAX dispatch is asynchronous: ``sync`` blocks on every output leaf.
 
-bf16 (``dtype="bf16"``): the parameter pytree is built in float32, then every floating-point leaf is
-cast to ``jnp.bfloat16`` (the float32 arrays are dropped), and float inputs are cast to bfloat16 when
-made (integer token ids stay int32). The jitted function then computes in bfloat16 as JAX's own ops
-do (``jnp.mean`` and friends accumulate in float32; ``jax.nn.dot_product_attention`` computes its
-softmax in float32); the outputs are bfloat16 until ``to_numpy``.
+bf16 (``dtype="bf16"``): fwbench's mixed-precision policy (fwbench.precision), applied by the model code
+through ``fwbench.frameworks.jax.precision`` while jit traces it: the parameters and float inputs stay float32,
+matmul / conv / attention operands are cast to bfloat16, layer norms and batch-norm statistics compute in
+float32. Inference and training trace the same casts; gradients reach the float32 parameters through them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,15 +50,9 @@ import jaxlib  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fwbench.frameworks.base import Backend  # noqa: E402
+from fwbench.frameworks.jax import precision  # noqa: E402
 from fwbench.frameworks.jax.weights import jax_device  # noqa: E402
-from fwbench.models.base import ModelDescription  # noqa: E402
 from fwbench.spec import Settings  # noqa: E402
-
-
-def cast_floating(tree: Any, dtype: Any) -> Any:
-    """``tree`` with every floating-point array leaf cast to ``dtype`` (integer and bool leaves kept)."""
-    return jax.tree.map(lambda leaf: leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf, tree)
-
 
 # Compile health: JAX reports every trace and every XLA compilation of the process as a monitoring event.
 _TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
@@ -106,36 +98,29 @@ class JaxBackend(Backend):
     def configure_precision(self) -> dict[str, object]:
         jax.config.update("jax_default_matmul_precision", "highest")
         report: dict[str, object] = {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}  # type: ignore[attr-defined]
-        if self.dtype == "bf16" and self.phase == "training":
+        if self.dtype == "bf16":
             report["bf16_mechanism"] = (
-                "mixed precision: float32 master parameters and optimizer state, cast to "
-                "jnp.bfloat16 inside the jitted loss function"
+                "fwbench mixed precision: float32 parameters and inputs; matmul/conv/attention operands cast to "
+                "jnp.bfloat16 in the model code (fwbench.frameworks.jax.precision), layer norm and batch-norm "
+                "statistics in float32"
             )
-        elif self.dtype == "bf16":
-            report["bf16_mechanism"] = "parameter pytree and float inputs cast to jnp.bfloat16"
         return report
 
-    def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
-        super().build(description, weights)
-        # Every model here is a frozen dataclass holding its pytree in ``params``. bf16 training keeps it float32:
-        # the master weights, cast to bfloat16 inside the loss (make_train_step).
-        if self.dtype == "bf16" and self.phase != "training":
-            self.model = dataclasses.replace(self.model, params=cast_floating(self.model.params, jnp.bfloat16))
-
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
-        """Device arrays; float arrays cast to bfloat16 for bf16 cells, integer ones (token ids) unchanged."""
+        """Device arrays, as they are (float32 in every dtype: the model code casts what the policy casts)."""
         device = self._device
-        placed = (jax.device_put(a, device) for a in arrays.values())
-        if self.dtype == "bf16":
-            placed = (cast_floating(a, jnp.bfloat16) for a in placed)
-        return tuple(jax.block_until_ready(a) for a in placed)
+        return tuple(jax.block_until_ready(jax.device_put(a, device)) for a in arrays.values())
 
     def compile(self, inputs: Sequence[Any]) -> None:
         # Parameters are an argument, not closed over: the compiled program takes them as inputs
         # (as every other framework's weights are) instead of folding them in as constants.
         # Tracing and XLA compilation happen at the first call.
         self._params = self.model.params
-        self._forward = jax.jit(self.model.apply)
+        self._forward = jax.jit(precision.scoped(self.dtype, self.model.apply))
+
+    def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
+        """The op classes' operand dtypes in the jaxpr of the model's forward under this cell's policy."""
+        return precision.observed_dtypes(precision.scoped(self.dtype, self.model.apply), self.model.params, *inputs)
 
     def infer(self, inputs: Sequence[Any]) -> tuple[jax.Array, ...]:
         return self._forward(self._params, *inputs)
@@ -156,10 +141,10 @@ class JaxBackend(Backend):
         ``optax.apply_updates``; parameters, optimizer state and the model's non-trained state (ResNet's
         batch-norm running statistics, which the forward returns updated; empty for the other models) are
         donated (updated in place) and carried to the next call. The call blocks on every leaf of the new
-        parameters and states and on the loss. bf16: the parameters stay float32 (the master weights) and are
-        cast to bfloat16 inside the loss function, so the forward and backward compute in bfloat16 and the
-        gradients, optimizer state and update are float32; the loss is taken of float32 logits; ResNet's running
-        statistics stay float32."""
+        parameters and states and on the loss. bf16: the forward is traced under the mixed-precision policy
+        (float32 parameters, the master weights, cast to bfloat16 at each matmul / conv), so the gradients,
+        optimizer state and update are float32; the loss is taken of float32 logits; ResNet's running statistics
+        stay float32."""
         assert self.description is not None
         import optax
 
@@ -169,8 +154,6 @@ class JaxBackend(Backend):
         arch = self.arch_module()
         model = self.model
         params, stats = training.training_trees(arch, model)
-        if self.dtype == "bf16" and any(leaf.dtype == jnp.bfloat16 for leaf in jax.tree_util.tree_leaves(params)):
-            raise RuntimeError("bf16 training needs a backend created with phase='training' (float32 master weights)")
         if len(jax.tree_util.tree_leaves(stats)) != len(self.description.running_statistics()):
             raise ValueError(
                 f"{len(jax.tree_util.tree_leaves(stats))} running statistics in the training state, "
@@ -182,15 +165,12 @@ class JaxBackend(Backend):
             self.description.frozen_in_training(),
         )
         loss_of = training.weighted_cross_entropy
-        forward = training.training_forward(arch, model)  # (params, stats, *batch) -> (logits, updated stats)
-
-        compute_dtype = jnp.bfloat16 if self.dtype == "bf16" else None
+        # (params, stats, *batch) -> (logits, updated stats), traced under the cell's precision policy
+        forward = precision.scoped(self.dtype, training.training_forward(arch, model))
 
         def loss_fn(
             params: Any, stats: Any, batch: tuple[jax.Array, ...], labels: jax.Array, weights: jax.Array
         ) -> tuple[jax.Array, Any]:
-            if compute_dtype is not None:  # mixed precision: the float32 master weights cast for the forward
-                params = cast_floating(params, compute_dtype)  # (gradients flow back through the cast: float32)
             logits, stats = forward(params, stats, *batch)
             return loss_of(logits.astype(jnp.float32), labels, weights), stats
 

@@ -3,7 +3,8 @@
 Inputs: input_ids, attention_mask[, token_type_ids], each (batch, seq) int32.
 Returns ``(last_hidden_state[, pooler_output])``: (batch, seq, hidden) and (batch, hidden).
 Pure functions over a parameter pytree; attention is ``jax.nn.dot_product_attention`` with a
-boolean key mask (True = attend). Canonical linear weights are (out, in); kernels here are
+boolean key mask (True = attend); matmuls, attention and layer norms through ``precision`` (the
+--dtype policy). Canonical linear weights are (out, in); kernels here are
 (in, out), transposed once when loading.
 """
 
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.weights import CanonicalParams, transpose
 from fwbench.models.bert import LAYER_ROLES, Bert, BertConfig
 
@@ -27,15 +29,14 @@ assert set(_LINEAR_ROLES + _NORM_ROLES) == set(LAYER_ROLES)
 
 
 def dense(p: Params, x: jax.Array) -> jax.Array:
-    """(..., in) @ kernel (in, out) + bias (out,) → (..., out)."""
-    return x @ p["kernel"] + p["bias"]
+    """(..., in) @ kernel (in, out) + bias (out,) → (..., out), under the precision policy."""
+    return precision.dense(x, p["kernel"], p["bias"])
 
 
 def layer_norm(p: Params, x: jax.Array, eps: float) -> jax.Array:
-    """LayerNorm over the last axis (two-pass biased variance, like torch and the float64 reference)."""
-    # algorithm: keyword-only in jax 0.10, missing from the signature its type information gives
-    normalized = jax.nn.standardize(x, axis=-1, epsilon=eps, algorithm="stable")  # type: ignore[call-arg]
-    return normalized * p["scale"] + p["bias"]
+    """LayerNorm over the last axis (two-pass biased variance, like torch and the float64 reference), in
+    float32 under every policy."""
+    return precision.layer_norm(x, p["scale"], p["bias"], eps)
 
 
 def encoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:
@@ -45,8 +46,8 @@ def encoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: 
     def split(t: jax.Array) -> jax.Array:  # (B, S, H) -> (B, S, heads, H / heads)
         return t.reshape(b, s, heads, h // heads)
 
-    context = jax.nn.dot_product_attention(
-        split(dense(p["query"], x)), split(dense(p["key"], x)), split(dense(p["value"], x)), mask=allowed
+    context = precision.attention(
+        split(dense(p["query"], x)), split(dense(p["key"], x)), split(dense(p["value"], x)), allowed
     )
     x = layer_norm(p["attention_norm"], x + dense(p["attention_out"], context.reshape(b, s, h)), eps)
     return layer_norm(
@@ -132,4 +133,4 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
 def training_logits(model: BertModule, params: Params, *inputs: jax.Array) -> jax.Array:
     """Masked-LM logits from the tied word embeddings, last_hidden_state @ word_embeddings.T (no decoder
     bias): (batch, seq, vocab)."""
-    return model.apply(params, *inputs)[0] @ params["word_embeddings"].T
+    return precision.matmul(model.apply(params, *inputs)[0], params["word_embeddings"].T)

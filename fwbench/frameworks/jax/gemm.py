@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.gemm import Gemm
 
@@ -27,7 +28,7 @@ class GemmModule:
 
     def apply(self, params: Params, x: jax.Array) -> tuple[jax.Array]:
         """x (batch, n) → (y (batch, n),)."""
-        return (x @ params["kernel"],)
+        return (precision.matmul(x, params["kernel"]),)
 
 
 def build_model(description: Gemm, weights: dict[str, np.ndarray], device: str) -> GemmModule:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.bert import dense, layer_norm
 from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES, GPT2Config
@@ -28,7 +29,7 @@ def decoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: 
         t.reshape(b, s, heads, h // heads)  # (B, S, heads, H / heads)
         for t in jnp.split(dense(p["c_attn"], layer_norm(p["ln_1"], x, eps)), 3, axis=-1)
     )
-    context = jax.nn.dot_product_attention(q, k, v, mask=allowed)
+    context = precision.attention(q, k, v, allowed)
     x = x + dense(p["attn_proj"], context.reshape(b, s, h))
     return x + dense(p["mlp_proj"], jax.nn.gelu(dense(p["c_fc"], layer_norm(p["ln_2"], x, eps)), approximate=True))
 
@@ -50,7 +51,7 @@ class GPT2Module:
         for layer in params["layers"]:
             x = decoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps)
         x = layer_norm(params["ln_f"], x, c.layer_norm_eps)
-        return x, x @ params["wte"].T
+        return x, precision.matmul(x, params["wte"].T)
 
 
 # canonical suffix -> (this pytree's path within a layer); Conv1D weights keep their (in, out) layout.

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.weights import CanonicalParams, transpose
 from fwbench.models.mlp import MLP
 
@@ -29,7 +30,7 @@ class MLPModule:
         """x (batch, in_features) → (logits (batch, out_features),)."""
         last = len(params["layers"]) - 1
         for i, layer in enumerate(params["layers"]):
-            x = x @ layer["kernel"] + layer["bias"]
+            x = precision.dense(x, layer["kernel"], layer["bias"])
             if i < last:
                 x = jax.nn.relu(x)
         return (x,)

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.weights import CanonicalParams, hwio, transpose
 from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
 
@@ -46,14 +47,14 @@ DIMENSION_NUMBERS = ("NHWC", "HWIO", "NHWC")  # input, kernel, output
 
 
 def dense(p: Params, x: jax.Array) -> jax.Array:
-    """(..., in) @ kernel (in, out) + bias (out,) → (..., out)."""
-    return x @ p["kernel"] + p["bias"]
+    """(..., in) @ kernel (in, out) + bias (out,) → (..., out), under the precision policy."""
+    return precision.dense(x, p["kernel"], p["bias"])
 
 
 def conv(kernel: jax.Array, x: jax.Array, v: Conv) -> jax.Array:
     """A bias-free conv (HWIO kernel, explicit symmetric padding): (B, H, W, in) → (B, H / stride, W / stride,
-    out)."""
-    return lax.conv_general_dilated(
+    out), under the precision policy."""
+    return precision.conv(
         x,
         kernel,
         window_strides=(v.stride, v.stride),
@@ -63,8 +64,11 @@ def conv(kernel: jax.Array, x: jax.Array, v: Conv) -> jax.Array:
 
 
 def conv_bn(p: Params, x: jax.Array, v: Conv) -> jax.Array:
-    """The conv, then inference BN (folded into scale and shift)."""
-    return conv(p["kernel"], x, v) * p["scale"] + p["shift"]
+    """The conv, then inference BN (folded into scale and shift), computed in float32 and handed on in the
+    conv's dtype (bfloat16 under bf16, as torch's mixed-dtype batch norm)."""
+    y = conv(p["kernel"], x, v)
+    with precision.batch_norm_scope():
+        return precision.like(precision.in_float32(y) * p["scale"] + p["shift"], y)
 
 
 ConvBN = Callable[[Params, jax.Array, Conv], jax.Array]  # (one conv's parameters, input, its Conv) -> output
@@ -233,15 +237,17 @@ def training_logits_and_stats(
     updated: dict[str, Params] = {}
 
     def conv_bn_training(p: Params, x: jax.Array, v: Conv) -> jax.Array:
-        y = conv(p["kernel"], x, v)
-        mean, var = jnp.mean(y, axis=(0, 1, 2)), jnp.var(y, axis=(0, 1, 2))  # biased, as BN normalises
-        count = y.shape[0] * y.shape[1] * y.shape[2]
-        batch_mean, batch_var = lax.stop_gradient(mean), lax.stop_gradient(var) * (count / (count - 1))
-        updated[v.name] = {
-            "mean": (1 - momentum) * p["mean"] + momentum * batch_mean,
-            "var": (1 - momentum) * p["var"] + momentum * batch_var,
-        }
-        return (y - mean) * (p["weight"] * lax.rsqrt(var + model.eps)) + p["bias"]
+        low = conv(p["kernel"], x, v)
+        with precision.batch_norm_scope():  # statistics and normalisation in float32, result in the conv's dtype
+            y = precision.in_float32(low)
+            mean, var = jnp.mean(y, axis=(0, 1, 2)), jnp.var(y, axis=(0, 1, 2))  # biased, as BN normalises
+            count = y.shape[0] * y.shape[1] * y.shape[2]
+            batch_mean, batch_var = lax.stop_gradient(mean), lax.stop_gradient(var) * (count / (count - 1))
+            updated[v.name] = {
+                "mean": (1 - momentum) * p["mean"] + momentum * batch_mean,
+                "var": (1 - momentum) * p["var"] + momentum * batch_var,
+            }
+            return precision.like((y - mean) * (p["weight"] * lax.rsqrt(var + model.eps)) + p["bias"], low)
 
     logits = forward(merged, pixel_values, model.stem, model.blocks, conv_bn_training)
     return logits, _per_conv(model, lambda name: updated[name])

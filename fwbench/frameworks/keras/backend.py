@@ -37,12 +37,12 @@ checks the real model resolves the same, and sets :attr:`KerasBackend.jit_compil
 channels_last (their ``LAYOUT``, ``NHWC``, stored as the cell's layout): ``make_inputs`` transposes the
 descriptions' NCHW ``pixel_values`` once, outside the timed call.
 
-bf16 (``dtype="bf16"``): Keras' mixed precision policy ``mixed_bfloat16``, set as the global dtype
-policy before the model is built (and reported as ``keras_dtype_policy``): variables stay float32,
-each layer casts its float inputs and reads its variables in bfloat16 and computes in bfloat16, as
-Keras decides per layer (its LayerNormalization and BatchNormalization compute their statistics in
-float32). The inputs given to the model stay float32 (the first layer casts them); the native
-backend is the fp32 one, since Keras, not it, does the casting.
+bf16 (``dtype="bf16"``): fwbench's mixed-precision policy (fwbench.precision) as Keras' ``mixed_bfloat16``
+global dtype policy, set before the model is built (and reported as ``keras_dtype_policy``), with the
+embeddings, layer norms and residual-stream layers given a float32 policy by the model files
+(``fwbench.frameworks.keras.precision``): variables stay float32, Dense and conv layers cast their inputs and
+read their variables in bfloat16. The inputs given to the model stay float32 (the first layer casts them); the
+native backend is the fp32 one, since Keras, not it, does the casting.
 """
 
 from __future__ import annotations
@@ -148,7 +148,10 @@ class KerasBackend(Backend):
         self._set_dtype_policy()
         report.update(keras_floatx=self.keras.config.floatx(), keras_dtype_policy=self.keras.config.dtype_policy().name)
         if self.dtype == "bf16":
-            report["bf16_mechanism"] = "keras mixed_bfloat16 policy (float32 variables, bfloat16 compute)"
+            report["bf16_mechanism"] = (
+                "keras mixed_bfloat16 policy (float32 variables, bfloat16 Dense/conv compute) with float32 "
+                "embeddings, layer norms and residual stream (fwbench.frameworks.keras.precision)"
+            )
         return report
 
     def _set_dtype_policy(self) -> None:
@@ -158,6 +161,12 @@ class KerasBackend(Backend):
     def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
         self._set_dtype_policy()  # again: another backend in this process may have set another policy
         super().build(description, weights)
+
+    def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
+        """The op classes' operand dtypes in the backend's own graph of the model (keras/precision.py)."""
+        from fwbench.frameworks.keras import precision
+
+        return precision.observed_dtypes(self.model, self._input_names, inputs)
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
         self._input_names = tuple(arrays)

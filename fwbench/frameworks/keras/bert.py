@@ -3,7 +3,9 @@
 Inputs: input_ids, attention_mask[, token_type_ids], each (batch, seq) int32, passed as a dict.
 Returns ``{"last_hidden_state"[, "pooler_output"]}``: (batch, seq, hidden) and (batch, hidden).
 A functional model; each encoder layer is a keras Layer of Dense / LayerNormalization sublayers,
-attention is ``keras.ops.dot_product_attention`` with a boolean key mask (True = attend).
+attention is ``keras.ops.dot_product_attention`` with a boolean key mask (True = attend). Embeddings, layer
+norms and the encoder layers' residual stream are float32 under every policy (``precision``), Dense layers
+follow the global one.
 Canonical linear weights are (out, in); Dense kernels are (in, out), transposed once when loading.
 """
 
@@ -13,6 +15,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from fwbench.frameworks.keras import precision
 from fwbench.frameworks.keras.weights import OVERWRITTEN, Transform, keras_device, load_canonical, transpose
 from fwbench.models.bert import LAYER_ROLES, Bert
 
@@ -26,7 +29,7 @@ def dense(units: int, name: str, activation: str | None = None) -> layers.Dense:
 
 
 def embedding(rows: int, width: int, name: str) -> layers.Embedding:
-    return layers.Embedding(rows, width, embeddings_initializer=OVERWRITTEN, name=name)
+    return layers.Embedding(rows, width, embeddings_initializer=OVERWRITTEN, name=name, dtype=precision.FLOAT32)
 
 
 class PositionEmbedding(layers.Embedding):
@@ -41,14 +44,14 @@ class PositionEmbedding(layers.Embedding):
 
 class EncoderLayer(layers.Layer):
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+        super().__init__(dtype=precision.FLOAT32, **kwargs)  # the residual stream; its Dense layers: the policy's
         self.heads, self.hidden, self.intermediate = heads, hidden, intermediate
         self.query, self.key, self.value = (dense(hidden, n) for n in ("query", "key", "value"))
         self.attention_out = dense(hidden, "attention_out")
-        self.attention_norm = layers.LayerNormalization(epsilon=eps, name="attention_norm")
+        self.attention_norm = precision.layer_norm(eps, "attention_norm")
         self.ffn_in = dense(intermediate, "ffn_in")
         self.ffn_out = dense(hidden, "ffn_out")
-        self.ffn_norm = layers.LayerNormalization(epsilon=eps, name="ffn_norm")
+        self.ffn_norm = precision.layer_norm(eps, "ffn_norm")
 
     def build(self, x_shape, allowed_shape):  # type: ignore[no-untyped-def]
         hidden, intermediate = (None, None, self.hidden), (None, None, self.intermediate)
@@ -74,8 +77,9 @@ class EncoderLayer(layers.Layer):
         context = ops.dot_product_attention(
             split(self.query(x)), split(self.key(x)), split(self.value(x)), mask=allowed
         )
-        x = self.attention_norm(x + self.attention_out(ops.reshape(context, (b, s, self.hidden))))
-        return self.ffn_norm(x + self.ffn_out(ops.gelu(self.ffn_in(x), approximate=False)))
+        # ops.add: float32 residual + bfloat16 Dense output promotes to float32 on every backend (TF's + would not)
+        x = self.attention_norm(ops.add(x, self.attention_out(ops.reshape(context, (b, s, self.hidden)))))
+        return self.ffn_norm(ops.add(x, self.ffn_out(ops.gelu(self.ffn_in(x), approximate=False))))
 
 
 def bert_model(description: Bert) -> keras.Model:
@@ -89,11 +93,15 @@ def bert_model(description: Bert) -> keras.Model:
     input_ids = inputs["input_ids"]
     x = embedding(c.vocab_size, c.hidden, "word_embeddings")(input_ids)
     x = x + PositionEmbedding(
-        c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN, name="position_embeddings"
+        c.max_positions,
+        c.hidden,
+        embeddings_initializer=OVERWRITTEN,
+        name="position_embeddings",
+        dtype=precision.FLOAT32,
     )(input_ids)
     if description.has_token_types:
         x = x + embedding(c.type_vocab_size, c.hidden, "token_type_embeddings")(inputs["token_type_ids"])
-    x = layers.LayerNormalization(epsilon=c.layer_norm_eps, name="embeddings_norm")(x)
+    x = precision.layer_norm(c.layer_norm_eps, "embeddings_norm")(x)
     allowed = ops.cast(inputs["attention_mask"], "bool")[:, None, None, :]  # (B, 1, 1, S)
     for i in range(c.layers):
         x = EncoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, name=f"layers_{i}")(x, allowed)

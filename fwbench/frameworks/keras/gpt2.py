@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from fwbench.frameworks.keras import precision
 from fwbench.frameworks.keras.bert import PositionEmbedding, dense
 from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
@@ -20,12 +21,12 @@ from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
 
 class DecoderLayer(layers.Layer):
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)
+        super().__init__(dtype=precision.FLOAT32, **kwargs)  # the residual stream; its Dense layers: the policy's
         self.heads, self.hidden, self.intermediate = heads, hidden, intermediate
-        self.ln_1 = layers.LayerNormalization(epsilon=eps, name="ln_1")
+        self.ln_1 = precision.layer_norm(eps, "ln_1")
         self.c_attn = dense(3 * hidden, "c_attn")
         self.attn_proj = dense(hidden, "attn_proj")
-        self.ln_2 = layers.LayerNormalization(epsilon=eps, name="ln_2")
+        self.ln_2 = precision.layer_norm(eps, "ln_2")
         self.c_fc = dense(intermediate, "c_fc")
         self.mlp_proj = dense(hidden, "mlp_proj")
 
@@ -42,8 +43,9 @@ class DecoderLayer(layers.Layer):
             for t in ops.split(self.c_attn(self.ln_1(x)), 3, axis=-1)
         )
         context = ops.dot_product_attention(q, k, v, mask=allowed)
-        x = x + self.attn_proj(ops.reshape(context, (b, s, self.hidden)))
-        return x + self.mlp_proj(ops.gelu(self.c_fc(self.ln_2(x)), approximate=True))
+        # ops.add: float32 residual + bfloat16 Dense output promotes to float32 on every backend (TF's + would not)
+        x = ops.add(x, self.attn_proj(ops.reshape(context, (b, s, self.hidden))))
+        return ops.add(x, self.mlp_proj(ops.gelu(self.c_fc(self.ln_2(x)), approximate=True)))
 
 
 class CausalMask(layers.Layer):
@@ -67,13 +69,16 @@ def gpt2_model(description: GPT2) -> keras.Model:
         embeddings_initializer=OVERWRITTEN,
         reverse_dtype=keras.config.dtype_policy().compute_dtype,
         name="wte",
+        dtype=precision.FLOAT32,  # the lookup float32; the head in reverse_dtype
     )
-    wpe = PositionEmbedding(c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN, name="wpe")
+    wpe = PositionEmbedding(
+        c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN, name="wpe", dtype=precision.FLOAT32
+    )
     x = wte(inputs["input_ids"]) + wpe(inputs["input_ids"])
     allowed = CausalMask(name="causal_mask")(inputs["attention_mask"])  # (B, 1, S, S)
     for i in range(c.layers):
         x = DecoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, name=f"layers_{i}")(x, allowed)
-    x = layers.LayerNormalization(epsilon=c.layer_norm_eps, name="ln_f")(x)
+    x = precision.layer_norm(c.layer_norm_eps, "ln_f")(x)
     return keras.Model(inputs, {"last_hidden_state": x, "logits": wte(x, reverse=True)}, name=description.name)
 
 

@@ -5,10 +5,11 @@ fixed input signature, so the timed loop never retraces), ``xla`` (the same with
 exported, then reloaded with ``tf.saved_model.load``; the reloaded ``serving_default`` signature is what is
 timed, and the built model is dropped so that only the reloaded one is in memory; fp32 only).
 
-bf16 (``dtype="bf16"``): the model is built in float32 as for fp32, then every variable is replaced by
-a tf.bfloat16 copy, and float inputs are cast to tf.bfloat16 when made (integer token ids stay int32);
-every op then computes in bfloat16, softmax and layer norm included (TF's bfloat16 reductions
-accumulate in float32), and the outputs are bfloat16 until ``to_numpy``.
+bf16 (``dtype="bf16"``): fwbench's mixed-precision policy (fwbench.precision), applied by the model code
+through ``fwbench.frameworks.tensorflow.precision`` on every eager call and while tf.function traces: the
+variables and float inputs stay float32, matmul / conv / attention operands are cast to tf.bfloat16, softmax,
+layer norms and batch-norm statistics compute in float32. Training takes the gradients of the float32
+variables through the casts (no bfloat16 copy of the weights).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks import get_runtime
-from fwbench.frameworks.base import Backend, as_arch, as_training_arch
-from fwbench.frameworks.tensorflow.weights import cast_variables
-from fwbench.models.base import ModelDescription
+from fwbench.frameworks.base import Backend, as_training_arch
+from fwbench.frameworks.tensorflow import precision
 from fwbench.spec import Settings
 
 
@@ -38,14 +38,8 @@ class TensorFlowBackend(Backend):
     framework = "tensorflow"
     modes = ("eager", "function", "xla", "savedmodel")
     dtypes = ("fp32", "bf16")
-    _working: tf.Module | None = None  # bf16 training: the bfloat16 copy the step computes with (build)
     mode_dtypes = {"savedmodel": ("fp32",)}
     _saved: dict[str, Any] | None = None  # savedmodel: what the export and reload cost (compile_report)
-
-    @property
-    def _float_dtype(self) -> tf.DType:
-        """The dtype of the variables and float inputs."""
-        return tf.bfloat16 if self.dtype == "bf16" else tf.float32
 
     @property
     def _tf_device(self) -> str:
@@ -67,39 +61,34 @@ class TensorFlowBackend(Backend):
         report: dict[str, object] = {
             "tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()
         }
-        if self.dtype == "bf16" and self.phase == "training":
+        if self.dtype == "bf16":
             report["bf16_mechanism"] = (
-                "mixed precision: float32 master variables and optimizer; the step computes "
-                "with a tf.bfloat16 copy of them, refreshed after every update"
+                "fwbench mixed precision: float32 variables and inputs; matmul/conv/attention operands cast to "
+                "tf.bfloat16 in the model code (fwbench.frameworks.tensorflow.precision), softmax, layer norm and "
+                "batch-norm statistics in float32"
             )
-        elif self.dtype == "bf16":
-            report["bf16_mechanism"] = "variables and float inputs cast to tf.bfloat16 (built in float32, cast once)"
         return report
 
-    def build(self, description: ModelDescription, weights: dict[str, np.ndarray]) -> None:
-        """bf16 inference: the model's variables cast to bfloat16. bf16 training: the model stays float32 (the
-        master weights) and a second, bfloat16 copy built from the same weights is what the step computes with."""
-        super().build(description, weights)
-        self._working = None
-        if self.dtype == "bf16":
-            with tf.device(self._tf_device):
-                if self.phase == "training":
-                    arch = as_arch(self.arch_module(description))
-                    self._working = arch.build_model(description, weights, self.device)
-                    cast_variables(self._working, tf.bfloat16)
-                    self._share_running_statistics(description)
-                else:
-                    cast_variables(self.model, tf.bfloat16)
+    @property
+    def _call(self) -> Callable[..., Any]:
+        """The model's forward under this cell's precision policy."""
+        return precision.scoped(self.dtype, self.model.__call__)
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[tf.Tensor, ...]:
-        """Device tensors; float arrays in the variables' dtype, integer ones (token ids) unchanged."""
+        """Device tensors, as they are (float32 in every dtype: the model code casts what the policy casts)."""
         with tf.device(self._tf_device):
-            tensors = (tf.constant(a) for a in arrays.values())
-            return tuple(tf.identity(tf.cast(t, self._float_dtype) if t.dtype.is_floating else t) for t in tensors)
+            return tuple(tf.identity(tf.constant(a)) for a in arrays.values())
+
+    def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
+        """The op classes' operand dtypes in the graph tf.function traces of the forward (None for savedmodel,
+        whose built model is dropped once reloaded)."""
+        if self.model is None:
+            return None
+        return precision.observed_dtypes(self._call, inputs)
 
     def compile(self, inputs: Sequence[Any]) -> None:
         if self.mode == "eager":
-            self._forward = self.model
+            self._forward = self._call
             return
         if self.mode == "savedmodel":
             if self._saved is None:  # one export serves every shape: its signature leaves each axis free
@@ -107,7 +96,7 @@ class TensorFlowBackend(Backend):
                     self._forward = self._save_and_load(inputs, folder)  # the variables are in memory once loaded
             return
         signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
-        self._forward = tf.function(self.model.__call__, input_signature=signature, jit_compile=self.mode == "xla")
+        self._forward = tf.function(self._call, input_signature=signature, jit_compile=self.mode == "xla")
 
     def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
         """savedmodel: the SavedModel folder written to ``path`` and reloaded from there."""
@@ -121,7 +110,7 @@ class TensorFlowBackend(Backend):
         dtypes and ranks, every axis None), reload it, and return a call of the reloaded signature giving the
         outputs in order."""
         signature = [tf.TensorSpec([None] * t.shape.rank, t.dtype, name=f"input_{i}") for i, t in enumerate(inputs)]
-        serve = tf.function(self.model.__call__, input_signature=signature)
+        serve = tf.function(self._call, input_signature=signature)
         started = time.perf_counter()
         tf.saved_model.save(self.model, folder, signatures={"serving_default": serve.get_concrete_function()})
         saved_at = time.perf_counter()
@@ -169,14 +158,11 @@ class TensorFlowBackend(Backend):
         dense: the embedding gather's IndexedSlices become a full gradient, as in torch and JAX), then a
         Keras 3 optimizer's ``apply_gradients``. eager: called eagerly; function: one tf.function with the
         cell's input signature; xla: the same with ``jit_compile=True`` (one XLA program). The optimizer's
-        slot variables are built eagerly first, so the traced step creates no variables. bf16 (mixed precision
-        with float32 master weights): the forward and backward run on the bfloat16 working copy (``build``),
-        the loss is taken of float32 logits, the gradients are cast to float32 and applied to the float32
-        variables, and inside the same step the working copy is refreshed from them (ResNet's running
-        statistics are the float32 model's own variables, shared with the working copy)."""
+        slot variables are built eagerly first, so the traced step creates no variables. bf16: the forward runs
+        under the mixed-precision policy on the float32 variables (the master weights, cast at each matmul /
+        conv), the loss is taken of float32 logits, and the gradients, float32 through the casts, are applied to
+        the float32 variables."""
         assert self.description is not None
-        if self.dtype == "bf16" and self._working is None:
-            raise RuntimeError("bf16 training needs a backend created with phase='training' (float32 master weights)")
         from fwbench.frameworks.keras.backend import import_keras
 
         import_keras("tensorflow", self.device)  # Keras 3's optimizers, on its tensorflow backend
@@ -196,19 +182,15 @@ class TensorFlowBackend(Backend):
         with tf.device(self._tf_device):
             optimizer = make_optimizer(optimizer_spec(self.settings.optimizer))
             optimizer.build(variables)
-        logits_of, loss_of, n_inputs = arch.training_logits, training.weighted_cross_entropy, len(inputs)
-        working, working_variables, refreshed, copied_back = self._working_copy(variables, running)
+        logits_of = precision.scoped(self.dtype, arch.training_logits)
+        loss_of, n_inputs = training.weighted_cross_entropy, len(inputs)
 
         def train_step(*tensors: tf.Tensor) -> tf.Tensor:
             batch, (labels, weights) = tensors[:n_inputs], tensors[n_inputs:]
             with tf.GradientTape() as tape:
-                loss = loss_of(tf.cast(logits_of(working, *batch), tf.float32), labels, weights)
-            gradients = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in tape.gradient(loss, working_variables)]
+                loss = loss_of(tf.cast(logits_of(model, *batch), tf.float32), labels, weights)
+            gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
             optimizer.apply_gradients(zip(gradients, variables))
-            for copy, master in refreshed:  # bf16: the working copy from the updated master weights
-                copy.assign(tf.cast(master, copy.dtype))
-            for master, copy in copied_back:  # bf16: the running statistics the forward updated
-                master.assign(tf.cast(copy, master.dtype))
             return loss
 
         tensors = (*inputs, *targets)
@@ -224,45 +206,6 @@ class TensorFlowBackend(Backend):
             return loss
 
         return step
-
-    def _share_running_statistics(self, description: ModelDescription) -> None:
-        """bf16 training: the working copy uses the float32 model's own running-statistics variables (ResNet's
-        batch norm), so the step updates them in float32, as torch and JAX keep them."""
-        from fwbench.frameworks.tensorflow.training import variable_name
-
-        assert self._working is not None
-        running = {variable_name(name) for name in description.running_statistics()}
-        shared = 0
-        for master, copy in zip(
-            (self.model, *self.model.submodules), (self._working, *self._working.submodules), strict=True
-        ):
-            for attribute, value in vars(master).items():
-                if isinstance(value, tf.Variable) and value.name.split(":")[0] in running:
-                    setattr(copy, attribute, value)
-                    shared += 1
-        if shared != len(running):
-            raise ValueError(f"{shared} running statistics shared with the bf16 working copy, expected {len(running)}")
-
-    def _working_copy(
-        self, variables: list[tf.Variable], running: set[str]
-    ) -> tuple[
-        tf.Module, list[tf.Variable], list[tuple[tf.Variable, tf.Variable]], list[tuple[tf.Variable, tf.Variable]]
-    ]:
-        """(the module the step computes with, its variables the gradients are taken of, (copy, master) pairs
-        refreshed after the update, (master, copy) running statistics copied back). fp32: the model itself,
-        ``variables``, nothing to copy. bf16: the working copy's variables matched to the master's by position (the
-        running statistics are shared, ``_share_running_statistics``: nothing to copy back)."""
-        if self._working is None:
-            return self.model, variables, [], []
-        # Both modules are built by the same code from the same weights: tf.Module lists their variables in the
-        # same order (names can repeat, e.g. BERT's, so they are matched by position, names and shapes checked).
-        masters, copies = self.model.variables, self._working.variables
-        if [(v.name, v.shape) for v in masters] != [(v.name, v.shape) for v in copies]:
-            raise ValueError("the bf16 working copy's variables are not the model's (names or shapes differ)")
-        copy_of = {id(master): copy for master, copy in zip(masters, copies)}
-        working_variables = [copy_of[id(v)] for v in variables]
-        stats = [(v, copy_of[id(v)]) for v in masters if v.name.split(":")[0] in running and copy_of[id(v)] is not v]
-        return self._working, working_variables, list(zip(working_variables, variables)), stats
 
     def compile_counters(self) -> dict[str, int]:
         if self.mode in ("eager", "savedmodel"):  # the reloaded signature is a concrete function: it cannot trace

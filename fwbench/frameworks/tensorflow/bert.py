@@ -4,7 +4,8 @@ Inputs: input_ids, attention_mask[, token_type_ids], each (batch, seq) int32.
 Returns ``(last_hidden_state[, pooler_output])``: (batch, seq, hidden) and (batch, hidden).
 tf.Module and tf ops, not Keras. Hidden states stay 2-D (batch·seq, hidden) between layers, so
 every dense layer is one plain MatMul; Q, K and V are one matmul, their kernels concatenated once
-when loading. Attention is batched matmuls with an additive key mask (0 or -1e9 per key).
+when loading. Attention is batched matmuls with an additive key mask (0 or -1e9 per key). Matmuls, attention and layer
+norms go through ``precision`` (the --dtype policy).
 Canonical linear weights are (out, in); kernels here are (in, out), transposed once when loading.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.weights import (
     MakeVariable,
     Transform,
@@ -26,12 +28,8 @@ from fwbench.models.bert import Bert
 MASKED = -1e9  # added to the scores of excluded keys: exp underflows to exactly 0
 
 
-def layer_norm(x: tf.Tensor, gamma: tf.Variable, beta: tf.Variable, eps: float) -> tf.Tensor:
-    """LayerNorm over the last axis: two-pass biased variance, like torch and the float64 reference
-    (fewer eager ops than tf.nn.moments + tf.nn.batch_normalization, and as fast in a graph)."""
-    centred = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-    variance = tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True)
-    return centred * tf.math.rsqrt(variance + eps) * gamma + beta
+layer_norm = precision.layer_norm  # float32 under every policy
+dense = precision.dense  # (N, in) @ (in, out) + bias, under the precision policy
 
 
 def gelu_erf(x: tf.Tensor) -> tf.Tensor:
@@ -39,15 +37,10 @@ def gelu_erf(x: tf.Tensor) -> tf.Tensor:
     return 0.5 * x * (1.0 + tf.math.erf(x * (1.0 / float(np.sqrt(2.0)))))
 
 
-def dense(x: tf.Tensor, kernel: tf.Variable, bias: tf.Variable) -> tf.Tensor:
-    """(N, in) @ (in, out) + bias."""
-    return tf.nn.bias_add(tf.matmul(x, kernel), bias)
-
-
-def key_mask(attention_mask: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
-    """(B, S) int, 1 = real token → (B, 1, 1, S) additive, of the scores' ``dtype``: 0 to attend, -1e9 to
-    exclude (bfloat16 has float32's exponent range, so -1e9 still makes exp underflow to 0)."""
-    return (1.0 - tf.cast(attention_mask, dtype))[:, None, None, :] * MASKED
+def key_mask(attention_mask: tf.Tensor) -> tf.Tensor:
+    """(B, S) int, 1 = real token → (B, 1, 1, S) additive float32 (the scores' dtype in every policy): 0 to
+    attend, -1e9 to exclude."""
+    return (1.0 - tf.cast(attention_mask, tf.float32))[:, None, None, :] * MASKED
 
 
 def dims(input_ids: tf.Tensor) -> tuple[int | tf.Tensor, int | tf.Tensor]:
@@ -87,12 +80,11 @@ class EncoderLayer(tf.Module):
         d = h // self.heads
         qkv = tf.reshape(dense(x, self.qkv_kernel, self.qkv_bias), [b, s, 3, self.heads, d])
         q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each (B, heads, S, d)
-        scores = tf.matmul(q * (1.0 / float(np.sqrt(d))), k, transpose_b=True) + mask  # (B, heads, S, S)
-        context = tf.matmul(tf.nn.softmax(scores, axis=-1), v)  # (B, heads, S, d)
+        context = precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(d)))  # (B, heads, S, d)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h])
-        x = layer_norm(x + dense(context, *self.attention_out), *self.attention_norm, self.eps)
+        x = layer_norm(precision.add(x, dense(context, *self.attention_out)), *self.attention_norm, self.eps)
         ffn = dense(gelu_erf(dense(x, *self.ffn_in)), *self.ffn_out)
-        return layer_norm(x + ffn, *self.ffn_norm, self.eps)
+        return layer_norm(precision.add(x, ffn), *self.ffn_norm, self.eps)
 
 
 class BertModule(tf.Module):
@@ -131,7 +123,7 @@ class BertModule(tf.Module):
         if self.with_token_types:
             x = x + tf.gather(self.token_type_embeddings, token_type_ids)
         x = layer_norm(tf.reshape(x, [-1, h]), *self.embeddings_norm, self.eps)  # (B·S, H)
-        mask = key_mask(attention_mask, x.dtype)  # (B, 1, 1, S), the dtype of the variables
+        mask = key_mask(attention_mask)  # (B, 1, 1, S)
         for layer in self.layers:
             x = layer(x, mask, b, s)
         x = tf.reshape(x, [b, s, h])
@@ -151,5 +143,5 @@ def training_logits(module: BertModule, *inputs: tf.Tensor) -> tf.Tensor:
     bias): (batch, seq, vocab)."""
     hidden = module(*inputs)[0]
     b, s = dims(inputs[0])
-    logits = tf.matmul(tf.reshape(hidden, [-1, hidden.shape[-1]]), module.word_embeddings, transpose_b=True)
+    logits = precision.matmul(tf.reshape(hidden, [-1, hidden.shape[-1]]), module.word_embeddings, transpose_b=True)
     return tf.reshape(logits, [b, s, -1])

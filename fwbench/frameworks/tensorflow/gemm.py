@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.weights import check_all_used, identity, tracked_variables
 from fwbench.models.gemm import Gemm
 
@@ -21,7 +22,7 @@ class GemmModule(tf.Module):
         check_all_used(weights, used)
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
-        return (tf.matmul(x, self.kernel),)
+        return (precision.matmul(x, self.kernel),)
 
 
 def build_model(description: Gemm, weights: dict[str, np.ndarray], device: str) -> GemmModule:

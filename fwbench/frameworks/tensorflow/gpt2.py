@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.bert import MASKED, dense, dims, layer_norm
 from fwbench.frameworks.tensorflow.weights import MakeVariable, check_all_used, identity, tracked_variables
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
@@ -49,10 +50,10 @@ class DecoderLayer(tf.Module):
         d = h // self.heads
         qkv = tf.reshape(dense(layer_norm(x, *self.ln_1, self.eps), *self.c_attn), [b, s, 3, self.heads, d])
         q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each (B, heads, S, d)
-        scores = tf.matmul(q * (1.0 / float(np.sqrt(d))), k, transpose_b=True) + mask  # (B, heads, S, S)
-        context = tf.matmul(tf.nn.softmax(scores, axis=-1), v)  # (B, heads, S, d)
-        x = x + dense(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h]), *self.attn_proj)
-        return x + dense(gelu_tanh(dense(layer_norm(x, *self.ln_2, self.eps), *self.c_fc)), *self.mlp_proj)
+        context = precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(d)))  # (B, heads, S, d)
+        x = precision.add(x, dense(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h]), *self.attn_proj))
+        ffn = dense(gelu_tanh(dense(layer_norm(x, *self.ln_2, self.eps), *self.c_fc)), *self.mlp_proj)
+        return precision.add(x, ffn)
 
 
 class GPT2Module(tf.Module):
@@ -73,13 +74,13 @@ class GPT2Module(tf.Module):
         b, s = dims(input_ids)
         h = self.wte.shape[-1]
         x = tf.reshape(tf.gather(self.wte, input_ids) + self.wpe[:s], [-1, h])  # (B·S, H)
-        causal = tf.linalg.band_part(tf.ones([s, s], x.dtype), -1, 0)  # (S, S), 1 on and below the diagonal
-        allowed = causal[None, None] * tf.cast(attention_mask, x.dtype)[:, None, None, :]  # (B, 1, S, S)
+        causal = tf.linalg.band_part(tf.ones([s, s], tf.float32), -1, 0)  # (S, S), 1 on and below the diagonal
+        allowed = causal[None, None] * tf.cast(attention_mask, tf.float32)[:, None, None, :]  # (B, 1, S, S)
         mask = (1.0 - allowed) * MASKED
         for layer in self.layers:
             x = layer(x, mask, b, s)
         x = layer_norm(x, *self.ln_f, self.eps)
-        logits = tf.matmul(x, self.wte, transpose_b=True)  # tied LM head: (B·S, V)
+        logits = precision.matmul(x, self.wte, transpose_b=True)  # tied LM head: (B·S, V)
         return tf.reshape(x, [b, s, h]), tf.reshape(logits, [b, s, -1])
 
 

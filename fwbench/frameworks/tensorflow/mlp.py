@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.weights import check_all_used, identity, tracked_variables, transpose
 from fwbench.models.mlp import MLP
 
@@ -28,7 +29,7 @@ class MLPModule(tf.Module):
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
         last = len(self.kernels) - 1
         for i, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
-            x = tf.matmul(x, kernel) + bias
+            x = precision.dense(x, kernel, bias)
             if i < last:
                 x = tf.nn.relu(x)
         return (x,)

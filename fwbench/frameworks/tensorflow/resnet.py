@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.bert import dense
 from fwbench.frameworks.tensorflow.weights import (
     MakeVariable,
@@ -78,18 +79,20 @@ class ConvBN(tf.Module):
         self.shift.assign(self.bias - self.running_mean * scale)
 
     def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
-        """(B, H, W, in) -> (B, H / stride, W / stride, out)."""
-        y = tf.nn.conv2d(x, self.kernel, self.stride, explicit_padding(self.padding))
-        if not training:
-            return y * self.scale + self.shift
-        mean, var = tf.nn.moments(y, axes=[0, 1, 2])  # biased variance, as BN normalises
-        count = y.shape[0] * y.shape[1] * y.shape[2]  # static: the step's input signature is fixed
-        m = BN_MOMENTUM
-        mean_dtype = self.running_mean.dtype  # float32 also in bf16 training (shared with the float32 model)
-        batch_mean, batch_var = (tf.cast(tf.stop_gradient(s), mean_dtype) for s in (mean, var))
-        self.running_mean.assign((1 - m) * self.running_mean + m * batch_mean)
-        self.running_var.assign((1 - m) * self.running_var + m * batch_var * (count / (count - 1)))
-        return tf.nn.batch_normalization(y, mean, var, self.bias, self.weight, self.eps)
+        """(B, H, W, in) -> (B, H / stride, W / stride, out); the BN computes in float32 and hands on the conv's
+        dtype (bfloat16 under bf16, as torch's mixed-dtype batch norm)."""
+        low = precision.conv2d(x, self.kernel, self.stride, explicit_padding(self.padding))
+        with precision.batch_norm_scope():
+            y = tf.cast(low, tf.float32)
+            if not training:
+                return tf.cast(y * self.scale + self.shift, low.dtype)
+            mean, var = tf.nn.moments(y, axes=[0, 1, 2])  # biased variance, as BN normalises
+            count = y.shape[0] * y.shape[1] * y.shape[2]  # static: the step's input signature is fixed
+            m = BN_MOMENTUM
+            batch_mean, batch_var = tf.stop_gradient(mean), tf.stop_gradient(var)
+            self.running_mean.assign((1 - m) * self.running_mean + m * batch_mean)
+            self.running_var.assign((1 - m) * self.running_var + m * batch_var * (count / (count - 1)))
+            return tf.cast(tf.nn.batch_normalization(y, mean, var, self.bias, self.weight, self.eps), low.dtype)
 
 
 class Bottleneck(tf.Module):

@@ -1,10 +1,9 @@
-"""Create tf.Variables from canonical numpy weights through an explicit map, with shape asserts;
-cast a built module's variables to another dtype (bf16 cells)."""
+"""Create tf.Variables from canonical numpy weights through an explicit map, with shape asserts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -70,42 +69,6 @@ def hwio(value: np.ndarray) -> np.ndarray:
     """(out, in, kh, kw) torch layout → (kh, kw, in, out); any other rank passes through unchanged, so
     that the shape check names the tensor."""
     return np.ascontiguousarray(value.transpose(2, 3, 1, 0)) if value.ndim == 4 else value
-
-
-def _cast_held(value: Any, dtype: tf.DType) -> Any:
-    """``value`` with each floating-point tf.Variable it holds (itself, or inside a list, tuple or dict)
-    replaced by a ``dtype`` copy; sub-modules and everything else are returned as they are."""
-    if isinstance(value, tf.Variable):
-        if not value.dtype.is_floating or value.dtype == dtype:
-            return value
-        return tf.Variable(tf.cast(value, dtype), name=value.name.split(":")[0], trainable=value.trainable)
-    if isinstance(value, tf.Module):
-        return value
-    if isinstance(value, (list, tuple)):  # also tf.Module's ListWrapper / _TupleWrapper
-        items = [_cast_held(item, dtype) for item in value]
-        changed = any(new is not old for new, old in zip(items, value))
-        return (items if isinstance(value, list) else tuple(items)) if changed else value
-    if isinstance(value, dict):  # also _DictWrapper
-        cast = {key: _cast_held(item, dtype) for key, item in value.items()}
-        return cast if any(cast[key] is not value[key] for key in value) else value
-    return value
-
-
-def cast_variables(module: tf.Module, dtype: tf.DType) -> None:
-    """Replace every floating-point variable of ``module`` and its sub-modules by a ``dtype`` copy (the
-    float32 originals are dropped). Models are built in float32 first, so values derived when loading
-    (ResNet's folded batch norm, BERT's fused QKV) are computed in float32 and rounded once.
-    ValueError if a floating-point variable is left in another dtype (held somewhere not walked)."""
-    for owner in (module, *module.submodules):
-        for attribute, value in list(vars(owner).items()):
-            if attribute.startswith("_"):  # tf.Module's own bookkeeping
-                continue
-            cast = _cast_held(value, dtype)
-            if cast is not value:
-                setattr(owner, attribute, cast)
-    left = sorted(v.name for v in module.variables if v.dtype.is_floating and v.dtype != dtype)
-    if left:
-        raise ValueError(f"variables not cast to {dtype.name}: {left}")
 
 
 def parameter_arrays(model: tf.Module) -> list[np.ndarray]:

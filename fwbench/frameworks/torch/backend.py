@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from fwbench.frameworks.base import Backend, as_training_arch, export_report
+from fwbench.frameworks.torch import precision
 from fwbench.spec import Settings
 
 
@@ -106,6 +107,18 @@ class TorchBackend(Backend):
     def _module(self) -> torch.nn.Module:
         """What the mode traces, compiles or calls: the model for fp32, the model under autocast for bf16."""
         return Autocast(self.model, self.device).eval() if self.dtype == "bf16" else self.model
+
+    def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
+        """The op classes' operand dtypes as dispatched in one eager call of what every mode traces (the model,
+        under autocast for bf16), in eval mode so a training cell's running statistics stay untouched."""
+        if self.model is None:
+            return None
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return precision.observed_dtypes(self._module(), inputs)
+        finally:
+            self.model.train(was_training)
 
     def _export_and_load(self, inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
         """``torch.export`` → AOTInductor ``.pt2`` package → loaded runner, specialised to these input

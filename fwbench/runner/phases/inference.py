@@ -56,9 +56,10 @@ class Inference(Phase):
         inputs = backend.make_inputs(arrays)
         backend.compile(inputs)
         cell.record_compile_report(backend)
-        check = parity(backend.to_numpy(backend.infer(inputs)), reference, cell.job.case.dtype)
+        check = parity(backend.to_numpy(backend.infer(inputs)), reference, cell.job.case.dtype, description.name)
         check["shape"] = list(description.parity_shape())
         cell.result["parity"] = check
+        cell.record_precision(backend, inputs)
         if not check["ok"]:
             cell.fail_check(mismatch_reason(check))
 
@@ -88,7 +89,7 @@ class Inference(Phase):
         reference = description.reference_forward(cell.weights(description), arrays)
         cell.result["status"] = "ok"
         if reference is not None:
-            check = parity(outputs, reference, case.dtype)
+            check = parity(outputs, reference, case.dtype, description.name)
             check["shape"] = [case.batch_size, case.seq_len]
             cell.result["parity"] = check
             if not check["ok"]:

@@ -109,6 +109,9 @@ class Training(Phase):
                     "reference_loss": reference,
                     "shape": [case.batch_size, case.seq_len],
                 }
+                parity_arrays = description.make_inputs(*description.parity_shape(), cell.job.settings.seed)
+                assert cell.backend is not None
+                cell.record_precision(cell.backend, cell.backend.make_inputs(parity_arrays))
                 if rel > tolerance:
                     cell.fail_check(
                         f"first-step loss {first_loss:.7g} differs from the reference {reference:.7g}: "

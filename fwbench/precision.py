@@ -1,0 +1,170 @@
+"""The one precision policy each ``--dtype`` names, the same in every framework (framework-free).
+
+``bf16`` is mixed precision, with torch's CPU autocast as the reference: the weights stay float32 (the
+master copy the optimizer updates), and each op class computes as :data:`BF16_RULES` says — matmuls,
+convolutions and attention take bfloat16 operands and accumulate in float32, softmax, layer norm, batch-norm
+statistics and the loss compute in float32, elementwise ops follow their inputs (so a residual stream that
+starts float32, the embeddings' sum, stays float32). Each framework applies it its own way (torch:
+``torch.autocast``; TensorFlow and JAX: explicit casts in the model code, ``fwbench/frameworks/<fw>/
+precision.py``; Keras: its ``mixed_bfloat16`` policy with float32 layer norms and embeddings), and each
+worker stores what the framework's own graph shows (:data:`OBSERVED_OPS`), so a runtime that computes
+something else is seen, not assumed. docs/precision.md has the table for readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+# The policy the model code in force reads (TensorFlow's and JAX's precision.py), set around a model's call.
+_ACTIVE: ContextVar[str] = ContextVar("fwbench_precision_policy", default="fp32")
+
+
+def active() -> str:
+    """The dtype whose policy is in force ("fp32" outside any :func:`computing`)."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def computing(dtype: str) -> Iterator[None]:
+    """The policy of ``dtype`` ("fp32" or "bf16") for the model code run or traced inside."""
+    token = _ACTIVE.set(dtype)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def scoped(dtype: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` whose body (run eagerly, or traced by jit / tf.function) runs under the policy of ``dtype``."""
+
+    @functools.wraps(function)
+    def under_policy(*args: Any, **kwargs: Any) -> Any:
+        with computing(dtype):
+            return function(*args, **kwargs)
+
+    return under_policy
+
+
+# The dtype each --dtype computes its matmuls in (numpy / ml_dtypes names, as the frameworks print them).
+MATMUL_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+
+POLICY_NAMES = {
+    "fp32": "fp32: every op and weight in float32, full-precision matmuls (no TF32, no bf16 passes)",
+    "bf16": "bf16 mixed precision (fwbench.precision.BF16_RULES): float32 weights; bfloat16 matmul/conv/attention "
+    "operands with float32 accumulation; softmax, layer norm, batch-norm statistics, loss and update in float32",
+}
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """How one class of ops computes under ``--dtype bf16``."""
+
+    op_class: str  # as observed and stored: matmul, conv, attention, softmax, layer_norm, batch_norm, ...
+    ops: str  # which ops of the zoo's models fall in it
+    operands: str  # the dtype the op reads
+    computes: str  # where it accumulates / computes
+    output: str  # the dtype it hands on
+    torch_autocast: str  # where torch.autocast(cpu, bfloat16) puts it: the reference
+
+
+BF16_RULES: tuple[OpRule, ...] = (
+    OpRule(
+        "matmul",
+        "linear / dense layers, the tied LM head, the gemm model",
+        "bfloat16 (float32 weights and activations cast)",
+        "float32 accumulation",
+        "bfloat16",
+        "lower-precision list (linear, matmul, addmm, bmm)",
+    ),
+    OpRule(
+        "conv", "ResNet's convolutions", "bfloat16", "float32 accumulation", "bfloat16", "lower-precision list (conv2d)"
+    ),
+    OpRule(
+        "attention",
+        "Q·Kᵀ and P·V of scaled-dot-product attention",
+        "bfloat16",
+        "float32 accumulation (scores float32 where the framework's matmul can return float32)",
+        "bfloat16",
+        "lower-precision list (scaled_dot_product_attention)",
+    ),
+    OpRule(
+        "softmax",
+        "attention probabilities",
+        "float32 (scores upcast)",
+        "float32",
+        "bfloat16 (the probabilities P·V reads)",
+        "inside the fused attention kernel, float32 (its accumulation type)",
+    ),
+    OpRule(
+        "layer_norm",
+        "BERT's and GPT-2's layer norms",
+        "float32 (the residual stream is float32)",
+        "float32 statistics and normalisation",
+        "float32",
+        "not cast: runs in its input's dtype, float32 here",
+    ),
+    OpRule(
+        "batch_norm",
+        "ResNet's batch norms",
+        "bfloat16 (a convolution's output)",
+        "float32 statistics (batch and running), float32 normalisation",
+        "bfloat16",
+        "not cast: mixed-dtype kernel, float32 statistics",
+    ),
+    OpRule(
+        "elementwise",
+        "GELU, ReLU, tanh, pooling, residual adds",
+        "their inputs' (bfloat16 after a matmul; float32 + bfloat16 promotes to float32)",
+        "as the operands",
+        "as the operands",
+        "not cast (type promotion)",
+    ),
+    OpRule("embedding", "token, position and type embeddings", "float32 table", "float32", "float32", "not cast"),
+    OpRule(
+        "loss",
+        "cross-entropy of the logits (phase training)",
+        "float32 (logits upcast)",
+        "float32",
+        "float32",
+        "lower-precision output cast to float32 before the loss",
+    ),
+    OpRule(
+        "update",
+        "optimizer step, gradients of the weights",
+        "float32",
+        "float32",
+        "float32 master weights",
+        "the optimizer sees float32 parameters and gradients",
+    ),
+)
+
+# The op classes a worker observes in its framework's graph (traced graph, jaxpr or an autocast trace), with
+# the dtype each must show under each policy; a class the model does not have is simply absent.
+OBSERVED_OPS = ("matmul", "conv", "attention", "softmax", "layer_norm", "batch_norm")
+EXPECTED_DTYPES: dict[str, dict[str, str]] = {
+    "fp32": dict.fromkeys(OBSERVED_OPS, "float32"),
+    "bf16": {
+        "matmul": "bfloat16",
+        "conv": "bfloat16",
+        "attention": "bfloat16",
+        "softmax": "float32",
+        "layer_norm": "float32",
+        "batch_norm": "float32",
+    },
+}
+
+
+def policy_mismatches(dtype: str, observed: dict[str, list[str]]) -> list[str]:
+    """The op classes of ``observed`` (op class → the dtypes seen) that do not compute in the dtype
+    ``dtype``'s policy says, as ``"layer_norm: bfloat16 (policy: float32)"``; empty when all do."""
+    expected = EXPECTED_DTYPES.get(dtype, {})
+    return [
+        f"{op}: {', '.join(seen)} (policy: {expected[op]})"
+        for op, seen in observed.items()
+        if op in expected and seen and set(seen) != {expected[op]}
+    ]
