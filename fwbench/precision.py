@@ -50,16 +50,6 @@ def scoped(dtype: str, function: Callable[..., Any]) -> Callable[..., Any]:
     return under_policy
 
 
-# The dtype each --dtype computes its matmuls in (numpy / ml_dtypes names, as the frameworks print them).
-MATMUL_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
-
-POLICY_NAMES = {
-    "fp32": "fp32: every op and weight in float32, full-precision matmuls (no TF32, no bf16 passes)",
-    "bf16": "bf16 mixed precision (fwbench.precision.BF16_RULES): float32 weights; bfloat16 matmul/conv/attention "
-    "operands with float32 accumulation; softmax, layer norm, batch-norm statistics, loss and update in float32",
-}
-
-
 @dataclass(frozen=True)
 class OpRule:
     """How one class of ops computes under ``--dtype bf16``."""
@@ -70,6 +60,7 @@ class OpRule:
     computes: str  # where it accumulates / computes
     output: str  # the dtype it hands on
     torch_autocast: str  # where torch.autocast(cpu, bfloat16) puts it: the reference
+    observed: str | None = None  # the one dtype an observation of the class must show (None: not observed)
 
 
 BF16_RULES: tuple[OpRule, ...] = (
@@ -79,10 +70,17 @@ BF16_RULES: tuple[OpRule, ...] = (
         "bfloat16 (float32 weights and activations cast)",
         "float32 accumulation",
         "bfloat16",
-        "lower-precision list (linear, matmul, addmm, bmm)",
+        "lower-precision list (linear, matmul, addmm)",
+        "bfloat16",
     ),
     OpRule(
-        "conv", "ResNet's convolutions", "bfloat16", "float32 accumulation", "bfloat16", "lower-precision list (conv2d)"
+        "conv",
+        "ResNet's convolutions",
+        "bfloat16",
+        "float32 accumulation",
+        "bfloat16",
+        "lower-precision list (conv2d)",
+        "bfloat16",
     ),
     OpRule(
         "attention",
@@ -90,7 +88,8 @@ BF16_RULES: tuple[OpRule, ...] = (
         "bfloat16",
         "float32 accumulation (scores float32 where the framework's matmul can return float32)",
         "bfloat16",
-        "lower-precision list (scaled_dot_product_attention)",
+        "lower-precision list (scaled_dot_product_attention, bmm)",
+        "bfloat16",
     ),
     OpRule(
         "softmax",
@@ -99,6 +98,7 @@ BF16_RULES: tuple[OpRule, ...] = (
         "float32",
         "bfloat16 (the probabilities P·V reads)",
         "inside the fused attention kernel, float32 (its accumulation type)",
+        "float32",
     ),
     OpRule(
         "layer_norm",
@@ -107,6 +107,7 @@ BF16_RULES: tuple[OpRule, ...] = (
         "float32 statistics and normalisation",
         "float32",
         "not cast: runs in its input's dtype, float32 here",
+        "float32",
     ),
     OpRule(
         "batch_norm",
@@ -115,6 +116,7 @@ BF16_RULES: tuple[OpRule, ...] = (
         "float32 statistics (batch and running), float32 normalisation",
         "bfloat16",
         "not cast: mixed-dtype kernel, float32 statistics",
+        "float32",
     ),
     OpRule(
         "elementwise",
@@ -143,20 +145,18 @@ BF16_RULES: tuple[OpRule, ...] = (
     ),
 )
 
-# The op classes a worker observes in its framework's graph (traced graph, jaxpr or an autocast trace), with
-# the dtype each must show under each policy; a class the model does not have is simply absent.
-OBSERVED_OPS = ("matmul", "conv", "attention", "softmax", "layer_norm", "batch_norm")
+# The op classes a worker observes in its framework's graph (traced graph, jaxpr or the ops dispatched under
+# autocast) and what is read for each: a contraction's (matmul, conv, attention) operands; softmax's input;
+# every floating tensor a layer norm reads and computes with, its input (the residual stream) included; a batch
+# norm's parameters, statistics and arithmetic, but not its input (a convolution's bfloat16 output by policy).
+# The dtype each must show under each policy; a class the model does not have (or the framework hides inside a
+# fused kernel) is simply absent.
+OBSERVED_OPS = tuple(rule.op_class for rule in BF16_RULES if rule.observed is not None)
 EXPECTED_DTYPES: dict[str, dict[str, str]] = {
     "fp32": dict.fromkeys(OBSERVED_OPS, "float32"),
-    "bf16": {
-        "matmul": "bfloat16",
-        "conv": "bfloat16",
-        "attention": "bfloat16",
-        "softmax": "float32",
-        "layer_norm": "float32",
-        "batch_norm": "float32",
-    },
+    "bf16": {rule.op_class: rule.observed for rule in BF16_RULES if rule.observed is not None},
 }
+FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})  # the dtype names an observation keeps
 
 
 def policy_mismatches(dtype: str, observed: dict[str, list[str]]) -> list[str]:

@@ -5,8 +5,8 @@ subprocess per Keras backend).
 By construction: the dtypes each framework's own graph shows per op class (matmul bfloat16, layer norm /
 softmax / batch-norm statistics float32, weights float32). Each in-process parity check runs the backend as a
 worker does (build, inputs, compile, infer, to_numpy) and asserts the model's bf16 limit against the float64
-reference and an error above the fp32 tolerance (bfloat16 really computed); the consistency flag is checked in
-test_report.py.
+reference and an error above the fp32 tolerance (bfloat16 really computed); the consistency flag and the
+observations' ability to fail are checked in test_precision.py.
 """
 
 from __future__ import annotations
@@ -175,10 +175,17 @@ POLICY_RUNTIMES = ["torch:eager", "tensorflow:eager", "tensorflow:function", "te
 
 
 def observed(runtime: str, description: ModelDescription, dtype: str) -> tuple[dict[str, list[str]], Backend]:
-    """What the backend's graph of the forward at the parity shape computes in (observe_precision)."""
+    """What the backend's graph of the forward at the parity shape computes in (observe_precision), once compiled
+    as a worker has (function / xla / jit: the compiled program itself)."""
     backend = create_backend(runtime, "cpu", Settings(threads=1), dtype=dtype)
     backend.build(description, description.canonical_weights(0))
-    seen = backend.observe_precision(backend.make_inputs(description.make_inputs(*description.parity_shape(), 0)))
+    inputs = backend.make_inputs(description.make_inputs(*description.parity_shape(), 0))
+    try:
+        backend.compile(inputs)
+        seen = backend.observe_precision(inputs)
+    finally:
+        if hasattr(backend, "_inference_mode"):  # torch's compile entered it for the process
+            backend._inference_mode.__exit__(None, None, None)
     assert seen is not None
     return seen, backend
 

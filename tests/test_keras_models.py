@@ -90,6 +90,7 @@ def _run_cell(
         "tracing_count_timed": traces_timed,
         "raw_dtypes": raw_dtypes,
         "variable_dtypes": sorted({v.dtype for v in backend.model.weights}),
+        "observed": backend.observe_precision(inputs),
         "dtype_policy": backend.keras.config.dtype_policy().name,
     }
 
@@ -299,6 +300,7 @@ def test_bf16_is_the_mixed_bfloat16_policy(reports, backend: str, model: str) ->
     """bf16: Keras' mixed_bfloat16 policy (with fwbench's float32 layer norms and residual stream), set before
     building: float32 variables, parity within the bf16 tolerance yet above the fp32 one (so it really computed
     in bfloat16)."""
+    from fwbench.precision import policy_mismatches
     from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE
 
     precision = reports[backend]["bf16_precision"]
@@ -310,6 +312,15 @@ def test_bf16_is_the_mixed_bfloat16_policy(reports, backend: str, model: str) ->
     # Outputs of Dense layers are bfloat16; DistilBERT's one output is a float32 layer norm under the policy.
     assert ("bfloat16" in cell["raw_dtypes"]) != model.startswith("distilbert"), cell["raw_dtypes"]
     assert cell["dtypes"] == ["float32"] and cell["shapes_ok"]
+    # the backend's own graph (jaxpr, tf graph, dispatched aten ops) follows the policy, op class by op class
+    observed = cell["observed"]
+    assert observed["matmul"] == ["bfloat16"] and policy_mismatches("bf16", observed) == [], observed
+    if model in TEXT:
+        assert observed["layer_norm"] == ["float32"] and observed["attention"] == ["bfloat16"], observed
+    if model.startswith("resnet"):
+        assert observed["conv"] == ["bfloat16"], observed
+    fp32_observed = reports[backend]["models"][model]["observed"]
+    assert fp32_observed["matmul"] == ["float32"] and policy_mismatches("fp32", fp32_observed) == [], fp32_observed
     errors = cell["rel_l2"].values()
     assert all(e <= PARITY_REL_L2_TOLERANCE["bf16"] for e in errors), cell["rel_l2"]
     assert max(errors) > PARITY_REL_L2_TOLERANCE["fp32"], cell["rel_l2"]  # float32 lands near 4e-7

@@ -6,24 +6,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from fwbench.frameworks import create_backend
 from fwbench.models import get_model
-from fwbench.precision import EXPECTED_DTYPES, OBSERVED_OPS, policy_mismatches
+from fwbench.precision import BF16_RULES, EXPECTED_DTYPES, OBSERVED_OPS, policy_mismatches
 from fwbench.report.flags import precision_flags
 from fwbench.runner.cell import parity
 from fwbench.spec import Settings
 from test_report import row
 
 
-def bf16_parity(runtime: str, pure: bool = False) -> dict[str, Any]:
-    """bert-tiny's bf16 parity check (parity shape) in ``runtime``; ``pure``: every weight and op in bfloat16
-    (the JAX parameter pytree cast and the model run without the policy), as a framework that ignores the
-    policy would compute."""
+def bf16_parity(runtime: str, pure: bool = False) -> tuple[dict[str, Any], dict[str, list[str]] | None]:
+    """bert-tiny's bf16 parity check (parity shape) in ``runtime`` and what its graph showed; ``pure``: every
+    weight and op in bfloat16 (the JAX parameter pytree cast and the model run without the policy), as a
+    framework that ignores the policy would compute."""
     description = get_model("bert-tiny")
     weights = description.canonical_weights(0)
     arrays = description.make_inputs(*description.parity_shape(), 0)
@@ -39,10 +39,11 @@ def bf16_parity(runtime: str, pure: bool = False) -> dict[str, Any]:
     try:
         backend.compile(inputs)
         got = backend.to_numpy(backend.infer(inputs))
+        seen = backend.observe_precision(inputs)
     finally:
         if hasattr(backend, "_inference_mode"):  # torch's compile entered it for the process
             backend._inference_mode.__exit__(None, None, None)
-    return parity(got, description.reference_forward(weights, arrays), "bf16", description.name)
+    return parity(got, description.reference_forward(weights, arrays), "bf16", description.name), seen
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +61,12 @@ def quiet_xla() -> None:
 
 
 def test_the_consistency_flag_fires_on_a_runtime_computing_pure_bf16(quiet_xla: None) -> None:
-    checks = {
+    runs = {
         "torch:eager": bf16_parity("torch:eager"),
         "jax:jit": bf16_parity("jax:jit"),
         "pure:jax": bf16_parity("jax:jit", pure=True),
     }
+    checks = {runtime: check for runtime, (check, _) in runs.items()}
     records = [
         row(id=i, model="bert-tiny", runtime=runtime, dtype="bf16", details={"parity": check})
         for i, (runtime, check) in enumerate(checks.items(), start=1)
@@ -75,6 +77,13 @@ def test_the_consistency_flag_fires_on_a_runtime_computing_pure_bf16(quiet_xla: 
     assert "computes another precision" in next(iter(flags.values()))
     # the pure run still passes the bf16 parity limit: the limit alone would not have told it apart
     assert all(check["ok"] for check in checks.values()), checks
+    # a training check (one loss) is never compared; the same errors as training rows flag nothing
+    assert precision_flags([dataclasses.replace(r, phase="training") for r in records]) == {}
+    # and the pure run's own graph shows it: its layer norms read the bfloat16 stream
+    pure_seen = runs["pure:jax"][1]
+    assert pure_seen is not None and "bfloat16" in pure_seen["layer_norm"], pure_seen
+    assert any(m.startswith("layer_norm") for m in policy_mismatches("bf16", pure_seen)), pure_seen
+    assert policy_mismatches("bf16", runs["jax:jit"][1] or {}) == []
 
 
 def test_an_op_class_off_the_policy_is_flagged_and_the_record_reads_back() -> None:
@@ -96,8 +105,33 @@ def test_an_op_class_off_the_policy_is_flagged_and_the_record_reads_back() -> No
     assert precision_flags([row(details={"parity": details["parity"]})]) == {}
 
 
-def test_the_policy_table_covers_every_observed_op_class() -> None:
-    for dtype, expected in EXPECTED_DTYPES.items():
-        assert set(expected) == set(OBSERVED_OPS), dtype
-    assert {expected for expected in EXPECTED_DTYPES["fp32"].values()} == {"float32"}
-    assert np.dtype(EXPECTED_DTYPES["bf16"]["layer_norm"]) == np.float32
+def test_the_observations_catch_a_layer_norm_on_a_bfloat16_stream() -> None:
+    """The layer-norm observation reads the stream entering the norm, so it can fail: torch with its weights in
+    bfloat16 (model.to), and TF's layer norm traced on a bfloat16 tensor, both show it."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("tensorflow")
+    description = get_model("bert-tiny")
+    backend = create_backend("torch:eager", "cpu", Settings(threads=1))
+    backend.build(description, description.canonical_weights(0))
+    backend.model.to(torch.bfloat16)
+    seen = backend.observe_precision(backend.make_inputs(description.make_inputs(2, 8, 0)))
+    assert seen is not None and seen["layer_norm"] == ["bfloat16"], seen
+    assert any(m.startswith("layer_norm") for m in policy_mismatches("bf16", seen)), seen
+    from fwbench.frameworks.tensorflow import precision
+
+    gamma, beta = tf.Variable(tf.ones([8])), tf.Variable(tf.zeros([8]))
+    stream = tf.zeros([2, 8], tf.bfloat16)
+    graph_seen = precision.observed_dtypes(lambda x: precision.layer_norm(x, gamma, beta, 1e-5), [stream])
+    assert graph_seen["layer_norm"] == ["bfloat16", "float32"], graph_seen
+
+
+def test_the_policy_table_is_the_one_the_observations_and_the_docs_use() -> None:
+    """EXPECTED_DTYPES is derived from BF16_RULES, and docs/precision.md's table names every rule's op class."""
+    observed_rules = [rule for rule in BF16_RULES if rule.observed is not None]
+    assert [rule.op_class for rule in observed_rules] == list(OBSERVED_OPS)
+    assert EXPECTED_DTYPES["bf16"] == {rule.op_class: rule.observed for rule in observed_rules}
+    assert set(EXPECTED_DTYPES["fp32"].values()) == {"float32"}
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "precision.md").read_text()
+    table_rows = [line.split("|")[1].strip() for line in docs.splitlines() if line.startswith("| ")]
+    for rule in BF16_RULES:
+        assert any(rule.op_class in first for first in table_rows), rule.op_class

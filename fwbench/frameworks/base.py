@@ -300,8 +300,7 @@ class Backend(ABC):
         self.device = device
         self.settings = settings
         self.dtype = dtype  # the case's dtype: "fp32", or "bf16": the mixed-precision policy of fwbench.precision
-        # The case's phase (spec.Phase), given at creation: bf16 training keeps float32 master weights where
-        # bf16 inference casts the weights themselves (TF, JAX).
+        # The case's phase (spec.Phase), given at creation (a backend builds and compiles for its phase).
         self.phase = phase
         # Where this framework's model files are (frameworks.create_backend sets a plugin runtime's package).
         self.package = builtin_package(self.framework)

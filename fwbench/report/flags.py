@@ -86,29 +86,41 @@ def parity_mark(row: ResultRecord, parity: dict[ParityKey, float | None]) -> str
 PRECISION_OUTLIER_RATIO = {"bf16": 4.0, "fp32": 100.0}
 
 
-def precision_flags(results: Sequence[ResultRecord]) -> dict[ParityKey, str]:
-    """Per :func:`parity_key`, why its runtime's precision is suspect: op classes its framework's graph showed
-    off the policy (``details.precision``), or an output whose parity error is more than
-    PRECISION_OUTLIER_RATIO[dtype] times above or below the lower median of every runtime's error on that output
-    (same run, model, dtype, device; at least two runtimes: with two, the larger error is the one flagged, with
-    three or more the majority decides)."""
-    checks: dict[ParityKey, ResultRecord] = {}
+PrecisionKey = tuple[int, str, str, str, str, str]  # (run, model, runtime, dtype, device, phase)
+
+
+def precision_key(row: ResultRecord) -> PrecisionKey:
+    """The cells one parity check covers, phase included (a training check is a loss, not comparable)."""
+    return (*parity_key(row), row.phase)
+
+
+def precision_flags(results: Sequence[ResultRecord]) -> dict[PrecisionKey, str]:
+    """Per :func:`precision_key`, why its runtime's precision is suspect: op classes its framework's graph showed
+    off the policy (``details.precision``; any phase), or — inference checks only, at the same checked shape —
+    an output whose parity error is more than PRECISION_OUTLIER_RATIO[dtype] times above or below the lower
+    median of every runtime's error on that output (same run, model, dtype, device; at least two runtimes: with
+    two, the larger error is the one flagged, with three or more the majority decides). Training checks are one
+    loss, whose bf16 error can cancel towards 0: never compared."""
+    checks: dict[PrecisionKey, ResultRecord] = {}
     for row in results:
-        if row.parity is not None and row.parity.outputs:
-            checks.setdefault(parity_key(row), row)
-    flags: dict[ParityKey, list[str]] = {}
+        if row.parity is not None and (row.parity.outputs or row.precision is not None):
+            checks.setdefault(precision_key(row), row)
+    flags: dict[PrecisionKey, list[str]] = {}
     for key, row in checks.items():
         if row.precision is not None and row.precision.mismatches:
             flags.setdefault(key, []).append("off policy: " + "; ".join(row.precision.mismatches))
         ratio = PRECISION_OUTLIER_RATIO.get(row.dtype)
+        assert row.parity is not None
+        if ratio is None or row.phase != "inference":
+            continue
         peers = [
             other
             for k, other in checks.items()
-            if k != key and (k[0], k[1], k[3], k[4]) == (key[0], key[1], key[3], key[4])
+            if k != key
+            and (k[0], k[1], k[3], k[4], k[5]) == (key[0], key[1], key[3], key[4], key[5])
+            and other.parity is not None
+            and other.parity.shape == row.parity.shape
         ]
-        if ratio is None or not peers:
-            continue
-        assert row.parity is not None
         for name, error in row.parity.outputs.items():
             others = [
                 e.rel_l2 for p in peers if p.parity is not None and (e := p.parity.outputs.get(name)) and e.rel_l2

@@ -36,8 +36,8 @@ from fwbench.report.flags import (
     cell_flags,
     compile_flags,
     is_noisy,
-    parity_key,
     precision_flags,
+    precision_key,
     rel_half_width,
     samples_text,
 )
@@ -520,6 +520,18 @@ def _error_text(value: float | None) -> str:
     return f"{math.nan if value is None else value:.2e}"
 
 
+def _computed_in(row: ResultRecord) -> str:
+    """The op classes' dtypes a cell's framework showed (details.precision), or why there are none."""
+    seen = row.precision
+    if seen is None:
+        return "—"
+    if seen.error:
+        return f"not observed: {esc(seen.error)}"
+    if not seen.observable:
+        return "not observable (an engine's compiled artefact)"
+    return "<br>".join(f"{esc(op)}: {esc(', '.join(dtypes))}" for op, dtypes in seen.observed.items()) or "—"
+
+
 def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
     """One row per stored parity check: relative L2 and max-abs error of each output against the reference, the
     dtypes the framework's graph showed per op class, and the precision flag (fwbench.report.flags)."""
@@ -537,8 +549,7 @@ def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
             or "—"
         )
         ok = check.passed
-        observed = r.precision.observed if r.precision is not None else {}
-        computed = "<br>".join(f"{esc(op)}: {esc(', '.join(dtypes))}" for op, dtypes in observed.items()) or "—"
+        computed = _computed_in(r)
         rows.append(
             ([esc(r.run_id)] if multi_run else [])
             + [
@@ -550,7 +561,7 @@ def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
                 esc(check.tolerance_rel_l2),
                 esc(check.reference),
                 errors,
-                computed + (f"<br><b>{esc(precision[parity_key(r)])}</b>" if parity_key(r) in precision else ""),
+                computed + (f"<br><b>{esc(precision[precision_key(r)])}</b>" if precision_key(r) in precision else ""),
             ]
         )
         classes.append("" if ok else "bad")
@@ -655,7 +666,7 @@ def results_section(
                 if cell is None
                 else _ratio(cell.ratio) + ("" if cell.ratio is None or cell.significant else " <i>n.s.</i>")
             )
-        flags = cell_flags(r) + ([precision[parity_key(r)]] if parity_key(r) in precision else [])
+        flags = cell_flags(r) + ([precision[precision_key(r)]] if precision_key(r) in precision else [])
         note = esc(r.reason) if not ok else esc("; ".join(flags))
         rows.append(
             [

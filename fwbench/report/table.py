@@ -27,12 +27,13 @@ from fwbench.report.flags import (
     NOISY_REL_CI,
     PARITY_FAILED,
     ParityKey,
+    PrecisionKey,
     cell_flags,
     is_noisy,
     parity_by_pair,
-    parity_key,
     parity_mark,
     precision_flags,
+    precision_key,
     rel_half_width,
     samples_text,
 )
@@ -80,10 +81,10 @@ def _median_cell(row: ResultRecord) -> str:
     return f"[yellow]{text}[/]" if is_noisy(row) else text
 
 
-def _note(row: ResultRecord, precision: dict[ParityKey, str]) -> str:
+def _note(row: ResultRecord, precision: dict[PrecisionKey, str]) -> str:
     if row.status != "ok":
         return escape(row.reason or "")
-    flags = cell_flags(row) + ([precision[parity_key(row)]] if parity_key(row) in precision else [])
+    flags = cell_flags(row) + ([precision[precision_key(row)]] if precision_key(row) in precision else [])
     return ", ".join(f"[yellow]{escape(flag)}[/]" for flag in flags)
 
 

@@ -138,14 +138,22 @@ class Cell:
 
     def record_precision(self, backend: Backend, inputs: Sequence[Any]) -> None:
         """``result["precision"]``: the case's policy and what the framework's graph of the forward on ``inputs``
-        shows (backend.observe_precision), with the op classes that break the policy (fwbench.precision)."""
-        observed = backend.observe_precision(inputs)
+        shows (backend.observe_precision; ``observed`` None where the runtime cannot be looked into, ``error`` when
+        looking failed), with the op classes that break the policy (fwbench.precision). A runtime whose graph
+        breaks the policy computes something else than the others: the cell becomes ``mismatch``."""
         dtype = self.job.case.dtype
-        self.result["precision"] = {
-            "policy": dtype,
-            "observed": observed or {},
-            "mismatches": policy_mismatches(dtype, observed or {}),
-        }
+        record: dict[str, Any] = {"policy": dtype, "observed": None, "mismatches": []}
+        self.result["precision"] = record
+        try:
+            observed = backend.observe_precision(inputs)
+        except Exception as exc:  # looking is a check, not the measurement: say why it failed, keep the cell
+            record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            return
+        if observed is None:
+            return
+        record.update(observed=observed, mismatches=policy_mismatches(dtype, observed))
+        if record["mismatches"] and self.result.get("status") != "mismatch":
+            self.fail_check(f"computes off the {dtype} policy: " + "; ".join(record["mismatches"]))
 
     def time_calls(self, backend: Backend, step: Callable[[], object]) -> tuple[int, timer.TimingResult]:
         """Stages first_call, warmup and timing of ``step`` (one synchronised call) under the job's timing

@@ -95,12 +95,14 @@ class ParityCheck:
 @dataclass(frozen=True)
 class PrecisionCheck:
     """``details.precision``: the policy a cell ran under (its dtype, fwbench.precision) and what the framework's
-    own graph showed: op class → the dtypes its operands had (empty where the runtime cannot be looked into),
-    and each op class that did not compute as the policy says."""
+    own graph showed: op class → the dtypes it read (``observable`` False where the runtime cannot be looked
+    into; ``error`` when looking failed), and each op class that did not compute as the policy says."""
 
     policy: str | None = None
+    observable: bool = False
     observed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     mismatches: tuple[str, ...] = ()
+    error: str | None = None
 
     @classmethod
     def parse(cls, raw: Any) -> PrecisionCheck | None:
@@ -115,8 +117,10 @@ class PrecisionCheck:
         mismatches = raw.get("mismatches")
         return cls(
             policy=_str(raw.get("policy")),
+            observable=isinstance(raw.get("observed"), dict),
             observed=observed,
             mismatches=tuple(str(m) for m in mismatches) if isinstance(mismatches, list) else (),
+            error=_str(raw.get("error")),
         )
 
 

@@ -119,7 +119,10 @@ class JaxBackend(Backend):
         self._forward = jax.jit(precision.scoped(self.dtype, self.model.apply))
 
     def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
-        """The op classes' operand dtypes in the jaxpr of the model's forward under this cell's policy."""
+        """The op classes' dtypes in the jaxpr of the jitted forward that was timed (inference, once compiled),
+        else of the model's forward traced under this cell's policy (training: the step's forward)."""
+        if self.phase == "inference" and getattr(self, "_forward", None) is not None:
+            return precision.observed_dtypes(self._forward, self._params, *inputs)
         return precision.observed_dtypes(precision.scoped(self.dtype, self.model.apply), self.model.params, *inputs)
 
     def infer(self, inputs: Sequence[Any]) -> tuple[jax.Array, ...]:

@@ -13,6 +13,7 @@ parameters stay float32 and gradients flow back through the casts in float32. Ea
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -94,14 +95,14 @@ def like(value: jax.Array, reference: jax.Array) -> jax.Array:
 
 # -- what a jaxpr shows -----------------------------------------------------------------------------
 _CONTRACTIONS = {"dot_general": "matmul", "conv_general_dilated": "conv"}
-_NORMALISATION_ARITHMETIC = {"reduce_sum", "sub", "mul", "rsqrt", "div"}  # not the casts around it
+_CAST = "convert_element_type"
 
 
 def _op_class(scope: str, equation: Any, scopes: dict[str, str]) -> str | None:
     """The op class an equation stands for: contractions by primitive (a dot with batch dimensions is attention's
     Q·Kᵀ or P·V: the zoo's dense layers have none), softmax by its ``exp`` (the only exp of the zoo's forwards),
-    layer norm and batch norm by the arithmetic inside their scopes (statistics and normalisation; inference
-    batch norm is a folded multiply-add). ``scopes``: more scope names → op class (a Keras model's layer names)."""
+    layer norm and batch norm by their scopes (a batch norm's cast of its input excluded: fwbench.precision
+    OBSERVED_OPS). ``scopes``: more scope names → op class (a Keras model's layer names, possibly suffixed ``_<n>``)."""
     primitive = equation.primitive.name
     if primitive == "dot_general":
         (_, _), (lhs_batch, _) = equation.params["dimension_numbers"]
@@ -110,11 +111,10 @@ def _op_class(scope: str, equation: Any, scopes: dict[str, str]) -> str | None:
         return _CONTRACTIONS[primitive]
     if primitive == "exp":
         return "softmax"
-    if primitive in _NORMALISATION_ARITHMETIC:
-        parts = scope.split("/")
-        for name, op_class in {"layer_norm": "layer_norm", "batch_norm": "batch_norm", **scopes}.items():
-            if name in parts:
-                return op_class
+    parts = scope.split("/")
+    for name, op_class in {"layer_norm": "layer_norm", "batch_norm": "batch_norm", **scopes}.items():
+        if any(re.fullmatch(rf"{re.escape(name)}(_\d+)?", part) for part in parts):
+            return None if op_class == "batch_norm" and primitive == _CAST else op_class
     return None
 
 
@@ -122,11 +122,9 @@ def _walk(jaxpr: Any, scope: str, seen: dict[str, set[str]], scopes: dict[str, s
     for equation in jaxpr.eqns:
         here = f"{scope}/{equation.source_info.name_stack}"
         op_class = _op_class(here, equation, scopes)
-        if op_class is not None:  # a contraction's operands, a reduction's input
-            operands = [v for v in equation.invars if hasattr(v, "aval")]
-            if equation.primitive.name not in _CONTRACTIONS:
-                operands = operands[:1]
-            seen.setdefault(op_class, set()).update(str(v.aval.dtype) for v in operands)
+        if op_class is not None:  # its floating operands (softmax: exp's input)
+            dtypes = {str(v.aval.dtype) for v in equation.invars if hasattr(v, "aval")}
+            seen.setdefault(op_class, set()).update(dtypes & policy.FLOATING)
         for value in equation.params.values():
             for sub in value if isinstance(value, list | tuple) else (value,):
                 if isinstance(sub, jax_core.ClosedJaxpr):
@@ -138,8 +136,8 @@ def _walk(jaxpr: Any, scope: str, seen: dict[str, set[str]], scopes: dict[str, s
 def observed_dtypes(
     function: Callable[..., Any], *args: Any, scopes: dict[str, str] | None = None
 ) -> dict[str, list[str]]:
-    """Op class → the dtypes its operands have in the jaxpr of the forward ``function`` traced at ``args``: what
-    the compiled program computes in, read from the program itself. ``scopes``: scope names (one part of a name
+    """Op class → the dtypes it reads (fwbench.precision OBSERVED_OPS) in the jaxpr of the forward ``function``
+    traced at ``args`` (a jitted function: the program it compiles), read from the program itself. ``scopes``: scope names (one part of a name
     stack) whose arithmetic is that op class, beyond ``layer_norm`` and ``batch_norm``."""
     seen: dict[str, set[str]] = {}
     _walk(jax.make_jaxpr(function)(*args).jaxpr, "", seen, scopes or {})

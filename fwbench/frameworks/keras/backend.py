@@ -232,8 +232,9 @@ class KerasBackend(Backend):
         loss, jit_compile="auto")``: Keras' own train step, loss and optimizer, called as a user calls it;
         it returns the loss as a Python float (so it has waited for the step): train_on_batch resets the
         metrics first, so that is this step's loss, computed before its update. bf16: the model was built under
-        the ``mixed_bfloat16`` policy, Keras' own mixed precision: float32 variables and optimizer (the master
-        weights), layers computing in bfloat16, the loss in float32 (a Keras loss computes in floatx)."""
+        the ``mixed_bfloat16`` policy with float32 embeddings, layer norms and residual stream (fwbench's policy,
+        keras/precision.py): float32 variables and optimizer (the master weights), Dense and conv layers in
+        bfloat16, the loss in float32 (a Keras loss computes in floatx)."""
         assert self.description is not None
         from fwbench.frameworks.keras import training
         from fwbench.models.training import optimizer_spec

@@ -28,7 +28,8 @@ def layer_norm(eps: float, name: str) -> layers.LayerNormalization:
 def _scopes(model: keras.Model) -> dict[str, str]:
     """Layer name → op class for the normalisation layers (their arithmetic is observed as that class)."""
     scopes: dict[str, str] = {}
-    for layer in model._flatten_layers(include_self=False):  # every nested layer, as Keras walks them
+    # Keras' own walk over every nested layer (model.layers lists only a functional model's top level)
+    for layer in model._flatten_layers(include_self=False):
         if isinstance(layer, layers.LayerNormalization):
             scopes[layer.name] = "layer_norm"
         elif isinstance(layer, layers.BatchNormalization):

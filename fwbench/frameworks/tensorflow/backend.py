@@ -80,10 +80,14 @@ class TensorFlowBackend(Backend):
             return tuple(tf.identity(tf.constant(a)) for a in arrays.values())
 
     def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
-        """The op classes' operand dtypes in the graph tf.function traces of the forward (None for savedmodel,
-        whose built model is dropped once reloaded)."""
+        """The op classes' dtypes in the graph that was timed (function, xla: the compiled forward's concrete
+        function at ``inputs``), else in the graph tf.function traces of the forward under the policy (eager: the
+        ops it runs one by one; training: the step's forward). None for savedmodel (a reloaded signature)."""
         if self.model is None:
             return None
+        compiled: Any = getattr(self, "_forward", None)  # the tf.function compile() made, once compiled
+        if self.phase == "inference" and self.mode in ("function", "xla") and compiled is not None:
+            return precision.graph_dtypes(compiled.get_concrete_function(*inputs).graph)
         return precision.observed_dtypes(self._call, inputs)
 
     def compile(self, inputs: Sequence[Any]) -> None:

@@ -16,7 +16,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# aten op (overload packet name) -> op class, and which of its tensor arguments hold what the class computes in
+from fwbench.precision import FLOATING
+
+# aten op (overload packet name) -> op class, and which of its arguments are read (fwbench.precision OBSERVED_OPS:
+# a layer norm's input, weight and bias; a batch norm's weight, bias and running statistics, not its input)
 _OP_CLASSES: dict[str, tuple[str, slice]] = {
     "linear": ("matmul", slice(None)),
     "addmm": ("matmul", slice(None)),
@@ -31,13 +34,12 @@ _OP_CLASSES: dict[str, tuple[str, slice]] = {
     "convolution": ("conv", slice(0, 2)),
     "_softmax": ("softmax", slice(0, 1)),
     "softmax": ("softmax", slice(0, 1)),
-    "layer_norm": ("layer_norm", slice(0, 1)),
-    "native_layer_norm": ("layer_norm", slice(0, 1)),
-    # batch norm: its statistics (running mean and variance, arguments 3 and 4); the input is the conv's dtype
-    "batch_norm": ("batch_norm", slice(3, 5)),
-    "native_batch_norm": ("batch_norm", slice(3, 5)),
-    "_native_batch_norm_legit_no_training": ("batch_norm", slice(3, 5)),
-    "_native_batch_norm_legit": ("batch_norm", slice(3, 5)),
+    "layer_norm": ("layer_norm", slice(None)),
+    "native_layer_norm": ("layer_norm", slice(None)),
+    "batch_norm": ("batch_norm", slice(1, 5)),
+    "native_batch_norm": ("batch_norm", slice(1, 5)),
+    "_native_batch_norm_legit_no_training": ("batch_norm", slice(1, 5)),
+    "_native_batch_norm_legit": ("batch_norm", slice(1, 5)),
 }
 
 
@@ -52,13 +54,13 @@ class _OperandDtypes(TorchDispatchMode):
         known = _OP_CLASSES.get(func.overloadpacket.__name__)
         if known is not None:
             op_class, which = known
-            tensors = [a for a in args[which] if isinstance(a, torch.Tensor)]
-            self.seen.setdefault(op_class, set()).update(str(t.dtype).removeprefix("torch.") for t in tensors)
+            dtypes = {str(a.dtype).removeprefix("torch.") for a in args[which] if isinstance(a, torch.Tensor)}
+            self.seen.setdefault(op_class, set()).update(dtypes & FLOATING)
         return func(*args, **(kwargs or {}))
 
 
 def observed_dtypes(forward: Callable[..., Any], inputs: Sequence[Any]) -> dict[str, list[str]]:
-    """Op class → the dtypes of its operands as dispatched during one call ``forward(*inputs)`` (run without
+    """Op class → the floating dtypes it reads as dispatched during one call ``forward(*inputs)`` (run without
     autograd; a training-mode batch norm would update its running statistics, so callers pass an eval forward)."""
     recorder = _OperandDtypes()
     with torch.no_grad(), recorder:
