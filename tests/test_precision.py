@@ -135,3 +135,75 @@ def test_the_policy_table_is_the_one_the_observations_and_the_docs_use() -> None
     table_rows = [line.split("|")[1].strip() for line in docs.splitlines() if line.startswith("| ")]
     for rule in BF16_RULES:
         assert any(rule.op_class in first for first in table_rows), rule.op_class
+
+
+def test_bf16_cells_say_whether_the_cpu_has_bf16_units() -> None:
+    """The worker stores the CPU's bfloat16 units with every bf16 CPU cell; the note says emulated without."""
+    from fwbench.measure.environment import BF16_UNITS, cpu_bf16_units
+    from fwbench.report.flags import bf16_units_flag, cell_flags
+
+    units = cpu_bf16_units()
+    assert set(units) <= set(BF16_UNITS)
+    assert bf16_units_flag(row(dtype="bf16", details={"cpu_bf16_units": []})) == [
+        "bf16 emulated (no avx512_bf16/amx_bf16)"
+    ]
+    native = row(dtype="bf16", details={"cpu_bf16_units": ["avx512_bf16", "amx_bf16"]})
+    assert "bf16 units: avx512_bf16,amx_bf16" in cell_flags(native)
+    assert bf16_units_flag(row(dtype="fp32", details={"cpu_bf16_units": []})) == []
+    assert bf16_units_flag(row(dtype="bf16")) == []  # stored before the units were recorded: nothing claimed
+
+
+class _Observed:
+    """A backend stand-in whose framework graph shows ``seen`` (or whose observation raises it)."""
+
+    def __init__(self, seen: Any) -> None:
+        self.seen = seen
+
+    def observe_precision(self, inputs: Any) -> Any:
+        if isinstance(self.seen, Exception):
+            raise self.seen
+        return self.seen
+
+
+def test_a_cell_off_the_policy_is_a_mismatch_and_a_failed_look_is_recorded() -> None:
+    import io
+
+    from fwbench.runner.cell import Cell
+    from fwbench.runner.messages import Job
+    from fwbench.spec import Case
+
+    def recorded(seen: Any) -> dict[str, Any]:
+        cell = Cell(
+            Job(Case("bert-tiny", "jax:jit", batch_size=2, seq_len=16, dtype="bf16"), Settings()), io.StringIO()
+        )
+        cell.result["status"] = "ok"
+        cell.record_precision(_Observed(seen), ())  # type: ignore[arg-type]
+        return cell.result
+
+    off = recorded({"matmul": ["bfloat16"], "layer_norm": ["bfloat16"]})
+    assert off["status"] == "mismatch" and "layer_norm: bfloat16 (policy: float32)" in off["reason"], off
+    on = recorded({"matmul": ["bfloat16"], "layer_norm": ["float32"]})
+    assert on["status"] == "ok" and on["precision"]["mismatches"] == [], on
+    engine = recorded(None)
+    assert engine["status"] == "ok" and engine["precision"]["observed"] is None, engine
+    failed = recorded(RuntimeError("tracing failed\nsecond line"))
+    assert failed["status"] == "ok" and failed["precision"]["error"] == "RuntimeError: tracing failed", failed
+
+
+def test_verify_marks_a_runtime_whose_errors_set_it_apart() -> None:
+    from rich.console import Console
+
+    from fwbench.report.verify_table import parity_table
+    from fwbench.runner.verify import OutputCheck
+
+    def check(runtime: str, error: float) -> OutputCheck:
+        return OutputCheck(
+            "bert-tiny", runtime, "ok", None, "last_hidden_state", (2, 16, 128), 0.0, 0.0, error, 0.0, 1.2e-2
+        )
+
+    checks = [check("torch:eager", 3.6e-4), check("jax:jit", 4.0e-4), check("pure:jax", 9.2e-3)]
+    console = Console(record=True, width=400)
+    console.print(parity_table("bf16", checks))
+    lines = {line.split("│")[2].strip(): line for line in console.export_text().splitlines() if line.count("│") > 3}
+    assert "ok, but last_hidden_state error 9.2e-03 is 23x" in lines["pure:jax"], lines
+    assert "ok, but" not in lines["torch:eager"] and "ok, but" not in lines["jax:jit"], lines

@@ -41,6 +41,13 @@ TRACKED_ENV_VARS = (
     "CUDA_VISIBLE_DEVICES",
 )
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+BF16_UNITS = ("avx512_bf16", "amx_bf16")  # CPU flags of native bfloat16 arithmetic (without them it is emulated)
+
+
+def cpu_bf16_units() -> list[str]:
+    """This CPU's native bfloat16 units among BF16_UNITS (empty: bfloat16 is emulated in float32 arithmetic)."""
+    flags = set(_cpu_info()["cpu_simd_flags"].split(","))
+    return [flag for flag in BF16_UNITS if flag in flags]
 
 
 def physical_core_count() -> int:

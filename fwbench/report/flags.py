@@ -3,7 +3,8 @@ marks and precision flags. The terminal/Markdown tables, the HTML page and the e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from fwbench.store import ResultRecord
 
@@ -47,7 +48,17 @@ def cell_flags(row: ResultRecord) -> list[str]:
     split = (
         [f"interleaved in {max(subgroups)} sub-groups (memory)"] if isinstance(subgroups, list) and subgroups else []
     )
-    return ([NOISY] if is_noisy(row) else []) + contended + split + compile_flags(row)
+    return ([NOISY] if is_noisy(row) else []) + contended + split + compile_flags(row) + bf16_units_flag(row)
+
+
+def bf16_units_flag(row: ResultRecord) -> list[str]:
+    """For a bf16 CPU cell, whether the CPU had native bfloat16 units (the worker stored ``cpu_bf16_units``):
+    ``bf16 units: amx_bf16``, or ``bf16 emulated (no avx512_bf16/amx_bf16)``; nothing for other cells or rows
+    stored before the units were recorded."""
+    units = row.details.get("cpu_bf16_units")
+    if row.dtype != "bf16" or not isinstance(units, list):
+        return []
+    return [f"bf16 units: {','.join(map(str, units))}" if units else "bf16 emulated (no avx512_bf16/amx_bf16)"]
 
 
 def parity_key(row: ResultRecord) -> ParityKey:
@@ -87,6 +98,7 @@ PRECISION_OUTLIER_RATIO = {"bf16": 4.0, "fp32": 100.0}
 
 
 PrecisionKey = tuple[int, str, str, str, str, str]  # (run, model, runtime, dtype, device, phase)
+K = TypeVar("K")
 
 
 def precision_key(row: ResultRecord) -> PrecisionKey:
@@ -106,37 +118,44 @@ def precision_flags(results: Sequence[ResultRecord]) -> dict[PrecisionKey, str]:
         if row.parity is not None and (row.parity.outputs or row.precision is not None):
             checks.setdefault(precision_key(row), row)
     flags: dict[PrecisionKey, list[str]] = {}
+    comparable: dict[tuple[object, ...], dict[PrecisionKey, dict[str, float]]] = {}
     for key, row in checks.items():
         if row.precision is not None and row.precision.mismatches:
             flags.setdefault(key, []).append("off policy: " + "; ".join(row.precision.mismatches))
-        ratio = PRECISION_OUTLIER_RATIO.get(row.dtype)
         assert row.parity is not None
-        if ratio is None or row.phase != "inference":
-            continue
-        peers = [
-            other
-            for k, other in checks.items()
-            if k != key
-            and (k[0], k[1], k[3], k[4], k[5]) == (key[0], key[1], key[3], key[4], key[5])
-            and other.parity is not None
-            and other.parity.shape == row.parity.shape
-        ]
-        for name, error in row.parity.outputs.items():
-            others = [
-                e.rel_l2 for p in peers if p.parity is not None and (e := p.parity.outputs.get(name)) and e.rel_l2
-            ]
-            if not others or not error.rel_l2:
+        if row.phase == "inference":  # same run, model, dtype, device, phase and checked shape
+            errors = {name: e.rel_l2 for name, e in row.parity.outputs.items() if e.rel_l2}
+            comparable.setdefault((key[0], key[1], *key[3:], row.parity.shape), {})[key] = errors
+    for group in comparable.values():
+        dtype = next(iter(group))[3]
+        for key, text in error_outliers(group, dtype).items():
+            flags.setdefault(key, []).append(text)
+    return {key: "; ".join(texts) for key, texts in flags.items()}
+
+
+def error_outliers(errors: Mapping[K, Mapping[str, float]], dtype: str) -> dict[K, str]:
+    """Of the runtimes (any key) whose outputs' relative L2 errors are ``errors`` (output name → error) on one
+    comparable check: those with an output more than PRECISION_OUTLIER_RATIO[dtype] times above or below the
+    lower median of every runtime's error on it, and why. The lower median of all: one outlier cannot move it
+    (with two runtimes, the larger error is the one flagged)."""
+    ratio = PRECISION_OUTLIER_RATIO.get(dtype)
+    flagged: dict[K, str] = {}
+    if ratio is None:
+        return flagged
+    for key, outputs in errors.items():
+        for name, error in outputs.items():
+            everyone = sorted(e[name] for e in errors.values() if e.get(name))
+            if len(everyone) < 2 or not error:
                 continue
-            everyone = sorted([error.rel_l2, *others])
-            typical = everyone[(len(everyone) - 1) // 2]  # the (lower) median of all: one outlier cannot move it
-            times = error.rel_l2 / typical
+            typical = everyone[(len(everyone) - 1) // 2]
+            times = error / typical
             if times > ratio or times < 1 / ratio:
-                flags.setdefault(key, []).append(
-                    f"{name} error {error.rel_l2:.1e} is {times:.2g}x the runtimes' median {typical:.1e}: "
-                    f"computes another precision"
+                flagged[key] = (
+                    f"{name} error {error:.1e} is {times:.2g}x the runtimes' median {typical:.1e}: "
+                    "computes another precision"
                 )
                 break
-    return {key: "; ".join(texts) for key, texts in flags.items()}
+    return flagged
 
 
 def samples_text(row: ResultRecord) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from rich.markup import escape
 from rich.table import Table
 
+from fwbench.report.flags import error_outliers
 from fwbench.runner.tolerances import TrainingTolerance
 from fwbench.runner.verify import OutputCheck, TrainingCheck
 
@@ -34,11 +35,25 @@ def _not_ok_verdict(status: str, reason: str | None) -> str:
     return f"{verdict}: {escape(reason or '')}"
 
 
+def _verdict(check: OutputCheck, outlier: str | None) -> str:
+    """ok, a red mismatch, or a yellow ``ok, but …`` when the runtime's errors set it apart from the others'."""
+    if not check.passed:
+        return f"[red]mismatch (> {check.tolerance:g})[/]"
+    return "ok" if outlier is None else f"[yellow]ok, but {escape(outlier)}[/]"
+
+
 def parity_table(dtype: str, checks: Sequence[OutputCheck]) -> Table:
     """One row per check (each a model × runtime × output, or a runtime that did not run)."""
     table = Table(title=f"fwbench verify, {dtype} (relative L2 error; max abs error in brackets)")
     for column in PARITY_COLUMNS:
         table.add_column(column)
+    errors: dict[tuple[str, str], dict[str, float]] = {}  # (model, runtime) -> output -> error vs the reference
+    for check in checks:
+        if check.status == "ok" and check.output is not None and check.rel_l2_vs_reference:
+            errors.setdefault((check.model, check.runtime), {})[check.output] = check.rel_l2_vs_reference
+    outliers: dict[tuple[str, str], str] = {}
+    for model in dict.fromkeys(check.model for check in checks):
+        outliers.update(error_outliers({key: e for key, e in errors.items() if key[0] == model}, dtype))
     for check in checks:
         if check.output is None or check.status != "ok":
             table.add_row(
@@ -58,7 +73,7 @@ def parity_table(dtype: str, checks: Sequence[OutputCheck]) -> Table:
             "×".join(map(str, check.shape or ())),
             _error_cell(check.rel_l2_vs_first, check.max_abs_vs_first),
             _error_cell(check.rel_l2_vs_reference, check.max_abs_vs_reference),
-            "ok" if check.passed else f"[red]mismatch (> {check.tolerance:g})[/]",
+            _verdict(check, outliers.get((check.model, check.runtime))),
         )
     return table
 

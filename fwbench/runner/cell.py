@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from fwbench.measure import memory, noise, timer
+from fwbench.measure import environment, memory, noise, timer
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.precision import policy_mismatches
@@ -126,6 +126,8 @@ class Cell:
         self.backend = backend = create_backend(case.runtime, case.device, settings, dtype=case.dtype, phase=case.phase)
         self.result["threads_effective"] = backend.configure_threads(settings.threads, settings.interop_threads)
         self.result["matmul_precision"] = backend.configure_precision()
+        if case.dtype == "bf16" and case.device == "cpu":  # what bf16 speed means on this machine
+            self.result["cpu_bf16_units"] = environment.cpu_bf16_units()
         self.result["versions"] = backend.versions()
 
         self.stage("build")
