@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -157,6 +158,17 @@ EXPECTED_DTYPES: dict[str, dict[str, str]] = {
     "bf16": {rule.op_class: rule.observed for rule in BF16_RULES if rule.observed is not None},
 }
 FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})  # the dtype names an observation keeps
+
+
+def scope_class(scope_parts: Iterable[str], scopes: Mapping[str, str], is_cast: bool) -> str | None:
+    """The normalisation op class (layer_norm, batch_norm, or ``scopes``' name → class, e.g. a Keras model's layer
+    names) of an op whose name scope is ``scope_parts``, a part matching a name exactly or with the ``_<n>`` suffix
+    frameworks add; None outside those scopes and for a batch norm's cast of its input (OBSERVED_OPS)."""
+    parts = list(scope_parts)
+    for name, op_class in {"layer_norm": "layer_norm", "batch_norm": "batch_norm", **scopes}.items():
+        if any(re.fullmatch(rf"{re.escape(name)}(_\d+)?", part) for part in parts):
+            return None if op_class == "batch_norm" and is_cast else op_class
+    return None
 
 
 def policy_mismatches(dtype: str, observed: dict[str, list[str]]) -> list[str]:

@@ -13,7 +13,6 @@ parameters stay float32 and gradients flow back through the casts in float32. Ea
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,11 +110,7 @@ def _op_class(scope: str, equation: Any, scopes: dict[str, str]) -> str | None:
         return _CONTRACTIONS[primitive]
     if primitive == "exp":
         return "softmax"
-    parts = scope.split("/")
-    for name, op_class in {"layer_norm": "layer_norm", "batch_norm": "batch_norm", **scopes}.items():
-        if any(re.fullmatch(rf"{re.escape(name)}(_\d+)?", part) for part in parts):
-            return None if op_class == "batch_norm" and primitive == _CAST else op_class
-    return None
+    return policy.scope_class(scope.split("/"), scopes, primitive == _CAST)
 
 
 def _walk(jaxpr: Any, scope: str, seen: dict[str, set[str]], scopes: dict[str, str]) -> None:

@@ -13,7 +13,6 @@ runs under a ``tf.name_scope`` of its op class while tracing, which :func:`graph
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -112,11 +111,7 @@ def _op_class(op: tf.Operation, scopes: dict[str, str]) -> str | None:
         return _CONTRACTIONS[op.type]
     if op.type == "Softmax":
         return "softmax"
-    parts = op.name.split("/")[:-1]
-    for name, op_class in {"layer_norm": "layer_norm", "batch_norm": "batch_norm", **scopes}.items():
-        if any(re.fullmatch(rf"{re.escape(name)}(_\d+)?", part) for part in parts):
-            return None if op_class == "batch_norm" and op.type == _CAST else op_class
-    return None
+    return policy.scope_class(op.name.split("/")[:-1], scopes, op.type == _CAST)
 
 
 def graph_dtypes(graph: tf.Graph, scopes: dict[str, str] | None = None) -> dict[str, list[str]]:
