@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -20,8 +21,12 @@ REPO_DIR = TESTS_DIR.parent
 ISA_CAPS = {
     "avx2": {
         "ATEN_CPU_CAPABILITY": "avx2",  # PyTorch's own kernels
-        "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN, in PyTorch and in TensorFlow
+        "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN, in PyTorch (and in TensorFlow where it is on)
         "DNNL_MAX_CPU_ISA": "AVX2",  # the same cap under oneDNN's older name
+        # TensorFlow turns its oneDNN ops on by default only on CPUs with VNNI, AVX512_BF16 or AMX
+        # (DefaultOneDnnPolicy, tensorflow/core/util/port.cc): an AVX2 CPU runs Eigen's kernels. Capped oneDNN on
+        # an AMX CPU would instead abort on a bf16 MatMul ("could not create a primitive descriptor").
+        "TF_ENABLE_ONEDNN_OPTS": "0",
         "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"), "--xla_cpu_max_isa=AVX2"])),  # JAX, TF XLA
     }
 }
@@ -153,6 +158,24 @@ def loaded_model_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterato
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "results" / "fwbench.db"
+
+
+JAX_WORKER_ENV = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE")  # what importing the JAX backend sets for a worker
+
+
+def import_jax_backend() -> ModuleType:
+    """``fwbench.frameworks.jax.backend``, imported without leaving the XLA variables it sets for a worker
+    (JAX_WORKER_ENV) in this test process's environment, and so in the workers other tests start."""
+    saved = {name: os.environ.get(name) for name in JAX_WORKER_ENV}
+    try:
+        import fwbench.frameworks.jax.backend as backend
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return backend
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:

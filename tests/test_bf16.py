@@ -11,6 +11,7 @@ observations' ability to fail are checked in test_precision.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 from fwbench.frameworks import create_backend
 from fwbench.frameworks.base import Backend, UnsupportedDtype
+from fwbench.measure.environment import cpu_simd_flags
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
@@ -30,6 +32,8 @@ from fwbench.spec import RUNNABLE_DTYPES, Case, Settings
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
 DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny"), get_model("resnet-tiny")]
 FP32_TOLERANCE = PARITY_REL_L2_TOLERANCE["fp32"]
+# the CPU flags with which TensorFlow turns its oneDNN kernels on by default (tensorflow/core/util/port.cc)
+TF_ONEDNN_DEFAULT_FLAGS = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}
 
 
 def by_name(description: ModelDescription) -> str:
@@ -160,7 +164,11 @@ def test_torch_fp32_is_unchanged_by_the_dtype_argument() -> None:
     torch = pytest.importorskip("torch")
     description = get_model("mlp")
     backend = create_backend("torch:eager", "cpu", Settings(threads=1))
-    assert backend.dtype == "fp32" and "bf16_mechanism" not in backend.configure_precision()
+    settings = backend.configure_precision()
+    assert backend.dtype == "fp32" and "bf16_mechanism" not in settings
+    # ATen's kernel ISA is stored with the cell (make test-avx2 caps it with ATEN_CPU_CAPABILITY=avx2)
+    assert settings["cpu_capability"] == os.environ.get("ATEN_CPU_CAPABILITY", settings["cpu_capability"]).upper()
+    assert settings["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512"}
     backend.build(description, description.canonical_weights(0))
     inputs = backend.make_inputs(description.make_inputs(2, None, 0))
     try:
@@ -237,7 +245,13 @@ def test_bf16_parity_within_the_model_limit(runtime: str, description: ModelDesc
     pytest.importorskip(runtime.split(":")[0])
     check, _, backend = run_bf16(runtime, description)
     assert_bf16_parity(check, description)
-    assert "mixed precision" in str(backend.configure_precision()["bf16_mechanism"])
+    settings = backend.configure_precision()
+    assert "mixed precision" in str(settings["bf16_mechanism"])
+    if runtime.startswith("tensorflow"):  # whether TF's own kernels are oneDNN's is stored with the cell
+        default = bool(TF_ONEDNN_DEFAULT_FLAGS & cpu_simd_flags())  # DefaultOneDnnPolicy on Linux
+        assert settings["onednn_ops"] is {"0": False, "1": True}.get(
+            os.environ.get("TF_ENABLE_ONEDNN_OPTS", ""), default
+        )
 
 
 def test_bf16_inputs_stay_as_made() -> None:

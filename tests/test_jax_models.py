@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fwbench.frameworks as registry
+from conftest import JAX_WORKER_ENV, import_jax_backend
 from fwbench.frameworks.jax import bert as jax_bert
 from fwbench.frameworks.jax import gpt2 as jax_gpt2
 from fwbench.frameworks.jax import mlp as jax_mlp
@@ -21,16 +22,7 @@ from fwbench.models import get_model
 from fwbench.models.bert import Bert, BertConfig
 from fwbench.spec import Settings
 
-# Importing the backend sets XLA_FLAGS / XLA_PYTHON_CLIENT_PREALLOCATE for a worker; keep them out
-# of this test process's environment (and so out of other tests' workers).
-_SAVED_ENV = {name: os.environ.get(name) for name in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
-from fwbench.frameworks.jax import backend as jax_backend  # noqa: E402
-
-for _name, _value in _SAVED_ENV.items():
-    if _value is None:
-        os.environ.pop(_name, None)
-    else:
-        os.environ[_name] = _value
+jax_backend = import_jax_backend()  # its worker XLA variables kept out of this process's environment
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
 JAX_BUILDERS = {"mlp": jax_mlp.build_model, "bert": jax_bert.build_model, "gpt2": jax_gpt2.build_model}
@@ -174,7 +166,7 @@ def test_worker_like_import_applies_the_budget() -> None:
         "import jax, jax.numpy as jnp; jax.block_until_ready(jax.jit(lambda a: a @ a)(jnp.ones((64, 64))));"
         "print(json.dumps(r))"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
+    env = {k: v for k, v in os.environ.items() if k not in JAX_WORKER_ENV}
     env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -5,12 +5,12 @@ is flagged, and the stored precision record reads back typed."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import import_jax_backend
 from fwbench.frameworks import create_backend
 from fwbench.models import get_model
 from fwbench.precision import BF16_RULES, EXPECTED_DTYPES, OBSERVED_OPS, policy_mismatches
@@ -50,14 +50,7 @@ def bf16_parity(runtime: str, pure: bool = False) -> tuple[dict[str, Any], dict[
 def quiet_xla() -> None:
     """fwbench.frameworks.jax.backend imported without leaving its XLA variables in this environment."""
     pytest.importorskip("jax")
-    saved = {name: os.environ.get(name) for name in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
-    import fwbench.frameworks.jax.backend  # noqa: F401
-
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    import_jax_backend()
 
 
 def test_the_consistency_flag_fires_on_a_runtime_computing_pure_bf16(quiet_xla: None) -> None:

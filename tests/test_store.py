@@ -350,7 +350,7 @@ def test_migration_2_keeps_runs_of_schema_1_readable(db_path: Path) -> None:
         )
     conn.close()
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         base, other = store.results([1])
     assert base.blocks == () and base.rounds is None and base.schedule is None and base.group_key is None
     assert base.noise is None and base.machine is None and base.contended == []
@@ -384,3 +384,26 @@ def test_blocks_and_noise_round_trip(db_path: Path) -> None:
     assert row.round_samples == [[0.01, 0.01025], [0.01]]
     assert row.contended == ["other processes used 20% of a core while timed (limit 10%)"]
     assert ResultRecord.from_row(row.to_dict() | {"blocks": row.blocks}) == row
+
+
+def test_migration_3_keeps_runs_of_schema_2_benchmark_runs(db_path: Path) -> None:
+    """A database of schema 2 gains runs.kind (its runs read as benchmark runs: 'latest' still finds them) and the
+    profile tables; a profile run added afterwards is never 'latest' for the benchmark reports."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    assert migrate(conn, MIGRATIONS[:2]) == 2
+    conn.execute(
+        "INSERT INTO runs (created, command, settings_json, plan_json, environment_json, fwbench_version) "
+        "VALUES ('2026-01-01', 'fwbench run', '{}', ?, '{}', '0')",
+        (PLAN.to_json(),),
+    )
+    conn.close()
+    with Store.open(db_path) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        (run,) = store.runs()
+        assert run.kind == "benchmark" and store.latest_run_id() == 1 and store.latest_run_id("profile") is None
+        profile_run = store.create_run(PLAN, "fwbench profile", {}, "0", kind="profile")
+        assert store.latest_run_id() == 1 and store.latest_run_id("profile") == profile_run
+        assert store.profiles() == [] and store.results([profile_run]) == []
+        with pytest.raises(sqlite3.IntegrityError):  # the kind is a closed set
+            store.create_run(PLAN, "fwbench x", {}, "0", kind="other")

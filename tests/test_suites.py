@@ -21,7 +21,7 @@ def _run_args(*argv: str) -> argparse.Namespace:
 
 
 def test_builtin_suites_all_load_and_plan() -> None:
-    assert builtin_suites() == ["deploy", "hf2019", "mlp", "quick", "runtimes", "training"]
+    assert builtin_suites() == ["bf16", "bf16-training", "deploy", "hf2019", "mlp", "quick", "runtimes", "training"]
     for name in builtin_suites():
         plan = suite_plan(load_suite(name), threads=1)
         assert plan.cases and plan.suite == name
@@ -60,6 +60,26 @@ def test_deploy_suite_is_every_deployment_runtime_against_the_fastest_modes() ->
         (model, batch) for model in ("bert-base", "resnet50") for batch in (1, 8)
     }
     assert {case.dtype for case in plan.cases} == {"fp32"}
+
+
+@pytest.mark.parametrize(("suite", "phase"), [("bf16", "inference"), ("bf16-training", "training")])
+def test_bf16_suites_pair_every_fp32_cell_with_its_bf16_cell(suite: str, phase: str) -> None:
+    """Issue 20's measurement: the same cells in fp32 and bf16, so every runtime's fp32/bf16 ratio is in one run."""
+    plan = suite_plan(load_suite(suite), threads=2)
+    cells = {(case.model, case.runtime, case.batch_size, case.phase) for case in plan.cases}
+    by_dtype = {
+        dtype: {(c.model, c.runtime, c.batch_size, c.phase) for c in plan.cases if c.dtype == dtype}
+        for dtype in ("fp32", "bf16")
+    }
+    assert by_dtype["fp32"] == by_dtype["bf16"] == cells
+    assert {phase_ for *_, phase_ in cells} == {phase}
+    assert {runtime for _, runtime, *_ in cells} == {
+        "torch:eager",
+        "torch:compile",
+        "tensorflow:xla",
+        "jax:jit",
+        "keras:jax",
+    }
 
 
 def test_grids_are_merged_in_order_without_duplicates() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fwbench import __version__
-from fwbench.cli import compare, env, export, listing, report, run, verify, weights
+from fwbench.cli import compare, env, export, listing, profile, report, run, verify, weights
 from fwbench.cli.common import EXIT_USAGE, Parser, UsageError
 from fwbench.cli.run import plan_from_args, tensorboard_listener
 from fwbench.runner.planner import suite_plan
@@ -24,7 +24,7 @@ __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main", "plan_from_args",
 
 DESCRIPTION = (
     "fwbench: benchmark deep-learning frameworks against each other, honestly "
-    "(run | verify | export | weights | report | compare | list | env)."
+    "(run | verify | export | profile | weights | report | compare | list | env)."
 )
 Command = Callable[[argparse.Namespace, Sequence[str]], int]
 # Each command's module registers its parser (add_parser) and runs it (command); in the order `--help` lists them.
@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Command]] = {
     "compare": (compare.add_parser, compare.command),
     "verify": (verify.add_parser, verify.command),
     "export": (export.add_parser, export.command),
+    "profile": (profile.add_parser, profile.command),
     "weights": (weights.add_parser, weights.command),
     "list": (listing.add_parser, listing.command),
     "env": (env.add_parser, env.command),

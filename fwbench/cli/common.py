@@ -113,15 +113,19 @@ def byte_count(text: str) -> int:
 
 
 # -- checks and look-ups ---------------------------------------------------------------------------------
-def resolve_run(store: Store, run: RunId, db: str | Path, label: str) -> RunRecord:
-    """The run ``run`` (an id or 'latest') of ``store`` (opened from ``db``); ``label`` names the argument that
-    gave it (``--run``, ``--resume``, ``RUN_A``). SpecError ``<label> <run> is not in <db>; runs there: [...]``
-    when it is absent."""
-    number = store.latest_run_id() if run == "latest" else int(run)
+def resolve_run(store: Store, run: RunId, db: str | Path, label: str, kind: str = "benchmark") -> RunRecord:
+    """The run ``run`` (an id or 'latest': the newest of ``kind``) of ``store`` (opened from ``db``); ``label``
+    names the argument that gave it (``--run``, ``--resume``, ``RUN_A``). SpecError ``<label> <run> is not in
+    <db>; runs there: [...]`` when it is absent or of another kind (a profile run has no benchmark results)."""
+    number = store.latest_run_id(kind) if run == "latest" else int(run)
     record = None if number is None else store.get_run(number)
+    known = [r.id for r in store.runs() if r.kind == kind]
     if record is None:
-        known = [r.id for r in store.runs()]
         raise SpecError(f"{label} {run} is not in {db}; runs there: {known or 'none'}")
+    if record.kind != kind:
+        raise SpecError(
+            f"{label} {run} is a {record.kind} run, not a {kind} run; {kind} runs in {db}: {known or 'none'}"
+        )
     return record
 
 

@@ -11,10 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
-from fwbench.cli.common import DB_HELP, TENSORBOARD_HELP, check_output_file, check_tensorboard_dir, resolve_run, run_id
+from fwbench.cli.common import (
+    DB_HELP,
+    TENSORBOARD_HELP,
+    check_output_file,
+    check_tensorboard_dir,
+    given,
+    resolve_run,
+    run_id,
+)
 from fwbench.report.export import to_csv, to_json, write_csv_dir
 from fwbench.report.peak import latest_peak
+from fwbench.report.profile_table import profile_groups, profile_tables
 from fwbench.report.summary import DEFAULT_BASELINE, resolve_baseline
 from fwbench.report.table import PIPE_WIDTH, make_console, markdown_report, print_results
 from fwbench.report.tensorboard import write_results
@@ -60,6 +70,12 @@ def add_parser(commands: Any) -> None:
     report.add_argument(
         "--tensorboard", type=Path, metavar="DIR", help=TENSORBOARD_HELP + " (several runs: under DIR/run<ID>/)"
     )
+    report.add_argument(
+        "--profile",
+        action="store_true",
+        help="a profile run's tables (fwbench profile) instead of benchmark results: --run ID, default the latest "
+        "profile run; printed, or written to --out FILE and/or as a page to --html FILE",
+    )
 
 
 def _write_text(flag: str, path: Path, text: str) -> None:
@@ -69,13 +85,42 @@ def _write_text(flag: str, path: Path, text: str) -> None:
         raise SpecError(f"{flag} {path}: cannot write it: {exc.strerror or exc}") from None
 
 
+def profile_report(args: argparse.Namespace) -> int:
+    """``report --profile``: the tables of one profile run, as ``fwbench profile`` printed them."""
+    others = given(args, ("format", "baseline", "csv", "tensorboard"))
+    if others:
+        raise SpecError(f"--profile prints tables (--out, --html); it does not take {', '.join(others)}")
+    with Store.open(args.db, readonly=True) as store:
+        run = resolve_run(store, args.run or "latest", args.db, "--run", kind="profile")
+        groups = profile_groups(store.profiles([run.id]))
+    if args.html is not None:
+        from fwbench.report.profile_html import profile_page  # matplotlib (html.py): only when a page is written
+
+        page = profile_page(run, groups, str(args.db))
+        _write_text("--html", args.html, page)
+        print(f"wrote {args.html} ({len(page.encode()) / 2**20:.2f} MiB)", file=sys.stderr)
+        if args.out is None:
+            return 0
+    console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if args.out else make_console()
+    console.print(escape(f"profile run {run.id} in {args.db} ({run.created}): {run.command}"))
+    for item in profile_tables(groups):
+        console.print(item)
+    if args.out is not None:
+        _write_text("--out", args.out, console.export_text())
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_output_file("--out", args.out)
     check_output_file("--html", args.html)
+    if args.profile:
+        return profile_report(args)
     check_tensorboard_dir(args.tensorboard)
     with Store.open(args.db, readonly=True) as store:
         run_ids = None if args.run is None else [resolve_run(store, args.run, args.db, "--run").id]
-        runs, results = store.runs(run_ids), store.results(run_ids)
+        runs = [run for run in store.runs(run_ids) if run.kind == "benchmark"]
+        results = store.results(run_ids)
         peak = latest_peak(store)
     try:
         baseline = resolve_baseline(results, args.baseline)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol, cast
 
@@ -128,6 +129,16 @@ class TfliteExporter(Protocol):
         """As :meth:`OnnxExporter.versions`."""
 
 
+class ProfilerModule(Protocol):
+    """``<package>/profile.py`` of a framework with a profiler (``fwbench profile``)."""
+
+    def record(self, step: Callable[[], object], calls: int, directory: Path, device: str) -> dict[str, Any]:
+        """``calls`` calls of ``step`` under the framework's profiler, its raw trace written under ``directory``.
+        Returns ``trace`` (a Chrome-trace JSON file, plain or gzipped, that fwbench.profile.trace reads), ``rule``
+        (which events of it are ops: a key of fwbench.profile.trace.OP_RULES), ``wall_s`` (the profiled calls'
+        seconds in all, on the worker's clock) and ``profiler`` (name and version)."""
+
+
 class ModelFileError(TypeError):
     """A model file lacks something its role requires."""
 
@@ -227,6 +238,13 @@ def import_deploy(package: str) -> ModuleType:
     """``<package>.deploy``, unchecked: each deployment backend checks the role it uses (:func:`as_onnx_exporter`,
     :func:`as_tflite_exporter`)."""
     return importlib.import_module(f"{package}.deploy")
+
+
+def import_profiler(package: str) -> ProfilerModule:
+    """The checked ``<package>.profile`` (``fwbench profile``)."""
+    module = importlib.import_module(f"{package}.profile")
+    require(module, ProfilerModule)
+    return cast(ProfilerModule, module)
 
 
 def as_onnx_exporter(module: ModuleType) -> OnnxExporter:
@@ -469,6 +487,18 @@ class Backend(ABC):
         OBSERVED_OPS) → the sorted dtype names of its operands. None where this runtime cannot look inside
         (an exported engine)."""
         return None
+
+    def profile(self, step: Callable[[], object], calls: int, directory: Path) -> dict[str, Any]:
+        """``fwbench profile``: ``calls`` calls of ``step`` under this framework's own profiler, the raw trace
+        kept under ``directory`` (:class:`ProfilerModule`). A runtime whose framework has no ``profile.py``
+        raises NotImplementedError: the cell is stored as ``error`` with that reason."""
+        try:
+            profiler = import_profiler(self.package)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{self.package}.profile":
+                raise
+            raise NotImplementedError(f"{self.framework}:{self.mode} has no profiler in fwbench") from None
+        return profiler.record(step, calls, directory, self.device)
 
     def compile_counters(self) -> dict[str, int]:
         """Cumulative compile-health counters of this process, read from the framework (cheap; never

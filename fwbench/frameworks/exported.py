@@ -12,7 +12,8 @@ import os
 import tempfile
 import time
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -67,6 +68,11 @@ class ExportedBackend(Backend):
         """The engine's thread settings for :attr:`threads`, as the engine reports them."""
 
     # -- the Backend interface ---------------------------------------------------------------------
+    def profile(self, step: Callable[[], object], calls: int, directory: Path) -> dict[str, Any]:
+        """The engine has no profiler in fwbench (its package is the exporting framework's, whose profiler would
+        see the engine's calls as no ops at all): the cell is stored as ``error`` with this reason."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} has no profiler in fwbench")
+
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
         """The engine gets the budget as its one pool (its own inter-op parallelism off); the exporting
         framework gets the same budget."""

@@ -39,15 +39,26 @@ TRACKED_ENV_VARS = (
     "TF_NUM_INTEROP_THREADS",
     "XLA_FLAGS",
     "CUDA_VISIBLE_DEVICES",
+    "TF_ENABLE_ONEDNN_OPTS",  # TensorFlow's oneDNN kernels on/off (default: on only with VNNI, AVX512_BF16, AMX)
+    "ONEDNN_MAX_CPU_ISA",  # caps on the kernels' instruction set (oneDNN in torch and TF, ATen)
+    "ATEN_CPU_CAPABILITY",
 )
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+SIMD_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
+    "amx_tile",
+)  # fmt: skip
 BF16_UNITS = ("avx512_bf16", "amx_bf16")  # CPU flags of native bfloat16 arithmetic (without them it is emulated)
 
 
 def cpu_bf16_units() -> list[str]:
     """This CPU's native bfloat16 units among BF16_UNITS (empty: bfloat16 is emulated in float32 arithmetic)."""
-    flags = set(_cpu_info()["cpu_simd_flags"].split(","))
+    flags = cpu_simd_flags()
     return [flag for flag in BF16_UNITS if flag in flags]
+
+
+def cpu_simd_flags() -> set[str]:
+    """This CPU's flags among SIMD_FLAGS (from /proc/cpuinfo; empty where it cannot be read)."""
+    return set(filter(None, _cpu_info()["cpu_simd_flags"].split(",")))
 
 
 def physical_core_count() -> int:

@@ -169,6 +169,8 @@ class Cell:
         warmup_s = timer.warm_up(step, settings.warmup_calls, settings.max_time_s, backend.compile_counters)
         self.result["warmup_calls"] = len(warmup_s)
         self.result["warmup_call_s"] = warmup_s
+        if self.job.profile_to is not None:
+            return len(warmup_s), self.profile_calls(backend, step, Path(self.job.profile_to))
         counters_before = backend.compile_counters()
 
         self.stage("timing")
@@ -201,6 +203,41 @@ class Cell:
             timing_elapsed_s=timing.elapsed_s,
         )
         return len(warmup_s), timing
+
+    def profile_calls(self, backend: Backend, step: Callable[[], object], directory: Path) -> timer.TimingResult:
+        """``fwbench profile``, after warm-up: ``job.profile_calls`` calls timed one by one without the profiler,
+        then as many under the framework's profiler (Backend.profile), its raw trace kept in ``directory``.
+        ``result["profile"]``: what the profiler reported and both sets of call times (seconds), whose medians
+        give the profiler's own overhead. The result has no benchmark samples; the returned timing counts the
+        calls made (training's step accounting)."""
+        calls = self.job.profile_calls
+        self.stage("timing")
+        started = time.perf_counter()
+        unprofiled_s = [timer.time_first_call(step) for _ in range(calls)]
+        profiled_s: list[float] = []
+
+        def timed_step() -> object:
+            start = time.perf_counter()
+            value = step()
+            profiled_s.append(time.perf_counter() - start)
+            return value
+
+        self.stage("profile")
+        directory.mkdir(parents=True, exist_ok=True)
+        report = backend.profile(timed_step, calls, directory)
+        self.result["profile"] = {
+            **report,
+            "calls": calls,
+            "unprofiled_call_s": unprofiled_s,
+            "profiled_call_s": profiled_s,
+        }
+        self.result.update(status="ok", samples_s=[], stop_reason="profiled")
+        return timer.TimingResult(
+            samples_s=unprofiled_s + profiled_s,
+            calls_per_sample=1,
+            stop_reason="profiled",
+            elapsed_s=time.perf_counter() - started,
+        )
 
     def serve_blocks(self, step: Callable[[], object]) -> timer.TimingResult:
         """Interleaved timing: say ``ready``, then serve the manager's commands until ``finish``: ``calibrate`` →

@@ -18,7 +18,10 @@ from typing import Any
 
 from fwbench.spec import Case, Settings
 
-STAGES = ("start", "import", "build", "compile", "first_call", "parity", "warmup", "timing", "fit", "evaluate", "done")
+STAGES = (
+    "start", "import", "build", "compile", "first_call", "parity", "warmup", "timing", "profile", "fit", "evaluate",
+    "done",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,9 @@ class Job:
     ``train_steps`` optimizer steps and writes their losses and the trained parameters instead. ``weights_path`` is a
     safetensors file to use instead of the seeded canonical weights. With ``export_to`` set (``fwbench export``), the
     worker writes the artefact the runtime runs at the case's shape to that path, loads it back with the engine and
-    checks its outputs against the float64 reference; nothing is timed.
+    checks its outputs against the float64 reference; nothing is timed. With ``profile_to`` set (``fwbench
+    profile``), the worker times ``profile_calls`` calls without the profiler and as many under its framework's
+    profiler, keeping the raw trace in that folder; no benchmark samples.
     """
 
     case: Case
@@ -42,6 +47,8 @@ class Job:
     train_steps: int = 20  # verify of a training case: optimizer steps taken before writing losses and parameters
     interleaved: bool = False  # serve timed blocks on command (the scheduler's interleaved rounds)
     budget_s: float | None = None  # interleaved: this round's timing budget, seconds (block calibration)
+    profile_to: str | None = None  # fwbench profile: the folder for the raw trace
+    profile_calls: int = 5  # fwbench profile: calls timed without the profiler, and as many under it
 
     def to_json(self) -> str:
         return json.dumps(
@@ -55,6 +62,8 @@ class Job:
                 "train_steps": self.train_steps,
                 "interleaved": self.interleaved,
                 "budget_s": self.budget_s,
+                "profile_to": self.profile_to,
+                "profile_calls": self.profile_calls,
             }
         )
 
@@ -71,6 +80,8 @@ class Job:
             train_steps=int(data.get("train_steps", 20)),
             interleaved=bool(data.get("interleaved", False)),
             budget_s=data.get("budget_s"),
+            profile_to=data.get("profile_to"),
+            profile_calls=int(data.get("profile_calls", 5)),
         )
 
 

@@ -87,6 +87,8 @@ def run_worker(
     export_to: str | None = None,
     train_steps: int = 20,
     round_index: int = 0,
+    profile_to: str | None = None,
+    profile_calls: int = 5,
 ) -> CellOutcome:
     """Run ``case`` start to end in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
     job = Job(
@@ -97,6 +99,8 @@ def run_worker(
         weights_path=weights_path,
         export_to=export_to,
         train_steps=train_steps,
+        profile_to=profile_to,
+        profile_calls=profile_calls,
     )
     try:
         with WorkerProcess(job) as worker:

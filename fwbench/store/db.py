@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.measure.rounds import Block
+from fwbench.profile.cells import ProfiledCell
+from fwbench.profile.summary import OpRow
 from fwbench.spec import Case, Plan
-from fwbench.store.records import COLUMN_NAMES, ResultRecord
+from fwbench.store.records import COLUMN_NAMES, ProfileRecord, ResultRecord, profile_record
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x66776262  # "fwbb": PRAGMA application_id of fwbench databases
@@ -105,6 +107,53 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             calls INTEGER NOT NULL,
             seconds REAL NOT NULL,
             PRIMARY KEY (result_id, round, block)
+        ) WITHOUT ROWID
+        """,
+    ),
+    # Migration 3 (fwbench profile): a run's kind ('benchmark' or 'profile'; benchmark reports read benchmark runs
+    # only), and each profiled cell with its op rows in tables of their own, so profiled calls never count as
+    # benchmark results. Seconds are per profiled call.
+    (
+        "ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'benchmark' CHECK (kind IN ('benchmark','profile'))",
+        """
+        CREATE TABLE profiles (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+            case_key TEXT NOT NULL,
+            created TEXT NOT NULL,
+            model TEXT NOT NULL,
+            runtime TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            batch_size INTEGER NOT NULL,
+            seq_len INTEGER,
+            dtype TEXT NOT NULL,
+            device TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('ok','oom','timeout','error','skipped','mismatch')),
+            reason TEXT,
+            trace_path TEXT,
+            profiler TEXT,
+            calls INTEGER,
+            wall_s REAL,
+            busy_s REAL,
+            overlap_s REAL,
+            overhead_s REAL,
+            unprofiled_median_s REAL,
+            profiled_median_s REAL,
+            attribution TEXT,
+            categories_json TEXT NOT NULL DEFAULT '{}',
+            uncategorized_json TEXT NOT NULL DEFAULT '[]',
+            details_json TEXT NOT NULL DEFAULT '{}',
+            UNIQUE (run_id, case_key)
+        )
+        """,
+        """
+        CREATE TABLE profile_ops (
+            profile_id INTEGER NOT NULL REFERENCES profiles(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            category TEXT NOT NULL,
+            calls_per_call REAL NOT NULL,
+            self_s_per_call REAL NOT NULL,
+            PRIMARY KEY (profile_id, name)
         ) WITHOUT ROWID
         """,
     ),
@@ -264,10 +313,12 @@ class RunRecord:
     plan: Plan
     environment: dict[str, Any]
     fwbench_version: str
+    kind: str = "benchmark"  # or "profile" (fwbench profile): its cells are in the profiles table
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "kind": self.kind,
             "created": self.created,
             "finished": self.finished,
             "suite": self.suite,
@@ -328,10 +379,12 @@ class Store:
         self.close()
 
     # -- runs ---------------------------------------------------------------------------------
-    def create_run(self, plan: Plan, command: str, environment: dict[str, Any], version: str) -> int:
+    def create_run(
+        self, plan: Plan, command: str, environment: dict[str, Any], version: str, kind: str = "benchmark"
+    ) -> int:
         cursor = self.conn.execute(
-            "INSERT INTO runs (created, suite, command, settings_json, plan_json, environment_json, fwbench_version)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO runs (created, suite, command, settings_json, plan_json, environment_json, fwbench_version,"
+            " kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 now_iso(),
                 plan.suite,
@@ -340,6 +393,7 @@ class Store:
                 plan.to_json(),
                 json.dumps(environment, sort_keys=True),
                 version,
+                kind,
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -358,6 +412,7 @@ class Store:
             plan=Plan.from_json(row["plan_json"]),
             environment=json.loads(row["environment_json"]),
             fwbench_version=row["fwbench_version"],
+            kind=row["kind"],
         )
 
     def get_run(self, run_id: int) -> RunRecord | None:
@@ -369,9 +424,78 @@ class Store:
         rows = self.conn.execute(f"SELECT * FROM runs{where} ORDER BY id", params).fetchall()
         return [self._run_from_row(r) for r in rows]
 
-    def latest_run_id(self) -> int | None:
-        row = self.conn.execute("SELECT MAX(id) FROM runs").fetchone()
+    def latest_run_id(self, kind: str = "benchmark") -> int | None:
+        """The newest run of ``kind`` (benchmark reports never pick a profile run as 'latest')."""
+        row = self.conn.execute("SELECT MAX(id) FROM runs WHERE kind = ?", (kind,)).fetchone()
         return None if row[0] is None else int(row[0])
+
+    # -- profiles (fwbench profile) ---------------------------------------------------------------
+    def add_profile(
+        self,
+        run_id: int,
+        case: Case,
+        status: str,
+        reason: str | None,
+        cell: ProfiledCell | None,
+        details: dict[str, Any],
+    ) -> int:
+        """Store one profiled cell (``cell`` None when it did not end ``ok``) with its op rows, in one transaction."""
+        summary = cell.summary if cell is not None else None
+        with self.transaction():
+            cursor = self.conn.execute(
+                "INSERT INTO profiles (run_id, case_key, created, model, runtime, phase, batch_size, seq_len, dtype,"
+                " device, status, reason, trace_path, profiler, calls, wall_s, busy_s, overlap_s, overhead_s,"
+                " unprofiled_median_s, profiled_median_s, attribution, categories_json, uncategorized_json,"
+                " details_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    case.key,
+                    now_iso(),
+                    case.model,
+                    case.runtime,
+                    case.phase,
+                    case.batch_size,
+                    case.seq_len,
+                    case.dtype,
+                    case.device,
+                    status,
+                    reason,
+                    cell.trace if cell else None,
+                    cell.profiler if cell else None,
+                    summary.calls if summary else None,
+                    summary.wall_s if summary else None,
+                    summary.busy_s if summary else None,
+                    summary.overlap_s if summary else None,
+                    summary.overhead_s if summary else None,
+                    cell.unprofiled_median_s if cell else None,
+                    cell.profiled_median_s if cell else None,
+                    cell.attribution if cell else None,
+                    json.dumps(summary.categories_s if summary else {}),
+                    json.dumps(summary.uncategorized if summary else []),
+                    json.dumps(details, sort_keys=True, default=str),
+                ),
+            )
+            profile_id = int(cursor.lastrowid or 0)
+            if summary is not None:
+                self.conn.executemany(
+                    "INSERT INTO profile_ops (profile_id, name, category, calls_per_call, self_s_per_call)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    [(profile_id, op.name, op.category, op.calls_per_call, op.self_s_per_call) for op in summary.ops],
+                )
+        return profile_id
+
+    def profiles(self, run_ids: Iterable[int] | None = None) -> list[ProfileRecord]:
+        """The profiled cells of ``run_ids`` (default: every run), in the order they were stored."""
+        where, params = _id_filter("run_id", run_ids)
+        rows = self.conn.execute(f"SELECT * FROM profiles{where} ORDER BY id", params).fetchall()
+        ops: dict[int, list[OpRow]] = {}
+        for op in self.conn.execute(
+            "SELECT * FROM profile_ops WHERE profile_id IN (SELECT id FROM profiles" + where + ")", params
+        ).fetchall():
+            ops.setdefault(op["profile_id"], []).append(
+                OpRow(op["name"], op["category"], op["calls_per_call"], op["self_s_per_call"])
+            )
+        return [profile_record(row, ops.get(row["id"], [])) for row in rows]
 
     # -- results ------------------------------------------------------------------------------
     @contextlib.contextmanager

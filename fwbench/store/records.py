@@ -17,6 +17,9 @@ from typing import Any
 
 from fwbench.measure.noise import NoiseTotals, contention
 from fwbench.measure.rounds import Block, blocks_by_round
+from fwbench.profile.categories import CATEGORIES
+from fwbench.profile.cells import ProfiledCell
+from fwbench.profile.summary import OpRow, ProfileSummary
 
 
 def _float(value: Any) -> float | None:
@@ -431,3 +434,65 @@ COLUMN_NAMES: tuple[str, ...] = (
     "schedule",
     "rounds",
 )
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """One stored profiled cell (table ``profiles``, fwbench profile): the case, how it ended, and ``cell`` (its
+    profile rebuilt from the stored figures and op rows; None unless status is ``ok``)."""
+
+    id: int
+    run_id: int
+    case_key: str
+    model: str
+    runtime: str
+    phase: str
+    batch_size: int
+    seq_len: int | None
+    dtype: str
+    device: str
+    status: str
+    reason: str | None
+    cell: ProfiledCell | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def profile_record(row: Mapping[str, Any], ops: list[OpRow]) -> ProfileRecord:
+    """A :class:`ProfileRecord` from a ``profiles`` row and its ``profile_ops`` rows."""
+    cell = None
+    if row["status"] == "ok" and row["calls"] is not None:
+        categories = json.loads(row["categories_json"])
+        summary = ProfileSummary(
+            calls=row["calls"],
+            wall_s=row["wall_s"],
+            busy_s=row["busy_s"],
+            overlap_s=row["overlap_s"],
+            overhead_s=row["overhead_s"],
+            categories_s={category: float(categories.get(category, 0.0)) for category in CATEGORIES},
+            ops=sorted(ops, key=lambda op: (-op.self_s_per_call, op.name)),
+            uncategorized=list(json.loads(row["uncategorized_json"])),
+        )
+        cell = ProfiledCell(
+            summary=summary,
+            trace=row["trace_path"] or "",
+            profiler=row["profiler"] or "",
+            unprofiled_median_s=row["unprofiled_median_s"],
+            profiled_median_s=row["profiled_median_s"],
+            attribution=row["attribution"] or "",
+        )
+    return ProfileRecord(
+        id=row["id"],
+        run_id=row["run_id"],
+        case_key=row["case_key"],
+        model=row["model"],
+        runtime=row["runtime"],
+        phase=row["phase"],
+        batch_size=row["batch_size"],
+        seq_len=row["seq_len"],
+        dtype=row["dtype"],
+        device=row["device"],
+        status=row["status"],
+        reason=row["reason"],
+        cell=cell,
+        details=json.loads(row["details_json"] or "{}"),
+    )

@@ -4,7 +4,8 @@ The policy in force is a context variable the backend sets around the model's fu
 read while JAX traces, so a jitted program holds the casts of the policy it was traced under. ``fp32``: plain
 float32 ops. ``bf16``: matmul, conv and attention operands cast to bfloat16, with a bfloat16 result (a bfloat16
 dot without ``preferred_element_type``, so the backward's dots are bfloat16 too; XLA accumulates bfloat16 dots
-in float32 — on a CPU it converts the operands and runs a float32 dot, as its HLO shows); layer norm and batch-norm
+in float32 — on a CPU it rounds the operands to bfloat16 and back and runs a float32 dot, as its HLO shows, so
+this form leaves a CPU's bf16 units unused: docs/precision.md); layer norm and batch-norm
 statistics in float32 (``jax.nn.dot_product_attention`` computes its softmax in float32 itself); the
 parameters stay float32 and gradients flow back through the casts in float32. Each helper runs under a
 ``jax.named_scope`` of its op class, which :func:`observed_dtypes` reads back from the jaxpr.

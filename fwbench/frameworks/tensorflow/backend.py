@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.util import _pywrap_util_port  # IsMklEnabled: whether TF runs its oneDNN kernels
 
 from fwbench.frameworks import get_runtime
 from fwbench.frameworks.base import Backend, as_training_arch
@@ -59,7 +60,10 @@ class TensorFlowBackend(Backend):
     def configure_precision(self) -> dict[str, object]:
         tf.config.experimental.enable_tensor_float_32_execution(False)
         report: dict[str, object] = {
-            "tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled()
+            "tensor_float_32_execution": tf.config.experimental.tensor_float_32_execution_enabled(),
+            # TensorFlow's own (non-XLA) kernels: oneDNN's where on (by default only on CPUs with VNNI, AVX512_BF16
+            # or AMX; TF_ENABLE_ONEDNN_OPTS overrides), else Eigen's. bf16 speed differs greatly between the two.
+            "onednn_ops": bool(_pywrap_util_port.IsMklEnabled()),
         }
         if self.dtype == "bf16":
             report["bf16_mechanism"] = (

@@ -72,6 +72,7 @@ class TorchBackend(Backend):
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's kernels: DEFAULT, AVX2, AVX512
             **(
                 {
                     "bf16_mechanism": f"torch.autocast({self.device}, bfloat16) around the forward; "

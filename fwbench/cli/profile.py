@@ -1,0 +1,116 @@
+"""``fwbench profile``: each cell in a fresh worker, a few warm calls under its framework's own profiler, the
+profiles lined up in one op-category table per model × shape. Profiled calls are never benchmark samples."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from fwbench import __version__
+from fwbench.cli.common import DB_HELP, directory, positive_float, positive_int, terminate_on_sigterm
+from fwbench.measure import environment
+from fwbench.profile.cells import profiled_cell
+from fwbench.report.profile_table import profile_groups, profile_tables
+from fwbench.report.table import make_console
+from fwbench.runner.outcome import run_worker
+from fwbench.runner.planner import PlanChoices, resolve_plan
+from fwbench.spec import RUNNABLE_DTYPES, Case
+from fwbench.store import DEFAULT_DB, Store
+
+PROFILE_PHASES = ("inference", "training")
+DEFAULT_OUT = "results/profiles"
+DEFAULT_CALLS = 5
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``profile`` on the subcommand parsers ``commands``."""
+    parser = commands.add_parser(
+        "profile",
+        help="profile a few calls of each cell with its framework's own profiler and line the profiles up",
+        description="Each cell runs in a fresh worker, warms up, times --calls calls, then records as many under "
+        "its framework's profiler (torch.profiler, TensorFlow's profiler, jax.profiler; Keras through its "
+        "backend's). The raw traces stay under --out/<model>/<framework>_<mode>/<shape>/ for Perfetto or "
+        "TensorBoard; the table shows, per model and shape, self time per op category, the union of the op "
+        "intervals, the framework overhead (wall time outside every op) and the profiler's own overhead.",
+    )
+    parser.add_argument("--models", required=True, help="comma-separated model names (see `fwbench list`)")
+    parser.add_argument("--runtimes", required=True, help="comma-separated framework:mode runtimes")
+    parser.add_argument("--batch-sizes", default="1", help="comma-separated positive integers (default 1)")
+    parser.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a sequence")
+    parser.add_argument("--phase", choices=PROFILE_PHASES, default="inference", help="default: inference")
+    parser.add_argument("--dtype", choices=RUNNABLE_DTYPES, default="fp32", help="default: fp32")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
+    parser.add_argument("--threads", type=positive_int, help="thread budget per cell (default: physical cores)")
+    parser.add_argument(
+        "--calls",
+        type=positive_int,
+        default=DEFAULT_CALLS,
+        help=f"calls timed without the profiler, and as many profiled (default {DEFAULT_CALLS})",
+    )
+    parser.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
+    parser.add_argument(
+        "--out", type=directory, default=DEFAULT_OUT, help=f"folder for the raw traces (default {DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        help=f"{DB_HELP}; the profiles go into a run of kind 'profile', which benchmark reports never read",
+    )
+
+
+def trace_folder(out: Path, case: Case) -> Path:
+    """``out/<model>/<framework>_<mode>/<phase>-<dtype>-b<batch>[-s<seq>]``: one folder per profiled cell."""
+    shape = f"b{case.batch_size}" + (f"-s{case.seq_len}" if case.seq_len is not None else "")
+    return out / case.model / case.runtime.replace(":", "_") / f"{case.phase}-{case.dtype}-{shape}"
+
+
+def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    settings: dict[str, Any] = {"rounds": 1}
+    if args.threads is not None:
+        settings["threads"] = args.threads
+    if args.timeout is not None:
+        settings["timeout_s"] = args.timeout
+    plan = resolve_plan(
+        PlanChoices(
+            models=args.models,
+            runtimes=args.runtimes,
+            batch_sizes=args.batch_sizes,
+            seq_lens=args.seq_lens,
+            phase=args.phase,
+            dtype=args.dtype,
+            device=args.device,
+            settings=settings,
+        )
+    )
+    terminate_on_sigterm()
+    out = Path(args.out)
+    with Store.open(args.db) as store:
+        run_id = store.create_run(
+            plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__, kind="profile"
+        )
+        for skipped in plan.skipped:
+            store.add_profile(run_id, skipped.case, "skipped", skipped.reason, None, {})
+        for index, case in enumerate(plan.cases, start=1):
+            outcome = run_worker(case, plan.settings, profile_to=str(trace_folder(out, case)), profile_calls=args.calls)
+            status, reason, cell = outcome.status, outcome.reason, None
+            if status == "ok":
+                try:
+                    cell = profiled_cell(outcome.details["profile"])
+                except (KeyError, ValueError, OSError) as exc:
+                    status, reason = "error", f"the profile could not be read: {exc}"
+            store.add_profile(run_id, case, status, reason, cell, outcome.details)
+            print(f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else ""),
+                  file=sys.stderr, flush=True)  # fmt: skip
+        store.finish_run(run_id)
+        records = store.profiles([run_id])
+    console = make_console()
+    console.print(escape(f"profile run {run_id} in {args.db}; raw traces under {out}"))
+    for item in profile_tables(profile_groups(records)):
+        console.print(item)
+    return 0

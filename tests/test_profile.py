@@ -1,0 +1,133 @@
+"""``fwbench profile`` end to end: every framework's profiler in a fresh worker on the mlp and bert-tiny, the
+tables it prints, the profile run in the store (never among benchmark results), ``report --profile``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from fwbench.cli import main
+from fwbench.profile.categories import CATEGORIES
+from fwbench.profile.cells import ProfiledCell
+from fwbench.profile.summary import OpRow, ProfileSummary
+from fwbench.spec import Case, Plan, Settings
+from fwbench.store import Store
+from headless_chromium import chromium_path, inspect_page
+
+# Per framework, one runtime in the default run; the rest of the matrix (torch:compile, tensorflow:xla, Keras on
+# each backend) under the matrix marker.
+DEFAULT_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")
+MATRIX_RUNTIMES = ("torch:compile", "tensorflow:xla", "keras:tensorflow", "keras:jax", "keras:torch")
+XLA_RUNTIMES = {"tensorflow:xla", "jax:jit", "keras:jax"}  # one compiled program of fusions and library calls
+CLOCK_SLACK_S = 1e-4  # the profiler's clock against the worker's perf_counter, per call
+
+
+def profile(tmp_path: Path, runtimes: tuple[str, ...], models: str = "mlp,bert-tiny") -> list:  # type: ignore[type-arg]
+    db, out = tmp_path / "p.db", tmp_path / "traces"
+    result = run_cli(
+        "profile",
+        *("--models", models, "--runtimes", ",".join(runtimes)),
+        *("--batch-sizes", "2", "--seq-lens", "16", "--threads", "1", "--calls", "2"),
+        *("--db", str(db), "--out", str(out)),
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "overhead (wall − busy)" in result.stdout and "top 10 ops" in result.stdout, result.stdout
+    with Store.open(db, readonly=True) as store:
+        assert store.results() == [] and store.latest_run_id() is None  # never benchmark results
+        (run,) = store.runs()
+        assert run.kind == "profile" and store.latest_run_id("profile") == run.id
+        return store.profiles([run.id])
+
+
+def check_profiles(records: list, runtimes: tuple[str, ...], tmp_path: Path) -> None:  # type: ignore[type-arg]
+    assert {(r.model, r.runtime) for r in records} == {(m, rt) for m in ("mlp", "bert-tiny") for rt in runtimes}
+    for record in records:
+        assert record.status == "ok", (record.runtime, record.model, record.reason)
+        cell = record.cell
+        assert cell is not None and cell.summary.calls == 2
+        summary = cell.summary
+        assert summary.ops, (record.runtime, record.model)  # a non-empty op table
+        assert 0 < summary.busy_s <= summary.wall_s + CLOCK_SLACK_S, summary
+        assert summary.overhead_s == pytest.approx(max(0.0, summary.wall_s - summary.busy_s))
+        assert sum(summary.categories_s.values()) == pytest.approx(sum(op.self_s_per_call for op in summary.ops))
+        assert cell.unprofiled_median_s > 0 and cell.profiled_median_s > 0
+        assert Path(cell.trace).is_file() and Path(cell.trace).is_relative_to(tmp_path / "traces" / record.model)
+        if record.runtime not in XLA_RUNTIMES:  # runtimes whose ops the profiler sees one by one: matmuls too
+            assert summary.categories_s["matmul/conv"] > 0, summary.ops
+
+
+def test_every_framework_profiles_the_mlp_and_bert_tiny(tmp_path: Path) -> None:
+    records = profile(tmp_path, DEFAULT_RUNTIMES)
+    check_profiles(records, DEFAULT_RUNTIMES, tmp_path)
+    # the tables again, from the store
+    page = tmp_path / "profiles.html"
+    result = run_cli(
+        "report", "--profile", "--db", str(tmp_path / "p.db"), "--html", str(page), "--out", str(tmp_path / "p.txt")
+    )
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "p.txt").read_text()
+    assert "profiler overhead" in text and "tensorflow:function" in text and "mlp" in text
+    html = page.read_text()
+    assert "<h2>Profiles side by side</h2>" in html and html.count("top ops by self time") == len(records)
+    refused = run_cli("report", "--db", str(tmp_path / "p.db"), "--run", "1")
+    assert refused.returncode == 2 and "is a profile run, not a benchmark run" in refused.stderr
+
+
+@pytest.mark.matrix
+def test_compiled_and_keras_runtimes_profile_too(tmp_path: Path) -> None:
+    records = profile(tmp_path, MATRIX_RUNTIMES)
+    check_profiles(records, MATRIX_RUNTIMES, tmp_path)
+
+
+def test_a_runtime_without_a_profiler_is_an_error_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    records = profile(tmp_path, ("onnxruntime:torch", "torch:eager"), models="mlp")
+    by_runtime = {record.runtime: record for record in records}
+    assert by_runtime["onnxruntime:torch"].status == "error"
+    assert "has no profiler in fwbench" in (by_runtime["onnxruntime:torch"].reason or "")
+    assert by_runtime["torch:eager"].status == "ok"
+
+
+def stored_profile_run(path: Path) -> ProfiledCell:
+    """A profile run in the store at ``path`` with two cells: one profiled (returned), one timed out."""
+    ops = [OpRow("aten::addmm", "matmul/conv", 2.0, 3e-4), OpRow("MyOp", "other", 1.0, 1e-5)]
+    categories = dict.fromkeys(CATEGORIES, 0.0) | {"matmul/conv": 3e-4, "other": 1e-5}
+    summary = ProfileSummary(2, 5e-4, 3.1e-4, 0.0, 1.9e-4, categories, ops, ["MyOp"])  # type: ignore[arg-type]
+    cell = ProfiledCell(summary, "/t/trace.json", "torch.profiler", 4e-4, 5e-4, "by op")
+    case = Case("mlp", "torch:eager", batch_size=2)
+    with Store.open(path) as store:
+        run = store.create_run(Plan((case,), Settings()), "fwbench profile", {}, "0", kind="profile")
+        store.add_profile(run, case, "ok", None, cell, {"profile": {"calls": 2}})
+        store.add_profile(run, Case("mlp", "jax:jit", batch_size=2), "timeout", "over 600 s", None, {})
+    return cell
+
+
+def test_store_round_trip(tmp_path: Path) -> None:
+    cell = stored_profile_run(tmp_path / "s.db")
+    with Store.open(tmp_path / "s.db", readonly=True) as store:
+        ok, timed_out = store.profiles()
+    assert ok.cell == cell and ok.details == {"profile": {"calls": 2}}
+    assert timed_out.cell is None and timed_out.status == "timeout" and timed_out.reason == "over 600 s"
+    assert cell.profiler_overhead == pytest.approx(0.25)
+
+
+def test_report_profile_prints_and_its_page_renders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "s.db"
+    stored_profile_run(db)
+    assert main(["report", "--profile", "--db", str(db)]) == 0
+    text = capsys.readouterr().out
+    assert "mlp inference fp32 cpu, batch 2" in text and "timeout: over 600 s" in text
+    assert "torch:eager: in 'other': MyOp" in text and "+25%" in text  # the profiler overhead
+    assert main(["report", "--profile", "--db", str(db), "--format", "csv"]) == 2
+    assert "--profile prints tables (--out, --html); it does not take --format" in capsys.readouterr().err
+    page = tmp_path / "profiles.html"
+    assert main(["report", "--profile", "--db", str(db), "--html", str(page)]) == 0
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (make test installs it): the page was written, not rendered")
+    rendered = inspect_page(page, tmp_path / "profiles.png", str(chromium_path()))
+    assert rendered.errors == [] and rendered.title == "fwbench profiles"
+    assert "Profiles side by side" in rendered.body_text and "aten::addmm" not in rendered.body_text  # folded
+    assert "torch:eager" in rendered.body_text and "timeout: over 600 s" in rendered.body_text
