@@ -105,8 +105,8 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 except (KeyError, ValueError, OSError) as exc:
                     status, reason = "error", f"the profile could not be read: {exc}"
             store.add_profile(run_id, case, status, reason, cell, outcome.details)
-            print(f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else ""),
-                  file=sys.stderr, flush=True)  # fmt: skip
+            line = f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else "")
+            print(line, file=sys.stderr, flush=True)
         store.finish_run(run_id)
         records = store.profiles([run_id])
     console = make_console()
