@@ -121,7 +121,8 @@ def resolve_run(store: Store, run: RunId, db: str | Path, label: str, kind: str 
     record = None if number is None else store.get_run(number)
     known = [r.id for r in store.runs() if r.kind == kind]
     if record is None:
-        raise SpecError(f"{label} {run} is not in {db}; runs there: {known or 'none'}")
+        runs = "runs" if kind == "benchmark" else f"{kind} runs"
+        raise SpecError(f"{label} {run} is not in {db}; {runs} there: {known or 'none'}")
     if record.kind != kind:
         raise SpecError(
             f"{label} {run} is a {record.kind} run, not a {kind} run; {kind} runs in {db}: {known or 'none'}"
