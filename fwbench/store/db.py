@@ -176,6 +176,23 @@ def _id_filter(column: str, ids: Iterable[int] | None) -> tuple[str, tuple[int, 
     return f" WHERE {column} IN ({', '.join('?' for _ in values) or 'NULL'})", values
 
 
+def case_columns(run_id: int, case: Case) -> dict[str, Any]:
+    """The columns every per-cell table (``results``, ``profiles``) starts with: run, case key, creation time and
+    the case's fields."""
+    return {
+        "run_id": run_id,
+        "case_key": case.key,
+        "created": now_iso(),
+        "model": case.model,
+        "runtime": case.runtime,
+        "phase": case.phase,
+        "batch_size": case.batch_size,
+        "seq_len": case.seq_len,
+        "dtype": case.dtype,
+        "device": case.device,
+    }
+
+
 class StoreError(Exception):
     """A database that cannot be used; the message is one line for the user."""
 
@@ -442,38 +459,27 @@ class Store:
         """Store one profiled cell (``cell`` None when it did not end ``ok``) with its op rows, in one transaction."""
         summary = cell.summary if cell is not None else None
         with self.transaction():
+            values = {
+                **case_columns(run_id, case),
+                "status": status,
+                "reason": reason,
+                "trace_path": cell.trace if cell else None,
+                "profiler": cell.profiler if cell else None,
+                "calls": summary.calls if summary else None,
+                "wall_s": summary.wall_s if summary else None,
+                "busy_s": summary.busy_s if summary else None,
+                "overlap_s": summary.overlap_s if summary else None,
+                "overhead_s": summary.overhead_s if summary else None,
+                "unprofiled_median_s": cell.unprofiled_median_s if cell else None,
+                "profiled_median_s": cell.profiled_median_s if cell else None,
+                "attribution": cell.attribution if cell else None,
+                "categories_json": json.dumps(summary.categories_s if summary else {}),
+                "uncategorized_json": json.dumps(summary.uncategorized if summary else []),
+                "details_json": json.dumps(details, sort_keys=True, default=str),
+            }
             cursor = self.conn.execute(
-                "INSERT INTO profiles (run_id, case_key, created, model, runtime, phase, batch_size, seq_len, dtype,"
-                " device, status, reason, trace_path, profiler, calls, wall_s, busy_s, overlap_s, overhead_s,"
-                " unprofiled_median_s, profiled_median_s, attribution, categories_json, uncategorized_json,"
-                " details_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    case.key,
-                    now_iso(),
-                    case.model,
-                    case.runtime,
-                    case.phase,
-                    case.batch_size,
-                    case.seq_len,
-                    case.dtype,
-                    case.device,
-                    status,
-                    reason,
-                    cell.trace if cell else None,
-                    cell.profiler if cell else None,
-                    summary.calls if summary else None,
-                    summary.wall_s if summary else None,
-                    summary.busy_s if summary else None,
-                    summary.overlap_s if summary else None,
-                    summary.overhead_s if summary else None,
-                    cell.unprofiled_median_s if cell else None,
-                    cell.profiled_median_s if cell else None,
-                    cell.attribution if cell else None,
-                    json.dumps(summary.categories_s if summary else {}),
-                    json.dumps(summary.uncategorized if summary else []),
-                    json.dumps(details, sort_keys=True, default=str),
-                ),
+                f"INSERT INTO profiles ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
+                tuple(values.values()),
             )
             profile_id = int(cursor.lastrowid or 0)
             if summary is not None:
@@ -526,16 +532,7 @@ class Store:
             None if fields.get("machine") is None else json.dumps(fields["machine"], sort_keys=True)
         )
         values = {
-            "run_id": run_id,
-            "case_key": case.key,
-            "created": now_iso(),
-            "model": case.model,
-            "runtime": case.runtime,
-            "phase": case.phase,
-            "batch_size": case.batch_size,
-            "seq_len": case.seq_len,
-            "dtype": case.dtype,
-            "device": case.device,
+            **case_columns(run_id, case),
             "samples_json": json.dumps(list(samples)),
             "n_samples": len(samples),
             "details_json": json.dumps(details, sort_keys=True, default=str),
