@@ -16,7 +16,8 @@ step is traced or run, and records the dtype of every matmul-like and convolutio
   backward of the probabilities × values product multiplies a float32 cotangent with bfloat16 values);
 - TensorFlow (``tensorflow:*``, ``keras:tensorflow``): the generated op wrappers (``MatMul``,
   ``BatchMatMulV2/V3``, ``Conv2D`` and their backprops, ``Einsum``) that eager execution and ``tf.function``
-  tracing both call record their output dtype.
+  tracing both call record their floating operands' dtypes, as for JAX (under XLA the policy's products take
+  bfloat16 operands and return float32: their output dtype would not show it).
 
 Only the process this runs in is patched (the tests' per-runtime subprocess).
 """
@@ -124,9 +125,13 @@ def _tensorflow(seen: list[tuple[str, str]]) -> Iterator[None]:
 
     def recording(name: str, op: Callable[..., Any]) -> Callable[..., Any]:
         def op_recorded(*args: Any, **kwargs: Any) -> Any:
-            out = op(*args, **kwargs)
-            seen.append((name, _dtype_name(out)))
-            return out
+            values = (*args, *kwargs.values())
+            flat = [
+                v for value in values for v in (value if isinstance(value, list | tuple) else (value,))
+            ]  # Einsum: a list
+            operands = [v for v in flat if getattr(getattr(v, "dtype", None), "is_floating", False)]
+            seen.append((name, ",".join(_dtype_name(a) for a in operands)))
+            return op(*args, **kwargs)
 
         return op_recorded
 

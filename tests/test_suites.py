@@ -76,6 +76,7 @@ def test_bf16_suites_pair_every_fp32_cell_with_its_bf16_cell(suite: str, phase: 
     assert {runtime for _, runtime, *_ in cells} == {
         "torch:eager",
         "torch:compile",
+        "tensorflow:function",
         "tensorflow:xla",
         "jax:jit",
         "keras:jax",

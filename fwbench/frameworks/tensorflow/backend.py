@@ -76,7 +76,7 @@ class TensorFlowBackend(Backend):
     @property
     def _call(self) -> Callable[..., Any]:
         """The model's forward under this cell's precision policy."""
-        return precision.scoped(self.dtype, self.model.__call__)
+        return precision.scoped(self.dtype, self.model.__call__, xla=self.mode == "xla")
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[tf.Tensor, ...]:
         """Device tensors, as they are (float32 in every dtype: the model code casts what the policy casts)."""
@@ -190,7 +190,7 @@ class TensorFlowBackend(Backend):
         with tf.device(self._tf_device):
             optimizer = make_optimizer(optimizer_spec(self.settings.optimizer))
             optimizer.build(variables)
-        logits_of = precision.scoped(self.dtype, arch.training_logits)
+        logits_of = precision.scoped(self.dtype, arch.training_logits, xla=self.mode == "xla")
         loss_of, n_inputs = training.weighted_cross_entropy, len(inputs)
 
         def train_step(*tensors: tf.Tensor) -> tf.Tensor:

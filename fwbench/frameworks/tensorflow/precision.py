@@ -3,24 +3,52 @@ graph shows.
 
 The policy in force is a context variable the backend sets around the model's call (:func:`scoped`): read on
 every eager call and while a tf.function traces, so a traced graph holds the casts of its policy. ``fp32``:
-plain float32 ops. ``bf16``: matmul, conv and attention operands cast to tf.bfloat16 (TF's bfloat16 MatMul,
-BatchMatMul and Conv2D accumulate in float32 and return bfloat16; the attention scores are therefore rounded to
-bfloat16 before they are upcast, where torch's fused kernel and JAX keep them float32), softmax, layer norm and
-batch-norm statistics in float32, the variables float32 (gradients reach them through the casts). Each helper
-runs under a ``tf.name_scope`` of its op class while tracing, which :func:`graph_dtypes` reads back.
+plain float32 ops. ``bf16``: matmul, conv and attention operands cast to tf.bfloat16, softmax, layer norm and
+batch-norm statistics in float32, the variables float32 (gradients reach them through the casts). The matmuls'
+form depends on the compiler (:func:`scoped`'s ``xla``), the fastest each runs on bf16 units:
+
+- eager and tf.function: TF's bfloat16 MatMul and BatchMatMul (oneDNN kernels accumulating in float32,
+  returning bfloat16). TF has no CPU kernel for a bfloat16 product with a float32 result, so the attention
+  scores are rounded to bfloat16 before they are upcast for the softmax (torch and JAX keep them float32).
+- XLA: a bfloat16 product with a float32 result (``output_type``; XLA's CPU backend runs it on its bf16 kernels,
+  and a product with a bfloat16 result as a float32 dot of upcast operands), rounded to bfloat16 — the attention
+  scores kept float32 — with a custom gradient of the same form on the bfloat16 cotangent (torch autocast's
+  backward: bfloat16 operands, float32 accumulation, bfloat16 gradients).
+
+Each helper runs under a ``tf.name_scope`` of its op class while tracing, which :func:`graph_dtypes` reads back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla as xla_ops
 
 from fwbench import precision as policy
 
-scoped = policy.scoped  # the backend wraps the model's function with it
+# Whether the model code runs inside an XLA-compiled function (the matmuls' form: the module's docstring).
+_XLA: ContextVar[bool] = ContextVar("fwbench_tensorflow_xla", default=False)
+
+
+def scoped(dtype: str, function: Callable[..., Any], xla: bool = False) -> Callable[..., Any]:
+    """``function`` under the policy of ``dtype`` (fwbench.precision.scoped), its matmuls in the form for XLA
+    when ``xla`` (it is traced for ``jit_compile=True``)."""
+    under_policy = policy.scoped(dtype, function)
+
+    @functools.wraps(function)
+    def for_compiler(*args: Any, **kwargs: Any) -> Any:
+        token = _XLA.set(xla)
+        try:
+            return under_policy(*args, **kwargs)
+        finally:
+            _XLA.reset(token)
+
+    return for_compiler
 
 
 def _scope(name: str) -> contextlib.AbstractContextManager[Any]:
@@ -34,16 +62,59 @@ def _low(x: tf.Tensor | tf.Variable) -> tf.Tensor:
     return tf.cast(x, tf.bfloat16) if policy.active() == "bf16" else tf.convert_to_tensor(x)
 
 
+def _accumulated(a: tf.Tensor, b: tf.Tensor, transpose_a: bool = False, transpose_b: bool = False) -> tf.Tensor:
+    """``tf.linalg.matmul`` of bfloat16 ``a`` and ``b`` with a float32 result (XLA only: no CPU kernel). A
+    transposed ``a`` is materialised first: XLA's CPU backend (TF 2.21) runs a product that reads its left operand
+    transposed, or reads a bare transpose behind an optimization barrier, as a float32 product of upcast operands
+    (its compiled HLO converts both); a transpose computed by an elementwise op (× 1, exact) behind the barrier
+    goes to the bf16 kernel."""
+    if transpose_a:
+        (a,) = xla_ops.optimization_barrier(tf.linalg.matrix_transpose(a) * tf.constant(1, a.dtype))
+    return tf.linalg.matmul(a, b, transpose_b=transpose_b, output_type=tf.float32)
+
+
+def _xla_product(a: tf.Tensor, b: tf.Tensor, transpose_b: bool, result_dtype: tf.DType) -> tf.Tensor:
+    """a·b (or a·bᵀ) of bfloat16 operands of equal rank, accumulated in float32 and returned in ``result_dtype``;
+    its gradients the same kind of products of the bfloat16-rounded upstream gradient, returned in bfloat16."""
+    if a.shape.rank != b.shape.rank:
+        raise ValueError(
+            f"operands of rank {a.shape.rank} and {b.shape.rank}: the product's gradient needs equal ranks"
+        )
+
+    @tf.custom_gradient
+    def product(a: tf.Tensor, b: tf.Tensor) -> Any:
+        def gradient(upstream: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            g = tf.cast(upstream, tf.bfloat16)
+            if transpose_b:  # r = a·bᵀ: da = g·b, db = gᵀ·a
+                da, db = _accumulated(g, b), _accumulated(g, a, transpose_a=True)
+            else:  # r = a·b: da = g·bᵀ, db = aᵀ·g
+                da, db = _accumulated(g, b, transpose_b=True), _accumulated(a, g, transpose_a=True)
+            return tf.cast(da, tf.bfloat16), tf.cast(db, tf.bfloat16)
+
+        return tf.cast(_accumulated(a, b, transpose_b=transpose_b), result_dtype), gradient
+
+    return product(a, b)
+
+
+def _product(a: tf.Tensor, b: tf.Tensor | tf.Variable, transpose_b: bool = False) -> tf.Tensor:
+    """a·b (or a·bᵀ) under the policy: float32, or bfloat16 operands and result in the compiler's form."""
+    if policy.active() != "bf16":
+        return tf.matmul(a, b, transpose_b=transpose_b)
+    if _XLA.get():
+        return _xla_product(_low(a), _low(b), transpose_b, tf.bfloat16)
+    return tf.matmul(_low(a), _low(b), transpose_b=transpose_b)
+
+
 def matmul(a: tf.Tensor, b: tf.Tensor | tf.Variable, transpose_b: bool = False) -> tf.Tensor:
     """``tf.matmul(a, b)``; bf16: bfloat16 operands and result (float32 accumulation)."""
     with _scope("matmul"):
-        return tf.matmul(_low(a), _low(b), transpose_b=transpose_b)
+        return _product(a, b, transpose_b)
 
 
 def dense(x: tf.Tensor, kernel: tf.Variable, bias: tf.Variable) -> tf.Tensor:
     """(N, in) @ (in, out) + bias; bf16: bfloat16 operands, bias and result."""
     with _scope("matmul"):
-        return tf.nn.bias_add(tf.matmul(_low(x), _low(kernel)), _low(bias))
+        return tf.nn.bias_add(_product(x, kernel), _low(bias))
 
 
 def conv2d(x: tf.Tensor, kernel: tf.Variable, stride: int, padding: str | list[list[int]]) -> tf.Tensor:
@@ -54,15 +125,18 @@ def conv2d(x: tf.Tensor, kernel: tf.Variable, stride: int, padding: str | list[l
 
 def attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor, scale: float) -> tf.Tensor:
     """softmax(q·kᵀ·scale + mask)·v over (B, heads, S, d) operands, ``mask`` additive (B, 1, 1 or S, S) float32.
-    fp32: q scaled before Q·Kᵀ (the smaller tensor). bf16: the scores upcast to float32, then scaled and masked
-    (one rounding, as the other frameworks), the softmax float32, the probabilities cast back for P·V."""
+    fp32: q scaled before Q·Kᵀ (the smaller tensor). bf16: the scores float32 (XLA; eager and tf.function: rounded
+    to bfloat16 and upcast), then scaled and masked, the softmax float32, the probabilities cast back for P·V."""
     with _scope("attention"):
         if policy.active() != "bf16":
             scores = tf.matmul(q * scale, k, transpose_b=True) + mask
             return tf.matmul(tf.nn.softmax(scores, axis=-1), v)
-        scores = tf.cast(tf.matmul(_low(q), _low(k), transpose_b=True), tf.float32)
+        if _XLA.get():
+            scores = _xla_product(_low(q), _low(k), True, tf.float32)
+        else:
+            scores = tf.cast(tf.matmul(_low(q), _low(k), transpose_b=True), tf.float32)
         probabilities = tf.nn.softmax(scores * scale + mask, axis=-1)
-        return tf.matmul(_low(probabilities), _low(v))
+        return _product(probabilities, v)
 
 
 def add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -104,9 +178,12 @@ _CONTRACTIONS = {
 
 
 def _op_class(op: tf.Operation, scopes: dict[str, str]) -> str | None:
-    """The op class of a graph op: contractions by type, Softmax, and every op inside a layer-norm or batch-norm
-    scope (a batch norm's cast of its input excluded: fwbench.precision OBSERVED_OPS). ``scopes``: more scope
-    names → op class (a Keras model's layer names, which Keras may suffix with ``_<n>`` in the graph)."""
+    """The op class of a graph op: contractions by type (a batched product of matrices, as
+    ``tf.linalg.matmul(..., output_type=)`` writes a plain one, is a matmul), Softmax, and every op inside a
+    layer-norm or batch-norm scope (a batch norm's cast of its input excluded: fwbench.precision OBSERVED_OPS).
+    ``scopes``: more scope names → op class (a Keras model's layer names, which Keras may suffix with ``_<n>``)."""
+    if op.type.startswith("BatchMatMul") and op.inputs[0].shape.rank == 2:
+        return "matmul"
     if op.type in _CONTRACTIONS:
         return _CONTRACTIONS[op.type]
     if op.type == "Softmax":
