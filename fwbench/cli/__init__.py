@@ -1,5 +1,5 @@
 """The ``fwbench`` command line: one module per command (run, report, compare, verify, export, weights, listing for
-``list``, env and peak for ``env --peak``), the parser helpers and argument types in :mod:`fwbench.cli.common`.
+``list``, env and peak for ``env --peak``, data for ``data make``), the parser helpers and argument types in :mod:`fwbench.cli.common`.
 
 Bad input gets one line on stderr, exit status 2, and nothing written.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fwbench import __version__
-from fwbench.cli import compare, env, export, listing, profile, report, run, verify, weights
+from fwbench.cli import compare, data, env, export, listing, profile, report, run, verify, weights
 from fwbench.cli.common import EXIT_USAGE, Parser, UsageError
 from fwbench.cli.run import plan_from_args, tensorboard_listener
 from fwbench.runner.planner import suite_plan
@@ -24,7 +24,7 @@ __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main", "plan_from_args",
 
 DESCRIPTION = (
     "fwbench: benchmark deep-learning frameworks against each other, honestly "
-    "(run | verify | export | profile | weights | report | compare | list | env)."
+    "(run | verify | export | profile | weights | data | report | compare | list | env)."
 )
 Command = Callable[[argparse.Namespace, Sequence[str]], int]
 # Each command's module registers its parser (add_parser) and runs it (command); in the order `--help` lists them.
@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Command]] = {
     "export": (export.add_parser, export.command),
     "profile": (profile.add_parser, profile.command),
     "weights": (weights.add_parser, weights.command),
+    "data": (data.add_parser, data.command),
     "list": (listing.add_parser, listing.command),
     "env": (env.add_parser, env.command),
 }
