@@ -1,4 +1,12 @@
-"""TFRecord shards of an image dataset: the packed form tf.data users read (``interleave`` over shards).
+"""``tensorflow:data``: a tf.data pipeline over an image dataset's files, and the TFRecord shards of an image
+dataset (the packed form tf.data users read with ``interleave`` over shards).
+
+The pipeline: the files in order → ``map(decode and transform, num_parallel_calls=workers or sequential)`` →
+``batch`` → ``prefetch(AUTOTUNE)``; the ``center-crop`` transform is fwbench.datasets.transforms' (central
+square, ``tf.image.resize`` bilinear without antialiasing, ImageNet normalisation); JPEGs are decoded by
+``tf.io.decode_jpeg`` with ``dct_method="INTEGER_ACCURATE"`` (libjpeg's ISLOW, Pillow's default; TF's default
+lets libjpeg choose a faster, less exact one). A batch is (images float32 (B, crop, crop, 3), NHWC as the
+TensorFlow models take it; labels int64 (B,)).
 
 Each record is a ``tf.train.Example`` with the JPEG file's bytes (``image``), its ``label`` and its ``file`` name
 (relative to the dataset folder), serialised deterministically (the feature map's order is otherwise free);
@@ -10,9 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
+from fwbench.datasets import images, transforms
+
 TFRECORDS = "tfrecords"  # the folder of shards inside a dataset folder
+LAYOUT = "NHWC"
 
 
 def shard_name(index: int, shards: int) -> str:
@@ -40,3 +52,27 @@ def write_tfrecords(folder: Path, labels: list[tuple[str, int]], shards: int) ->
         for writer in writers:
             writer.close()
     return paths
+
+
+def _center_crop(path: tf.Tensor, crop: int) -> tf.Tensor:
+    """The ``center-crop`` transform of the JPEG file at ``path``: float32 (crop, crop, 3)."""
+    pixels = tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE")
+    height, width = tf.shape(pixels)[0], tf.shape(pixels)[1]
+    side = tf.minimum(height, width)
+    square = tf.image.crop_to_bounding_box(pixels, (height - side) // 2, (width - side) // 2, side, side)
+    resized = tf.image.resize(tf.cast(square, tf.float32), (crop, crop), method="bilinear", antialias=False)
+    return (resized / 255.0 - transforms.MEAN) / transforms.STD
+
+
+def make_loader(folder: Path, batch_size: int, workers: int, crop: int) -> tf.data.Dataset:
+    """A tf.data pipeline over ``folder``'s images in file order: ``workers`` parallel map calls (0: sequential,
+    in the calling thread's order), deterministic order, the last incomplete batch dropped, AUTOTUNE prefetch."""
+    labels = images.read_labels(folder)
+    files = tf.data.Dataset.from_tensor_slices(
+        ([str(folder / file) for file, _ in labels], np.array([label for _, label in labels], dtype=np.int64))
+    )
+    if workers:
+        pipeline = files.map(lambda path, label: (_center_crop(path, crop), label), workers, deterministic=True)
+    else:
+        pipeline = files.map(lambda path, label: (_center_crop(path, crop), label))
+    return pipeline.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

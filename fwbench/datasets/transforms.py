@@ -1,0 +1,52 @@
+"""The data phase's image transform, written once in numpy: the reference every loader's batches are checked
+against. Images are uint8 (height, width, 3) RGB; results float32 (crop, crop, 3), normalised.
+
+``center-crop`` (deterministic, for parity): the central square of the image (side min(height, width), offsets
+rounded down), resized to ``crop`` × ``crop`` bilinearly **without antialiasing** (half-pixel centres, edge
+samples clamped: ``tf.image.resize(antialias=False)`` and ``torch.nn.functional.interpolate(mode="bilinear",
+align_corners=False, antialias=False)``; Pillow's BILINEAR antialiases when it shrinks, so it is not used), then
+scaled to [0, 1] and normalised with the ImageNet mean and standard deviation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # ImageNet, per RGB channel, [0, 1] scale
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+def central_square(height: int, width: int) -> tuple[int, int, int]:
+    """(top, left, side) of the central square of a height × width image."""
+    side = min(height, width)
+    return (height - side) // 2, (width - side) // 2, side
+
+
+def _axis_weights(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each output index along one axis: the two input indices and the weight of the second (half-pixel
+    centres, source coordinates clamped to the edge samples)."""
+    centres = (np.arange(size_out, dtype=np.float64) + 0.5) * (size_in / size_out) - 0.5
+    centres = np.clip(centres, 0.0, size_in - 1)
+    low = np.floor(centres).astype(np.int64)
+    high = np.minimum(low + 1, size_in - 1)
+    return low, high, (centres - low).astype(np.float32)
+
+
+def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``image`` (h, w, c) resized to (height, width, c) float32, bilinear without antialiasing."""
+    pixels = image.astype(np.float32)
+    top, bottom, wy = _axis_weights(pixels.shape[0], height)
+    left, right, wx = _axis_weights(pixels.shape[1], width)
+    rows = pixels[top] * (1 - wy)[:, None, None] + pixels[bottom] * wy[:, None, None]
+    return rows[:, left] * (1 - wx)[None, :, None] + rows[:, right] * wx[None, :, None]
+
+
+def normalise(pixels: np.ndarray) -> np.ndarray:
+    """Pixel values 0–255 → (value / 255 − MEAN) / STD, float32."""
+    return ((pixels.astype(np.float32) / 255.0 - MEAN) / STD).astype(np.float32)
+
+
+def center_crop(image: np.ndarray, crop: int) -> np.ndarray:
+    """The ``center-crop`` transform of a uint8 (h, w, 3) image: float32 (crop, crop, 3)."""
+    top, left, side = central_square(image.shape[0], image.shape[1])
+    return normalise(resize_bilinear(image[top : top + side, left : left + side], crop, crop))

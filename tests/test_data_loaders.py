@@ -1,0 +1,69 @@
+"""The data phase's loaders (torch DataLoader, tf.data) give the reference transform's batches.
+
+With the deterministic ``center-crop`` transform every loader's batches must equal fwbench.datasets.transforms'
+numpy reference up to the JPEG decoders: Pillow and ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")`` both
+run libjpeg's exact integer IDCT (measured identical on this project's builds, docs/data.md), and the limit
+allows one uint8 level anywhere, the difference a decoder built otherwise may make.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fwbench.datasets import images, transforms
+
+CROP, BATCH = 32, 4
+ONE_LEVEL = 1.0 / (255.0 * float(transforms.STD.min()))  # one uint8 step after normalisation
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("images")
+    images.make_images(folder, n=10, size=64, seed=5)
+    return folder
+
+
+def _reference(folder: Path) -> tuple[np.ndarray, list[int]]:
+    """Every image through the numpy transform, (N, CROP, CROP, 3), and the labels, in file order."""
+    labels = images.read_labels(folder)
+    pixels = [np.asarray(Image.open(folder / file).convert("RGB")) for file, _ in labels]
+    return np.stack([transforms.center_crop(p, CROP) for p in pixels]), [label for _, label in labels]
+
+
+def test_reference_resize_is_bilinear_without_antialiasing() -> None:
+    ramp = np.tile(np.arange(8, dtype=np.uint8)[None, :, None] * 10, (2, 1, 1))  # (2, 8, 1): 0, 10, ..., 70
+    # halving: half-pixel centres fall between two samples, their mean (no wider antialiasing filter)
+    assert np.allclose(transforms.resize_bilinear(ramp, 2, 4)[0, :, 0], [5, 25, 45, 65])
+    # doubling: the edge samples are clamped
+    assert np.allclose(transforms.resize_bilinear(ramp[:, :2], 2, 4)[0, :, 0], [0, 2.5, 7.5, 10])
+    assert transforms.central_square(5, 9) == (0, 2, 5) and transforms.central_square(9, 4) == (2, 0, 4)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_dataloader_batches_are_the_reference(dataset: Path, workers: int) -> None:
+    from fwbench.frameworks.torch import data
+
+    expected, labels = _reference(dataset)
+    batches = list(data.make_loader(dataset, BATCH, workers, CROP))
+    assert len(batches) == len(labels) // BATCH  # the incomplete last batch dropped
+    got = np.concatenate([b.numpy() for b, _ in batches]).transpose(0, 2, 3, 1)  # NCHW → NHWC
+    assert got.dtype == np.float32 and got.shape == (8, CROP, CROP, 3)
+    assert np.abs(got - expected[:8]).max() <= ONE_LEVEL + 1e-4
+    assert np.concatenate([y.numpy() for _, y in batches]).tolist() == labels[:8]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tf_data_batches_are_the_reference(dataset: Path, workers: int) -> None:
+    from fwbench.frameworks.tensorflow import data
+
+    expected, labels = _reference(dataset)
+    batches = list(data.make_loader(dataset, BATCH, workers, CROP))
+    assert len(batches) == len(labels) // BATCH
+    got = np.concatenate([b.numpy() for b, _ in batches])
+    assert got.dtype == np.float32 and got.shape == (8, CROP, CROP, 3)
+    assert np.abs(got - expected[:8]).max() <= ONE_LEVEL + 1e-4
+    assert np.concatenate([y.numpy() for _, y in batches]).tolist() == labels[:8]
