@@ -3,6 +3,7 @@ tables it prints, the profile run in the store (never among benchmark results), 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -91,11 +92,13 @@ def test_a_runtime_without_a_profiler_is_an_error_and_the_sweep_goes_on(tmp_path
     assert by_runtime["torch:eager"].status == "ok"
 
 
-def stored_profile_run(path: Path) -> ProfiledCell:
-    """A profile run in the store at ``path`` with two cells: one profiled (returned), one timed out."""
-    ops = [OpRow("aten::addmm", "matmul/conv", 2.0, 3e-4), OpRow("MyOp", "other", 1.0, 1e-5)]
-    categories = dict.fromkeys(CATEGORIES, 0.0) | {"matmul/conv": 3e-4, "other": 1e-5}
-    summary = ProfileSummary(2, 5e-4, 3.1e-4, 0.0, 1.9e-4, categories, ops, ["MyOp"])  # type: ignore[arg-type]
+def stored_profile_run(path: Path, matmul_s: float = 3e-4) -> ProfiledCell:
+    """A profile run in the store at ``path`` with two cells: one profiled (returned; its matmuls take
+    ``matmul_s`` per call), one timed out."""
+    ops = [OpRow("aten::addmm", "matmul/conv", 2.0, matmul_s), OpRow("MyOp", "other", 1.0, 1e-5)]
+    categories = dict.fromkeys(CATEGORIES, 0.0) | {"matmul/conv": matmul_s, "other": 1e-5}
+    busy = matmul_s + 1e-5
+    summary = ProfileSummary(2, busy + 1.9e-4, busy, 0.0, 1.9e-4, categories, ops, ["MyOp"])  # type: ignore[arg-type]
     cell = ProfiledCell(summary, "/t/trace.json", "torch.profiler", 4e-4, 5e-4, "by op")
     case = Case("mlp", "torch:eager", batch_size=2)
     with Store.open(path) as store:
@@ -131,3 +134,25 @@ def test_report_profile_prints_and_its_page_renders(tmp_path: Path, capsys: pyte
     assert rendered.errors == [] and rendered.title == "fwbench profiles"
     assert "Profiles side by side" in rendered.body_text and "aten::addmm" not in rendered.body_text  # folded
     assert "torch:eager" in rendered.body_text and "timeout: over 600 s" in rendered.body_text
+
+
+def test_compare_profile_runs_category_by_category(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "s.db"
+    stored_profile_run(db)  # run 1
+    stored_profile_run(db, matmul_s=6e-4)  # run 2: twice the matmul time
+    assert main(["compare", "--profile", "1", "latest", "--db", str(db)]) == 0
+    text = capsys.readouterr().out
+    assert "mlp inference fp32 cpu, batch 2" in text and "torch:eager" in text
+    assert "300 µs → 600 µs (2.00×)" in text  # matmul/conv
+    assert "not compared, in run 1" in text and "jax:jit (timeout)" in text  # no profile in either run
+    assert "no CI" in text
+    assert main(["compare", "--profile", "1", "2", "--db", str(db), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (cell,) = data["cells"]
+    assert cell["runtime"] == "torch:eager"
+    assert cell["seconds"]["matmul/conv"] == {"a": pytest.approx(3e-4), "b": pytest.approx(6e-4)}
+    # a profile run is not a benchmark run, and the other way round: one line, exit 2
+    assert main(["compare", "1", "2", "--db", str(db)]) == 2
+    assert "is a profile run, not a benchmark run" in capsys.readouterr().err
+    assert main(["compare", "--profile", "1", "3", "--db", str(db)]) == 2
+    assert "RUN_B 3 is not in" in capsys.readouterr().err

@@ -7,10 +7,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rich.table import Table
 from rich.text import Text
 
 from fwbench.cli.common import fraction, resolve_run, run_id
 from fwbench.report.compare import DEFAULT_THRESHOLD, compare_runs, comparison_legend, comparison_tables, verdict_line
+from fwbench.report.profile_compare import compare_profiles, profile_comparison_tables
 from fwbench.report.table import make_console, to_rich
 from fwbench.spec import SpecError
 from fwbench.store import DEFAULT_DB, RunRecord, Store
@@ -26,7 +28,8 @@ def add_parser(commands: Any) -> None:
         description="Match the cells of two runs by model, runtime, phase, shape, dtype and device; print each "
         "cell's time ratio B/A with its 95% CI and significance (Mann–Whitney U, Holm-adjusted), the geometric "
         "mean of B/A, the cells only one run has, and the environment differences. Exit 0 when no cell regressed "
-        "significantly beyond --threshold, 1 when one did (or broke: ok in A, not ok in B), 2 on bad input.",
+        "significantly beyond --threshold, 1 when one did (or broke: ok in A, not ok in B), 2 on bad input. "
+        "--profile: two profile runs, per cell and op category, descriptive (exit 0).",
     )
     compare.add_argument("run_a", type=run_id, metavar="RUN_A", help="run id (or 'latest') in --db")
     compare.add_argument("run_b", type=run_id, metavar="RUN_B", help="run id (or 'latest') in --db-b")
@@ -41,10 +44,43 @@ def add_parser(commands: Any) -> None:
         f"(default {DEFAULT_THRESHOLD:g}, i.e. {DEFAULT_THRESHOLD * 100:g}%%)",
     )
     compare.add_argument("--format", choices=COMPARE_FORMATS, default="table", help="default: table")
+    compare.add_argument(
+        "--profile",
+        action="store_true",
+        help="compare two profile runs (fwbench profile): per cell and op category the time per profiled call "
+        "in A and B; descriptive, always exit 0 ('latest': the newest profile run)",
+    )
+
+
+def _compare_profiles(args: argparse.Namespace) -> int:
+    """``compare --profile``: the two profile runs' category tables, A → B."""
+    db_b = args.db_b or args.db
+    with Store.open(args.db, readonly=True) as store_a:
+        run_a = resolve_run(store_a, args.run_a, args.db, "RUN_A", kind="profile")
+        records_a = store_a.profiles([run_a.id])
+    with Store.open(db_b, readonly=True) as store_b:
+        run_b = resolve_run(store_b, args.run_b, db_b, "RUN_B", kind="profile")
+        records_b = store_b.profiles([run_b.id])
+    comparison = compare_profiles(records_a, records_b)
+    if not comparison.pairs:
+        raise SpecError(
+            f"profile run {run_a.id} of {args.db} and profile run {run_b.id} of {db_b} have no cell profiled in "
+            "both (same model, runtime, phase, shape, dtype and device); nothing to compare"
+        )
+    if args.format == "json":
+        print(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
+        return 0
+    console = make_console()
+    for item in profile_comparison_tables(comparison, f"run {run_a.id} of {args.db}", f"run {run_b.id} of {db_b}"):
+        console.print(item if isinstance(item, Table) else Text(item, style="dim"))
+    return 0
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Exit 0: no significant regression beyond --threshold; 1: at least one (or a cell that broke)."""
+    """Exit 0: no significant regression beyond --threshold; 1: at least one (or a cell that broke). With
+    --profile: 0 (descriptive)."""
+    if args.profile:
+        return _compare_profiles(args)
     db_b = args.db_b or args.db
     run_b: RunRecord | None = None
     with Store.open(args.db, readonly=True) as store_a:
