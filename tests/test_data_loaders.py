@@ -9,6 +9,7 @@ allows one uint8 level anywhere, the difference a decoder built otherwise may ma
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,3 +68,50 @@ def test_tf_data_batches_are_the_reference(dataset: Path, workers: int) -> None:
     assert got.dtype == np.float32 and got.shape == (8, CROP, CROP, 3)
     assert np.abs(got - expected[:8]).max() <= ONE_LEVEL + 1e-4
     assert np.concatenate([y.numpy() for _, y in batches]).tolist() == labels[:8]
+
+
+def _stack(batches: list[Any], nchw: bool) -> np.ndarray:
+    images_ = np.concatenate([np.asarray(b) for b, _ in batches])
+    return images_.transpose(0, 2, 3, 1) if nchw else images_
+
+
+def test_reference_random_transform_is_seeded_per_sample_and_epoch() -> None:
+    image = np.asarray(np.random.default_rng(0).integers(0, 256, (40, 60, 3)), dtype=np.uint8)
+    first = transforms.random_crop(image, CROP, seed=7, epoch=0, index=3)
+    assert np.array_equal(first, transforms.random_crop(image, CROP, seed=7, epoch=0, index=3))
+    assert not np.array_equal(first, transforms.random_crop(image, CROP, seed=7, epoch=1, index=3))
+    assert not np.array_equal(first, transforms.random_crop(image, CROP, seed=8, epoch=0, index=3))
+    boxes = [transforms.random_crop_box(transforms.sample_rng(7, 0, i), 40, 60) for i in range(200)]
+    for top, left, h, w in boxes:  # inside the image, area and aspect within the sampling ranges or the fallback
+        assert 0 <= top and top + h <= 40 and 0 <= left and left + w <= 60
+    assert len(set(boxes)) > 150
+
+
+def test_torch_random_transform_is_reproducible_whatever_the_workers(dataset: Path) -> None:
+    from fwbench.frameworks.torch import data
+
+    loader = data.make_loader(dataset, BATCH, 2, CROP, transform="random", seed=7)
+    epoch0, epoch1 = _stack(list(loader), nchw=True), _stack(list(loader), nchw=True)
+    again = _stack(list(data.make_loader(dataset, BATCH, 0, CROP, transform="random", seed=7)), nchw=True)
+    assert np.array_equal(epoch0, again)  # same seed, same epoch: the same batches with 2 workers or none
+    assert not np.allclose(epoch0, epoch1)  # the next epoch draws new crops
+    labels = images.read_labels(dataset)
+    expected = np.stack(
+        [
+            transforms.random_crop(np.asarray(Image.open(dataset / file).convert("RGB")), CROP, 7, 0, index)
+            for index, (file, _) in enumerate(labels[:8])
+        ]
+    )
+    assert np.abs(epoch0 - expected).max() <= ONE_LEVEL + 1e-4  # the numpy reference's crops and flips
+
+
+def test_tf_data_random_transform_is_reproducible_whatever_the_workers(dataset: Path) -> None:
+    from fwbench.frameworks.tensorflow import data
+
+    two_epochs = _stack(list(data.make_loader(dataset, BATCH, 2, CROP, "random", seed=7, epochs=2)), nchw=False)
+    one_epoch = _stack(list(data.make_loader(dataset, BATCH, 0, CROP, "random", seed=7)), nchw=False)
+    assert two_epochs.shape == (20, CROP, CROP, 3) and one_epoch.shape == (8, CROP, CROP, 3)
+    assert np.array_equal(two_epochs[:8], one_epoch)  # epoch 0, with 2 parallel calls or none
+    assert not np.allclose(two_epochs[10:18], one_epoch)  # epoch 1 (samples 10-17 are its first 8)
+    expected, _ = _reference(dataset)
+    assert not np.allclose(one_epoch, expected[:8], atol=ONE_LEVEL)  # not the center crop

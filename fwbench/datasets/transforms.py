@@ -6,12 +6,21 @@ rounded down), resized to ``crop`` × ``crop`` bilinearly **without antialiasing
 samples clamped: ``tf.image.resize(antialias=False)`` and ``torch.nn.functional.interpolate(mode="bilinear",
 align_corners=False, antialias=False)``; Pillow's BILINEAR antialiases when it shrinks, so it is not used), then
 scaled to [0, 1] and normalised with the ImageNet mean and standard deviation.
+
+``random`` (training augmentation): a random-resized crop (area 8–100% of the image, aspect ratio 3/4–4/3,
+torchvision's ``RandomResizedCrop`` sampling: 10 tries, then the central crop of the clamped ratio) resized to
+``crop`` × ``crop`` the same way, flipped left-right with probability 1/2, normalised. Its random numbers come
+from ``numpy.random.default_rng((seed, epoch, index))``: the same seed gives the same crops whatever the number of
+loader workers or the order they finish in; each epoch draws new ones.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+TRANSFORMS = ("center-crop", "random")
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # ImageNet, per RGB channel, [0, 1] scale
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 
@@ -50,3 +59,46 @@ def center_crop(image: np.ndarray, crop: int) -> np.ndarray:
     """The ``center-crop`` transform of a uint8 (h, w, 3) image: float32 (crop, crop, 3)."""
     top, left, side = central_square(image.shape[0], image.shape[1])
     return normalise(resize_bilinear(image[top : top + side, left : left + side], crop, crop))
+
+
+SCALE = (0.08, 1.0)  # random crop: share of the image's area
+RATIO = (3 / 4, 4 / 3)  # random crop: width / height
+TRIES = 10
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The random numbers of one sample's ``random`` transform."""
+    return np.random.default_rng((seed, epoch, index))
+
+
+def random_crop_box(rng: np.random.Generator, height: int, width: int) -> tuple[int, int, int, int]:
+    """(top, left, crop height, crop width) of a random-resized crop (torchvision's sampling)."""
+    area = height * width
+    for _ in range(TRIES):
+        target = area * rng.uniform(*SCALE)
+        aspect = math.exp(rng.uniform(math.log(RATIO[0]), math.log(RATIO[1])))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    ratio = width / height
+    if ratio < RATIO[0]:
+        w, h = width, round(width / RATIO[0])
+    elif ratio > RATIO[1]:
+        h, w = height, round(height * RATIO[1])
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def random_params(seed: int, epoch: int, index: int, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
+    """The crop box and whether to flip, for sample ``index`` of ``epoch`` under ``seed``."""
+    rng = sample_rng(seed, epoch, index)
+    box = random_crop_box(rng, height, width)
+    return box, bool(rng.random() < 0.5)
+
+
+def random_crop(image: np.ndarray, crop: int, seed: int, epoch: int, index: int) -> np.ndarray:
+    """The ``random`` transform of a uint8 (h, w, 3) image, sample ``index`` of ``epoch``: float32 (crop, crop, 3)."""
+    (top, left, h, w), flip = random_params(seed, epoch, index, image.shape[0], image.shape[1])
+    resized = resize_bilinear(image[top : top + h, left : left + w], crop, crop)
+    return normalise(resized[:, ::-1] if flip else resized)

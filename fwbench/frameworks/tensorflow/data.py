@@ -54,25 +54,76 @@ def write_tfrecords(folder: Path, labels: list[tuple[str, int]], shards: int) ->
     return paths
 
 
-def _center_crop(path: tf.Tensor, crop: int) -> tf.Tensor:
-    """The ``center-crop`` transform of the JPEG file at ``path``: float32 (crop, crop, 3)."""
-    pixels = tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE")
-    height, width = tf.shape(pixels)[0], tf.shape(pixels)[1]
-    side = tf.minimum(height, width)
-    square = tf.image.crop_to_bounding_box(pixels, (height - side) // 2, (width - side) // 2, side, side)
-    resized = tf.image.resize(tf.cast(square, tf.float32), (crop, crop), method="bilinear", antialias=False)
+def _decoded(path: tf.Tensor) -> tf.Tensor:
+    """The JPEG at ``path`` as uint8 (h, w, 3), libjpeg's exact IDCT."""
+    return tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE")
+
+
+def _finish(region: tf.Tensor, crop: int) -> tf.Tensor:
+    """uint8 region → (crop, crop, 3) float32: bilinear resize without antialiasing, ImageNet normalisation."""
+    resized = tf.image.resize(tf.cast(region, tf.float32), (crop, crop), method="bilinear", antialias=False)
     return (resized / 255.0 - transforms.MEAN) / transforms.STD
 
 
-def make_loader(folder: Path, batch_size: int, workers: int, crop: int) -> tf.data.Dataset:
-    """A tf.data pipeline over ``folder``'s images in file order: ``workers`` parallel map calls (0: sequential,
-    in the calling thread's order), deterministic order, the last incomplete batch dropped, AUTOTUNE prefetch."""
+def _center_crop(path: tf.Tensor, crop: int) -> tf.Tensor:
+    """The ``center-crop`` transform of the JPEG file at ``path``: float32 (crop, crop, 3)."""
+    pixels = _decoded(path)
+    height, width = tf.shape(pixels)[0], tf.shape(pixels)[1]
+    side = tf.minimum(height, width)
+    return _finish(tf.image.crop_to_bounding_box(pixels, (height - side) // 2, (width - side) // 2, side, side), crop)
+
+
+def _random_crop(path: tf.Tensor, crop: int, seed: tf.Tensor) -> tf.Tensor:
+    """The ``random`` transform with TF's own stateless sampling (``stateless_sample_distorted_bounding_box``,
+    the Inception crop TF users write: area 8–100%, aspect 3/4–4/3, 10 tries, else the whole image; a stateless
+    left-right flip); ``seed`` (2,) int64 is the sample's."""
+    pixels = _decoded(path)
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(pixels),
+        bounding_boxes=tf.zeros([1, 0, 4]),
+        seed=seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=transforms.RATIO,
+        area_range=transforms.SCALE,
+        max_attempts=transforms.TRIES,
+        use_image_if_no_bounding_boxes=True,
+    )
+    region = tf.slice(pixels, begin, size)
+    flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+    return _finish(tf.image.stateless_random_flip_left_right(region, flip_seed), crop)
+
+
+def make_loader(
+    folder: Path,
+    batch_size: int,
+    workers: int,
+    crop: int,
+    transform: str = "center-crop",
+    seed: int = 0,
+    epochs: int = 1,
+) -> tf.data.Dataset:
+    """A tf.data pipeline over ``folder``'s images in file order, ``epochs`` times: ``workers`` parallel map calls
+    (0: sequential), deterministic order, the last incomplete batch dropped, AUTOTUNE prefetch. The random
+    transform's seed for sample i of epoch e is (seed, e) folded with i: the same whatever the parallelism."""
+    if transform not in transforms.TRANSFORMS:
+        raise ValueError(f"unknown transform {transform!r}; known: {', '.join(transforms.TRANSFORMS)}")
     labels = images.read_labels(folder)
     files = tf.data.Dataset.from_tensor_slices(
         ([str(folder / file) for file, _ in labels], np.array([label for _, label in labels], dtype=np.int64))
     )
+    size = len(labels)
+
+    def transformed(position: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
+        path, label = item
+        if transform == "center-crop":
+            return _center_crop(path, crop), label
+        epoch, index = position // size, position % size
+        sample_seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.constant(seed, tf.int64), epoch]), index)
+        return _random_crop(path, crop, sample_seed), label
+
+    numbered = files.repeat(epochs).enumerate()
     if workers:
-        pipeline = files.map(lambda path, label: (_center_crop(path, crop), label), workers, deterministic=True)
+        pipeline = numbered.map(transformed, workers, deterministic=True)
     else:
-        pipeline = files.map(lambda path, label: (_center_crop(path, crop), label))
+        pipeline = numbered.map(transformed)
     return pipeline.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

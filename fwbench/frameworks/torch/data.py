@@ -1,13 +1,16 @@
 """``torch:dataloader``: a map-style ``Dataset`` that decodes each JPEG with Pillow (what DataLoader users do:
 torchvision does not import beside this torch build) and a ``DataLoader`` over it.
 
-The ``center-crop`` transform is fwbench.datasets.transforms' (central square, bilinear resize without
-antialiasing by ``torch.nn.functional.interpolate``, ImageNet normalisation); a batch is (images float32
-(B, 3, crop, crop), NCHW as the torch models take it; labels int64 (B,)).
+The transforms are fwbench.datasets.transforms' (``center-crop``: central square; ``random``: random-resized crop
+and flip from the sample's own seeded generator), resized bilinearly without antialiasing by
+``torch.nn.functional.interpolate`` and normalised; a batch is (images float32 (B, 3, crop, crop), NCHW as the
+torch models take it; labels int64 (B,)). The sampler hands the dataset (epoch, index) keys, so the random
+transform's numbers depend on the sample and the epoch only, not on which worker decodes it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,37 +24,64 @@ from fwbench.datasets import images, transforms
 LAYOUT = "NCHW"
 
 
-class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
-    """The images of a dataset folder (``fwbench data make images``), in file order, each decoded and
-    transformed when read (in the loader's worker processes when it has some)."""
+class EpochSampler(torch.utils.data.Sampler[tuple[int, int]]):
+    """(epoch, index) keys in file order; each iteration (epoch) numbers its keys one epoch further."""
 
-    def __init__(self, folder: Path, crop: int) -> None:
-        self.folder, self.crop = folder, crop
+    def __init__(self, size: int) -> None:
+        self.size, self.epoch = size, 0
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return iter([(epoch, index) for index in range(self.size)])
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """The images of a dataset folder (``fwbench data make images``), each decoded and transformed when read (in
+    the loader's worker processes when it has some), keyed by (epoch, index)."""
+
+    def __init__(self, folder: Path, crop: int, transform: str, seed: int) -> None:
+        if transform not in transforms.TRANSFORMS:
+            raise ValueError(f"unknown transform {transform!r}; known: {', '.join(transforms.TRANSFORMS)}")
+        self.folder, self.crop, self.transform, self.seed = folder, crop, transform, seed
         self.labels = images.read_labels(folder)
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        epoch, index = key
         file, label = self.labels[index]
         with Image.open(self.folder / file) as image:
             pixels = np.array(image.convert("RGB"))  # a writable copy: torch.from_numpy shares it
-        top, left, side = transforms.central_square(pixels.shape[0], pixels.shape[1])
-        square = torch.from_numpy(pixels[top : top + side, left : left + side])
-        chw = square.permute(2, 0, 1).unsqueeze(0).to(torch.float32)  # (1, 3, side, side)
+        flip = False
+        if self.transform == "random":
+            (top, left, height, width), flip = transforms.random_params(self.seed, epoch, index, *pixels.shape[:2])
+        else:
+            top, left, height = transforms.central_square(pixels.shape[0], pixels.shape[1])
+            width = height
+        region = torch.from_numpy(pixels[top : top + height, left : left + width])
+        chw = region.permute(2, 0, 1).unsqueeze(0).to(torch.float32)  # (1, 3, height, width)
         resized = F.interpolate(chw, size=(self.crop, self.crop), mode="bilinear", align_corners=False, antialias=False)
+        image_chw = torch.flip(resized[0], dims=(2,)) if flip else resized[0]
         mean = torch.from_numpy(transforms.MEAN).view(3, 1, 1)
         std = torch.from_numpy(transforms.STD).view(3, 1, 1)
-        return (resized[0] / 255.0 - mean) / std, label
+        return (image_chw / 255.0 - mean) / std, label
 
 
-def make_loader(folder: Path, batch_size: int, workers: int, crop: int) -> torch.utils.data.DataLoader[Any]:
+def make_loader(
+    folder: Path, batch_size: int, workers: int, crop: int, transform: str = "center-crop", seed: int = 0
+) -> torch.utils.data.DataLoader[Any]:
     """A DataLoader over ``folder``'s images in file order, ``workers`` worker processes (0: in this process),
-    each keeping two batches prefetched and alive across epochs, the last incomplete batch dropped."""
+    each keeping two batches prefetched and alive across epochs, the last incomplete batch dropped; each
+    iteration over it is the next epoch (0, 1, ...)."""
+    dataset = JpegFolder(folder, crop, transform, seed)
     return torch.utils.data.DataLoader(
-        JpegFolder(folder, crop),
+        dataset,
         batch_size=batch_size,
-        shuffle=False,
+        sampler=EpochSampler(len(dataset)),
         num_workers=workers,
         prefetch_factor=2 if workers else None,
         persistent_workers=workers > 0,
