@@ -1,4 +1,4 @@
-"""The data phase's loaders (torch DataLoader, tf.data) give the reference transform's batches.
+"""The data phase's loaders (torch DataLoader, tf.data, Grain) give the reference transform's batches.
 
 With the deterministic ``center-crop`` transform every loader's batches must equal fwbench.datasets.transforms'
 numpy reference up to the JPEG decoders: Pillow and ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")`` both
@@ -17,6 +17,8 @@ from PIL import Image
 
 from fwbench.datasets import images, transforms
 
+# Each xdist process is pinned to one core, below the 2 workers some tests start: torch warns, and that is meant.
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes:UserWarning")
 CROP, BATCH = 32, 4
 ONE_LEVEL = 1.0 / (255.0 * float(transforms.STD.min()))  # one uint8 step after normalisation
 
@@ -115,3 +117,39 @@ def test_tf_data_random_transform_is_reproducible_whatever_the_workers(dataset: 
     assert not np.allclose(two_epochs[10:18], one_epoch)  # epoch 1 (samples 10-17 are its first 8)
     expected, _ = _reference(dataset)
     assert not np.allclose(one_epoch, expected[:8], atol=ONE_LEVEL)  # not the center crop
+
+
+def _by_index(batches: list[Any]) -> dict[int, list[np.ndarray]]:
+    """Grain's batches as image index → its images, one per epoch (a batch's images depend on the workers)."""
+    found: dict[int, list[np.ndarray]] = {}
+    for images_, _, indices in batches:
+        for image, index in zip(images_, indices):
+            found.setdefault(int(index), []).append(image)
+    return found
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_grain_dataloader_images_are_the_reference(dataset: Path, workers: int) -> None:
+    from fwbench.frameworks.grain import data
+
+    expected, labels = _reference(dataset)
+    batches = list(data.make_loader(dataset, BATCH, workers, CROP))
+    assert sum(len(b[0]) for b in batches) == 8 and all(b[0].shape == (BATCH, CROP, CROP, 3) for b in batches)
+    found = _by_index(batches)
+    assert len(found) == 8  # each worker drops its own incomplete batch: which 8 depends on the workers
+    for index, (image,) in found.items():
+        assert image.dtype == np.float32 and np.abs(image - expected[index]).max() <= ONE_LEVEL + 1e-4
+    assert all(int(label) == labels[int(i)] for _, ls, idx in batches for label, i in zip(ls, idx))
+
+
+def test_grain_random_transform_is_reproducible_whatever_the_workers(dataset: Path) -> None:
+    from fwbench.frameworks.grain import data
+
+    none = _by_index(list(data.make_loader(dataset, 2, 0, CROP, "random", seed=7, epochs=2)))
+    two = _by_index(list(data.make_loader(dataset, 2, 2, CROP, "random", seed=7)))
+    assert set(none) == set(range(10)) and len(two) == 8  # each of the 2 workers drops its 5th image
+    for index, images_ in two.items():
+        assert np.array_equal(images_[0], none[index][0])  # epoch 0, with 2 workers or none
+        assert not np.array_equal(none[index][0], none[index][1])  # epoch 1 draws new crops
+    expected, _ = _reference(dataset)
+    assert not all(np.allclose(two[i][0], expected[i], atol=ONE_LEVEL) for i in two)  # not the center crop
