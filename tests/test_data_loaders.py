@@ -20,6 +20,10 @@ from fwbench.datasets import images, transforms
 # Each xdist process is pinned to one core, below the 2 workers some tests start: torch warns, and that is meant.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes:UserWarning")
 CROP, BATCH = 32, 4
+# The xdist process that runs these may have imported JAX or TensorFlow (multithreaded): forking it could
+# deadlock a worker, so the torch loaders' workers start from a fork server (torch's default, fork, is what the
+# data phase's own fresh worker processes use).
+START = "forkserver"
 ONE_LEVEL = 1.0 / (255.0 * float(transforms.STD.min()))  # one uint8 step after normalisation
 
 
@@ -51,7 +55,7 @@ def test_torch_dataloader_batches_are_the_reference(dataset: Path, workers: int)
     from fwbench.frameworks.torch import data
 
     expected, labels = _reference(dataset)
-    batches = list(data.make_loader(dataset, BATCH, workers, CROP))
+    batches = list(data.make_loader(dataset, BATCH, workers, CROP, start_method=START))
     assert len(batches) == len(labels) // BATCH  # the incomplete last batch dropped
     got = np.concatenate([b.numpy() for b, _ in batches]).transpose(0, 2, 3, 1)  # NCHW → NHWC
     assert got.dtype == np.float32 and got.shape == (8, CROP, CROP, 3)
@@ -92,7 +96,7 @@ def test_reference_random_transform_is_seeded_per_sample_and_epoch() -> None:
 def test_torch_random_transform_is_reproducible_whatever_the_workers(dataset: Path) -> None:
     from fwbench.frameworks.torch import data
 
-    loader = data.make_loader(dataset, BATCH, 2, CROP, transform="random", seed=7)
+    loader = data.make_loader(dataset, BATCH, 2, CROP, transform="random", seed=7, start_method=START)
     epoch0, epoch1 = _stack(list(loader), nchw=True), _stack(list(loader), nchw=True)
     again = _stack(list(data.make_loader(dataset, BATCH, 0, CROP, transform="random", seed=7)), nchw=True)
     assert np.array_equal(epoch0, again)  # same seed, same epoch: the same batches with 2 workers or none

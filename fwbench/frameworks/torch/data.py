@@ -72,11 +72,19 @@ class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
 
 def make_loader(
-    folder: Path, batch_size: int, workers: int, crop: int, transform: str = "center-crop", seed: int = 0
+    folder: Path,
+    batch_size: int,
+    workers: int,
+    crop: int,
+    transform: str = "center-crop",
+    seed: int = 0,
+    start_method: str | None = None,
 ) -> torch.utils.data.DataLoader[Any]:
     """A DataLoader over ``folder``'s images in file order, ``workers`` worker processes (0: in this process),
     each keeping two batches prefetched and alive across epochs, the last incomplete batch dropped; each
-    iteration over it is the next epoch (0, 1, ...)."""
+    iteration over it is the next epoch (0, 1, ...). ``start_method``: how workers start (None: DataLoader's
+    default, fork on Linux, what its users get; a process that has imported a multithreaded framework such as
+    JAX or TensorFlow must not fork, and passes "forkserver")."""
     dataset = JpegFolder(folder, crop, transform, seed)
     return torch.utils.data.DataLoader(
         dataset,
@@ -86,4 +94,5 @@ def make_loader(
         prefetch_factor=2 if workers else None,
         persistent_workers=workers > 0,
         drop_last=True,
+        multiprocessing_context=start_method if workers else None,
     )
