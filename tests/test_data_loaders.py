@@ -31,6 +31,9 @@ ONE_LEVEL = 1.0 / (255.0 * float(transforms.STD.min()))  # one uint8 step after 
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("images")
     images.make_images(folder, n=10, size=64, seed=5)
+    from fwbench.frameworks.tensorflow.data import write_tfrecords
+
+    write_tfrecords(folder, images.read_labels(folder), 3)  # 10 images in 3 shards: 4, 3, 3
     return folder
 
 
@@ -63,12 +66,12 @@ def test_torch_dataloader_batches_are_the_reference(dataset: Path, workers: int)
     assert np.concatenate([y.numpy() for _, y in batches]).tolist() == labels[:8]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_tf_data_batches_are_the_reference(dataset: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "source"), [(0, "files"), (2, "files"), (2, "tfrecord")])
+def test_tf_data_batches_are_the_reference(dataset: Path, workers: int, source: str) -> None:
     from fwbench.frameworks.tensorflow import data
 
     expected, labels = _reference(dataset)
-    batches = list(data.make_loader(dataset, BATCH, workers, CROP))
+    batches = list(data.make_loader(dataset, BATCH, workers, CROP, source=source))
     assert len(batches) == len(labels) // BATCH
     got = np.concatenate([b.numpy() for b, _ in batches])
     assert got.dtype == np.float32 and got.shape == (8, CROP, CROP, 3)

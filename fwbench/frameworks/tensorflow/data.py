@@ -54,9 +54,9 @@ def write_tfrecords(folder: Path, labels: list[tuple[str, int]], shards: int) ->
     return paths
 
 
-def _decoded(path: tf.Tensor) -> tf.Tensor:
-    """The JPEG at ``path`` as uint8 (h, w, 3), libjpeg's exact IDCT."""
-    return tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE")
+def _decoded(jpeg: tf.Tensor) -> tf.Tensor:
+    """The JPEG bytes ``jpeg`` as uint8 (h, w, 3), libjpeg's exact IDCT."""
+    return tf.io.decode_jpeg(jpeg, channels=3, dct_method="INTEGER_ACCURATE")
 
 
 def _finish(region: tf.Tensor, crop: int) -> tf.Tensor:
@@ -65,19 +65,19 @@ def _finish(region: tf.Tensor, crop: int) -> tf.Tensor:
     return (resized / 255.0 - transforms.MEAN) / transforms.STD
 
 
-def _center_crop(path: tf.Tensor, crop: int) -> tf.Tensor:
-    """The ``center-crop`` transform of the JPEG file at ``path``: float32 (crop, crop, 3)."""
-    pixels = _decoded(path)
+def _center_crop(jpeg: tf.Tensor, crop: int) -> tf.Tensor:
+    """The ``center-crop`` transform of the JPEG bytes ``jpeg``: float32 (crop, crop, 3)."""
+    pixels = _decoded(jpeg)
     height, width = tf.shape(pixels)[0], tf.shape(pixels)[1]
     side = tf.minimum(height, width)
     return _finish(tf.image.crop_to_bounding_box(pixels, (height - side) // 2, (width - side) // 2, side, side), crop)
 
 
-def _random_crop(path: tf.Tensor, crop: int, seed: tf.Tensor) -> tf.Tensor:
+def _random_crop(jpeg: tf.Tensor, crop: int, seed: tf.Tensor) -> tf.Tensor:
     """The ``random`` transform with TF's own stateless sampling (``stateless_sample_distorted_bounding_box``,
     the Inception crop TF users write: area 8–100%, aspect 3/4–4/3, 10 tries, else the whole image; a stateless
     left-right flip); ``seed`` (2,) int64 is the sample's."""
-    pixels = _decoded(path)
+    pixels = _decoded(jpeg)
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(pixels),
         bounding_boxes=tf.zeros([1, 0, 4]),
@@ -93,6 +93,38 @@ def _random_crop(path: tf.Tensor, crop: int, seed: tf.Tensor) -> tf.Tensor:
     return _finish(tf.image.stateless_random_flip_left_right(region, flip_seed), crop)
 
 
+SOURCES = ("files", "tfrecord")
+_FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def _source(folder: Path, source: str, workers: int) -> tuple[tf.data.Dataset, int]:
+    """(JPEG bytes, label) of ``folder``'s images in file order, and their count. ``files``: each file read by
+    ``tf.io.read_file``; ``tfrecord``: the shards ``fwbench data make`` wrote, read by ``interleave`` over them
+    one record at a time (image i is record i // k of shard i mod k, so the round robin gives file order),
+    ``workers`` shards read in parallel."""
+    labels = images.read_labels(folder)
+    if source == "files":
+        paths = [str(folder / file) for file, _ in labels]
+        files = tf.data.Dataset.from_tensor_slices((paths, np.array([label for _, label in labels], dtype=np.int64)))
+        return files.map(lambda path, label: (tf.io.read_file(path), label)), len(labels)
+    shards = sorted(str(path) for path in (folder / TFRECORDS).glob("*.tfrecord"))
+    if not shards:
+        raise ValueError(f"{folder} has no TFRecord shards ({TFRECORDS}/): write it with fwbench data make images")
+    records = tf.data.Dataset.from_tensor_slices(shards).interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=len(shards),
+        block_length=1,
+        num_parallel_calls=workers or None,
+        deterministic=True,
+    )
+
+    def parsed(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        example = tf.io.parse_single_example(record, _FEATURES)
+        return example["image"], example["label"]
+
+    return records.map(parsed), len(labels)
+
+
 def make_loader(
     folder: Path,
     batch_size: int,
@@ -101,27 +133,27 @@ def make_loader(
     transform: str = "center-crop",
     seed: int = 0,
     epochs: int = 1,
+    source: str = "files",
 ) -> tf.data.Dataset:
-    """A tf.data pipeline over ``folder``'s images in file order, ``epochs`` times: ``workers`` parallel map calls
-    (0: sequential), deterministic order, the last incomplete batch dropped, AUTOTUNE prefetch. The random
-    transform's seed for sample i of epoch e is (seed, e) folded with i: the same whatever the parallelism."""
+    """A tf.data pipeline over ``folder``'s images in file order (from the files or the TFRecord shards),
+    ``epochs`` times: ``workers`` parallel map calls (0: sequential), deterministic order, the last incomplete
+    batch dropped, AUTOTUNE prefetch. The random transform's seed for sample i of epoch e is (seed, e) folded
+    with i: the same whatever the parallelism."""
     if transform not in transforms.TRANSFORMS:
         raise ValueError(f"unknown transform {transform!r}; known: {', '.join(transforms.TRANSFORMS)}")
-    labels = images.read_labels(folder)
-    files = tf.data.Dataset.from_tensor_slices(
-        ([str(folder / file) for file, _ in labels], np.array([label for _, label in labels], dtype=np.int64))
-    )
-    size = len(labels)
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}; known: {', '.join(SOURCES)}")
+    items, size = _source(folder, source, workers)
 
     def transformed(position: tf.Tensor, item: tuple[tf.Tensor, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        path, label = item
+        jpeg, label = item
         if transform == "center-crop":
-            return _center_crop(path, crop), label
+            return _center_crop(jpeg, crop), label
         epoch, index = position // size, position % size
         sample_seed = tf.random.experimental.stateless_fold_in(tf.stack([tf.constant(seed, tf.int64), epoch]), index)
-        return _random_crop(path, crop, sample_seed), label
+        return _random_crop(jpeg, crop, sample_seed), label
 
-    numbered = files.repeat(epochs).enumerate()
+    numbered = items.repeat(epochs).enumerate()
     if workers:
         pipeline = numbered.map(transformed, workers, deterministic=True)
     else:
