@@ -34,6 +34,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fwbench.frameworks.tensorflow.data import write_tfrecords
 
     write_tfrecords(folder, images.read_labels(folder), 3)  # 10 images in 3 shards: 4, 3, 3
+    from fwbench.frameworks.grain.data import write_array_records
+
+    write_array_records(folder, images.read_labels(folder), 3)  # 10 images in 3 files: 4, 4, 2
     return folder
 
 
@@ -135,12 +138,12 @@ def _by_index(batches: list[Any]) -> dict[int, list[np.ndarray]]:
     return found
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_grain_dataloader_images_are_the_reference(dataset: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "source"), [(0, "files"), (2, "files"), (0, "arrayrecord")])
+def test_grain_dataloader_images_are_the_reference(dataset: Path, workers: int, source: str) -> None:
     from fwbench.frameworks.grain import data
 
     expected, labels = _reference(dataset)
-    batches = list(data.make_loader(dataset, BATCH, workers, CROP))
+    batches = list(data.make_loader(dataset, BATCH, workers, CROP, source=source))
     assert sum(len(b[0]) for b in batches) == 8 and all(b[0].shape == (BATCH, CROP, CROP, 3) for b in batches)
     found = _by_index(batches)
     assert len(found) == 8  # each worker drops its own incomplete batch: which 8 depends on the workers

@@ -66,9 +66,13 @@ def test_cli_writes_images_with_tfrecord_shards_tf_data_reads(tmp_path: Path) ->
     out = tmp_path / "new" / "images"  # its folder is created
     done = run_cli("data", "make", "images", "--n", "5", "--size", "16", "--shards", "2", "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert "images-16, 5 images, seed 0, 2 TFRecord shards" in done.stderr
+    assert "images-16, 5 images, seed 0, 2 TFRecord shards, 2 ArrayRecord files" in done.stderr
     manifest = read_manifest(out)
-    assert manifest.arguments["tfrecord_shards"] == 2
+    assert manifest.arguments["tfrecord_shards"] == manifest.arguments["array_record_shards"] == 2
+    assert sorted(name for name in manifest.files if name.startswith("arrayrecords/")) == [
+        "arrayrecords/images-00000-of-00002.array_record",
+        "arrayrecords/images-00001-of-00002.array_record",
+    ]
     shards = sorted(name for name in manifest.files if name.startswith("tfrecords/"))
     assert shards == ["tfrecords/images-00000-of-00002.tfrecord", "tfrecords/images-00001-of-00002.tfrecord"]
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no partial folder left
@@ -92,7 +96,7 @@ def test_cli_writes_images_with_tfrecord_shards_tf_data_reads(tmp_path: Path) ->
         "data", "make", "images", "--n", "5", "--size", "16", "--shards", "2", "--out", str(tmp_path / "again")
     )
     assert again.returncode == 0, again.stderr
-    assert read_manifest(tmp_path / "again").files == manifest.files  # shards included: same bytes
+    assert read_manifest(tmp_path / "again").files == manifest.files  # shards and ArrayRecords too: same bytes
 
 
 @pytest.mark.parametrize(

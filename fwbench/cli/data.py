@@ -42,15 +42,17 @@ def add_parser(commands: Any) -> None:
     kinds = make.add_subparsers(dest="kind", required=True, parser_class=Parser, metavar="KIND")
     image = kinds.add_parser(
         "images",
-        help="JPEG images with labels (+ TFRecord shards)",
+        help="JPEG images with labels (+ TFRecord shards, ArrayRecord files)",
         description="N seeded JPEG images, width and height each within ±25%% of --size, labels.csv, "
-        "TFRecord shards (tfrecords/, when TensorFlow is installed) and manifest.json (every file's SHA-256). "
-        "Same arguments, same bytes.",
+        "TFRecord shards (tfrecords/, when TensorFlow is installed), ArrayRecord files (arrayrecords/, when Grain "
+        "is installed) and manifest.json (every file's SHA-256). Same arguments, same bytes.",
     )
     image.add_argument("--n", type=positive_int, required=True, help="number of images")
     image.add_argument("--size", type=positive_int, default=256, help="typical side in px (default 256, ≥ 8)")
     image.add_argument("--classes", type=positive_int, default=10, help="number of labels (default 10)")
-    image.add_argument("--shards", type=positive_int, default=DEFAULT_SHARDS, help="TFRecord shards (default 8)")
+    image.add_argument(
+        "--shards", type=positive_int, default=DEFAULT_SHARDS, help="TFRecord shards and ArrayRecord files (default 8)"
+    )
     line = kinds.add_parser(
         "text",
         help="text lines for a tokenising pipeline",
@@ -76,15 +78,24 @@ def _write(args: argparse.Namespace, folder: Path) -> tuple[Manifest, str]:
     if args.kind == "text":
         return text.make_text(folder, args.n, args.seed), "no packed variant"
     arguments: dict[str, Any] = images.write_images(folder, args.n, args.size, args.seed, args.classes)
-    packed = "TFRecord shards skipped: tensorflow is not installed"
+    labels, shards, packed = images.read_labels(folder), min(args.shards, args.n), []
     if importlib.util.find_spec("tensorflow") is not None:
         from fwbench.frameworks.tensorflow import data as tensorflow_data  # imports TensorFlow
 
-        shards = min(args.shards, args.n)
-        tensorflow_data.write_tfrecords(folder, images.read_labels(folder), shards)
+        tensorflow_data.write_tfrecords(folder, labels, shards)
         arguments["tfrecord_shards"] = shards
-        packed = f"{shards} TFRecord shards"
-    return write_manifest(folder, "images", images.dataset_name(args.size), arguments), packed
+        packed.append(f"{shards} TFRecord shards")
+    else:
+        packed.append("TFRecord shards skipped: tensorflow is not installed")
+    if importlib.util.find_spec("grain") is not None and importlib.util.find_spec("array_record") is not None:
+        from fwbench.frameworks.grain import data as grain_data  # imports Grain
+
+        grain_data.write_array_records(folder, labels, shards)
+        arguments["array_record_shards"] = shards
+        packed.append(f"{shards} ArrayRecord files")
+    else:
+        packed.append("ArrayRecord files skipped: grain is not installed")
+    return write_manifest(folder, "images", images.dataset_name(args.size), arguments), ", ".join(packed)
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:

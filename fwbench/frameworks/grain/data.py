@@ -1,7 +1,8 @@
 """``grain:dataloader``: a Grain ``DataLoader`` over an image dataset's files, what JAX users feed a training
 loop with.
 
-A random-access source of (JPEG path, label) in file order → an ``IndexSampler`` (one epoch per pass, no
+A random-access source of the images in file order (the files, or the ArrayRecord files ``fwbench data make``
+writes: Grain's packed format) → an ``IndexSampler`` (one epoch per pass, no
 shuffling) → a map transform that decodes with Pillow and applies fwbench.datasets.transforms (``center-crop``:
 the numpy reference itself; ``random``: its crop sampling with the generator Grain hands each record, seeded by
 Grain from the loader's seed and the record's position) → ``Batch``; ``worker_count`` worker processes. A batch
@@ -15,6 +16,8 @@ Grain reads absl flags: they are parsed (program name only) on import when nobod
 
 from __future__ import annotations
 
+import io
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,17 +25,53 @@ from typing import Any
 import grain.python as grain
 import numpy as np
 from absl import flags
+from array_record.python.array_record_module import ArrayRecordWriter
 from PIL import Image
 
 from fwbench.datasets import images, transforms
 
 LAYOUT = "NHWC"
+ARRAY_RECORDS = "arrayrecords"  # the folder of ArrayRecord files inside a dataset folder
+SOURCES = ("files", "arrayrecord")
+_HEADER = struct.Struct("<qq")  # an ArrayRecord record: label, index (little-endian int64), then the JPEG bytes
 
 if not flags.FLAGS.is_parsed():
     flags.FLAGS(sys.argv[:1])
 
 
-Record = tuple[str, int, int]  # (absolute JPEG path, label, index in file order)
+Record = tuple[str | bytes, int, int]  # (absolute JPEG path or JPEG bytes, label, index in file order)
+
+
+def array_record_name(index: int, shards: int) -> str:
+    """The file name of ArrayRecord shard ``index`` of ``shards`` (relative to the arrayrecords folder)."""
+    return f"images-{index:05d}-of-{shards:05d}.array_record"
+
+
+def write_array_records(folder: Path, labels: list[tuple[str, int]], shards: int) -> list[Path]:
+    """Write ``folder/arrayrecords/`` with ``shards`` files holding the images ``labels`` lists ((file, label)
+    relative to ``folder``) in contiguous runs (shard j: images j·⌈n/k⌉ …), so that reading the shards in order
+    gives file order. A record is the label and index as two little-endian int64, then the JPEG bytes."""
+    out = folder / ARRAY_RECORDS
+    out.mkdir(parents=True, exist_ok=True)
+    per_shard = -(-len(labels) // shards)
+    paths = [out / array_record_name(index, shards) for index in range(shards)]
+    for shard, path in enumerate(paths):
+        writer = ArrayRecordWriter(str(path), "group_size:1")
+        try:
+            for index in range(shard * per_shard, min(len(labels), (shard + 1) * per_shard)):
+                file, label = labels[index]
+                writer.write(_HEADER.pack(label, index) + (folder / file).read_bytes())
+        finally:
+            writer.close()
+    return paths
+
+
+class ParseRecord(grain.MapTransform):
+    """An ArrayRecord record's bytes → (JPEG bytes, label, index)."""
+
+    def map(self, element: bytes) -> Record:
+        label, index = _HEADER.unpack_from(element)
+        return element[_HEADER.size :], label, index
 
 
 class JpegSource(grain.RandomAccessDataSource[Record]):
@@ -49,8 +88,9 @@ class JpegSource(grain.RandomAccessDataSource[Record]):
         return self.records[index]
 
 
-def _pixels(path: str) -> np.ndarray:
-    with Image.open(path) as image:
+def _pixels(jpeg: str | bytes) -> np.ndarray:
+    """A JPEG (a file path or its bytes) decoded by Pillow: uint8 (h, w, 3)."""
+    with Image.open(io.BytesIO(jpeg) if isinstance(jpeg, bytes) else jpeg) as image:
         return np.asarray(image.convert("RGB"))
 
 
@@ -87,20 +127,31 @@ def make_loader(
     transform: str = "center-crop",
     seed: int = 0,
     epochs: int = 1,
+    source: str = "files",
 ) -> Any:
-    """A Grain DataLoader over ``folder``'s images in file order, ``epochs`` passes, ``workers`` worker processes
-    (0: in this process) each keeping two batches buffered, the last incomplete batch dropped."""
+    """A Grain DataLoader over ``folder``'s images in file order (from the files or the ArrayRecord files),
+    ``epochs`` passes, ``workers`` worker processes (0: in this process) each keeping two batches buffered, the
+    last incomplete batch dropped."""
     if transform not in transforms.TRANSFORMS:
         raise ValueError(f"unknown transform {transform!r}; known: {', '.join(transforms.TRANSFORMS)}")
-    source = JpegSource(folder)
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}; known: {', '.join(SOURCES)}")
+    parse: list[Any] = []
+    if source == "files":
+        records: Any = JpegSource(folder)
+    else:
+        shards = sorted(str(path) for path in (folder / ARRAY_RECORDS).glob("*.array_record"))
+        if not shards:
+            raise ValueError(f"{folder} has no ArrayRecord files ({ARRAY_RECORDS}/): write it with fwbench data make")
+        records, parse = grain.ArrayRecordDataSource(shards), [ParseRecord()]
     sampler = grain.IndexSampler(
-        num_records=len(source), num_epochs=epochs, shard_options=grain.NoSharding(), shuffle=False, seed=seed
+        num_records=len(records), num_epochs=epochs, shard_options=grain.NoSharding(), shuffle=False, seed=seed
     )
     operation = CenterCrop(crop) if transform == "center-crop" else RandomCrop(crop)
     return grain.DataLoader(
-        data_source=source,
+        data_source=records,
         sampler=sampler,
-        operations=[operation, grain.Batch(batch_size, drop_remainder=True)],
+        operations=[*parse, operation, grain.Batch(batch_size, drop_remainder=True)],
         worker_count=workers,
         worker_buffer_size=2,
     )
