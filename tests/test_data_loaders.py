@@ -36,7 +36,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_tfrecords(folder, images.read_labels(folder), 3)  # 10 images in 3 shards: 4, 3, 3
     from fwbench.frameworks.grain.data import write_array_records
 
-    write_array_records(folder, images.read_labels(folder), 3)  # 10 images in 3 files: 4, 4, 2
+    write_array_records(folder, images.read_labels(folder), 3)  # 10 images in 3 files: 3, 3, 4
     return folder
 
 

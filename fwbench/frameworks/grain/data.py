@@ -49,16 +49,17 @@ def array_record_name(index: int, shards: int) -> str:
 
 def write_array_records(folder: Path, labels: list[tuple[str, int]], shards: int) -> list[Path]:
     """Write ``folder/arrayrecords/`` with ``shards`` files holding the images ``labels`` lists ((file, label)
-    relative to ``folder``) in contiguous runs (shard j: images j·⌈n/k⌉ …), so that reading the shards in order
-    gives file order. A record is the label and index as two little-endian int64, then the JPEG bytes."""
+    relative to ``folder``) in contiguous, balanced runs (shard j: images ⌊j·n/k⌋ to ⌊(j+1)·n/k⌋ − 1, none
+    empty when n ≥ k), so that reading the shards in order gives file order. A record is the label and index as
+    two little-endian int64, then the JPEG bytes."""
     out = folder / ARRAY_RECORDS
     out.mkdir(parents=True, exist_ok=True)
-    per_shard = -(-len(labels) // shards)
+    bounds = [shard * len(labels) // shards for shard in range(shards + 1)]
     paths = [out / array_record_name(index, shards) for index in range(shards)]
     for shard, path in enumerate(paths):
         writer = ArrayRecordWriter(str(path), "group_size:1")
         try:
-            for index in range(shard * per_shard, min(len(labels), (shard + 1) * per_shard)):
+            for index in range(bounds[shard], bounds[shard + 1]):
                 file, label = labels[index]
                 writer.write(_HEADER.pack(label, index) + (folder / file).read_bytes())
         finally:
