@@ -178,3 +178,32 @@ def test_tensorflow_xla_products_run_and_match_fp32(batch: int, seq: int) -> Non
         return run
 
     _check({name: product(function, operands) for name, (function, operands) in functions.items()})
+
+
+def test_tensorflow_xla_bf16_products_are_bfloat16_products_with_float32_results() -> None:
+    """In the graph XLA compiles for a bf16 dense layer's and attention's gradients, every product reads bfloat16
+    and returns float32 (``BatchMatMulV3`` with ``Tout`` float32): the XLA form, not TF's bfloat16 MatMul."""
+    import tensorflow as tf
+
+    from fwbench.frameworks.tensorflow import precision
+
+    o = {name: tf.constant(array) for name, array in _operands(2, 16).items()}
+    x2 = tf.reshape(o["x"], (-1, HIDDEN))
+    q, k, v = (tf.transpose(o[name], (0, 2, 1, 3)) for name in ("q", "k", "v"))
+    mask = tf.zeros((2, 1, 1, 16))
+
+    def gradients(x: Any, kernel: Any, bias: Any, q: Any, k: Any, v: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch((kernel, q, k, v))
+            hidden = tf.cast(precision.dense(x, kernel, bias), tf.float32)
+            context = tf.cast(precision.attention(q, k, v, mask, 0.25), tf.float32)
+            loss = tf.reduce_sum(hidden * tf.sin(hidden)) + tf.reduce_sum(context * tf.sin(context))
+        return tape.gradient(loss, (kernel, q, k, v))
+
+    step = tf.function(precision.scoped("bf16", gradients, xla=True), jit_compile=True)
+    graph = step.get_concrete_function(x2, o["kernel"], o["bias"], q, k, v).graph
+    products = [op for op in graph.get_operations() if op.type in ("MatMul", "BatchMatMulV2", "BatchMatMulV3")]
+    assert len(products) == 9, [op.type for op in products]  # dense: 1 + 2 gradient; attention: 2 + 4 gradient
+    for op in products:
+        assert op.type == "BatchMatMulV3" and op.get_attr("Tout") == tf.float32, op
+        assert [t.dtype for t in op.inputs] == [tf.bfloat16, tf.bfloat16], op

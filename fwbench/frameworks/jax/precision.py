@@ -61,6 +61,9 @@ def _contract_bf16(spec: str, a: jax.Array, b: jax.Array, result_dtype: Any) -> 
     """
     inputs, result = spec.split("->")
     a_spec, b_spec = inputs.split(",")
+    lone = [i for i in a_spec + b_spec if (i in a_spec) + (i in b_spec) + (i in result) < 2]
+    if "." in spec or lone or set(result) - set(a_spec + b_spec):
+        raise ValueError(f"{spec!r}: every index of a contraction must be in two or three of its terms, no ellipsis")
     free = [index for index in result if not (index in a_spec and index in b_spec)]
     if free and free[0] in b_spec:  # the result's leading free index is b's: b is the product's left operand
         (a_spec, a), (b_spec, b) = (b_spec, b), (a_spec, a)
@@ -94,7 +97,7 @@ def _contract_bf16(spec: str, a: jax.Array, b: jax.Array, result_dtype: Any) -> 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
 def _contract(spec: str, a: jax.Array, b: jax.Array, result_dtype: Any) -> jax.Array:
     """The policy's contraction of bfloat16 ``a`` and ``b`` (``spec``: a two-operand einsum without ellipsis whose
-    indices each appear in two of its three terms): float32 accumulation (XLA's CPU backend runs a bfloat16 dot
+    indices each appear in two or three of its terms: summed, free or batch): float32 accumulation (XLA's CPU backend runs a bfloat16 dot
     with a float32 result on its bf16 kernels, one with a bfloat16 result as a float32 dot of upcast operands), the
     result rounded to ``result_dtype``. Its gradients are the same kind of contraction of the bfloat16-rounded cotangent,
     as torch autocast's backward: bfloat16 operands, float32 accumulation, bfloat16 gradients."""
@@ -150,7 +153,7 @@ def conv(x: jax.Array, kernel: jax.Array, **conv_arguments: Any) -> jax.Array:
         return lax.conv_general_dilated(x.astype(low), kernel.astype(low), **conv_arguments)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
     """softmax(q·kᵀ/√d where ``mask``)·v of (B, S, heads, d) operands, ``mask`` (B, 1, 1 or S, S) bool (True:
     attend). fp32: ``jax.nn.dot_product_attention``. bf16: its numerics (bfloat16 operands, float32 scores and
     softmax, bfloat16 probabilities for P·V) with both products in the policy's contraction form."""
@@ -160,7 +163,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
             return jax.nn.dot_product_attention(q, k, v, mask=mask)
         scores = _contract("btnh,bsnh->bnts", q.astype(low), k.astype(low), jnp.float32)
         scores = scores * jnp.float32(1.0 / math.sqrt(q.shape[-1]))
-        scores = jnp.where(mask, scores, jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))  # as JAX masks
+        if mask is not None:  # as JAX masks
+            scores = jnp.where(mask, scores, jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
         probabilities = jax.nn.softmax(scores, axis=-1).astype(low)
         return _contract("bnts,bsnh->btnh", probabilities, v.astype(low), low)
 
