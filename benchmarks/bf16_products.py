@@ -44,7 +44,34 @@ def _tensorflow_call(compiled: Callable[..., Any], operands: tuple[Any, ...]) ->
     tf.nest.map_structure(lambda t: t.numpy(), compiled(*operands))
 
 
-def jax_cases() -> dict[str, dict[str, Callable[[], Any]]]:
+Calls = dict[str, dict[str, Callable[[], Any]]]  # case name → {policy: one call of the compiled case}
+
+
+def policy_calls(
+    dense: Callable[..., Any],
+    attention: Callable[..., Any],
+    backward: Callable[[Callable[..., Any]], Callable[..., Any]],
+    operands: dict[str, Any],
+    compile_under: Callable[[str, Callable[..., Any]], Callable[..., Any]],
+    call: Callable[[Callable[..., Any], tuple[Any, ...]], None],
+) -> Calls:
+    """The four cases of one framework, each compiled under the fp32 and the bf16 policy: ``operands`` x, w, g
+    (the dense layer's cotangent), q, k, v, c (attention's); ``compile_under(dtype, function)`` compiles
+    ``function`` under a policy, ``call(compiled, operands)`` runs it once and waits."""
+    o = operands
+    cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+        "dense forward": (dense, (o["x"], o["w"])),
+        "dense forward+backward": (backward(dense), (o["x"], o["w"], o["g"])),
+        "attention forward": (attention, (o["q"], o["k"], o["v"])),
+        "attention forward+backward": (backward(attention), (o["q"], o["k"], o["v"], o["c"])),
+    }
+    return {
+        name: {dtype: functools.partial(call, compile_under(dtype, function), args) for dtype in ("fp32", "bf16")}
+        for name, (function, args) in cases.items()
+    }
+
+
+def jax_cases() -> Calls:
     """Case name → {policy: a call that runs the jitted case once and waits for it}."""
     import jax
     import jax.numpy as jnp
@@ -77,22 +104,15 @@ def jax_cases() -> dict[str, dict[str, Callable[[], Any]]]:
 
         return forward_backward
 
-    cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
-        "dense forward": (dense, (x, w)),
-        "dense forward+backward": (backward(dense), (x, w, g)),
-        "attention forward": (attention, (q, k, v)),
-        "attention forward+backward": (backward(attention), (q, k, v, c)),
-    }
-    out: dict[str, dict[str, Callable[[], Any]]] = {}
-    for name, (function, operands) in cases.items():
-        out[name] = {}
-        for dtype in ("fp32", "bf16"):
-            compiled = jax.jit(precision.scoped(dtype, function))
-            out[name][dtype] = functools.partial(_jax_call, compiled, operands)
-    return out
+    operands = {"x": x, "w": w, "g": g, "q": q, "k": k, "v": v, "c": c}
+
+    def compile_under(dtype: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        return jax.jit(precision.scoped(dtype, function))
+
+    return policy_calls(dense, attention, backward, operands, compile_under, _jax_call)
 
 
-def tensorflow_cases() -> dict[str, dict[str, Callable[[], Any]]]:
+def tensorflow_cases() -> Calls:
     """As :func:`jax_cases`, in TensorFlow with XLA (attention operands (8, 12, 128, 64), TF's layout)."""
     import numpy as np
     import tensorflow as tf
@@ -127,19 +147,12 @@ def tensorflow_cases() -> dict[str, dict[str, Callable[[], Any]]]:
 
         return forward_backward
 
-    cases: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
-        "dense forward": (dense, (x, w)),
-        "dense forward+backward": (backward(dense), (x, w, g)),
-        "attention forward": (attention, (q, k, v)),
-        "attention forward+backward": (backward(attention), (q, k, v, c)),
-    }
-    out: dict[str, dict[str, Callable[[], Any]]] = {}
-    for name, (function, operands) in cases.items():
-        out[name] = {}
-        for dtype in ("fp32", "bf16"):
-            compiled = tf.function(precision.scoped(dtype, function, xla=True), jit_compile=True)
-            out[name][dtype] = functools.partial(_tensorflow_call, compiled, operands)
-    return out
+    operands = {"x": x, "w": w, "g": g, "q": q, "k": k, "v": v, "c": c}
+
+    def compile_under(dtype: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        return tf.function(precision.scoped(dtype, function, xla=True), jit_compile=True)
+
+    return policy_calls(dense, attention, backward, operands, compile_under, _tensorflow_call)
 
 
 def ratio_of_medians(calls: dict[str, Callable[[], Any]], repeats: int) -> tuple[float, float]:

@@ -14,12 +14,13 @@ from rich.markup import escape
 
 from fwbench import __version__
 from fwbench.cli.common import DB_HELP, directory, positive_float, positive_int, terminate_on_sigterm
+from fwbench.cli.run import plan_choices
 from fwbench.measure import environment
 from fwbench.profile.cells import profiled_cell
 from fwbench.report.profile_table import profile_groups, profile_tables
 from fwbench.report.table import make_console
 from fwbench.runner.outcome import run_worker
-from fwbench.runner.planner import PlanChoices, resolve_plan
+from fwbench.runner.planner import resolve_plan
 from fwbench.spec import RUNNABLE_DTYPES, Case
 from fwbench.store import DEFAULT_DB, Store
 
@@ -71,23 +72,7 @@ def trace_folder(out: Path, case: Case) -> Path:
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    settings: dict[str, Any] = {"rounds": 1}
-    if args.threads is not None:
-        settings["threads"] = args.threads
-    if args.timeout is not None:
-        settings["timeout_s"] = args.timeout
-    plan = resolve_plan(
-        PlanChoices(
-            models=args.models,
-            runtimes=args.runtimes,
-            batch_sizes=args.batch_sizes,
-            seq_lens=args.seq_lens,
-            phase=args.phase,
-            dtype=args.dtype,
-            device=args.device,
-            settings=settings,
-        )
-    )
+    plan = resolve_plan(plan_choices(args, {"rounds": 1}))  # one worker per cell: no rounds to interleave
     terminate_on_sigterm()
     out = Path(args.out)
     with Store.open(args.db) as store:

@@ -6,7 +6,7 @@ import argparse
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,12 +211,16 @@ def add_parser(commands: Any) -> None:
     )
 
 
-def plan_choices(args: argparse.Namespace) -> PlanChoices:
-    """The flags of ``fwbench run`` as the planner's choices (None: not given)."""
-    settings = {field: getattr(args, flag) for flag, field in SETTINGS_FLAGS.items() if getattr(args, flag) is not None}
+def plan_choices(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> PlanChoices:
+    """The flags of ``fwbench run``, or of a command that has some of them (``profile``), as the planner's choices
+    (None: not given; a flag the command lacks counts as not given), its settings over the command's own
+    ``defaults`` (settings fields)."""
+    given = {
+        field: getattr(args, flag) for flag, field in SETTINGS_FLAGS.items() if getattr(args, flag, None) is not None
+    }
     return PlanChoices(
-        suite=args.suite,
-        config=args.config,
+        suite=getattr(args, "suite", None),
+        config=getattr(args, "config", None),
         models=args.models,
         runtimes=args.runtimes,
         batch_sizes=args.batch_sizes,
@@ -224,7 +228,7 @@ def plan_choices(args: argparse.Namespace) -> PlanChoices:
         phase=args.phase,
         dtype=args.dtype,
         device=args.device,
-        settings=settings,
+        settings={**(defaults or {}), **given},
     )
 
 

@@ -90,15 +90,26 @@ def random_crop_box(rng: np.random.Generator, height: int, width: int) -> tuple[
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def random_params(seed: int, epoch: int, index: int, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
-    """The crop box and whether to flip, for sample ``index`` of ``epoch`` under ``seed``."""
-    rng = sample_rng(seed, epoch, index)
+def check_transform(name: str) -> None:
+    """ValueError (one line) unless ``name`` is one of TRANSFORMS."""
+    if name not in TRANSFORMS:
+        raise ValueError(f"unknown transform {name!r}; known: {', '.join(TRANSFORMS)}")
+
+
+def random_params(rng: np.random.Generator, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
+    """The crop box and whether to flip, drawn from ``rng`` in that order (a sample's generator:
+    :func:`sample_rng`, or the one Grain hands a record)."""
     box = random_crop_box(rng, height, width)
     return box, bool(rng.random() < 0.5)
 
 
-def random_crop(image: np.ndarray, crop: int, seed: int, epoch: int, index: int) -> np.ndarray:
-    """The ``random`` transform of a uint8 (h, w, 3) image, sample ``index`` of ``epoch``: float32 (crop, crop, 3)."""
-    (top, left, h, w), flip = random_params(seed, epoch, index, image.shape[0], image.shape[1])
+def random_crop_from(image: np.ndarray, crop: int, rng: np.random.Generator) -> np.ndarray:
+    """The ``random`` transform of a uint8 (h, w, 3) image with the numbers of ``rng``: float32 (crop, crop, 3)."""
+    (top, left, h, w), flip = random_params(rng, image.shape[0], image.shape[1])
     resized = resize_bilinear(image[top : top + h, left : left + w], crop, crop)
     return normalise(resized[:, ::-1] if flip else resized)
+
+
+def random_crop(image: np.ndarray, crop: int, seed: int, epoch: int, index: int) -> np.ndarray:
+    """The ``random`` transform of a uint8 (h, w, 3) image, sample ``index`` of ``epoch``: float32 (crop, crop, 3)."""
+    return random_crop_from(image, crop, sample_rng(seed, epoch, index))

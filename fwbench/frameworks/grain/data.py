@@ -114,10 +114,7 @@ class RandomCrop(grain.RandomMapTransform):
 
     def random_map(self, element: Record, rng: np.random.Generator) -> tuple[np.ndarray, int, int]:
         path, label, index = element
-        pixels = _pixels(path)
-        top, left, height, width = transforms.random_crop_box(rng, pixels.shape[0], pixels.shape[1])
-        resized = transforms.resize_bilinear(pixels[top : top + height, left : left + width], self.crop, self.crop)
-        return transforms.normalise(resized[:, ::-1] if rng.random() < 0.5 else resized), label, index
+        return transforms.random_crop_from(_pixels(path), self.crop, rng), label, index
 
 
 def make_loader(
@@ -133,8 +130,7 @@ def make_loader(
     """A Grain DataLoader over ``folder``'s images in file order (from the files or the ArrayRecord files),
     ``epochs`` passes, ``workers`` worker processes (0: in this process) each keeping two batches buffered, the
     last incomplete batch dropped."""
-    if transform not in transforms.TRANSFORMS:
-        raise ValueError(f"unknown transform {transform!r}; known: {', '.join(transforms.TRANSFORMS)}")
+    transforms.check_transform(transform)
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; known: {', '.join(SOURCES)}")
     parse: list[Any] = []

@@ -139,8 +139,7 @@ def make_loader(
     ``epochs`` times: ``workers`` parallel map calls (0: sequential), deterministic order, the last incomplete
     batch dropped, AUTOTUNE prefetch. The random transform's seed for sample i of epoch e is (seed, e) folded
     with i: the same whatever the parallelism."""
-    if transform not in transforms.TRANSFORMS:
-        raise ValueError(f"unknown transform {transform!r}; known: {', '.join(transforms.TRANSFORMS)}")
+    transforms.check_transform(transform)
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; known: {', '.join(SOURCES)}")
     items, size = _source(folder, source, workers)

@@ -43,8 +43,7 @@ class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     the loader's worker processes when it has some), keyed by (epoch, index)."""
 
     def __init__(self, folder: Path, crop: int, transform: str, seed: int) -> None:
-        if transform not in transforms.TRANSFORMS:
-            raise ValueError(f"unknown transform {transform!r}; known: {', '.join(transforms.TRANSFORMS)}")
+        transforms.check_transform(transform)
         self.folder, self.crop, self.transform, self.seed = folder, crop, transform, seed
         self.labels = images.read_labels(folder)
 
@@ -58,7 +57,8 @@ class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             pixels = np.array(image.convert("RGB"))  # a writable copy: torch.from_numpy shares it
         flip = False
         if self.transform == "random":
-            (top, left, height, width), flip = transforms.random_params(self.seed, epoch, index, *pixels.shape[:2])
+            rng = transforms.sample_rng(self.seed, epoch, index)
+            (top, left, height, width), flip = transforms.random_params(rng, *pixels.shape[:2])
         else:
             top, left, height = transforms.central_square(pixels.shape[0], pixels.shape[1])
             width = height
