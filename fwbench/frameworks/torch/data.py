@@ -46,6 +46,8 @@ class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         transforms.check_transform(transform)
         self.folder, self.crop, self.transform, self.seed = folder, crop, transform, seed
         self.labels = images.read_labels(folder)
+        self.mean = torch.from_numpy(transforms.MEAN).view(3, 1, 1)  # made once, not per image
+        self.std = torch.from_numpy(transforms.STD).view(3, 1, 1)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -66,9 +68,7 @@ class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         chw = region.permute(2, 0, 1).unsqueeze(0).to(torch.float32)  # (1, 3, height, width)
         resized = F.interpolate(chw, size=(self.crop, self.crop), mode="bilinear", align_corners=False, antialias=False)
         image_chw = torch.flip(resized[0], dims=(2,)) if flip else resized[0]
-        mean = torch.from_numpy(transforms.MEAN).view(3, 1, 1)
-        std = torch.from_numpy(transforms.STD).view(3, 1, 1)
-        return (image_chw / 255.0 - mean) / std, label
+        return (image_chw / 255.0 - self.mean) / self.std, label
 
 
 def make_loader(
