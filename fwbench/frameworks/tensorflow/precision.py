@@ -74,8 +74,9 @@ def _accumulated(a: tf.Tensor, b: tf.Tensor, transpose_a: bool = False, transpos
 
 
 def _xla_product(a: tf.Tensor, b: tf.Tensor, transpose_b: bool, result_dtype: tf.DType) -> tf.Tensor:
-    """a·b (or a·bᵀ) of bfloat16 operands with equal batch dimensions (no broadcasting), accumulated in float32 and returned in ``result_dtype``;
-    its gradients the same kind of products of the bfloat16-rounded upstream gradient, returned in bfloat16."""
+    """a·b (or a·bᵀ) of bfloat16 operands with equal batch dimensions (no broadcasting), accumulated in float32
+    and returned in ``result_dtype``; its gradients the same kind of products of the bfloat16-rounded upstream
+    gradient, returned in bfloat16."""
     if a.shape.rank != b.shape.rank or a.shape[:-2] != b.shape[:-2]:
         raise ValueError(
             f"operands of shapes {a.shape} and {b.shape}: the product's gradient needs equal batch dimensions"
