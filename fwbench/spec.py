@@ -14,22 +14,27 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-Phase = Literal["inference", "training", "fit"]
+Phase = Literal["inference", "training", "fit", "data"]
 Dtype = Literal["fp32", "bf16"]
 Device = Literal["cpu", "cuda"]
 Protocol = Literal["adaptive", "hf2019"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
 OptimizerKind = Literal["sgd", "adamw"]  # phase training; hyperparameters in fwbench.models.training.OPTIMIZERS
 Status = Literal["ok", "oom", "timeout", "error", "skipped", "mismatch"]
+Transform = Literal["random", "center-crop"]  # phase data: fwbench.datasets.transforms
+DataSource = Literal["files", "packed"]  # phase data: the JPEG files, or the loader's packed format
+FitSource = Literal["memory", "input"]  # phase fit: the seeded in-memory dataset, or the data phase's images
 
 PHASES: tuple[str, ...] = get_args(Phase)
 # What the workers can run today; the other phases come with their backends. bf16 is one mixed-precision policy
 # in every framework (fwbench.precision; docs/precision.md).
-RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training", "fit")
+RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training", "fit", "data")
 RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 # Phase training: bf16 is the same policy, float32 master weights and update. Phase fit: fp32.
 TRAINING_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 FIT_DTYPES: tuple[str, ...] = ("fp32",)
+# Phase data: the loaders hand the models float32 images.
+DATA_DTYPES: tuple[str, ...] = ("fp32",)
 # Largest batch size, sequence length or count accepted (fits every store column and framework index).
 MAX_COUNT = 2**31 - 1
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -38,6 +43,9 @@ PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 OPTIMIZER_KINDS: tuple[str, ...] = get_args(OptimizerKind)
 STATUSES: tuple[str, ...] = get_args(Status)
+TRANSFORMS: tuple[str, ...] = get_args(Transform)
+DATA_SOURCES: tuple[str, ...] = get_args(DataSource)
+FIT_SOURCES: tuple[str, ...] = get_args(FitSource)
 
 
 class SpecError(ValueError):
@@ -56,7 +64,9 @@ def _check_positive_int(name: str, value: object) -> None:
 
 @dataclass(frozen=True, order=True)
 class Case:
-    """One cell of a sweep. ``seq_len`` is None for models without a sequence axis."""
+    """One cell of a sweep. ``seq_len`` is None for models without a sequence axis. Phase data: ``model`` is the
+    dataset's name (e.g. ``images-256``), ``runtime`` the loader and ``workers`` its worker count (None in every
+    other phase)."""
 
     model: str
     runtime: str
@@ -65,9 +75,16 @@ class Case:
     seq_len: int | None = None
     dtype: Dtype = "fp32"
     device: Device = "cpu"
+    workers: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("phase", self.phase, PHASES)
+        if (self.phase == "data") != (self.workers is not None):
+            raise SpecError("a worker count belongs to phase data cells, and every phase data cell has one")
+        if self.workers is not None and (
+            not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 0 <= self.workers <= MAX_COUNT
+        ):
+            raise SpecError(f"workers must be an integer from 0 to {MAX_COUNT}, got {self.workers!r}")
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("device", self.device, DEVICES)
         _check_positive_int("batch size", self.batch_size)
@@ -78,7 +95,8 @@ class Case:
     def key(self) -> str:
         """A stable text key, unique within a run (used as the store's uniqueness key)."""
         seq = "-" if self.seq_len is None else str(self.seq_len)
-        return "|".join([self.model, self.runtime, self.phase, str(self.batch_size), seq, self.dtype, self.device])
+        parts = [self.model, self.runtime, self.phase, str(self.batch_size), seq, self.dtype, self.device]
+        return "|".join(parts if self.workers is None else [*parts, f"w{self.workers}"])
 
     @property
     def framework(self) -> str:
@@ -92,8 +110,19 @@ class Case:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     def label(self) -> str:
-        shape = f"b={self.batch_size}" + ("" if self.seq_len is None else f" s={self.seq_len}")
-        return f"{self.model} {self.runtime} {self.phase} {shape} {self.dtype}"
+        return f"{self.model} {self.runtime} {self.phase} {self.shape} {self.dtype}"
+
+    @property
+    def shape(self) -> str:
+        """``b=8 s=128``, ``b=32 w=2``: the batch size, then the sequence length or worker count where set."""
+        return shape_text(self.batch_size, self.seq_len, self.workers)
+
+
+def shape_text(batch_size: int, seq_len: int | None, workers: int | None = None) -> str:
+    """A cell's shape in words: ``b=8``, ``b=8 s=128`` or (phase data) ``b=32 w=2``."""
+    return (
+        f"b={batch_size}" + ("" if seq_len is None else f" s={seq_len}") + ("" if workers is None else f" w={workers}")
+    )
 
 
 @dataclass(frozen=True)
@@ -155,6 +184,40 @@ class Settings:
         },
     )
 
+    data_input: str | None = field(
+        default=None,
+        metadata={"help": "phase data: the dataset folder (fwbench data make images); None: the default dataset"},
+    )
+    crop: int = field(default=224, metadata={"help": "phase data: side of the square images a loader hands out, px"})
+    transform: Transform = field(
+        default="random",
+        metadata={"help": "phase data: random (random-resized crop + flip) or center-crop (deterministic)"},
+    )
+    data_batches: int = field(
+        default=64, metadata={"help": "phase data: batches timed per round, after the first batch and warm-up"}
+    )
+    data_source: DataSource = field(
+        default="files",
+        metadata={
+            "help": "phase data: the JPEG files (every loader), or the loader's packed format (TFRecord, "
+            "ArrayRecord; DataLoader reads the files either way)"
+        },
+    )
+    fit_source: FitSource = field(
+        default="memory",
+        metadata={
+            "help": "phase fit: memory (the seeded in-memory dataset) or input (the data phase's images through "
+            "the framework's own loader, --input or the default dataset; given --input, the default)"
+        },
+    )
+    fit_workers: int = field(
+        default=1, metadata={"help": "phase fit from input: the loader's workers (0: the training process decodes)"}
+    )
+    skip_corrupt: bool = field(
+        default=False,
+        metadata={"help": "phase data: leave out images that do not decode (counted) instead of failing the cell"},
+    )
+
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)
         _check_positive_int("interop threads", self.interop_threads)
@@ -172,6 +235,17 @@ class Settings:
         ):
             raise SpecError(f"settle time must be a number of seconds from 0 to 10, got {self.settle_s!r}")
         _check_positive_int("epochs", self.epochs)
+        _check_positive_int("crop", self.crop)
+        _check_positive_int("data batches", self.data_batches)
+        _check_choice("transform", self.transform, TRANSFORMS)
+        _check_choice("data source", self.data_source, DATA_SOURCES)
+        _check_choice("fit source", self.fit_source, FIT_SOURCES)
+        if not isinstance(self.fit_workers, int) or isinstance(self.fit_workers, bool) or self.fit_workers < 0:
+            raise SpecError(f"fit workers must be an integer of at least 0, got {self.fit_workers!r}")
+        if not isinstance(self.skip_corrupt, bool):
+            raise SpecError(f"skip corrupt must be true or false, got {self.skip_corrupt!r}")
+        if self.data_input is not None and (not isinstance(self.data_input, str) or not self.data_input):
+            raise SpecError(f"data input must be a folder path, got {self.data_input!r}")
         _check_positive_int("fit samples", self.fit_samples)
         if self.epochs < 2:
             raise SpecError(f"epochs must be at least 2 (epoch 1 includes compilation), got {self.epochs}")

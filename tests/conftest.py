@@ -80,6 +80,7 @@ LONG_FILES = (
     "test_compiled_runtimes.py",
     "test_end_to_end.py",
     "test_deploy.py",
+    "test_data_phase.py",
 )
 
 

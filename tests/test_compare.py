@@ -134,6 +134,7 @@ def test_runs_from_two_databases_and_environment_differences(
             "seq_len": None,
             "dtype": "fp32",
             "device": "cpu",
+            "workers": None,
             "status": "ok",
             "reason": None,
         }

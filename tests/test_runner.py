@@ -224,9 +224,9 @@ def test_each_phase_is_found_by_name_in_its_own_module() -> None:
 def test_an_unknown_phase_is_a_clear_error() -> None:
     from fwbench.runner.phases import UnknownPhase, get_phase
 
-    expected = r"^phase 'data' is not implemented; implemented phases: inference, training, fit$"
+    expected = r"^phase 'ddp' is not implemented; implemented phases: inference, training, fit, data$"
     with pytest.raises(UnknownPhase, match=expected):
-        get_phase("data")
+        get_phase("ddp")
     assert issubclass(UnknownPhase, NotImplementedError)  # in a worker: status error, with this reason
 
 

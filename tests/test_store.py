@@ -350,7 +350,7 @@ def test_migration_2_keeps_runs_of_schema_1_readable(db_path: Path) -> None:
         )
     conn.close()
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         base, other = store.results([1])
     assert base.blocks == () and base.rounds is None and base.schedule is None and base.group_key is None
     assert base.noise is None and base.machine is None and base.contended == []
@@ -399,7 +399,7 @@ def test_migration_3_keeps_runs_of_schema_2_benchmark_runs(db_path: Path) -> Non
     )
     conn.close()
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         (run,) = store.runs()
         assert run.kind == "benchmark" and store.latest_run_id() == 1 and store.latest_run_id("profile") is None
         profile_run = store.create_run(PLAN, "fwbench profile", {}, "0", kind="profile")
@@ -407,3 +407,22 @@ def test_migration_3_keeps_runs_of_schema_2_benchmark_runs(db_path: Path) -> Non
         assert store.profiles() == [] and store.results([profile_run]) == []
         with pytest.raises(sqlite3.IntegrityError):  # the kind is a closed set
             store.create_run(PLAN, "fwbench x", {}, "0", kind="other")
+
+
+def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
+    """A database of schema 3 gains results.workers: its rows read as None (not a data cell), and a data cell's
+    worker count is stored and read back with its key."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    assert migrate(conn, MIGRATIONS[:3]) == 3
+    conn.close()
+    data_case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
+    with Store.open(db_path) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        run_id = store.create_run(PLAN, "fwbench run", {}, "0")
+        with store.transaction():
+            store.add_result(run_id, PLAN.cases[0], {"status": "ok"}, [0.01], {})
+            store.add_result(run_id, data_case, {"status": "ok"}, [0.2], {})
+        plain, data = store.results([run_id])
+    assert plain.workers is None and plain.case_key == PLAN.cases[0].key
+    assert data.workers == 2 and data.case_key == data_case.key and data.phase == "data"

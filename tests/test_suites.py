@@ -21,7 +21,17 @@ def _run_args(*argv: str) -> argparse.Namespace:
 
 
 def test_builtin_suites_all_load_and_plan() -> None:
-    assert builtin_suites() == ["bf16", "bf16-training", "deploy", "hf2019", "mlp", "quick", "runtimes", "training"]
+    assert builtin_suites() == [
+        "bf16",
+        "bf16-training",
+        "data",
+        "deploy",
+        "hf2019",
+        "mlp",
+        "quick",
+        "runtimes",
+        "training",
+    ]
     for name in builtin_suites():
         plan = suite_plan(load_suite(name), threads=1)
         assert plan.cases and plan.suite == name
@@ -150,7 +160,7 @@ def test_bad_settings_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
         (
             '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nprocs = 2\n',
             "[[grid]] 1: unknown keys ['procs']; allowed: ['batch_sizes', 'device', 'dtype', 'models', 'phase', "
-            "'runtimes', 'seq_lens']",
+            "'runtimes', 'seq_lens', 'workers']",
         ),
         (
             '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = 1\n',

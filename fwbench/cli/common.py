@@ -80,6 +80,14 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def non_negative_int(text: str) -> int:
+    """An integer from 0 up to MAX_COUNT, ASCII digits only (a seed, a worker count)."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 0 to {MAX_COUNT}")
+    return int(digits)
+
+
 def fraction(text: str) -> float:
     """A non-negative finite number (0.05 = 5%)."""
     try:

@@ -15,19 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fwbench.cli.common import Parser, positive_int
+from fwbench.cli.common import Parser, non_negative_int, positive_int
 from fwbench.datasets import images, text
 from fwbench.datasets.manifest import Manifest, write_manifest
 from fwbench.spec import SpecError
 
 DEFAULT_SHARDS = 8
-
-
-def seed(value: str) -> int:
-    """A seed: an integer ≥ 0."""
-    if not (value.isascii() and value.isdigit()):
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer of at least 0")
-    return int(value)
 
 
 def add_parser(commands: Any) -> None:
@@ -61,7 +54,7 @@ def add_parser(commands: Any) -> None:
     line.add_argument("--n", type=positive_int, required=True, help="number of lines")
     for parser in (image, line):
         parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="a new or empty folder")
-        parser.add_argument("--seed", type=seed, default=0, help="default 0")
+        parser.add_argument("--seed", type=non_negative_int, default=0, help="default 0")
 
 
 def _check_out(out: Path) -> None:

@@ -10,7 +10,15 @@ from typing import Any
 from fwbench.frameworks import runtimes
 from fwbench.measure import environment
 from fwbench.models import all_models
-from fwbench.report.listing import SuiteRow, fit_table, models_table, runtimes_table, suites_table, training_table
+from fwbench.report.listing import (
+    SuiteRow,
+    data_table,
+    fit_table,
+    models_table,
+    runtimes_table,
+    suites_table,
+    training_table,
+)
 from fwbench.report.table import make_console
 from fwbench.runner.estimate import NOMINAL_FLOPS_PER_S_PER_THREAD, estimate_plan_s, format_estimate
 from fwbench.runner.planner import suite_plan
@@ -50,6 +58,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     console.print(runtimes_table(registered))
     console.print(training_table(models, registered))
     console.print(fit_table(models, registered))
+    console.print(data_table(registered))
     threads = environment.physical_core_count()
     console.print(suites_table(suite_rows(threads), threads, NOMINAL_FLOPS_PER_S_PER_THREAD))
     return 0

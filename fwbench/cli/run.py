@@ -19,11 +19,20 @@ from fwbench.cli.common import (
     directory,
     given,
     non_negative_float,
+    non_negative_int,
     on_off,
     positive_float,
     positive_int,
     resolve_run,
     terminate_on_sigterm,
+)
+from fwbench.datasets.folders import (
+    DEFAULT_IMAGES,
+    DEFAULT_SIZE,
+    DatasetError,
+    cache_folder,
+    default_folder,
+    ensure_default,
 )
 from fwbench.measure import environment
 from fwbench.report.peak import latest_peak
@@ -33,7 +42,18 @@ from fwbench.runner.estimate import estimate_cell_s, format_estimate
 from fwbench.runner.manager import CellOutcome, Listener, execute
 from fwbench.runner.planner import PlanChoices, check_threads_fit, resolve_plan
 from fwbench.runner.progress import sweep_progress
-from fwbench.spec import COMPILE_MODES, OPTIMIZER_KINDS, PHASES, PROTOCOLS, RUNNABLE_DTYPES, Plan, SpecError
+from fwbench.spec import (
+    COMPILE_MODES,
+    DATA_SOURCES,
+    FIT_SOURCES,
+    OPTIMIZER_KINDS,
+    PHASES,
+    PROTOCOLS,
+    RUNNABLE_DTYPES,
+    TRANSFORMS,
+    Plan,
+    SpecError,
+)
 from fwbench.store import DEFAULT_DB, Store
 from fwbench.suites import DEFAULT_SUITE, builtin_suites
 
@@ -57,8 +77,18 @@ SETTINGS_FLAGS = {
     "rounds": "rounds",
     "interleave": "interleave",
     "settle": "settle_s",
+    "input": "data_input",
+    "crop": "crop",
+    "transform": "transform",
+    "data_batches": "data_batches",
+    "data_source": "data_source",
+    "skip_corrupt": "skip_corrupt",
+    "fit_source": "fit_source",
+    "fit_workers": "fit_workers",
 }
-GRID_FLAGS = ("suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "phase", "dtype", "device")
+GRID_FLAGS = (
+    "suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "workers", "phase", "dtype", "device",
+)  # fmt: skip
 
 
 def add_parser(commands: Any) -> None:
@@ -81,12 +111,18 @@ def add_parser(commands: Any) -> None:
     grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
     grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a sequence axis")
     grid.add_argument(
+        "--workers",
+        help="--phase data: comma-separated loader worker counts, e.g. 0,1,2 (0: the loader's own process; "
+        "tf.data: parallel map calls); default 0",
+    )
+    grid.add_argument(
         "--phase",
         choices=PHASES,
         help="inference (default), training (one optimizer step per "
-        "timed call; bf16: mixed precision, float32 master weights) or fit (fp32; --epochs over a seeded "
+        "timed call; bf16: mixed precision, float32 master weights), fit (fp32; --epochs over a seeded "
         "in-memory dataset with each runtime's training loop: model.fit, Trainer.fit or a manual loop; "
-        "one sample per epoch); overrides the suite's and every [[grid]]'s own phase",
+        "one sample per epoch) or data (an input pipeline's batches of a JPEG dataset: torch:dataloader, "
+        "tensorflow:data, grain:dataloader; one call per batch); overrides the suite's and every [[grid]]'s own phase",
     )
     grid.add_argument(
         "--dtype", choices=RUNNABLE_DTYPES, help="default: fp32; overrides the suite's and every [[grid]]'s own dtype"
@@ -180,6 +216,53 @@ def add_parser(commands: Any) -> None:
         "ModelCheckpoint (the last epoch's .ckpt in that version's checkpoints/); default: both off, "
         "nothing written",
     )
+    data = run.add_argument_group("--phase data (input pipelines; other phases ignore these)")
+    data.add_argument(
+        "--input",
+        metavar="DIR",
+        help="a dataset folder written by `fwbench data make images` (its name is the cells' model); default: "
+        f"{DEFAULT_IMAGES} images of {DEFAULT_SIZE} px, written once into {cache_folder()}",
+    )
+    data.add_argument("--crop", type=positive_int, metavar="PX", help="side of the images handed out (default 224)")
+    data.add_argument(
+        "--transform",
+        choices=TRANSFORMS,
+        help="random (default): random-resized crop (scale 0.08-1, ratio 3/4-4/3) and horizontal flip, seeded per "
+        "image and epoch; center-crop: the central square (deterministic; the loaders agree on it)",
+    )
+    data.add_argument(
+        "--data-batches",
+        type=positive_int,
+        metavar="N",
+        help="batches timed per round, in 8 blocks, after the first batch and the warm-up (default 64)",
+    )
+    data.add_argument(
+        "--data-source",
+        choices=DATA_SOURCES,
+        help="files (default): every loader reads the JPEG files; packed: tf.data reads the TFRecord shards and "
+        "Grain the ArrayRecord files (DataLoader reads the files either way)",
+    )
+    data.add_argument(
+        "--fit-source",
+        choices=FIT_SOURCES,
+        help="--phase fit: memory (the seeded in-memory dataset; the default without --input) or input (the images "
+        "of --input or the default dataset through each framework's own loader, cropped to the model's image size: "
+        "torch:eager ← DataLoader, tensorflow:function ← tf.data, jax:jit ← Grain; the default with --input), with "
+        "the fraction of each epoch its loop waited for data",
+    )
+    data.add_argument(
+        "--fit-workers",
+        type=non_negative_int,
+        metavar="N",
+        help="--phase fit from input: the loader's workers (tf.data: parallel calls; default 1)",
+    )
+    data.add_argument(
+        "--skip-corrupt",
+        action="store_const",
+        const=True,
+        help="leave out images that do not decode (stored as details.data.corrupt_files) instead of failing the "
+        "cell with the first one's name",
+    )
     limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
     limits.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
     limits.add_argument(
@@ -225,6 +308,7 @@ def plan_choices(args: argparse.Namespace, defaults: Mapping[str, Any] | None = 
         runtimes=args.runtimes,
         batch_sizes=args.batch_sizes,
         seq_lens=args.seq_lens,
+        workers=getattr(args, "workers", None),
         phase=args.phase,
         dtype=args.dtype,
         device=args.device,
@@ -266,6 +350,21 @@ def tensorboard_listener(
     return listen
 
 
+def check_dataset(plan: Plan) -> None:
+    """A plan with phase data cells: write the default dataset if it reads it and it is missing; SpecError when
+    its folder is gone (a resumed run's --input)."""
+    if not any(case.phase == "data" for case in plan.cases) or plan.settings.data_input is None:
+        return
+    folder = Path(plan.settings.data_input)
+    try:
+        if folder == default_folder():
+            ensure_default(folder)
+        elif not folder.is_dir():
+            raise SpecError(f"--input {folder}: no such folder")
+    except DatasetError as exc:
+        raise SpecError(str(exc)) from None
+
+
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_tensorboard_dir(args.tensorboard)
     if args.resume is not None:
@@ -276,8 +375,10 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         record = resolve_run(store, args.resume, args.db, "--resume")
         plan, run_id = record.plan, record.id
         check_threads_fit(plan.settings)
+        check_dataset(plan)
     else:
         plan = plan_from_args(args)
+        check_dataset(plan)
         store = Store.open(args.db)
         run_id = store.create_run(plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__)
     terminate_on_sigterm()

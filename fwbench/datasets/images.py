@@ -86,7 +86,8 @@ def make_images(out: Path, n: int, size: int, seed: int = 0, classes: int = 10) 
     return write_manifest(out, "images", dataset_name(size), write_images(out, n, size, seed, classes))
 
 
-def read_labels(folder: Path) -> list[tuple[str, int]]:
-    """(file relative to ``folder``, label) of every image of a dataset folder, in file order."""
+def read_labels(folder: Path, exclude: frozenset[str] = frozenset()) -> list[tuple[str, int]]:
+    """(file relative to ``folder``, label) of every image of a dataset folder but those in ``exclude``, in file
+    order."""
     with (folder / LABELS).open(newline="") as stream:
-        return [(row["file"], int(row["label"])) for row in csv.DictReader(stream)]
+        return [(row["file"], int(row["label"])) for row in csv.DictReader(stream) if row["file"] not in exclude]

@@ -25,7 +25,7 @@ from fwbench.frameworks.base import (
     import_arch,
     import_fit,
 )
-from fwbench.spec import FIT_DTYPES, RUNNABLE_DTYPES, TRAINING_DTYPES, Settings, SpecError
+from fwbench.spec import DATA_DTYPES, FIT_DTYPES, RUNNABLE_DTYPES, TRAINING_DTYPES, Settings, SpecError
 
 PLUGINS_ENV = "FWBENCH_PLUGINS"
 PLUGIN_GROUP = "fwbench.plugins"
@@ -49,6 +49,8 @@ class RuntimeInfo:
     phases: tuple[str, ...] = ("inference",)
     training: str = ""
     fit: str = ""  # phase fit: the training loop it runs (<package>/fit.py)
+    data: str = ""  # phase data: the input pipeline it times (<package>/data.py; such a runtime has no backend)
+    fit_loader: str = ""  # phase fit from images (--input): the loader runtime its fit loop reads through
     dtypes: tuple[str, ...] = ("fp32",)  # the case dtypes (spec.Dtype) it computes in
     native: bool = False  # its framework's own, plainest fast runtime (one per framework)
     extras: tuple[str, ...] = ()  # the fwbench pip extras that install ``requires``; empty: (framework,)
@@ -107,23 +109,32 @@ def _builtin(
     package: str = "",
     artefact: str = "",
     artefact_suffix: str = "",
+    data: str = "",
+    fit_loader: str = "",
 ) -> None:
     """A built-in runtime; ``training`` (what one timed training call is) gives it phase training, ``fit``
     (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains. Built-in backends compute
     in fp32 and bf16 unless ``dtypes`` says otherwise (phase fit: fp32 only, see :func:`dtype_unsupported`);
     ``package``: where its model files are when not its own framework's (an engine running another
-    framework's export); ``artefact``: what ``fwbench export`` writes for it."""
-    phases = (*(("inference",) if inference else ()), *(("training",) if training else ()), *(("fit",) if fit else ()))
+    framework's export); ``artefact``: what ``fwbench export`` writes for it. ``data`` (the pipeline it times)
+    makes a loader runtime: phase data only, its ``module`` the framework package's ``data.py``."""
+    phases = (
+        *(("inference",) if inference and not data else ()),
+        *(("training",) if training else ()),
+        *(("fit",) if fit else ()),
+        *(("data",) if data else ()),
+    )
     register_runtime(
         RuntimeInfo(
             f"{framework}:{mode}",
-            f"{BUILTIN_PACKAGE}.{framework}.backend",
+            f"{BUILTIN_PACKAGE}.{framework}.{'data' if data else 'backend'}",
             requires,
             description,
             note,
             phases,
             training,
             fit,
+            data,
             dtypes=dtypes,
             native=native,
             extras=extras,
@@ -132,6 +143,7 @@ def _builtin(
             package=package,
             artefact=artefact,
             artefact_suffix=artefact_suffix,
+            fit_loader=fit_loader,
         )
     )
 
@@ -146,10 +158,18 @@ def dtype_unsupported(info: RuntimeInfo, phase: str, dtype: str) -> str | None:
     has ``phase`` at all is :func:`phase_unsupported`)."""
     if dtype not in info.dtypes:
         return f"{info.name} cannot compute in {dtype} (it computes in {', '.join(info.dtypes)})"
-    phase_dtypes = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES}.get(phase, RUNNABLE_DTYPES)
+    phase_dtypes = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES, "data": DATA_DTYPES}.get(phase, RUNNABLE_DTYPES)
     if dtype not in phase_dtypes:
         return f"phase {phase} computes in {', '.join(phase_dtypes)} only, not {dtype}"
     return None
+
+
+def fit_input_unsupported(info: RuntimeInfo) -> str | None:
+    """None when the runtime's fit loop can read the data phase's images (--phase fit --input), else why not."""
+    if info.fit_loader:
+        return missing_requirement(get_runtime(info.fit_loader))
+    readers = ", ".join(i.name for i in runtimes().values() if i.fit_loader)
+    return f"{info.name}'s fit loop does not read --input images yet (these do: {readers})"
 
 
 def native_runtime(framework: str) -> str | None:
@@ -172,6 +192,7 @@ _builtin(
     fit="manual DataLoader loop: for x, y in DataLoader(TensorDataset, batch_size, shuffle=False): zero_grad, "
     "forward + F.cross_entropy, backward, torch.optim step, eagerly",
     native=True,
+    fit_loader="torch:dataloader",
 )
 _builtin(
     "torch",
@@ -182,6 +203,7 @@ _builtin(
     "DataLoader; accelerator cpu, 1 device, checkpointing, logger, progress bar and model summary off",
     inference=False,
     extras=("torch", "lightning"),
+    fit_loader="torch:dataloader",
 )
 _builtin(
     "torch",
@@ -232,6 +254,7 @@ _builtin(
     fit="manual custom loop: for x, y in tf.data.Dataset.from_tensor_slices(...).batch(batch_size): the "
     "tf.function step (GradientTape, a Keras 3 optimizer's apply_gradients)",
     native=True,
+    fit_loader="tensorflow:data",
     startup_s=5.5,
     compile_s=0.5,
 )
@@ -323,6 +346,7 @@ _builtin(
     fit="manual loop over numpy batch slices: the jitted value_and_grad + optax step, parameters and "
     "optimizer state donated and carried",
     native=True,
+    fit_loader="grain:dataloader",
     compile_s=0.5,
 )
 KERAS_FIT = (
@@ -343,6 +367,7 @@ _builtin(
     fit=KERAS_FIT,
     extras=("keras", "tensorflow"),
     startup_s=6.0,
+    fit_loader="tensorflow:data",
     compile_s=1.0,
 )
 _builtin(
@@ -356,6 +381,7 @@ _builtin(
     fit=KERAS_FIT,
     extras=("keras", "jax"),
     startup_s=6.0,
+    fit_loader="grain:dataloader",
     compile_s=1.0,
 )
 _builtin(
@@ -368,6 +394,49 @@ _builtin(
     fit=KERAS_FIT,
     extras=("keras", "torch"),
     startup_s=6.0,
+)
+
+LOADER_DESCRIPTION = "an input pipeline (phase data only): one timed call is the next batch out of the loader"
+LOADER_NOTE = (
+    "its worker processes inherit the cell worker's CPU affinity (its --threads cores) and share them, none "
+    "pinned to a core of its own"
+)
+_builtin(
+    "torch",
+    "dataloader",
+    ("torch", "PIL"),
+    LOADER_DESCRIPTION,
+    LOADER_NOTE,
+    data="torch.utils.data.DataLoader(num_workers=W, prefetch_factor=2, persistent_workers=True) over a map-style "
+    "Dataset that decodes each JPEG with Pillow and resizes with F.interpolate (bilinear, no antialiasing); "
+    "batches NCHW; W=0 decodes in the cell's process",
+    dtypes=("fp32",),
+)
+_builtin(
+    "tensorflow",
+    "data",
+    ("tensorflow",),
+    LOADER_DESCRIPTION,
+    LOADER_NOTE,
+    data="tf.data: file paths (or, with --data-source packed, the TFRecord shards read by interleave) → "
+    "map(read, decode_jpeg INTEGER_ACCURATE, crop, tf.image.resize bilinear, flip, normalise; num_parallel_calls=W, "
+    "deterministic; W=0: AUTOTUNE, what a plain map becomes by tf.data's default map_parallelization) → batch → "
+    "prefetch(AUTOTUNE); W are threads in the cell's process; batches NHWC",
+    dtypes=("fp32",),
+    startup_s=5.5,
+)
+_builtin(
+    "grain",
+    "dataloader",
+    ("grain", "PIL"),
+    LOADER_DESCRIPTION,
+    LOADER_NOTE,
+    data="grain.DataLoader(worker_count=W, worker_buffer_size=2) over the files (or, with --data-source packed, the "
+    "ArrayRecord files), an IndexSampler in file order, map transforms decoding with Pillow and the numpy "
+    "reference transforms; batches NHWC; W=0 decodes in the cell's process",
+    dtypes=("fp32",),
+    extras=("data",),
+    startup_s=3.0,
 )
 
 

@@ -15,12 +15,16 @@ batch size (the sample count must be a multiple of it), with the training loss o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
+from fwbench.datasets import images, transforms
 from fwbench.models.base import ModelDescription
 from fwbench.models.training import reference_loss
 
@@ -118,3 +122,72 @@ def agreement(final: dict[str, float], reference: dict[str, float], model: str |
         "loss_rtol": rtol,
         "accuracy_atol": atol,
     }
+
+
+# -- phase fit from the data phase's images (Settings.fit_source "input") ----------------------------------------
+@dataclass(frozen=True)
+class LoaderInput:
+    """What a framework's fit loop reads instead of the in-memory arrays: the images of ``folder`` (a dataset of
+    ``fwbench data make images``) through the framework's own loader (``<package>/data.py``: DataLoader, tf.data,
+    Grain), ``workers`` workers, the ``transform`` cropped to ``crop`` px (the model's image size), seeded; the
+    last incomplete batch of an epoch dropped; ``exclude``: files left out (corrupt, --skip-corrupt)."""
+
+    folder: str
+    crop: int
+    transform: str
+    workers: int
+    seed: int
+    exclude: frozenset[str] = frozenset()
+
+
+def image_fit_dataset(folder: Path, crop: int, exclude: frozenset[str] = frozenset()) -> FitDataset:
+    """The evaluation set of a fit from images: every image of ``folder`` (but ``exclude``) through the numpy
+    ``center-crop`` reference, NCHW ``pixel_values`` (n, 3, crop, crop) float32 as the models take them, and its
+    labels (n,) int32 (labels.csv). The epochs read the images through a loader instead (:class:`LoaderInput`);
+    the final loss and accuracy are of this set."""
+    labels = images.read_labels(folder, exclude)
+    pixels = np.empty((len(labels), 3, crop, crop), dtype=np.float32)
+    for index, (file, _) in enumerate(labels):
+        with Image.open(folder / file) as image:
+            pixels[index] = transforms.center_crop(np.asarray(image.convert("RGB")), crop).transpose(2, 0, 1)
+    return FitDataset({"pixel_values": pixels}, np.array([label for _, label in labels], dtype=np.int32))
+
+
+class WaitClock:
+    """Seconds a fit loop waited for its next batch, epoch by epoch: from the end of the previous step (its
+    result ready) or the epoch's start, to the batch in hand. A loop calls :meth:`start_epoch`, then per step
+    :meth:`batch_ready` once it holds the batch and :meth:`step_done` once the step's result is ready, and
+    :meth:`end_epoch`."""
+
+    def __init__(self) -> None:
+        self.epoch_wait_s: list[float] = []
+        self.waits_s: list[float] = []  # every step's wait, all epochs
+        self._mark = 0.0
+        self._epoch = 0.0
+
+    def start_epoch(self) -> None:
+        self._epoch, self._mark = 0.0, time.perf_counter()
+
+    def batch_ready(self) -> None:
+        wait = time.perf_counter() - self._mark
+        self._epoch += wait
+        self.waits_s.append(wait)
+
+    def step_done(self) -> None:
+        self._mark = time.perf_counter()
+
+    def end_epoch(self) -> None:
+        self.epoch_wait_s.append(self._epoch)
+
+    def report(self, epoch_s: list[float], loader: str, layout: str) -> dict[str, Any]:
+        """``details.fit.input``: the loader, per-epoch waits and their fraction of the epoch (epochs 2.., the
+        samples, give ``wait_fraction``), and the longest single wait."""
+        later = [w / s for w, s in zip(self.epoch_wait_s[1:], epoch_s[1:]) if s > 0]
+        return {
+            "loader": loader,
+            "layout": layout,
+            "epoch_wait_s": self.epoch_wait_s,
+            "wait_fraction": sum(later) / len(later) if later else None,
+            "max_step_wait_s": max(self.waits_s, default=0.0),
+            "measured_as": "per step, from the previous step's result being ready to the next batch in hand",
+        }

@@ -1,6 +1,6 @@
 """Comparing two stored runs (``fwbench compare RUN_A RUN_B``), e.g. to gate a CI job on regressions.
 
-Cells match by (model, runtime, phase, batch size, sequence length, dtype, device). Per matched cell:
+Cells match by (model, runtime, phase, batch size, sequence length, dtype, device, loader workers). Per matched cell:
 the time ratio B/A of the two cells' round-level estimates (> 1: B is slower), its 95% CI and two-sided p-value
 from the rounds of both runs (Student-t, Welch; :mod:`fwbench.measure.rounds`), Holm-adjusted over every cell
 both runs completed with a p-value. The CI counts the variation between worker processes, so two runs of the
@@ -21,10 +21,10 @@ from rich.markup import escape
 
 from fwbench.report.summary import ALPHA, cell_key, estimates, geometric_mean_ci, runtimes_in, sample_median
 from fwbench.report.table import TableData, plain, ratio_text
-from fwbench.report.units import format_seconds_noise
+from fwbench.report.units import format_seconds_noise, second_axis_text
 from fwbench.store import ResultRecord, RunRecord
 
-COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device")
+COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
 DEFAULT_THRESHOLD = 0.05
 Verdict = Literal["regression", "improvement", "within threshold", "not significant", "broken", "fixed", "not ok"]
 SETTINGS_KEYS = (
@@ -66,6 +66,7 @@ class CellChange:
     p_adjusted: float | None
     significant: bool
     verdict: Verdict
+    workers: int | None = None  # phase data: the loaders' worker count
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ def compare_results(
             r.device,
             r.batch_size,
             -1 if r.seq_len is None else r.seq_len,
+            -1 if r.workers is None else r.workers,
         ),
     )
     pairs = [(by_key_b[cell_key(row, COMPARE_KEY)], row) for row in ordered if cell_key(row, COMPARE_KEY) in by_key_b]
@@ -195,6 +197,7 @@ def compare_results(
                 seq_len=a.seq_len,
                 dtype=a.dtype,
                 device=a.device,
+                workers=a.workers,
                 status_a=a.status,
                 status_b=b.status,
                 reason_a=a.reason,
@@ -334,7 +337,7 @@ def comparison_tables(comparison: RunComparison, label_a: str, label_b: str) -> 
                 escape(c.runtime),
                 *(escape(str(getattr(c, key))) for key, _ in varying),
                 str(c.batch_size),
-                "—" if c.seq_len is None else str(c.seq_len),
+                second_axis_text(c.seq_len, c.workers),
                 format_seconds_noise(c.median_a_s, None, None)
                 if c.median_a_s is not None
                 else f"N/A {escape(c.status_a)}",
@@ -375,7 +378,7 @@ def comparison_tables(comparison: RunComparison, label_a: str, label_b: str) -> 
                     [escape(str(getattr(row, k))) if getattr(row, k) is not None else "—" for k in COMPARE_KEY[:3]]
                     + [
                         str(row.batch_size),
-                        "—" if row.seq_len is None else str(row.seq_len),
+                        second_axis_text(row.seq_len, row.workers),
                         escape(row.dtype),
                         escape(row.device),
                         escape(row.status),

@@ -23,6 +23,7 @@ CSV_COLUMNS = (
     "phase",
     "batch_size",
     "seq_len",
+    "workers",
     "dtype",
     "device",
     "status",
@@ -112,8 +113,8 @@ def _file_part(value: object) -> str:
 def spreadsheet_tables(results: Sequence[ResultRecord]) -> dict[str, list[list[str]]]:
     """The 2019 spreadsheet layout: one table per model × runtime (× run, phase, dtype, device where the
     results hold several), keyed by file name (``bert-base_torch_eager.csv``, ``..._run2_bf16.csv``).
-    Rows are batch sizes, columns sequence lengths (one ``median_s`` column for a model without a sequence
-    axis); a cell is the median in seconds per call, or ``N/A`` where the cell did not run ok or was not
+    Rows are batch sizes, columns sequence lengths (phase data: loader workers; one ``median_s`` column for a model
+    without a sequence axis); a cell is the median in seconds per call, or ``N/A`` where the cell did not run ok or was not
     run. Every table of a model (within a run, phase, dtype and device) has the same grid: the union of
     its batch sizes and sequence lengths over all runtimes."""
     varying = [name for name in SPLIT_FIELDS if len({getattr(row, name) for row in results}) > 1]
@@ -123,12 +124,13 @@ def spreadsheet_tables(results: Sequence[ResultRecord]) -> dict[str, list[list[s
     tables: dict[str, list[list[str]]] = {}
     for (model, *split), rows in groups.items():
         batches = sorted({row.batch_size for row in rows})
-        seqs = sorted({row.seq_len for row in rows if row.seq_len is not None})
-        has_seq = any(row.seq_len is not None for row in rows)
+        second = "workers" if any(row.workers is not None for row in rows) else "seq_len"  # phase data: workers
+        seqs = sorted({getattr(row, second) for row in rows if getattr(row, second) is not None})
+        has_seq = bool(seqs)
         values = dict(zip(SPLIT_FIELDS, split))
         suffix = "".join(f"_{'run' if name == 'run_id' else ''}{_file_part(values[name])}" for name in varying)
         for runtime in dict.fromkeys(row.runtime for row in rows):
-            cells = {(row.batch_size, row.seq_len): row for row in rows if row.runtime == runtime}
+            cells = {(row.batch_size, getattr(row, second)): row for row in rows if row.runtime == runtime}
 
             def value(batch: int, seq: int | None, cells: dict[tuple[int, int | None], ResultRecord] = cells) -> str:
                 row = cells.get((batch, seq))
@@ -136,7 +138,7 @@ def spreadsheet_tables(results: Sequence[ResultRecord]) -> dict[str, list[list[s
                     return NOT_AVAILABLE
                 return repr(float(row.median_s))
 
-            header = ["batch_size\\seq_len", *map(str, seqs)] if has_seq else ["batch_size", "median_s"]
+            header = [f"batch_size\\{second}", *map(str, seqs)] if has_seq else ["batch_size", "median_s"]
             body = [[str(b), *(value(b, s) for s in (seqs if has_seq else [None]))] for b in batches]
             name = f"{_file_part(model)}_{_file_part(runtime)}{suffix}"
             while f"{name}.csv" in tables:  # two store names that sanitise alike keep a file each

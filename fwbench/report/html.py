@@ -56,6 +56,7 @@ from fwbench.report.summary import (
 from fwbench.report.table import throughput_headers
 from fwbench.report.throughput import format_rate, throughput
 from fwbench.report.units import format_bytes, format_fraction, format_gflops, format_seconds, format_seconds_noise
+from fwbench.spec import shape_text
 from fwbench.store import ResultRecord, RunRecord
 
 PLOT_GROUP_FIELDS = ("run_id", "model", "phase", "dtype", "device")  # one plot section per group
@@ -105,8 +106,12 @@ def mpl_text(value: Any) -> str:
     return str(value).replace("$", r"\$")
 
 
-def _shape(batch: int, seq: int | None) -> str:
-    return f"b={batch}" + ("" if seq is None else f" s={seq}")
+def _second_axis(cells: Sequence[ResultRecord | CellComparison]) -> tuple[str, str]:
+    """The attribute beside the batch size that tells ``cells`` apart and its axis label: the loaders' worker count
+    for phase data cells, else the sequence length."""
+    if any(c.workers is not None for c in cells):
+        return "workers", "loader workers"
+    return "seq_len", "sequence length"
 
 
 def _ratio(value: float | None) -> str:
@@ -147,7 +152,8 @@ def heatmap_figure(pairs: Sequence[tuple[str, list[CellComparison]]], baseline: 
     hatched grey with the status; numbers in parentheses are not significant."""
     everything = [c for _, cells in pairs for c in cells]
     batches = sorted({c.batch_size for c in everything})
-    seqs = sorted({c.seq_len for c in everything}, key=lambda v: (v is not None, v or 0))
+    second, second_label = _second_axis(everything)
+    seqs = sorted({getattr(c, second) for c in everything}, key=lambda v: (v is not None, v or 0))
     logs = [abs(math.log2(c.ratio)) for c in everything if c.ratio and math.isfinite(c.ratio) and c.ratio > 0]
     limit = max([0.25, *logs])
     norm = Normalize(-limit, limit)
@@ -180,7 +186,7 @@ def heatmap_figure(pairs: Sequence[tuple[str, list[CellComparison]]], baseline: 
                 continue
             runtime, cells = pairs[index]
             data = np.full((len(batches), len(seqs)), np.nan)
-            by_pos = {(batches.index(c.batch_size), seqs.index(c.seq_len)): c for c in cells}
+            by_pos = {(batches.index(c.batch_size), seqs.index(getattr(c, second))): c for c in cells}
             for (i, j), cell in by_pos.items():
                 if cell.ratio is not None and math.isfinite(cell.ratio) and cell.ratio > 0:
                     data[i, j] = math.log2(cell.ratio)
@@ -207,7 +213,7 @@ def heatmap_figure(pairs: Sequence[tuple[str, list[CellComparison]]], baseline: 
             )
             ax.set_yticks(range(len(batches)), [str(b) for b in batches] if index % ncols == 0 else [], fontsize=8)
             if index >= len(pairs) - ncols:
-                ax.set_xlabel("sequence length", fontsize=8)
+                ax.set_xlabel(second_label, fontsize=8)
             if index % ncols == 0:
                 ax.set_ylabel("batch", fontsize=8)
             ax.set_title(mpl_text(runtime), fontsize=9)
@@ -233,17 +239,18 @@ def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: s
     """Latency (median, CI band) and peak RSS against the shape, one line per runtime; x is the axis with
     more values (batch or sequence length), one panel per value of the other (at most MAX_LINE_PANELS).
     Returns the ``<img>`` and a sentence saying which panels are shown."""
-    batches, seqs = _axis_values(rows, "batch_size"), _axis_values(rows, "seq_len")
-    x_key, panel_key = ("batch_size", "seq_len") if len(batches) >= len(seqs) else ("seq_len", "batch_size")
-    x_label = "batch size" if x_key == "batch_size" else "sequence length"
-    panel_values = seqs if panel_key == "seq_len" else batches
+    second, second_label = _second_axis(rows)
+    batches, seqs = _axis_values(rows, "batch_size"), _axis_values(rows, second)
+    x_key, panel_key = ("batch_size", second) if len(batches) >= len(seqs) else (second, "batch_size")
+    x_label = "batch size" if x_key == "batch_size" else second_label
+    panel_values = seqs if panel_key == second else batches
     shown = _pick(panel_values, MAX_LINE_PANELS)
-    panel_name = "s" if panel_key == "seq_len" else "b"
+    panel_name = {"seq_len": "s", "workers": "w"}.get(panel_key, "b")
     note = (
         ""
         if len(shown) == len(panel_values)
         else (
-            f"Panels for {len(shown)} of {len(panel_values)} {'sequence lengths' if panel_key == 'seq_len' else 'batch sizes'}"
+            f"Panels for {len(shown)} of {len(panel_values)} {second_label + 's' if panel_key == second else 'batch sizes'}"
             f" ({', '.join(str(v) for v in shown)}); every cell is in the tables."
         )
     )
@@ -299,7 +306,7 @@ def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: s
                 ]
                 if memory:
                     bottom.plot(*zip(*memory), marker="o", markersize=3, color=colour, linewidth=1.2)
-            if xs_all and max(xs_all) / min(xs_all) >= 4:
+            if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:  # worker counts start at 0: linear
                 bottom.set_xscale("log", base=2)
             if xs_all and len(xs_all) <= MAX_TICKS:
                 bottom.set_xticks(xs_all, [str(x) for x in xs_all], minor=False)
@@ -365,7 +372,7 @@ def _cell_label(row: ResultRecord, multi_run: bool) -> list[str]:
     return ([esc(row.run_id)] if multi_run else []) + [
         esc(row.model),
         esc(row.runtime),
-        esc(_shape(row.batch_size, row.seq_len)),
+        esc(shape_text(row.batch_size, row.seq_len, row.workers)),
     ]
 
 
@@ -451,7 +458,9 @@ def _grouped(
     and every shape; returns (cells, table rows)."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for r in rows:
-        groups.setdefault((r.run_id, r.model, r.runtime, *what(r)), []).append(_shape(r.batch_size, r.seq_len))
+        groups.setdefault((r.run_id, r.model, r.runtime, *what(r)), []).append(
+            shape_text(r.batch_size, r.seq_len, r.workers)
+        )
     table = [
         ([esc(key[0])] if multi_run else []) + [esc(k) for k in key[1:]] + [str(len(shapes)), esc(", ".join(shapes))]
         for key, shapes in groups.items()
@@ -631,6 +640,7 @@ def results_section(
     rate_headers = throughput_headers(results)  # training cells: samples/s (tokens/s); none for inference only
     first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
     precision = precision_flags(results)
+    workers = any(r.workers is not None for r in results)  # phase data: the loaders' worker count
     headers = [
         "run",
         "model",
@@ -638,6 +648,7 @@ def results_section(
         "phase",
         "batch",
         "seq",
+        *(["workers"] if workers else []),
         "dtype",
         "device",
         "status",
@@ -676,6 +687,7 @@ def results_section(
                 esc(r.phase),
                 esc(r.batch_size),
                 esc(r.seq_len),
+                *([esc(r.workers)] if workers else []),
                 esc(r.dtype),
                 esc(r.device),
                 esc(r.status) if ok else f"<b>{esc(r.status)}</b>",
@@ -693,7 +705,8 @@ def results_section(
             ]
         )
         classes.append("" if ok and not is_noisy(r) else ("noisy" if ok else "bad"))
-    numeric = [0, 4, 5, *range(9, len(headers) - 1)]  # every column from the median on, but the note
+    extra = int(workers)  # the workers column shifts the ones after it
+    numeric = [0, 4, 5, *range(5, 5 + extra), *range(9 + extra, len(headers) - 1)]  # from the median on, but the note
     peak_note = (
         ""
         if peak is None

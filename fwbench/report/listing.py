@@ -3,7 +3,7 @@ the fit loops, and the suites with their cell counts and rough time estimates.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.table import Table
@@ -50,34 +50,41 @@ def runtimes_table(runtimes: Mapping[str, RuntimeInfo]) -> Table:
     return table
 
 
-def training_table(models: Mapping[str, ModelDescription], runtimes: Mapping[str, RuntimeInfo]) -> Table:
-    """The runtimes with phase training and what one timed call of each is."""
-    table = Table(
-        title="--phase training: one timed call is one optimizer step (models: "
-        + ", ".join(n for n, m in models.items() if m.training_unsupported() is None)
-        + ")"
-    )
-    for column in ("runtime", "what one timed training call is"):
+def _phase_table(
+    title: str, runtimes: Mapping[str, RuntimeInfo], phase: str, columns: Mapping[str, Callable[[RuntimeInfo], str]]
+) -> Table:
+    """The runtimes with ``phase``, one column per ``columns`` entry (header → what it shows of a runtime)."""
+    table = Table(title=title)
+    for column in ("runtime", *columns):
         table.add_column(column)
     for name, info in runtimes.items():
-        if "training" in info.phases:
-            table.add_row(name, info.training)
+        if phase in info.phases:
+            table.add_row(name, *(show(info) for show in columns.values()))
     return table
+
+
+def training_table(models: Mapping[str, ModelDescription], runtimes: Mapping[str, RuntimeInfo]) -> Table:
+    """The runtimes with phase training and what one timed call of each is."""
+    trained = ", ".join(n for n, m in models.items() if m.training_unsupported() is None)
+    title = f"--phase training: one timed call is one optimizer step (models: {trained})"
+    return _phase_table(title, runtimes, "training", {"what one timed training call is": lambda i: i.training})
 
 
 def fit_table(models: Mapping[str, ModelDescription], runtimes: Mapping[str, RuntimeInfo]) -> Table:
-    """The runtimes with phase fit and the training loop each runs."""
-    table = Table(
-        title="--phase fit: --epochs over a seeded in-memory dataset, one sample per epoch (models: "
-        + ", ".join(n for n, m in models.items() if m.fit_unsupported() is None)
-        + ")"
+    """The runtimes with phase fit, the training loop each runs and the loader it reads --input images with."""
+    fitted = ", ".join(n for n, m in models.items() if m.fit_unsupported() is None)
+    title = f"--phase fit: --epochs over a seeded in-memory dataset, one sample per epoch (models: {fitted})"
+    columns = {"the training loop": lambda i: i.fit, "--input images through": lambda i: i.fit_loader or "—"}
+    return _phase_table(title, runtimes, "fit", columns)
+
+
+def data_table(runtimes: Mapping[str, RuntimeInfo]) -> Table:
+    """The loader runtimes (phase data) and the pipeline each times."""
+    title = (
+        "--phase data: one timed call is one batch of decoded, cropped, flipped and normalised float32 images "
+        "(models: the dataset's name, e.g. images-256; --workers is a grid axis)"
     )
-    for column in ("runtime", "the training loop"):
-        table.add_column(column)
-    for name, info in runtimes.items():
-        if "fit" in info.phases:
-            table.add_row(name, info.fit)
-    return table
+    return _phase_table(title, runtimes, "data", {"the input pipeline": lambda i: i.data})
 
 
 def suites_table(rows: Sequence[SuiteRow], threads: int, nominal_flops_per_s_per_thread: float) -> Table:

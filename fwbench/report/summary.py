@@ -35,7 +35,7 @@ ALPHA = 0.05  # family-wise error rate of the per-pair significance claims
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-KEY_FIELDS = ("run_id", "model", "phase", "batch_size", "seq_len", "dtype", "device")
+KEY_FIELDS = ("run_id", "model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
 GROUP_FIELDS = ("run_id", "phase", "dtype", "device")  # a pair summary never pools across these
 DEFAULT_BASELINE = "torch:eager"
 
@@ -73,6 +73,7 @@ class CellComparison:
     significant: bool
     rounds: int | None = None  # rounds behind the ratio
     pairs: int | None = None  # paired blocks behind it (None: not paired)
+    workers: int | None = None  # phase data: the loaders' worker count
 
     @property
     def comparable(self) -> bool:
@@ -249,6 +250,7 @@ def _comparisons(
                 seq_len=base.seq_len,
                 dtype=base.dtype,
                 device=base.device,
+                workers=base.workers,
                 baseline=baseline,
                 runtime=runtime,
                 baseline_status=base.status,

@@ -81,6 +81,19 @@ def _median_cell(row: ResultRecord) -> str:
     return f"[yellow]{text}[/]" if is_noisy(row) else text
 
 
+def _loader_cells(row: ResultRecord) -> list[str]:
+    """A phase data row's loader figures: the peak PSS of its process and workers (the workers' share in
+    parentheses) and the cores they kept busy while timed; dashes for other rows."""
+    data = row.details.get("data")
+    if not isinstance(data, dict):
+        return ["—", "—"]
+    pss = data.get("pss_peak_bytes")
+    total, workers = (pss.get("total"), pss.get("workers")) if isinstance(pss, dict) else (None, None)
+    memory = "—" if total is None else format_bytes(total) + (f" ({format_bytes(workers)})" if workers else "")
+    busy = data.get("cpu_cores_busy")
+    return [memory, "—" if not isinstance(busy, (int, float)) else f"{busy:.2f}"]
+
+
 def _note(row: ResultRecord, precision: dict[PrecisionKey, str]) -> str:
     if row.status != "ok":
         return escape(row.reason or "")
@@ -101,7 +114,8 @@ class TableData:
 
 
 RIGHT_COLUMNS = frozenset(
-    {
+    {"workers", "PSS (workers)", "cores busy"}
+    | {
         "run",
         "batch",
         "seq",
@@ -203,7 +217,7 @@ def _parity_cell(row: ResultRecord, parity: dict[ParityKey, float | None]) -> st
 
 
 def _shape_key(row: ResultRecord) -> tuple[Any, ...]:
-    return (row.run_id, row.phase, row.dtype, row.device, row.batch_size, row.seq_len)
+    return (row.run_id, row.phase, row.dtype, row.device, row.batch_size, row.seq_len, row.workers)
 
 
 def result_tables(
@@ -220,7 +234,7 @@ def result_tables(
         f"{label} {getattr(results[0], key)}" for key, label in OPTIONAL_COLUMNS if (key, label) not in varying
     )
     cells = {
-        (c.run_id, c.model, c.phase, c.batch_size, c.seq_len, c.dtype, c.device, c.runtime): c
+        (c.run_id, c.model, c.phase, c.batch_size, c.seq_len, c.workers, c.dtype, c.device, c.runtime): c
         for pair in pairs
         for c in pair.cells
     }
@@ -230,9 +244,11 @@ def result_tables(
     precision = precision_flags(results)
     rate_headers = throughput_headers(results)
     first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
+    workers = any(r.workers is not None for r in results)  # phase data: the loaders' worker count
     headers = [label for _, label in varying] + [
         "batch",
         "seq",
+        *(["workers"] if workers else []),
         "runtime",
         "median ±95% CI",
         *([f"vs {baseline}"] if baseline else []),
@@ -242,6 +258,7 @@ def result_tables(
         "first call",
         *(["to first result"] if first_result else []),
         "peak RSS",
+        *(["PSS (workers)", "cores busy"] if workers else []),
         "samples",
         "parity",
         "note",
@@ -254,6 +271,7 @@ def result_tables(
                 groups[_shape_key(r)[:4]],
                 r.batch_size,
                 -1 if r.seq_len is None else r.seq_len,
+                -1 if r.workers is None else r.workers,
                 order[r.runtime],
             ),
         )
@@ -262,12 +280,16 @@ def result_tables(
             f"{escape(heading)} ({escape(constant)})" if constant else escape(heading), headers, RIGHT_COLUMNS
         )
         for index, row in enumerate(rows):
-            key = (row.run_id, model, row.phase, row.batch_size, row.seq_len, row.dtype, row.device, row.runtime)
+            key = (
+                row.run_id, model, row.phase, row.batch_size, row.seq_len, row.workers, row.dtype, row.device,
+                row.runtime,
+            )  # fmt: skip
             data.rows.append(
                 [
                     *(escape(str(getattr(row, k))) for k, _ in varying),
                     str(row.batch_size),
                     "—" if row.seq_len is None else str(row.seq_len),
+                    *(["—" if row.workers is None else str(row.workers)] if workers else []),
                     escape(row.runtime),
                     _median_cell(row),
                     *([speedup_cell(cells.get(key), row.runtime == baseline)] if baseline else []),
@@ -277,6 +299,7 @@ def result_tables(
                     format_seconds(row.first_call_s),
                     *([format_seconds(row.time_to_first_result_s)] if first_result else []),
                     format_bytes(row.peak_memory_bytes),
+                    *(_loader_cells(row) if workers else []),
                     samples_text(row),
                     _parity_cell(row, parity),
                     _note(row, precision),
@@ -347,8 +370,9 @@ def summary_table(pairs: Sequence[GroupedPair], baseline: str) -> TableData:
     return data
 
 
-def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False) -> list[str]:
-    """What the columns mean (plain text lines), printed once under the tables."""
+def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False, data: bool = False) -> list[str]:
+    """What the columns mean (plain text lines), printed once under the tables (``data``: phase data rows are
+    among them)."""
     lines = []
     if baseline:
         lines.append(
@@ -371,6 +395,14 @@ def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False) ->
             "samples/s, tokens/s (training cells): batch size (× sequence length) over the median step "
             "time; GFLOP/s counts forward + backward (3 × the forward FLOPs); first call: the first "
             "optimizer step, compilation included."
+        )
+    if data:
+        lines.append(
+            "phase data (input pipelines; model: the dataset): the median is seconds per batch out of the loader, "
+            "samples/s images per second; workers: the loader's worker count; first call: the time to the first "
+            "batch, worker start-up included; peak RSS: the loader's own process; PSS (workers): the peak "
+            "proportional set size of the process and its worker processes (the workers' share), shared pages "
+            "counted once; cores busy: their CPU seconds per second while timed."
         )
     return lines
 
@@ -413,7 +445,8 @@ def report_tables(
         )
     if pairs and shown:
         tables.append(summary_table(pairs, shown))
-    lines = legend(shown, peak, bool(throughput_headers(results)))
+    phases = {r.phase for r in results}
+    lines = legend(shown, peak, "training" in phases, "data" in phases)
     evidence = evidence_line(pairs)
     if evidence:
         lines.insert(1, evidence)

@@ -33,7 +33,7 @@ from fwbench.report.units import format_bytes, format_seconds
 from fwbench.store import ResultRecord
 
 # Phases where one timed call processes one batch (throughput = batch / seconds); a fit sample is an epoch.
-RATED_PHASES = ("inference", "training")
+RATED_PHASES = ("inference", "training", "data")
 
 
 def _summary_writer() -> Any:
@@ -56,8 +56,9 @@ def _part(value: object) -> str:
 
 
 def shape_label(row: ResultRecord) -> str:
-    """``b4_fp32_cpu``, ``b8_s128_bf16_cuda``: the part of a cell's tags that tells its shape apart."""
+    """``b4_fp32_cpu``, ``b8_s128_bf16_cuda``, ``b32_w2_fp32_cpu``: the part of a cell's tags that tells its shape apart."""
     seq = "" if row.seq_len is None else f"_s{row.seq_len}"
+    seq += "" if row.workers is None else f"_w{row.workers}"
     return f"b{row.batch_size}{seq}_{_part(row.dtype)}_{_part(row.device)}"
 
 
@@ -108,7 +109,18 @@ def settings_text(row: ResultRecord, settings: dict[str, Any]) -> str:
     samples_s, tokens_s = rates(row, row.median_s)
     case = [
         (key, getattr(row, key))
-        for key in ("run_id", "model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "case_key")
+        for key in (
+            "run_id",
+            "model",
+            "runtime",
+            "phase",
+            "batch_size",
+            "seq_len",
+            "workers",
+            "dtype",
+            "device",
+            "case_key",
+        )
     ]
     gflops = achieved_gflops(row)
     figures: list[tuple[str, Any]] = [

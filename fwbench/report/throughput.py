@@ -1,15 +1,16 @@
 """Throughput of stored cells: samples/s and, for models with a sequence axis, tokens/s.
 
 One timed call processes ``batch_size`` samples (``batch_size × seq_len`` tokens): one forward pass
-(phase inference) or one optimizer step (phase training). Reports show it for training cells, where
-samples/s is the usual way to state a training step's speed; TensorBoard gets it for every cell.
+(phase inference), one optimizer step (phase training) or one batch out of a loader (phase data). Reports show it
+for training and data cells, where samples/s is the usual way to state their speed; TensorBoard gets it for every
+cell.
 """
 
 from __future__ import annotations
 
 from fwbench.store import ResultRecord
 
-THROUGHPUT_PHASES = ("training",)  # phases whose report rows show samples/s and tokens/s
+THROUGHPUT_PHASES = ("training", "data")  # phases whose report rows show samples/s and tokens/s
 
 
 def per_call(row: ResultRecord) -> tuple[int, int | None]:
@@ -27,7 +28,7 @@ def rates(row: ResultRecord, seconds: float | None) -> tuple[float | None, float
 
 
 def throughput(row: ResultRecord) -> tuple[float | None, float | None]:
-    """(samples/s, tokens/s) at the median of an ``ok`` training cell; (None, None) otherwise."""
+    """(samples/s, tokens/s) at the median of an ``ok`` training or data cell; (None, None) otherwise."""
     if row.status != "ok" or row.phase not in THROUGHPUT_PHASES:
         return None, None
     return rates(row, row.median_s)

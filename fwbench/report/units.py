@@ -97,3 +97,10 @@ def format_seconds_noise(value: float | None, low: float | None, high: float | N
     half = None if low is None or high is None else (high - low) / 2
     scale, unit = seconds_unit(value)
     return f"{format_significant(value / scale, significant_digits(value, half))} {unit}"
+
+
+def second_axis_text(seq_len: int | None, workers: int | None) -> str:
+    """A table's ``seq`` cell: the sequence length, ``w=N`` for a phase data cell's loader workers, else ``—``."""
+    if workers is not None:
+        return f"w={workers}"
+    return "—" if seq_len is None else str(seq_len)

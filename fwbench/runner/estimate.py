@@ -22,6 +22,17 @@ NOMINAL_FLOPS_PER_S_PER_THREAD = 40e9  # fp32, a modern x86 core; real models re
 BUILD_S_PER_PARAMETER = 3e-8  # seeded weights: generating and converting ~30 ns per parameter
 PER_CALL_OVERHEAD_S = 5e-5  # a framework call on a tiny model
 FIT_STEP_OVERHEAD_S = 1e-3  # phase fit: data loading, the API's callbacks and loss bookkeeping per step (MLP, 2 cores)
+IMAGE_S = 5e-3  # phase data: decoding, cropping to 224 px and normalising one ~256 px JPEG on one core
+
+
+def estimate_data_cell_s(case: Case, settings: Settings) -> float:
+    """Seconds one phase data cell may take over its rounds: start-up, then the first, warm-up and timed
+    batches at IMAGE_S per image (scaled by the crop's area) on min(workers, threads) cores."""
+    startup_s, _ = startup_and_compile_s(case.runtime)
+    parallel = max(1, min(case.workers or 0, settings.threads))
+    batch_s = case.batch_size * IMAGE_S * (settings.crop / 224) ** 2 / parallel
+    batches = 1 + max(settings.warmup_calls, 2 * (case.workers or 0)) + settings.data_batches
+    return settings.rounds * (startup_s + batches * batch_s)
 
 
 def estimate_call_s(case: Case, settings: Settings) -> float:
@@ -41,6 +52,8 @@ def estimate_cell_s(case: Case, settings: Settings) -> float:
     """Seconds one cell may take, worker start-up to stored result, over its rounds: a fresh worker's start-up,
     build, compile (twice: once more at the parity shape) and warm-up per round, and the timing budget (shared by
     the rounds; interleaved, the pauses between workers' blocks add to it)."""
+    if case.phase == "data":
+        return estimate_data_cell_s(case, settings)
     startup_s, compile_s = startup_and_compile_s(case.runtime)
     call = estimate_call_s(case, settings)
     rounds = settings.rounds

@@ -53,9 +53,15 @@ def store_outcome(
         threads=settings.threads,
         interop_threads=settings.interop_threads,
         wall_s=wall_s,
-        flops=get_phase(case.phase).flops_per_call(get_model(case.model), case, settings),
+        flops=cell_flops(case, settings),
     )
     return store.add_result(run_id, case, fields, outcome.samples, outcome.details, outcome.blocks)
+
+
+def cell_flops(case: Case, settings: Settings) -> int | None:
+    """FLOPs of one timed call of ``case``; None for a phase without a model (data)."""
+    phase = get_phase(case.phase)
+    return phase.flops_per_call(get_model(case.model), case, settings) if phase.uses_model else None
 
 
 def parity_pair(case: Case) -> tuple[str, str, str, str]:
@@ -103,7 +109,9 @@ def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = N
         runnable: list[Case] = []
         for case in group:
             info = get_runtime(case.runtime)
-            missing = missing_requirement(info) or missing_implementation(info, get_model(case.model).arch)
+            missing = missing_requirement(info)
+            if missing is None and get_phase(case.phase).uses_model:
+                missing = missing_implementation(info, get_model(case.model).arch)
             if missing:
                 settled.append((_skipped(case, missing), 0.0))
             elif parity.get(parity_pair(case)) == "mismatch":

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fwbench.frameworks import dtype_unsupported, get_runtime, phase_unsupported
+from fwbench.datasets.folders import DatasetError, default_folder, default_name, image_dataset
+from fwbench.frameworks import dtype_unsupported, fit_input_unsupported, get_runtime, phase_unsupported
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.spec import (
+    DATA_DTYPES,
     FIT_DTYPES,
     MAX_COUNT,
     RUNNABLE_DTYPES,
@@ -46,6 +48,19 @@ def parse_positive_ints(option: str, text: str) -> list[int]:
             raise SpecError(
                 f"{option} {text!r}: every value must be a positive integer up to {MAX_COUNT}, "
                 "comma-separated (e.g. 1,2,4)"
+            )
+        values.append(int(part))
+    return values
+
+
+def parse_worker_counts(option: str, text: str) -> list[int]:
+    """``"0,1,2"`` → [0, 1, 2]: loader worker counts (0: the loader's own process); SpecError for anything else."""
+    values: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not (part.isascii() and part.isdigit()) or int(part) > MAX_COUNT:
+            raise SpecError(
+                f"{option} {text!r}: every value must be an integer from 0 to {MAX_COUNT}, comma-separated (e.g. 0,1,2)"
             )
         values.append(int(part))
     return values
@@ -116,12 +131,14 @@ def _check_cell_settings(grid: Grid, settings: Settings) -> None:
         raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
     if dtype not in RUNNABLE_DTYPES:
         raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
-    allowed = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES}.get(phase, RUNNABLE_DTYPES)
+    allowed = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES, "data": DATA_DTYPES}.get(phase, RUNNABLE_DTYPES)
     if dtype not in allowed:
         raise SpecError(
             f"phase {phase} with dtype {dtype!r} cannot be run yet; phase {phase} dtypes: {', '.join(allowed)}"
         )
-    if phase == "fit":
+    if grid.workers and phase != "data":
+        raise SpecError(f"--workers (loader worker processes) is for phase data, not phase {phase}")
+    if phase == "fit" and settings.fit_source == "memory":
         uneven = [b for b in grid.batch_sizes if settings.fit_samples % b]
         if uneven:
             raise SpecError(
@@ -138,13 +155,16 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         _check_cell_settings(grid, settings)
     except SpecError as exc:
         raise SpecError(f"{grid.where}: {exc}" if grid.where else str(exc)) from None
-    for name in grid.models:
-        get_model(name)
+    phase, dtype = str(grid.phase), str(grid.dtype)
     for name in grid.runtimes:
         get_runtime(name)
     if not grid.models or not grid.runtimes or not grid.batch_sizes:
         raise SpecError("a plan needs at least one model, one runtime and one batch size")
-    phase, dtype = str(grid.phase), str(grid.dtype)
+    if phase == "data":
+        yield from _data_cells(grid)
+        return
+    for name in grid.models:
+        get_model(name)
     for model_name, runtime, batch in itertools.product(
         _unique(grid.models), _unique(grid.runtimes), _unique(grid.batch_sizes)
     ):
@@ -155,12 +175,65 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
             unsupported = model.training_unsupported()
         if unsupported is None and phase == "fit":
             unsupported = model.fit_unsupported()
+        if unsupported is None and phase == "fit" and settings.fit_source == "input":
+            unsupported = fit_input_unsupported(info) or _image_model_unsupported(model_name)
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
         for seq_len in lengths:
             case = Case(model_name, runtime, phase, batch, seq_len, grid.dtype, grid.device)  # type: ignore[arg-type]
             yield case, unsupported or model.supports_seq_len(seq_len)
+
+
+def _image_model_unsupported(model_name: str) -> str | None:
+    """None when ``model_name`` takes images (one ``pixel_values`` input: it can fit on --input images)."""
+    inputs = get_model(model_name).make_inputs(1, None, 0)
+    return None if set(inputs) == {"pixel_values"} else f"{model_name} does not take images (--input holds images)"
+
+
+def _data_cells(grid: Grid) -> Iterator[tuple[Case, str | None]]:
+    """The cells of a phase data grid: dataset (its ``models``, filled in by :func:`with_dataset`) × loader
+    runtimes × batch sizes × worker counts (default: 0, the loader's own process)."""
+    for model_name, runtime, batch, workers in itertools.product(
+        _unique(grid.models), _unique(grid.runtimes), _unique(grid.batch_sizes), _unique(grid.workers or [0])
+    ):
+        info = get_runtime(runtime)
+        case = Case(model_name, runtime, "data", batch, None, grid.dtype, grid.device, workers)  # type: ignore[arg-type]
+        yield case, phase_unsupported(info, "data") or dtype_unsupported(info, "data", str(grid.dtype))
+
+
+def dataset_of(settings: Settings) -> tuple[Path, str]:
+    """The folder phase data reads and its dataset's name: ``data_input`` (checked: a folder ``fwbench data make
+    images`` wrote) or, when unset, the default dataset's cache folder (written before the run when missing)."""
+    if settings.data_input is None:
+        return default_folder(), default_name()
+    folder = Path(settings.data_input).expanduser().resolve()
+    try:
+        return folder, image_dataset(folder).name
+    except DatasetError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def with_dataset(grids: Sequence[Grid], settings: Settings) -> tuple[list[Grid], Settings]:
+    """Phase data grids get the run's dataset as their model (a grid naming another dataset is refused) and the
+    settings its absolute folder, which phase fit grids read too with ``fit_source`` input; other grids and
+    settings are returned as they are."""
+    reads_images = settings.fit_source == "input" and any(grid.phase == "fit" for grid in grids)
+    if not reads_images and not any(grid.phase == "data" for grid in grids):
+        return list(grids), settings
+    folder, name = dataset_of(settings)
+    out = []
+    for grid in grids:
+        if grid.phase == "data":
+            others = [model for model in grid.models if model != name]
+            if others:
+                raise SpecError(
+                    f"{grid.where + ': ' if grid.where else ''}phase data reads one dataset, {name} ({folder}); "
+                    f"the grid names {', '.join(others)} (leave the models out, or give the dataset with --input)"
+                )
+            grid = dataclasses.replace(grid, models=[name])
+        out.append(grid)
+    return out, dataclasses.replace(settings, data_input=str(folder))
 
 
 # -- precedence: flags > settings file > suite > defaults -----------------------------------------------------
@@ -175,6 +248,7 @@ class PlanChoices:
     runtimes: str | None = None
     batch_sizes: str | None = None
     seq_lens: str | None = None
+    workers: str | None = None
     phase: str | None = None
     dtype: str | None = None
     device: str | None = None
@@ -184,9 +258,10 @@ class PlanChoices:
 def resolve_plan(choices: PlanChoices) -> Plan:
     """The plan of ``choices``: flags > settings file > suite > defaults. Without --models and --runtimes
     the default suite runs; SpecError on any invalid choice (nothing has been written)."""
-    if choices.suite is None and (choices.models is None) != (choices.runtimes is None):
-        raise SpecError("give both --models and --runtimes, or a --suite")
-    use_suite = choices.suite is not None or choices.models is None
+    data_flags = choices.phase == "data" and choices.runtimes is not None  # the dataset is the model
+    if choices.suite is None and (choices.models is None) != (choices.runtimes is None) and not data_flags:
+        raise SpecError("give both --models and --runtimes, or a --suite (--phase data: --runtimes)")
+    use_suite = choices.suite is not None or (choices.models is None and not data_flags)
     suite = load_suite(DEFAULT_SUITE if choices.suite is None else choices.suite) if use_suite else None
     settings_data: dict[str, Any] = {"threads": environment.physical_core_count(), "rounds": DEFAULT_ROUNDS}
     if suite is not None:
@@ -194,6 +269,8 @@ def resolve_plan(choices: PlanChoices) -> Plan:
     if choices.config is not None:
         settings_data.update(load_settings_file(choices.config))
     settings_data.update(choices.settings)
+    if "data_input" in choices.settings and "fit_source" not in choices.settings:  # --input: fit reads it too
+        settings_data["fit_source"] = "input"
     settings = Settings.from_dict(settings_data)
     check_threads_fit(settings)
     flag_grid = Grid(
@@ -203,6 +280,7 @@ def resolve_plan(choices: PlanChoices) -> Plan:
         if choices.batch_sizes is not None
         else [1],
         seq_lens=parse_positive_ints("--seq-lens", choices.seq_lens) if choices.seq_lens is not None else [],
+        workers=parse_worker_counts("--workers", choices.workers) if choices.workers is not None else [],
     )
     # A flag replaces its axis, or its cell setting, in every grid of the suite.
     grids = (
@@ -215,12 +293,14 @@ def resolve_plan(choices: PlanChoices) -> Plan:
                 runtimes=flag_grid.runtimes if choices.runtimes is not None else grid.runtimes,
                 batch_sizes=flag_grid.batch_sizes if choices.batch_sizes is not None else grid.batch_sizes,
                 seq_lens=flag_grid.seq_lens if choices.seq_lens is not None else grid.seq_lens,
+                workers=flag_grid.workers if choices.workers is not None else grid.workers,
             )
             for grid in suite.grids
         ]
     )
     overrides = {"phase": choices.phase, "dtype": choices.dtype, "device": choices.device}
-    grids = [grid.with_overrides(**overrides) for grid in grids]
+    grids = [grid.with_overrides(**overrides).with_defaults(**CELL_SETTINGS) for grid in grids]
+    grids, settings = with_dataset(grids, settings)
     plan = build_grids_plan(grids, settings, suite=suite.name if suite else None)
     if settings.weights_path is not None:
         check_weights_file(plan, settings.weights_path)
@@ -230,7 +310,9 @@ def resolve_plan(choices: PlanChoices) -> Plan:
 def suite_plan(suite: Suite, threads: int) -> Plan:
     """The plan a suite runs with its own settings and ``threads`` threads (no flags)."""
     settings = Settings.from_dict({"threads": threads, "rounds": DEFAULT_ROUNDS, **suite.settings})
-    return build_grids_plan(suite.grids, settings, suite.phase, suite.dtype, suite.device, suite.name)
+    grids = [grid.with_defaults(phase=suite.phase, dtype=suite.dtype, device=suite.device) for grid in suite.grids]
+    grids, settings = with_dataset(grids, settings)
+    return build_grids_plan(grids, settings, suite.phase, suite.dtype, suite.device, suite.name)
 
 
 def check_threads_fit(settings: Settings) -> None:

@@ -47,15 +47,18 @@ from fwbench.runner.phases import get_phase
 from fwbench.runner.process import WorkerFailure, WorkerProcess
 from fwbench.spec import Case, Settings
 
-GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device")
+GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
 MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
 MAX_CYCLES = 400
 MEMORY_HEADROOM = 1.5  # start another worker only while free memory exceeds this × the largest peak so far
 
 
 def group_key(case: Case) -> str:
-    """The key of ``case``'s comparison group: everything but the runtime."""
-    return "|".join(f"{name}={getattr(case, name)}" for name in GROUP_FIELDS)
+    """The key of ``case``'s comparison group: everything but the runtime (the worker count only where a phase
+    data cell has one, so other phases' keys read as they did before it existed)."""
+    return "|".join(
+        f"{name}={getattr(case, name)}" for name in GROUP_FIELDS if not (name == "workers" and case.workers is None)
+    )
 
 
 def comparison_groups(cases: Sequence[Case]) -> list[list[Case]]:
@@ -74,7 +77,7 @@ def order_generator(settings: Settings, key: str, round_index: int) -> np.random
 
 def is_interleaved(case: Case, settings: Settings) -> bool:
     """Whether ``case``'s group runs interleaved: the setting, and a phase whose calls can be served in blocks."""
-    return settings.interleave and get_phase(case.phase).interleavable
+    return settings.interleave and get_phase(case.phase).interleaves(settings)
 
 
 @dataclass

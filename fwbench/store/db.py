@@ -157,6 +157,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID
         """,
     ),
+    # Migration 4 (phase data): a data cell's loader worker count, a grid axis like the batch size (NULL in every
+    # other phase and in rows stored before it).
+    ("ALTER TABLE results ADD COLUMN workers INTEGER", "ALTER TABLE profiles ADD COLUMN workers INTEGER"),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -190,6 +193,7 @@ def case_columns(run_id: int, case: Case) -> dict[str, Any]:
         "seq_len": case.seq_len,
         "dtype": case.dtype,
         "device": case.device,
+        "workers": case.workers,
     }
 
 

@@ -326,6 +326,7 @@ class ResultRecord:
     noise: NoiseTotals | None = None
     machine: Mapping[str, Any] | None = None
     blocks: tuple[Block, ...] = ()
+    workers: int | None = None  # phase data: the loader's worker processes (None in every other phase)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ResultRecord:
@@ -433,6 +434,7 @@ COLUMN_NAMES: tuple[str, ...] = (
     "group_key",
     "schedule",
     "rounds",
+    "workers",
 )
 
 

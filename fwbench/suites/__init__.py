@@ -28,7 +28,7 @@ DEFAULT_SUITE = "quick"
 # The settings of a cell that a suite sets for all its grids and a [[grid]] may set for its own cells, with
 # their defaults. A later grid axis (procs, workers) is one more entry here and one more field of Grid.
 CELL_SETTINGS: dict[str, str] = {"phase": "inference", "dtype": "fp32", "device": "cpu"}
-_AXIS_KEYS = {"models", "runtimes", "batch_sizes", "seq_lens"}
+_AXIS_KEYS = {"models", "runtimes", "batch_sizes", "seq_lens", "workers"}
 _GRID_KEYS = {*_AXIS_KEYS, *CELL_SETTINGS}
 _KEYS = {"description", "settings", "grid", *_GRID_KEYS}
 _SETTINGS_KEYS = {f.name for f in dataclasses.fields(Settings)}
@@ -37,7 +37,8 @@ _SETTINGS_KEYS = {f.name for f in dataclasses.fields(Settings)}
 @dataclass(frozen=True)
 class Grid:
     """models × runtimes × batch sizes × sequence lengths (ignored by models without a sequence axis), and the
-    grid's own cell settings (None: the suite's, or the planner's default)."""
+    grid's own cell settings (None: the suite's, or the planner's default). Phase data: × loader worker counts
+    (``workers``), and ``models`` is the dataset's name (empty: the one the run reads)."""
 
     models: list[str]
     runtimes: list[str]
@@ -46,6 +47,7 @@ class Grid:
     phase: str | None = None
     dtype: str | None = None
     device: str | None = None
+    workers: list[int] = field(default_factory=list)  # phase data only
     where: str = field(default="", compare=False)  # where the grid was written, for errors: "suite x.toml [[grid]] 2"
 
     def with_defaults(self, **defaults: str | None) -> Grid:
@@ -65,7 +67,8 @@ class Grid:
     @property
     def size(self) -> int:
         """Upper bound on the cell count (models without a sequence axis have fewer)."""
-        return len(self.models) * len(self.runtimes) * len(self.batch_sizes) * max(1, len(self.seq_lens))
+        models = len(self.models) if self.models or self.phase != "data" else 1  # data: the run's dataset
+        return models * len(self.runtimes) * len(self.batch_sizes) * max(1, len(self.seq_lens), len(self.workers))
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,10 @@ def builtin_suites() -> list[str]:
 def _list_of(name: str, value: Any, kind: type, where: str) -> list[Any]:
     if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
         raise SpecError(f"suite {where}: {name} must be a list of {kind.__name__} values")
-    if kind is int and any(v <= 0 for v in value):
-        raise SpecError(f"suite {where}: {name} must hold positive integers")
+    if kind is int and any(v < 0 if name == "workers" else v <= 0 for v in value):
+        raise SpecError(
+            f"suite {where}: {name} must hold {'non-negative' if name == 'workers' else 'positive'} integers"
+        )
     return value
 
 
@@ -109,22 +114,24 @@ def _cell_settings(data: dict[str, Any], where: str) -> dict[str, str]:
 
 def _grid(data: dict[str, Any], where: str, defaults: dict[str, str]) -> Grid:
     """One grid from its table (or the suite's top level); cell settings it does not give come from ``defaults``."""
-    missing = sorted({"models", "runtimes", "batch_sizes"} - set(data))
+    phase = data.get("phase", defaults.get("phase"))
+    missing = sorted({"models", "runtimes", "batch_sizes"} - set(data) - ({"models"} if phase == "data" else set()))
     if missing:
         raise SpecError(f"suite {where}: missing keys {missing}")
     grid = (
         Grid(
-            models=_list_of("models", data["models"], str, where),
+            models=_list_of("models", data.get("models", []), str, where),
             runtimes=_list_of("runtimes", data["runtimes"], str, where),
             batch_sizes=_list_of("batch_sizes", data["batch_sizes"], int, where),
             seq_lens=_list_of("seq_lens", data.get("seq_lens", []), int, where),
+            workers=_list_of("workers", data.get("workers", []), int, where),
             where=f"suite {where}",
         )
         .with_overrides(**defaults)
         .with_overrides(**_cell_settings(data, where))
     )
     try:
-        for model in grid.models:
+        for model in grid.models if grid.phase != "data" else ():  # phase data: a dataset's name
             get_model(model)
         for runtime in grid.runtimes:
             get_runtime(runtime)

@@ -19,11 +19,14 @@ from __future__ import annotations
 import io
 import struct
 import sys
+from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import grain.python as grain
 import numpy as np
+import PIL
 from absl import flags
 from array_record.python.array_record_module import ArrayRecordWriter
 from PIL import Image
@@ -33,6 +36,7 @@ from fwbench.datasets import images, transforms
 LAYOUT = "NHWC"
 ARRAY_RECORDS = "arrayrecords"  # the folder of ArrayRecord files inside a dataset folder
 SOURCES = ("files", "arrayrecord")
+PACKED = ARRAY_RECORDS  # --data-source packed: the ArrayRecord files
 _HEADER = struct.Struct("<qq")  # an ArrayRecord record: label, index (little-endian int64), then the JPEG bytes
 
 if not flags.FLAGS.is_parsed():
@@ -78,8 +82,8 @@ class ParseRecord(grain.MapTransform):
 class JpegSource(grain.RandomAccessDataSource[Record]):
     """The records of a dataset folder's images, in file order."""
 
-    def __init__(self, folder: Path) -> None:
-        labels = images.read_labels(folder)
+    def __init__(self, folder: Path, exclude: frozenset[str] = frozenset()) -> None:
+        labels = images.read_labels(folder, exclude)
         self.records = [(str(folder / file), label, index) for index, (file, label) in enumerate(labels)]
 
     def __len__(self) -> int:
@@ -117,6 +121,13 @@ class RandomCrop(grain.RandomMapTransform):
         return transforms.random_crop_from(_pixels(path), self.crop, rng), label, index
 
 
+class DropIndex(grain.MapTransform):
+    """(image, label, index) → (image, label): what ``model.fit`` takes as (x, y)."""
+
+    def map(self, element: tuple[np.ndarray, int, int]) -> tuple[np.ndarray, int]:
+        return element[0], element[1]
+
+
 def make_loader(
     folder: Path,
     batch_size: int,
@@ -124,18 +135,22 @@ def make_loader(
     crop: int,
     transform: str = "center-crop",
     seed: int = 0,
-    epochs: int = 1,
+    epochs: int | None = 1,
     source: str = "files",
+    exclude: frozenset[str] = frozenset(),
+    indices: bool = True,
 ) -> Any:
     """A Grain DataLoader over ``folder``'s images in file order (from the files or the ArrayRecord files),
-    ``epochs`` passes, ``workers`` worker processes (0: in this process) each keeping two batches buffered, the
-    last incomplete batch dropped."""
+    ``epochs`` passes (None: endless), ``workers`` worker processes (0: in this process) each keeping two batches
+    buffered, the last incomplete batch dropped. ``exclude``: image files (relative to ``folder``) left out of the
+    files source (the ArrayRecord files hold the images ``fwbench data make`` wrote). ``indices`` False: batches
+    of (images, labels) only, as Keras' ``model.fit`` reads a Grain DataLoader."""
     transforms.check_transform(transform)
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; known: {', '.join(SOURCES)}")
     parse: list[Any] = []
     if source == "files":
-        records: Any = JpegSource(folder)
+        records: Any = JpegSource(folder, exclude)
     else:
         shards = sorted(str(path) for path in (folder / ARRAY_RECORDS).glob("*.array_record"))
         if not shards:
@@ -148,7 +163,42 @@ def make_loader(
     return grain.DataLoader(
         data_source=records,
         sampler=sampler,
-        operations=[*parse, operation, grain.Batch(batch_size, drop_remainder=True)],
+        operations=[
+            *parse,
+            operation,
+            *([] if indices else [DropIndex()]),
+            grain.Batch(batch_size, drop_remainder=True),
+        ],
         worker_count=workers,
         worker_buffer_size=2,
     )
+
+
+def configure_threads(threads: int) -> int:
+    """Grain has no thread pool of its own to size (its transforms are numpy and Pillow, one thread each):
+    returns 1, the threads a transform uses."""
+    return 1
+
+
+def batches(
+    folder: Path,
+    batch_size: int,
+    workers: int,
+    crop: int,
+    transform: str,
+    seed: int,
+    packed: bool,
+    exclude: frozenset[str],
+) -> Iterator[Any]:
+    """Endless batches of :func:`make_loader` (the files, or with ``packed`` the ArrayRecord files)."""
+    source = "arrayrecord" if packed else "files"
+    yield from make_loader(folder, batch_size, workers, crop, transform, seed, None, source, exclude)
+
+
+def versions() -> dict[str, str]:
+    """Versions of the loader's libraries."""
+    return {
+        "grain": metadata.version("grain"),
+        "array-record": metadata.version("array-record"),
+        "pillow": PIL.__version__,
+    }

@@ -9,23 +9,51 @@ update rule); the final logits are in inference form (``inference_logits``: BN o
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 from fwbench.frameworks.base import Backend, as_evaluated_arch
 from fwbench.frameworks.jax.training import make_optimizer, training_forward, training_trees
 from fwbench.frameworks.jax.weights import jax_device
-from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, LoaderInput, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
 
 
+def _grain_epochs(source: LoaderInput, batch_size: int, epochs: int) -> Iterator[Iterator[Any]]:
+    """Each epoch's batches (images NHWC, labels) of grain:dataloader over the dataset's JPEGs: one Grain
+    DataLoader of ``epochs`` passes (its workers start once), cut into epochs of n // batch_size batches."""
+    from fwbench.datasets import images
+    from fwbench.frameworks.grain import data as grain_data  # imports Grain: only for a fit from images
+
+    steps = len(images.read_labels(Path(source.folder), source.exclude)) // batch_size
+    batches = iter(
+        grain_data.make_loader(
+            Path(source.folder), batch_size, source.workers, source.crop, source.transform, source.seed,
+            epochs=epochs, exclude=source.exclude,
+        )
+    )  # fmt: skip
+    for _ in range(epochs):
+        yield ((images_nhwc, labels) for images_nhwc, labels, _ in (next(batches) for _ in range(steps)))
+
+
 def fit(
-    backend: Backend, dataset: FitDataset, epochs: int, batch_size: int, epoch_end: EpochEnd = no_pause
+    backend: Backend,
+    dataset: FitDataset,
+    epochs: int,
+    batch_size: int,
+    epoch_end: EpochEnd = no_pause,
+    loader: LoaderInput | None = None,
 ) -> FitResult:
-    """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring)."""
+    """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring). With ``loader``
+    the epochs read the images through grain:dataloader instead (NHWC batches, transposed to the models' NCHW
+    inside the jitted step; the loop waits for each step's result so that its wait for the next batch is the time
+    it stood idle), and those waits are reported (``extra["input"]``); ``dataset`` is then the evaluation set."""
     assert backend.description is not None
     if backend.mode != "jit":
         raise NotImplementedError(f"jax:{backend.mode} has no fit phase")
@@ -41,6 +69,8 @@ def fit(
     def train_step(
         params: Any, state: Any, stats: Any, xs: tuple[jax.Array, ...], labels: jax.Array
     ) -> tuple[Any, Any, Any, jax.Array]:
+        if loader is not None:
+            xs = (jnp.transpose(xs[0], (0, 3, 1, 2)),)  # Grain's NHWC → NCHW, what the models take
         (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, xs, labels)
         updates, state = optimizer.update(grads, state, params)
         return optax.apply_updates(params, updates), state, stats, loss
@@ -52,15 +82,26 @@ def fit(
     params, stats = training_trees(arch, model)
     state = jax.device_put(optimizer.init(params), jax_device(backend.device))
     inputs, labels = list(dataset.inputs.values()), dataset.labels
+    clock = WaitClock()
+    epochs_of_batches = _grain_epochs(loader, batch_size, epochs) if loader is not None else None
     for _ in range(epochs):
         epoch_start = time.perf_counter()
         losses = []
-        for start in range(0, dataset.size, batch_size):
-            end = start + batch_size
-            params, state, stats, loss = step(
-                params, state, stats, tuple(a[start:end] for a in inputs), labels[start:end]
-            )
-            losses.append(loss)
+        if epochs_of_batches is None:
+            for start in range(0, dataset.size, batch_size):
+                end = start + batch_size
+                params, state, stats, loss = step(
+                    params, state, stats, tuple(a[start:end] for a in inputs), labels[start:end]
+                )
+                losses.append(loss)
+        else:
+            clock.start_epoch()
+            for images_nhwc, batch_labels in next(epochs_of_batches):
+                clock.batch_ready()
+                params, state, stats, loss = step(params, state, stats, (images_nhwc,), batch_labels)
+                losses.append(loss.block_until_ready())
+                clock.step_done()
+            clock.end_epoch()
         mean = float(np.mean(jax.device_get(losses)))  # waits for the epoch's last step
         jax.block_until_ready((params, stats))
         epoch_s.append(time.perf_counter() - epoch_start)
@@ -69,4 +110,8 @@ def fit(
     total_s = time.perf_counter() - started
     evaluated = as_evaluated_arch(arch)
     logits = jax.jit(lambda p, s, *xs: evaluated.inference_logits(model, p, s, *xs))(params, stats, *inputs)
-    return FitResult("manual loop + jax.jit step", epoch_s, epoch_loss, np.asarray(logits, dtype=np.float32), total_s)
+    extra: dict[str, Any] = {}
+    if loader is not None:
+        extra["input"] = clock.report(epoch_s, "grain:dataloader", "NHWC")
+    loop = "manual loop + jax.jit step" + (" over the dataset's JPEGs (Grain)" if loader is not None else "")
+    return FitResult(loop, epoch_s, epoch_loss, np.asarray(logits, dtype=np.float32), total_s, extra)

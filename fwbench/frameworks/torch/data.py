@@ -10,11 +10,13 @@ transform's numbers depend on the sample and the epoch only, not on which worker
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import PIL
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -22,6 +24,7 @@ from PIL import Image
 from fwbench.datasets import images, transforms
 
 LAYOUT = "NCHW"
+PACKED = None  # DataLoader users read the files: --data-source packed reads them too
 
 
 class EpochSampler(torch.utils.data.Sampler[tuple[int, int]]):
@@ -42,10 +45,12 @@ class JpegFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """The images of a dataset folder (``fwbench data make images``), each decoded and transformed when read (in
     the loader's worker processes when it has some), keyed by (epoch, index)."""
 
-    def __init__(self, folder: Path, crop: int, transform: str, seed: int) -> None:
+    def __init__(
+        self, folder: Path, crop: int, transform: str, seed: int, exclude: frozenset[str] = frozenset()
+    ) -> None:
         transforms.check_transform(transform)
         self.folder, self.crop, self.transform, self.seed = folder, crop, transform, seed
-        self.labels = images.read_labels(folder)
+        self.labels = images.read_labels(folder, exclude)
         self.mean = torch.from_numpy(transforms.MEAN).view(3, 1, 1)  # made once, not per image
         self.std = torch.from_numpy(transforms.STD).view(3, 1, 1)
 
@@ -79,13 +84,15 @@ def make_loader(
     transform: str = "center-crop",
     seed: int = 0,
     start_method: str | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> torch.utils.data.DataLoader[Any]:
     """A DataLoader over ``folder``'s images in file order, ``workers`` worker processes (0: in this process),
     each keeping two batches prefetched and alive across epochs, the last incomplete batch dropped; each
     iteration over it is the next epoch (0, 1, ...). ``start_method``: how workers start (None: DataLoader's
     default, fork on Linux, what its users get; a process that has imported a multithreaded framework such as
-    JAX or TensorFlow must not fork, and passes "forkserver")."""
-    dataset = JpegFolder(folder, crop, transform, seed)
+    JAX or TensorFlow must not fork, and passes "forkserver"). ``exclude``: image files (relative to ``folder``)
+    left out."""
+    dataset = JpegFolder(folder, crop, transform, seed, exclude)
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
@@ -96,3 +103,32 @@ def make_loader(
         drop_last=True,
         multiprocessing_context=start_method if workers else None,
     )
+
+
+def configure_threads(threads: int) -> int:
+    """The cell's thread budget for the loader's own process (its worker processes use one thread each, as
+    DataLoader sets); returns torch's intra-op thread count after it."""
+    torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def batches(
+    folder: Path,
+    batch_size: int,
+    workers: int,
+    crop: int,
+    transform: str,
+    seed: int,
+    packed: bool,
+    exclude: frozenset[str],
+) -> Iterator[Any]:
+    """Endless batches of :func:`make_loader` (epoch after epoch; its worker processes stay alive across epochs)
+    with DataLoader's default start method; ``packed`` changes nothing (DataLoader reads the files)."""
+    loader = make_loader(folder, batch_size, workers, crop, transform, seed, exclude=exclude)
+    for _ in itertools.count():
+        yield from loader
+
+
+def versions() -> dict[str, str]:
+    """Versions of the loader's libraries."""
+    return {"torch": torch.__version__, "pillow": PIL.__version__}

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,8 +26,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from fwbench.frameworks.base import Backend, as_training_arch
+from fwbench.frameworks.torch import data as torch_data
 from fwbench.frameworks.torch.training import make_optimizer
-from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, LoaderInput, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
 
 
@@ -38,6 +40,15 @@ def _loader(backend: Backend, dataset: FitDataset, batch_size: int) -> DataLoade
     )
 
 
+def _image_loader(source: LoaderInput, batch_size: int) -> DataLoader[Any]:
+    """torch:dataloader's DataLoader over the dataset's JPEGs: batches (images NCHW, labels), the random crops
+    new each epoch."""
+    return torch_data.make_loader(
+        Path(source.folder), batch_size, source.workers, source.crop, source.transform, source.seed,
+        exclude=source.exclude,
+    )  # fmt: skip
+
+
 def _logits(backend: Backend, dataset: FitDataset) -> np.ndarray:
     """(n, classes) logits of the whole dataset with the trained parameters, float32 → numpy (untimed), in
     eval() mode: ResNet's batch norm on the running statistics the epochs left."""
@@ -47,18 +58,27 @@ def _logits(backend: Backend, dataset: FitDataset) -> np.ndarray:
 
 
 def fit(
-    backend: Backend, dataset: FitDataset, epochs: int, batch_size: int, epoch_end: EpochEnd = no_pause
+    backend: Backend,
+    dataset: FitDataset,
+    epochs: int,
+    batch_size: int,
+    epoch_end: EpochEnd = no_pause,
+    loader: LoaderInput | None = None,
 ) -> FitResult:
     """``epochs`` epochs of ``dataset`` in batches of ``batch_size``: the manual loop (mode eager) or
-    Lightning's Trainer.fit (mode lightning); see the module docstring."""
+    Lightning's Trainer.fit (mode lightning); see the module docstring. With ``loader`` the epochs read the
+    images through torch:dataloader's DataLoader instead, and the loop's waits for it are reported
+    (``extra["input"]``; Lightning: from its batch-end hook to the next batch-start hook, its own bookkeeping
+    between them included); ``dataset`` is then the evaluation set only."""
     assert backend.description is not None
     if backend.mode not in ("eager", "lightning"):
         raise NotImplementedError(f"torch:{backend.mode} has no fit phase")
     arch = as_training_arch(backend.arch_module())
     model = backend.model.train()
     spec = optimizer_spec(backend.settings.optimizer)
-    run = _lightning if backend.mode == "lightning" else _manual
-    return run(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end)
+    if backend.mode == "lightning":
+        return _lightning(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end, loader)
+    return _manual(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end, loader)
 
 
 def _manual(
@@ -70,17 +90,21 @@ def _manual(
     epochs: int,
     batch_size: int,
     epoch_end: EpochEnd,
+    source: LoaderInput | None = None,
 ) -> FitResult:
     device, on_cuda = backend.device, backend.device == "cuda"
     epoch_s: list[float] = []
     epoch_loss: list[float] = []
     started = time.perf_counter()
-    loader = _loader(backend, dataset, batch_size)
+    clock = WaitClock()
+    loader = _loader(backend, dataset, batch_size) if source is None else _image_loader(source, batch_size)
     optimizer = make_optimizer(spec, model.parameters())
     for _ in range(epochs):
         epoch_start = time.perf_counter()
         total, batches = torch.zeros((), device=device), 0
+        clock.start_epoch()
         for *xs, y in loader:
+            clock.batch_ready()
             xs, y = [x.to(device, non_blocking=True) for x in xs], y.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(arch.training_logits(model, *xs), y)
@@ -88,6 +112,10 @@ def _manual(
             optimizer.step()
             total += loss.detach()
             batches += 1
+            if on_cuda and source is not None:  # the wait starts once the step's result is ready
+                torch.cuda.synchronize()
+            clock.step_done()
+        clock.end_epoch()
         mean = float(total) / batches  # reads the loss: the epoch's work has finished
         if on_cuda:
             torch.cuda.synchronize()
@@ -95,14 +123,11 @@ def _manual(
         epoch_loss.append(mean)
         epoch_end(epoch_s[-1])
     total_s = time.perf_counter() - started
-    return FitResult(
-        "manual DataLoader loop",
-        epoch_s,
-        epoch_loss,
-        _logits(backend, dataset),
-        total_s,
-        {"torch_threads_after": torch.get_num_threads()},
-    )
+    extra: dict[str, Any] = {"torch_threads_after": torch.get_num_threads()}
+    if source is not None:
+        extra["input"] = clock.report(epoch_s, "torch:dataloader", torch_data.LAYOUT)
+    loop = "manual DataLoader loop" + (" over the dataset's JPEGs" if source is not None else "")
+    return FitResult(loop, epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)
 
 
 def _lightning(
@@ -114,6 +139,7 @@ def _lightning(
     epochs: int,
     batch_size: int,
     epoch_end: EpochEnd,
+    source: LoaderInput | None = None,
 ) -> FitResult:
     import lightning as L
 
@@ -154,10 +180,29 @@ def _lightning(
             epoch_s.append(time.perf_counter() - self.start)
             epoch_end(epoch_s[-1])
 
+    waits = WaitClock()
+
+    class InputWaits(L.Callback):
+        """A fit from images: the loop's wait for each batch, from one batch-end hook to the next batch-start."""
+
+        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+            waits.start_epoch()
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            waits.batch_ready()
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if backend.device == "cuda":
+                torch.cuda.synchronize()
+            waits.step_done()
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            waits.end_epoch()
+
     log_dir = backend.settings.fit_logging
     started = time.perf_counter()
     module = Module()
-    callbacks: list[Any] = [EpochClock()]
+    callbacks: list[Any] = [*([InputWaits()] if source is not None else []), EpochClock()]
     logger: Any = False
     if log_dir is not None:  # Settings.fit_logging: a CSVLogger and a ModelCheckpoint under it
         from lightning.pytorch.callbacks import ModelCheckpoint
@@ -178,9 +223,20 @@ def _lightning(
         num_sanity_val_steps=0,
         callbacks=callbacks,
     )
-    trainer.fit(module, train_dataloaders=_loader(backend, dataset, batch_size))
+    data = _loader(backend, dataset, batch_size) if source is None else _image_loader(source, batch_size)
+    trainer.fit(module, train_dataloaders=data)
     total_s = time.perf_counter() - started
-    extra = {"torch_threads_after": torch.get_num_threads(), "lightning": L.__version__, "logging": None}
+    extra: dict[str, Any] = {
+        "torch_threads_after": torch.get_num_threads(),
+        "lightning": L.__version__,
+        "logging": None,
+    }
+    if source is not None:
+        extra["input"] = {
+            **waits.report(epoch_s, "torch:dataloader", torch_data.LAYOUT),
+            "measured_as": "per step, from Lightning's batch-end hook to its next batch-start hook (the batch "
+            "fetched between them, with Lightning's own bookkeeping)",
+        }
     if log_dir is not None:
         checkpoint = trainer.checkpoint_callback
         assert isinstance(checkpoint, ModelCheckpoint)
@@ -188,4 +244,5 @@ def _lightning(
             "log_dir": logger.log_dir,
             "checkpoint": checkpoint.last_model_path or checkpoint.best_model_path,
         }
-    return FitResult("lightning Trainer.fit", epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)
+    loop = "lightning Trainer.fit" + (" over the dataset's JPEGs" if source is not None else "")
+    return FitResult(loop, epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)

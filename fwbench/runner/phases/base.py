@@ -31,6 +31,11 @@ class Phase(ABC):
     name: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]  # the case dtypes (spec.Dtype) this phase runs
     interleavable: ClassVar[bool] = True  # its timed calls can be served in blocks on command (Cell.serve_blocks)
+    uses_model: ClassVar[bool] = True  # its cells' model is a zoo model (phase data: a dataset's name, no FLOPs)
+
+    def interleaves(self, settings: Settings) -> bool:
+        """Whether this phase's cells may run interleaved under ``settings`` (the setting decides beyond that)."""
+        return self.interleavable
 
     def blocks_per_round(self, settings: Settings) -> int | None:
         """Interleaved: the blocks each worker times in a round when the phase fixes them (None: as many as the

@@ -14,11 +14,21 @@ import inspect
 import math
 import os
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from fwbench.datasets.folders import image_dataset
 from fwbench.measure import memory
 from fwbench.models.base import ModelDescription
-from fwbench.models.fit import EpochEnd, evaluate, make_fit_dataset, no_pause
+from fwbench.models.fit import (
+    EpochEnd,
+    FitDataset,
+    LoaderInput,
+    evaluate,
+    image_fit_dataset,
+    make_fit_dataset,
+    no_pause,
+)
 from fwbench.models.training import optimizer_spec
 from fwbench.runner.cell import Cell
 from fwbench.runner.phases.base import Phase
@@ -71,6 +81,11 @@ class Fit(Phase):
     name = "fit"
     dtypes = FIT_DTYPES
 
+    def interleaves(self, settings: Settings) -> bool:
+        """Not from --input images: a loop waiting for its turn keeps its loader prefetching, and its next epoch
+        would wait less for data than it does alone."""
+        return settings.fit_source == "memory"
+
     def blocks_per_round(self, settings: Settings) -> int:
         """One block per epoch after the first (which compiles: the warm-up)."""
         return settings.epochs - 1
@@ -79,21 +94,50 @@ class Fit(Phase):
         return description.fit_unsupported()
 
     def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int:
-        """One sample is an epoch: its optimizer steps' FLOPs."""
-        return super().flops_per_call(description, case, settings) * (settings.fit_samples // case.batch_size)
+        """One sample is an epoch: its optimizer steps' FLOPs (from images: the dataset's images // batch)."""
+        samples = settings.fit_samples
+        if settings.fit_source == "input" and settings.data_input is not None:
+            samples = int(image_dataset(Path(settings.data_input)).arguments.get("n", 0))
+        return super().flops_per_call(description, case, settings) * (samples // case.batch_size)
+
+    def dataset(self, cell: Cell, description: ModelDescription) -> tuple[FitDataset, LoaderInput | None]:
+        """What the epochs read: the seeded in-memory dataset, or (``fit_source`` input) the data phase's images
+        through the framework's loader, cropped to the model's image size, with their center-crop evaluation set
+        (``details.fit.input`` says which images and how)."""
+        settings = cell.job.settings
+        if settings.fit_source == "memory":
+            return make_fit_dataset(description, settings.fit_samples, settings.seed), None
+        from fwbench.runner.phases.data import check_dataset  # the data phase's checks: manifest, corrupt files
+
+        shapes = {name: array.shape for name, array in description.make_inputs(1, None, settings.seed).items()}
+        if set(shapes) != {"pixel_values"}:
+            raise NotImplementedError(f"phase fit from --input images needs an image model, not {description.name}")
+        crop = int(shapes["pixel_values"][-1])
+        assert settings.data_input is not None  # the planner sets the folder with fit_source input
+        folder = Path(settings.data_input)
+        facts = check_dataset(folder, settings, None)
+        exclude = frozenset(facts.pop("excluded"))
+        loader = LoaderInput(str(folder), crop, settings.transform, settings.fit_workers, settings.seed, exclude)
+        cell.result["fit_input"] = {**facts, "crop": crop, "workers": settings.fit_workers}
+        return image_fit_dataset(folder, crop, exclude), loader
 
     def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
         case, settings = cell.job.case, cell.job.settings
-        dataset = make_fit_dataset(description, settings.fit_samples, settings.seed)
+        dataset, loader = self.dataset(cell, description)
         fit = backend.fit_module().fit  # the framework package's fit.py, checked to provide its role
+        reads: dict[str, Any] = {}
+        if loader is not None:
+            if "loader" not in inspect.signature(fit).parameters:
+                raise NotImplementedError(f"{case.runtime}'s fit.py cannot read --input images")
+            reads["loader"] = loader
         cell.stage("fit")
         cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
         cell.result["loadavg_before_timing"] = os.getloadavg()
         blocks = EpochBlocks(cell, settings.epochs) if cell.job.interleaved else None
         if "epoch_end" in inspect.signature(fit).parameters:
             epoch_end: EpochEnd = blocks if blocks is not None else no_pause
-            outcome = fit(backend, dataset, settings.epochs, case.batch_size, epoch_end)
-        elif blocks is None:  # a plugin's fit.py from before epoch_end: it can still run start to end
+            outcome = fit(backend, dataset, settings.epochs, case.batch_size, epoch_end, **reads)
+        elif blocks is None and not reads:  # a plugin's fit.py from before epoch_end: it can still run start to end
             outcome = fit(backend, dataset, settings.epochs, case.batch_size)
         else:
             raise NotImplementedError(f"{case.runtime}'s fit.py takes no epoch_end: run it with --interleave off")
@@ -115,6 +159,7 @@ class Fit(Phase):
             "samples": dataset.size,
             "batch_size": case.batch_size,
             "steps_per_epoch": dataset.size // case.batch_size,
+            "source": settings.fit_source,
             "epoch_s": outcome.epoch_s,
             "epoch_loss": outcome.epoch_loss,
             "total_s": outcome.total_s - waited_s,  # the loop's own time: interleaved, without the turns it waited
@@ -125,6 +170,8 @@ class Fit(Phase):
             "samples_are": "wall seconds of epochs 2.. (epoch 1, compilation included, is first_call_s)",
             **outcome.extra,
         }
+        if "fit_input" in cell.result:  # the images read: dataset, transform, crop, loader workers
+            cell.result["fit"]["input"] = {**cell.result.pop("fit_input"), **outcome.extra.get("input", {})}
         cell.result.update(
             status="ok",
             first_call_s=outcome.epoch_s[0],

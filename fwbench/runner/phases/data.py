@@ -1,0 +1,220 @@
+"""Phase data: the timed call is the next batch out of an input pipeline (the loader runtime's ``data.py``:
+torch DataLoader, tf.data, Grain) reading a dataset folder (``fwbench data make images``). No model and no
+backend: ``case.model`` is the dataset's name, ``case.workers`` the loader's worker count.
+
+Stages: import (the loader's framework; the thread budget) → build (the dataset checked: images whose bytes
+changed since ``fwbench data make`` wrote them are decoded with Pillow; one that does not decode fails the cell,
+naming it, unless ``--skip-corrupt`` leaves it out) → first_call (the loader made and its first batch out: worker
+start-up included, ``first_call_s`` is the time to first batch) → warmup (batches until every worker has
+delivered) → timing (``data_batches`` batches in eight blocks; between blocks, outside the clock, the PSS of the
+process and of its workers) → done (the loader closed; its worker processes must end).
+
+Data cells run one at a time (not interleaved): a pipeline that waits for its turn keeps prefetching and would
+look faster when it resumes. The loader's worker processes inherit the cell's CPU affinity (its ``--threads``
+cores) and share them.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fwbench.datasets.folders import changed_packed_files, corrupt_images, image_dataset
+from fwbench.measure import memory, noise, processes
+from fwbench.models.base import ModelDescription
+from fwbench.runner.cell import Cell
+from fwbench.runner.phases.base import Phase
+from fwbench.spec import DATA_DTYPES, Settings
+
+BLOCKS = 8  # timed blocks per round: data_batches split evenly (at least one batch each)
+WORKER_EXIT_S = 10.0  # how long the loader's worker processes may take to end once it is closed
+
+
+class CorruptImages(RuntimeError):
+    """Images of the dataset that do not decode (the cell is ``error``, naming the first)."""
+
+
+def block_batches(settings: Settings) -> int:
+    """Batches per timed block: ``data_batches`` over :data:`BLOCKS`, at least one."""
+    return max(1, settings.data_batches // BLOCKS)
+
+
+def warmup_batches(settings: Settings, workers: int) -> int:
+    """Untimed batches after the first: the warm-up calls, and at least two per worker so that every worker
+    process has delivered (each prefetches two) before the clock starts."""
+    return max(settings.warmup_calls, 2 * workers)
+
+
+def _first_batch_facts(batch: Any) -> dict[str, Any]:
+    """The first batch's images: shape, dtype and a checksum (float64 sum), read once, outside any timing."""
+    images = np.asarray(batch[0])
+    return {"shape": list(images.shape), "dtype": str(images.dtype), "sum": float(images.sum(dtype=np.float64))}
+
+
+def check_dataset(folder: Path, settings: Settings, packed_folder: str | None) -> dict[str, Any]:
+    """The dataset's facts for ``details.data`` (``excluded``: the files to leave out); raises CorruptImages for
+    an image that does not decode (without --skip-corrupt) and ValueError for a changed packed file."""
+    manifest = image_dataset(folder)
+    packed = settings.data_source == "packed" and packed_folder is not None
+    details: dict[str, Any] = {
+        "dataset": manifest.name,
+        "digest": manifest.digest,
+        "folder": str(folder),
+        "images": int(manifest.arguments.get("n", 0)),
+        "source": packed_folder if packed else "files",
+        "transform": settings.transform,
+        "crop": settings.crop,
+        "pinning": f"the loader's workers share the cell's {settings.threads} pinned core(s) (inherited affinity)",
+        "corrupt_files": 0,
+        "excluded": [],
+    }
+    if packed:
+        assert packed_folder is not None
+        changed = changed_packed_files(folder, manifest, packed_folder)
+        if changed:
+            raise ValueError(
+                f"{len(changed)} packed file(s) differ from the manifest, first {changed[0]}: rewrite the "
+                "dataset with fwbench data make"
+            )
+        return details
+    corrupt = corrupt_images(folder, manifest)
+    if corrupt and not settings.skip_corrupt:
+        first = corrupt[0]
+        raise CorruptImages(
+            f"{len(corrupt)} image(s) do not decode, first {folder / first.file} ({first.error}); "
+            "--skip-corrupt leaves them out"
+        )
+    details.update(
+        corrupt_files=len(corrupt),
+        corrupt=[{"file": c.file, "error": c.error} for c in corrupt[:20]],
+        excluded=[c.file for c in corrupt],
+    )
+    return details
+
+
+class Data(Phase):
+    """import → build (dataset checks) → first batch → warm-up → timed batches → the loader closed."""
+
+    name = "data"
+    dtypes = DATA_DTYPES
+    interleavable: ClassVar[bool] = False
+    uses_model: ClassVar[bool] = False
+
+    def measure(self, cell: Cell, backend: Any, description: ModelDescription) -> None:
+        raise NotImplementedError("phase data runs through Data.run")
+
+    def run(self, cell: Cell) -> dict[str, Any]:
+        from fwbench.frameworks import get_runtime
+
+        case, settings = cell.job.case, cell.job.settings
+        if case.dtype not in self.dtypes:
+            raise NotImplementedError(f"phase data hands out float32 images: dtype {case.dtype} is not one")
+        if cell.job.verify_output is not None or cell.job.export_to is not None or cell.job.profile_to is not None:
+            raise NotImplementedError("phase data is run by fwbench run only")
+        if settings.data_input is None:
+            raise ValueError("phase data needs a dataset folder (settings.data_input)")
+        assert case.workers is not None  # spec.Case: every data cell has one
+        folder = Path(settings.data_input)
+        info = get_runtime(case.runtime)
+
+        cell.stage("import")
+        loader: Any = importlib.import_module(info.module)
+        cell.result["threads_effective"] = loader.configure_threads(settings.threads)
+        cell.result["versions"] = loader.versions()
+        cell.result["layout"] = loader.LAYOUT
+
+        cell.stage("build")
+        details = check_dataset(folder, settings, loader.PACKED)
+        cell.result["data"] = details
+        exclude = frozenset(details.pop("excluded"))
+
+        cell.stage("first_call")
+        started = time.perf_counter()
+        stream = loader.batches(
+            folder,
+            case.batch_size,
+            case.workers,
+            settings.crop,
+            settings.transform,
+            settings.seed,
+            settings.data_source == "packed",
+            exclude,
+        )
+        first = next(stream)
+        cell.result["first_call_s"] = time.perf_counter() - started
+        details["first_batch"] = _first_batch_facts(first)
+        del first
+        try:
+            self.time_batches(cell, stream, case.workers)
+        finally:
+            pids = [child.pid for child in processes.children()]
+            stream.close()  # the generator's loader goes: its worker processes are told to stop
+            del stream
+            gc.collect()
+            left = processes.wait_gone(pids, WORKER_EXIT_S)
+            details["worker_pids"] = pids
+            details["workers_left_running"] = len(left)
+        if left:
+            raise RuntimeError(f"{len(left)} loader worker processes still ran {WORKER_EXIT_S:g} s after it closed")
+        cell.stage("done")
+        return cell.result
+
+    def time_batches(self, cell: Cell, stream: Any, workers: int) -> None:
+        """Warm-up and timed batches of ``stream`` (the first is out), recorded in ``cell.result``: seconds per
+        batch by block, the CPU the process and its workers used while timed, their PSS peaks (read between
+        blocks), the noise on the machine."""
+        settings = cell.job.settings
+        cell.stage("warmup")
+        warmup_s = []
+        for _ in range(warmup_batches(settings, workers)):
+            start = time.perf_counter()
+            next(stream)
+            warmup_s.append(time.perf_counter() - start)
+        cell.result["warmup_calls"] = len(warmup_s)
+        cell.result["warmup_call_s"] = warmup_s
+
+        cell.stage("timing")
+        cell.result["loadavg_before_timing"] = os.getloadavg()
+        cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
+        per_block = block_batches(settings)
+        blocks = max(1, settings.data_batches // per_block)
+        totals = noise.NoiseTotals()
+        peak = processes.tree_memory()
+        pids: list[int | str] = ["self", *(child.pid for child in processes.children())]
+        cpu_before, cpu_clock = processes.tree_cpu_s(), time.perf_counter()
+        samples, starts = [], []
+        for _ in range(blocks):
+            before = noise.read(time.perf_counter(), pids)
+            starts.append(time.time())
+            start = time.perf_counter()
+            for _ in range(per_block):
+                next(stream)
+            seconds = time.perf_counter() - start
+            totals.add(before, noise.read(time.perf_counter(), pids))
+            samples.append(seconds / per_block)
+            now = processes.tree_memory()  # between blocks: reading smaps is not part of any batch
+            if (now.total_bytes or 0) > (peak.total_bytes or 0):
+                peak = now
+        elapsed = sum(samples) * per_block
+        cpu_s = processes.cpu_used_s(cpu_before, processes.tree_cpu_s())
+        cpu_wall_s = time.perf_counter() - cpu_clock  # the blocks and the PSS reads between them
+        cell.result["peak_memory_bytes"] = memory.peak_rss_bytes()
+        cell.result["noise"] = totals.to_dict()
+        cell.result["block_starts_unix_s"] = starts
+        cell.result["data"].update(
+            warmup_batches=len(warmup_s),
+            timed_batches=blocks * per_block,
+            pss_peak_bytes={"parent": peak.parent_bytes, "workers": peak.workers_bytes, "total": peak.total_bytes},
+            worker_processes=peak.workers,
+            cpu_s=cpu_s,
+            cpu_cores_busy=cpu_s / cpu_wall_s if cpu_wall_s > 0 else None,
+        )
+        cell.result.update(
+            status="ok", samples_s=samples, calls_per_sample=per_block, stop_reason="batches", timing_elapsed_s=elapsed
+        )

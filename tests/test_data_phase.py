@@ -1,0 +1,298 @@
+"""``fwbench run --phase data``: the plan (dataset as model, workers as a grid axis), bad input, the three loaders
+end to end in fresh workers (their batches, worker processes that end), corrupt images, and a killed cell whose
+loader workers die with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import run_cli
+from fwbench.datasets import images
+from fwbench.runner.planner import PlanChoices, resolve_plan, suite_plan
+from fwbench.spec import Case, SpecError
+from fwbench.suites import load_suite
+
+LOADERS = ("torch:dataloader", "tensorflow:data", "grain:dataloader")
+TINY = ("--crop", "16", "--data-batches", "8", "--batch-sizes", "4", "--rounds", "1", "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("data") / "images-48"
+    images.make_images(folder, n=12, size=48, seed=3)
+    return folder
+
+
+def _rows(db: Path) -> list[dict[str, object]]:
+    with sqlite3.connect(db) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(row) for row in conn.execute("SELECT * FROM results ORDER BY id")]
+
+
+def test_a_data_case_has_a_worker_count_and_only_a_data_case() -> None:
+    case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
+    assert case.key.endswith("|w2") and "w=2" in case.label()
+    assert Case("mlp", "torch:eager").key == "mlp|torch:eager|inference|1|-|fp32|cpu"  # other keys unchanged
+    with pytest.raises(SpecError):
+        Case("images-256", "torch:dataloader", "data", 32)
+    with pytest.raises(SpecError):
+        Case("mlp", "torch:eager", workers=1)
+    with pytest.raises(SpecError):
+        Case("images-256", "torch:dataloader", "data", 32, workers=-1)
+
+
+def test_the_plan_takes_the_dataset_as_model_and_workers_as_an_axis(dataset: Path) -> None:
+    plan = resolve_plan(
+        PlanChoices(
+            runtimes=",".join(LOADERS),
+            batch_sizes="4,8",
+            workers="0,2",
+            phase="data",
+            settings={"data_input": str(dataset)},
+        )
+    )
+    assert len(plan.cases) == 3 * 2 * 2
+    assert {case.model for case in plan.cases} == {"images-48"}
+    assert {case.workers for case in plan.cases} == {0, 2}
+    assert plan.settings.data_input == str(dataset.resolve())
+    with pytest.raises(SpecError, match="phase data reads one dataset, images-48"):
+        resolve_plan(
+            PlanChoices(models="images-256", runtimes=LOADERS[0], phase="data", settings={"data_input": str(dataset)})
+        )
+
+
+def test_the_data_suite_plans_three_loaders_at_three_worker_counts_and_a_fit_per_framework() -> None:
+    plan = suite_plan(load_suite("data"), threads=2)
+    data = [case for case in plan.cases if case.phase == "data"]
+    assert {(case.runtime, case.workers) for case in data} == {(r, w) for r in LOADERS for w in (0, 1, 2)}
+    assert len(data) == 9 and {case.model for case in data} == {"images-256"}
+    fits = [case for case in plan.cases if case.phase == "fit"]
+    assert {case.runtime for case in fits} == {"torch:eager", "tensorflow:function", "jax:jit"}
+    assert {case.model for case in fits} == {"resnet-tiny"} and {case.batch_size for case in plan.cases} == {32}
+    assert plan.settings.fit_source == "input" and plan.settings.data_input is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--workers", "-1"), "--workers '-1': every value must be an integer from 0"),
+        (("--input", "/nonexistent/fwbench-data"), "no such folder"),
+        (("--workers", "1", "--phase", "inference", "--models", "mlp"), "--workers (loader worker processes) is for"),
+    ],
+)
+def test_bad_data_input_is_one_line_and_exit_2(
+    tmp_path: Path, dataset: Path, args: tuple[str, ...], message: str
+) -> None:
+    base = ["run", "--phase", "data", "--runtimes", LOADERS[0], "--db", str(tmp_path / "x.db")]
+    if "--input" not in args:
+        base += ["--input", str(dataset)]
+    done = run_cli(*base, *args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert not (tmp_path / "x.db").exists()  # nothing written
+
+
+def test_a_text_dataset_is_refused(tmp_path: Path) -> None:
+    from fwbench.datasets import text
+
+    text.make_text(tmp_path / "lines", n=4)
+    done = run_cli("run", "--phase", "data", "--runtimes", LOADERS[0], "--input", str(tmp_path / "lines"))
+    assert done.returncode == 2 and "a text dataset; phase data reads images" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_three_loaders_run_end_to_end_and_their_workers_end(tmp_path: Path, dataset: Path) -> None:
+    db = tmp_path / "d.db"
+    done = run_cli(
+        "run", "--phase", "data", "--runtimes", ",".join(LOADERS), "--workers", "0,1", "--input", str(dataset),
+        "--transform", "center-crop", "--db", str(db), *TINY,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _rows(db)
+    assert len(rows) == 6 and {row["status"] for row in rows} == {"ok"}, [row["reason"] for row in rows]
+    sums = {}
+    for row in rows:
+        data = json.loads(str(row["details_json"]))["data"]
+        runtime, workers = str(row["runtime"]), int(str(row["workers"]))
+        assert row["model"] == "images-48" and row["phase"] == "data" and row["flops"] is None
+        assert len(json.loads(str(row["samples_json"]))) == 8 and row["calls_per_sample"] == 1
+        assert data["timed_batches"] == 8 and data["warmup_batches"] == max(2, 2 * workers)
+        layout = json.loads(str(row["details_json"]))["layout"]
+        assert data["first_batch"]["shape"] == ([4, 3, 16, 16] if layout == "NCHW" else [4, 16, 16, 3])
+        assert data["first_batch"]["dtype"] == "float32"
+        # tf.data's workers are threads; the other loaders' are processes, all gone once the cell ended
+        assert data["worker_processes"] == (0 if runtime == "tensorflow:data" else workers)
+        assert len(data["worker_pids"]) == data["worker_processes"] and data["workers_left_running"] == 0
+        assert not any(
+            psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in data["worker_pids"]
+        )
+        assert data["pss_peak_bytes"]["total"] >= data["pss_peak_bytes"]["parent"] > 0
+        assert (data["pss_peak_bytes"]["workers"] > 0) == (data["worker_processes"] > 0)
+        assert data["cpu_cores_busy"] > 0 and data["corrupt_files"] == 0
+        if workers == 0:
+            sums[runtime] = data["first_batch"]["sum"]
+    # center-crop, one process: the same 4 images in every loader; a sum does not depend on the layout
+    values = list(sums.values())
+    assert max(values) - min(values) <= 1e-3 * 4 * 16 * 16 * 3, sums
+    report = run_cli("report", "--db", str(db), "--run", "latest")
+    assert report.returncode == 0 and "workers" in report.stdout and "images-48" in report.stdout
+
+
+@pytest.mark.slow
+def test_a_corrupt_image_fails_the_cell_naming_it_unless_skipped(tmp_path: Path, dataset: Path) -> None:
+    folder = tmp_path / "broken"
+    shutil.copytree(dataset, folder)
+    bad = images.read_labels(folder)[5][0]
+    (folder / bad).write_bytes(b"\xff\xd8\xff\xe0 not a JPEG at all")
+    common = ("run", "--phase", "data", "--runtimes", LOADERS[0], "--input", str(folder), *TINY)
+    done = run_cli(*common, "--db", str(tmp_path / "a.db"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = _rows(tmp_path / "a.db")
+    assert row["status"] == "error" and bad in str(row["reason"]) and "--skip-corrupt" in str(row["reason"])
+    done = run_cli(*common, "--skip-corrupt", "--db", str(tmp_path / "b.db"))
+    (row,) = _rows(tmp_path / "b.db")
+    assert row["status"] == "ok", row["reason"]
+    data = json.loads(str(row["details_json"]))["data"]
+    assert data["corrupt_files"] == 1 and data["corrupt"][0]["file"] == bad
+
+
+@pytest.mark.slow
+def test_a_killed_data_cell_leaves_no_loader_process(tmp_path: Path, dataset: Path) -> None:
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "FWBENCH_TEST_MARKER": marker}  # every process the run starts inherits it
+    done = run_cli(
+        "run", "--phase", "data", "--runtimes", LOADERS[0], "--workers", "2", "--input", str(dataset),
+        "--crop", "16", "--batch-sizes", "4", "--rounds", "1", "--data-batches", "100000000",
+        "--max-time", "1", "--timeout", "8", "--db", str(tmp_path / "k.db"),
+        env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = _rows(tmp_path / "k.db")
+    assert row["status"] == "timeout"
+    deadline = time.monotonic() + 10
+    while True:
+        left = []
+        for process in psutil.process_iter():
+            try:
+                if process.environ().get("FWBENCH_TEST_MARKER") == marker and process.status() != "zombie":
+                    left.append(process.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == []
+
+
+def _fit_from_images(tmp_path: Path, dataset: Path, runtimes: dict[str, str | None], models: str) -> dict:
+    """Run ``--phase fit --input`` for ``runtimes`` (runtime → the loader its fit reads, None: skipped) and check
+    each fit's record; returns the rows by (model, runtime)."""
+    db = tmp_path / "f.db"
+    done = run_cli(
+        "run", "--phase", "fit", "--input", str(dataset), "--models", models, "--runtimes", ",".join(runtimes),
+        "--batch-sizes", "4", "--epochs", "2", "--rounds", "1", "--threads", "1", "--db", str(db),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {(row["model"], row["runtime"]): row for row in _rows(db)}
+    for runtime, loader in runtimes.items():
+        row = rows[("resnet-tiny", runtime)]
+        if loader is None:
+            assert row["status"] == "skipped" and "does not read --input images" in str(row["reason"])
+            continue
+        assert row["status"] == "ok", row["reason"]
+        fit = json.loads(str(row["details_json"]))["fit"]
+        assert fit["source"] == "input" and fit["samples"] == 12 and fit["steps_per_epoch"] == 3
+        waits = fit["input"]
+        assert waits["loader"] == loader and waits["crop"] == 64 and waits["workers"] == 1
+        assert fit["final_loss"] > 0 and 0 <= fit["final_accuracy"] <= 1 and len(fit["epoch_s"]) == 2
+        if runtime.startswith("keras:"):  # model.fit fetches inside its own step: no separate wait
+            assert waits["wait_fraction"] is None and "not separable" in waits["measured_as"]
+            continue
+        pairs = zip(waits["epoch_wait_s"], fit["epoch_s"])
+        assert len(waits["epoch_wait_s"]) == 2 and all(0 <= wait <= epoch for wait, epoch in pairs)
+        assert 0 <= waits["wait_fraction"] <= 1
+    return rows
+
+
+@pytest.mark.slow
+def test_fit_reads_the_images_through_each_frameworks_loader(tmp_path: Path, dataset: Path) -> None:
+    """resnet-tiny fits from the dataset's images (cropped to its 64 px) through DataLoader, tf.data and Grain
+    in the manual loops, each saying how long it waited for data; a model that takes no images is skipped."""
+    loops = {"torch:eager": "torch:dataloader", "tensorflow:function": "tensorflow:data", "jax:jit": "grain:dataloader"}
+    rows = _fit_from_images(tmp_path, dataset, loops, "resnet-tiny,mlp")
+    assert {rows[("mlp", runtime)]["status"] for runtime in loops} == {"skipped"}
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_the_high_level_fit_apis_read_the_images_too(tmp_path: Path, dataset: Path) -> None:
+    apis = {
+        "torch:lightning": "torch:dataloader",
+        "keras:tensorflow": "tensorflow:data",
+        "keras:jax": "grain:dataloader",
+        "keras:torch": None,
+    }
+    _fit_from_images(tmp_path, dataset, apis, "resnet-tiny")
+
+
+def _data_store(path: Path) -> Path:
+    """A run of three loaders at 0, 1 and 2 workers (batch 32), three rounds each, torch:dataloader slowest."""
+    from fwbench.runner.scheduler import group_key
+    from fwbench.spec import Plan, Settings
+    from fwbench.store import Store
+    from report_store import blocks_of
+
+    cases = [Case("images-256", loader, "data", 32, workers=w) for loader in LOADERS for w in (0, 1, 2)]
+    speed = {"torch:dataloader": 1.0, "tensorflow:data": 0.5, "grain:dataloader": 0.8}
+    with Store.open(path) as store:
+        run_id = store.create_run(Plan(tuple(cases), Settings(threads=2)), "fwbench run --suite data", {}, "0")
+        for case in cases:
+            median = 0.1 * speed[case.runtime] / (1 + (case.workers or 0))
+            samples = [median * (1 + 0.001 * i) for i in range(24)]
+            fields = {
+                "status": "ok",
+                "median_s": median,
+                "first_call_s": 0.2,
+                "calls_per_sample": 8,
+                "group_key": group_key(case),
+                "schedule": "sequential",
+                "rounds": 3,
+            }
+            store.add_result(
+                run_id, case, fields, samples, {"data": {"workers_left_running": 0}}, blocks_of(samples, 3, 8)
+            )
+        store.finish_run(run_id)
+    return path
+
+
+def test_reports_show_the_worker_count_of_data_cells(tmp_path: Path) -> None:
+    from fwbench.report.export import spreadsheet_tables, to_csv
+    from fwbench.report.html import to_html
+    from fwbench.report.summary import compare_cells
+    from fwbench.store import Store
+
+    with Store.open(_data_store(tmp_path / "d.db"), readonly=True) as store:
+        results = store.results()
+        page = to_html(store.runs(), results, baseline="torch:dataloader", source="d.db")
+    cells = compare_cells(results, "torch:dataloader", "tensorflow:data")
+    assert len(cells) == 3 and [c.workers for c in cells] == [0, 1, 2]  # matched worker count by worker count
+    assert all(c.ratio == pytest.approx(2.0) for c in cells)
+    assert "<th>workers</th>" in page and page.count("<img") == 2  # the full table's column; heat map, lines
+    tables = spreadsheet_tables(results)
+    assert tables["images-256_tensorflow_data.csv"][0] == ["batch_size\\workers", "0", "1", "2"]
+    assert to_csv(results).splitlines()[0].split(",")[:7] == [
+        "run_id", "model", "runtime", "phase", "batch_size", "seq_len", "workers",
+    ]  # fmt: skip
+    done = run_cli("report", "--db", str(tmp_path / "d.db"), "--run", "latest")
+    assert done.returncode == 0 and "workers" in done.stdout and "phase data" in done.stdout
+    assert "2.00×" in done.stdout and "cores busy" in done.stdout and "PSS (workers)" in done.stdout
