@@ -415,14 +415,27 @@ def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
     db_path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(db_path, isolation_level=None)
     assert migrate(conn, MIGRATIONS[:3]) == 3
+    conn.execute(
+        "INSERT INTO runs (created, command, settings_json, plan_json, environment_json, fwbench_version) "
+        "VALUES ('2026-01-01', 'fwbench run', '{}', ?, '{}', '0')",
+        (PLAN.to_json(),),
+    )
+    conn.execute(
+        "INSERT INTO results (run_id, case_key, created, model, runtime, phase, batch_size, dtype, device, status, "
+        "samples_json, n_samples, median_s) VALUES (1, ?, '', 'mlp', 'torch:eager', 'inference', 1, 'fp32', 'cpu', "
+        "'ok', '[0.01]', 1, 0.01)",
+        (PLAN.cases[0].key,),
+    )
     conn.close()
     data_case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
     with Store.open(db_path) as store:
         assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        (old,) = store.results([1])  # stored before the migration: kept, no worker count
         run_id = store.create_run(PLAN, "fwbench run", {}, "0")
         with store.transaction():
             store.add_result(run_id, PLAN.cases[0], {"status": "ok"}, [0.01], {})
             store.add_result(run_id, data_case, {"status": "ok"}, [0.2], {})
         plain, data = store.results([run_id])
+    assert old.workers is None and old.case_key == PLAN.cases[0].key and old.median_s == 0.01
     assert plain.workers is None and plain.case_key == PLAN.cases[0].key
     assert data.workers == 2 and data.case_key == data_case.key and data.phase == "data"

@@ -234,7 +234,8 @@ def add_parser(commands: Any) -> None:
         "--data-batches",
         type=positive_int,
         metavar="N",
-        help="batches timed per round, in 8 blocks, after the first batch and the warm-up (default 64)",
+        help="batches timed per round, in min(8, N) blocks of N // blocks, after the first batch and the warm-up "
+        "(default 64)",
     )
     data.add_argument(
         "--data-source",
@@ -247,8 +248,8 @@ def add_parser(commands: Any) -> None:
         choices=FIT_SOURCES,
         help="--phase fit: memory (the seeded in-memory dataset; the default without --input) or input (the images "
         "of --input or the default dataset through each framework's own loader, cropped to the model's image size: "
-        "torch:eager ← DataLoader, tensorflow:function ← tf.data, jax:jit ← Grain; the default with --input), with "
-        "the fraction of each epoch its loop waited for data",
+        "torch:eager and torch:lightning ← DataLoader, tensorflow:function and keras:tensorflow ← tf.data, jax:jit "
+        "and keras:jax ← Grain; the default with --input), with the fraction of each epoch its loop waited for data",
     )
     data.add_argument(
         "--fit-workers",
@@ -351,9 +352,10 @@ def tensorboard_listener(
 
 
 def check_dataset(plan: Plan) -> None:
-    """A plan with phase data cells: write the default dataset if it reads it and it is missing; SpecError when
-    its folder is gone (a resumed run's --input)."""
-    if not any(case.phase == "data" for case in plan.cases) or plan.settings.data_input is None:
+    """A plan that reads images (phase data cells, phase fit cells with ``fit_source`` input): write the default
+    dataset if it reads it and it is missing; SpecError when its folder is gone (a resumed run's --input)."""
+    reads = plan.settings.fit_source == "input" and any(case.phase == "fit" for case in plan.cases)
+    if not (reads or any(case.phase == "data" for case in plan.cases)) or plan.settings.data_input is None:
         return
     folder = Path(plan.settings.data_input)
     try:

@@ -16,7 +16,7 @@ batch size (the sample count must be a multiple of it), with the training loss o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,10 +153,18 @@ def image_fit_dataset(folder: Path, crop: int, exclude: frozenset[str] = frozens
     return FitDataset({"pixel_values": pixels}, np.array([label for _, label in labels], dtype=np.int32))
 
 
+FETCH_WAIT = (
+    "per step, the time the loop spent getting its next batch from the loader; torch and TensorFlow steps on a "
+    "CPU have finished by then, JAX dispatches asynchronously (its step may still run meanwhile: an upper bound "
+    "of the idle time)"
+)
+
+
 class WaitClock:
-    """Seconds a fit loop waited for its next batch, epoch by epoch: from the end of the previous step (its
-    result ready) or the epoch's start, to the batch in hand. A loop calls :meth:`start_epoch`, then per step
-    :meth:`batch_ready` once it holds the batch and :meth:`step_done` once the step's result is ready, and
+    """Seconds a fit loop spent waiting for its next batch, epoch by epoch. A manual loop iterates
+    :meth:`batches` (the time inside each ``next()`` on the loader, getting the iterator included, is the wait);
+    a loop run by a library reports through hooks: :meth:`step_done` at a step's end, :meth:`batch_ready` at the
+    next step's start (the wait: between the two). Epochs are bracketed by :meth:`start_epoch` and
     :meth:`end_epoch`."""
 
     def __init__(self) -> None:
@@ -168,10 +176,25 @@ class WaitClock:
     def start_epoch(self) -> None:
         self._epoch, self._mark = 0.0, time.perf_counter()
 
-    def batch_ready(self) -> None:
-        wait = time.perf_counter() - self._mark
+    def _add(self, wait: float) -> None:
         self._epoch += wait
         self.waits_s.append(wait)
+
+    def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """``iterable``'s batches, each fetch timed as a wait (the loop's step runs between two fetches)."""
+        start = time.perf_counter()
+        iterator = iter(iterable)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._add(time.perf_counter() - start)
+            yield batch
+            start = time.perf_counter()
+
+    def batch_ready(self) -> None:
+        self._add(time.perf_counter() - self._mark)
 
     def step_done(self) -> None:
         self._mark = time.perf_counter()
@@ -179,9 +202,9 @@ class WaitClock:
     def end_epoch(self) -> None:
         self.epoch_wait_s.append(self._epoch)
 
-    def report(self, epoch_s: list[float], loader: str, layout: str) -> dict[str, Any]:
+    def report(self, epoch_s: list[float], loader: str, layout: str, measured_as: str = FETCH_WAIT) -> dict[str, Any]:
         """``details.fit.input``: the loader, per-epoch waits and their fraction of the epoch (epochs 2.., the
-        samples, give ``wait_fraction``), and the longest single wait."""
+        samples, give ``wait_fraction``), the longest single wait and how the waits were measured."""
         later = [w / s for w, s in zip(self.epoch_wait_s[1:], epoch_s[1:]) if s > 0]
         return {
             "loader": loader,
@@ -189,5 +212,5 @@ class WaitClock:
             "epoch_wait_s": self.epoch_wait_s,
             "wait_fraction": sum(later) / len(later) if later else None,
             "max_step_wait_s": max(self.waits_s, default=0.0),
-            "measured_as": "per step, from the previous step's result being ready to the next batch in hand",
+            "measured_as": measured_as,
         }

@@ -38,6 +38,11 @@ SETTINGS_KEYS = (
     "optimizer",
     "seed",
 )
+# What a run's data and fit-from-images cells read and how (recorded only for runs that have such cells, so an
+# inference run compares as before): the settings, and the dataset's digest its cells stored.
+DATA_SETTINGS_KEYS = (
+    "crop", "transform", "data_batches", "data_source", "skip_corrupt", "fit_source", "fit_workers", "epochs",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -245,12 +250,27 @@ def framework_versions(results: Sequence[ResultRecord]) -> dict[str, str]:
     return {key: " | ".join(sorted(values)) for key, values in sorted(seen.items())}
 
 
+def _dataset_facts(row: ResultRecord) -> dict[str, object]:
+    """The dataset facts a data cell (``details.data``) or a fit from images (``details.fit.input``) stored."""
+    data = row.details.get("data")
+    if isinstance(data, dict):
+        return data
+    fit = row.details.get("fit")
+    facts = fit.get("input") if isinstance(fit, dict) else None
+    return facts if isinstance(facts, dict) else {}
+
+
 def environment_record(run: RunRecord, results: Sequence[ResultRecord]) -> dict[str, str | None]:
     """What :func:`environment_differences` compares: the run's environment record (CPU model and flags,
     cores, package versions, ...), its measurement settings, the thread counts its cells ran with, and the
     framework versions its workers reported."""
     record: dict[str, str | None] = {f"environment.{k}": _text(v) for k, v in sorted(run.environment.items())}
     record.update({f"settings.{k}": _text(run.settings.get(k)) for k in SETTINGS_KEYS if k in run.settings})
+    if any(row.phase in ("data", "fit") for row in results):
+        record.update({f"settings.{k}": _text(run.settings.get(k)) for k in DATA_SETTINGS_KEYS if k in run.settings})
+        digests = sorted({str(d["digest"]) for d in map(_dataset_facts, results) if d.get("digest")})
+        if digests:
+            record["data.digest"] = " | ".join(digests)
     threads = sorted({row.threads for row in results if row.threads is not None})
     if threads:
         record["cells.threads"] = ", ".join(map(str, threads))

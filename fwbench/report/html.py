@@ -706,7 +706,7 @@ def results_section(
         )
         classes.append("" if ok and not is_noisy(r) else ("noisy" if ok else "bad"))
     extra = int(workers)  # the workers column shifts the ones after it
-    numeric = [0, 4, 5, *range(5, 5 + extra), *range(9 + extra, len(headers) - 1)]  # from the median on, but the note
+    numeric = [0, 4, 5, *range(6, 6 + extra), *range(9 + extra, len(headers) - 1)]  # from the median on, but the note
     peak_note = (
         ""
         if peak is None

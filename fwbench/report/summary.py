@@ -3,7 +3,7 @@ summary per runtime pair. Framework-free; statistics with scipy.
 
 Semantics (each is tested):
 
-- Cells match across runtimes by ``(run_id, model, phase, batch_size, seq_len, dtype, device)``: a
+- Cells match across runtimes by ``(run_id, model, phase, batch_size, seq_len, dtype, device, workers)``: a
   ratio never mixes two runs (absolute times from different runs are not comparable).
 - Speed-up of runtime R over baseline B in one cell (> 1: R is faster), from :mod:`fwbench.measure.rounds`:
   when both were measured interleaved in the same run and group, from their *paired* blocks (same round, same

@@ -399,7 +399,8 @@ def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False, da
     if data:
         lines.append(
             "phase data (input pipelines; model: the dataset): the median is seconds per batch out of the loader, "
-            "samples/s images per second; workers: the loader's worker count; first call: the time to the first "
+            "samples/s images per second; workers: the loader's worker processes (tensorflow:data: parallel map "
+            "calls, threads; 0: AUTOTUNE); first call: the time to the first "
             "batch, worker start-up included; peak RSS: the loader's own process; PSS (workers): the peak "
             "proportional set size of the process and its worker processes (the workers' share), shared pages "
             "counted once; cores busy: their CPU seconds per second while timed."

@@ -18,6 +18,7 @@ from typing import Any
 
 from fwbench.datasets.folders import DatasetError, default_folder, default_name, image_dataset
 from fwbench.frameworks import dtype_unsupported, fit_input_unsupported, get_runtime, phase_unsupported
+from fwbench.frameworks import runtimes as registered_runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
@@ -37,6 +38,7 @@ from fwbench.spec import (
 from fwbench.suites import CELL_SETTINGS, DEFAULT_SUITE, Grid, Suite, load_settings_file, load_suite
 
 DEFAULT_ROUNDS = 3  # the command line's and the suites' rounds: the fewest that give a CI (Settings' own default is 1)
+DATA_BATCH = 32  # --phase data without --batch-sizes: a training batch, not the one-sample default
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:
@@ -258,9 +260,10 @@ class PlanChoices:
 def resolve_plan(choices: PlanChoices) -> Plan:
     """The plan of ``choices``: flags > settings file > suite > defaults. Without --models and --runtimes
     the default suite runs; SpecError on any invalid choice (nothing has been written)."""
-    data_flags = choices.phase == "data" and choices.runtimes is not None  # the dataset is the model
+    # --phase data: the dataset is the model, and the loaders are the runtimes unless --runtimes names some
+    data_flags = choices.phase == "data" and choices.suite is None and choices.models is None
     if choices.suite is None and (choices.models is None) != (choices.runtimes is None) and not data_flags:
-        raise SpecError("give both --models and --runtimes, or a --suite (--phase data: --runtimes)")
+        raise SpecError("give both --models and --runtimes, or a --suite (--phase data: --runtimes or none)")
     use_suite = choices.suite is not None or (choices.models is None and not data_flags)
     suite = load_suite(DEFAULT_SUITE if choices.suite is None else choices.suite) if use_suite else None
     settings_data: dict[str, Any] = {"threads": environment.physical_core_count(), "rounds": DEFAULT_ROUNDS}
@@ -275,10 +278,12 @@ def resolve_plan(choices: PlanChoices) -> Plan:
     check_threads_fit(settings)
     flag_grid = Grid(
         models=parse_names("--models", choices.models) if choices.models is not None else [],
-        runtimes=parse_names("--runtimes", choices.runtimes) if choices.runtimes is not None else [],
+        runtimes=parse_names("--runtimes", choices.runtimes)
+        if choices.runtimes is not None
+        else [name for name, info in registered_runtimes().items() if "data" in info.phases and data_flags],
         batch_sizes=parse_positive_ints("--batch-sizes", choices.batch_sizes)
         if choices.batch_sizes is not None
-        else [1],
+        else [DATA_BATCH if data_flags else 1],
         seq_lens=parse_positive_ints("--seq-lens", choices.seq_lens) if choices.seq_lens is not None else [],
         workers=parse_worker_counts("--workers", choices.workers) if choices.workers is not None else [],
     )
@@ -293,13 +298,18 @@ def resolve_plan(choices: PlanChoices) -> Plan:
                 runtimes=flag_grid.runtimes if choices.runtimes is not None else grid.runtimes,
                 batch_sizes=flag_grid.batch_sizes if choices.batch_sizes is not None else grid.batch_sizes,
                 seq_lens=flag_grid.seq_lens if choices.seq_lens is not None else grid.seq_lens,
-                workers=flag_grid.workers if choices.workers is not None else grid.workers,
             )
             for grid in suite.grids
         ]
     )
     overrides = {"phase": choices.phase, "dtype": choices.dtype, "device": choices.device}
     grids = [grid.with_overrides(**overrides).with_defaults(**CELL_SETTINGS) for grid in grids]
+    if suite is not None and choices.workers is not None:  # --workers replaces the phase data grids' axis only
+        if not any(grid.phase == "data" for grid in grids):
+            raise SpecError(
+                f"--workers (loader worker processes) is for phase data; suite {suite.name} has no data grid"
+            )
+        grids = [dataclasses.replace(g, workers=flag_grid.workers) if g.phase == "data" else g for g in grids]
     grids, settings = with_dataset(grids, settings)
     plan = build_grids_plan(grids, settings, suite=suite.name if suite else None)
     if settings.weights_path is not None:

@@ -9,7 +9,7 @@ update rule); the final logits are in inference form (``inference_logits``: BN o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from fwbench.models.fit import EpochEnd, FitDataset, FitResult, LoaderInput, Wai
 from fwbench.models.training import optimizer_spec
 
 
-def _grain_epochs(source: LoaderInput, batch_size: int, epochs: int) -> Iterator[Iterator[Any]]:
+def _grain_epochs(source: LoaderInput, batch_size: int, epochs: int) -> Generator[Iterator[Any], None, None]:
     """Each epoch's batches (images NHWC, labels) of grain:dataloader over the dataset's JPEGs: one Grain
     DataLoader of ``epochs`` passes (its workers start once), cut into epochs of n // batch_size batches."""
     from fwbench.datasets import images
@@ -52,8 +52,8 @@ def fit(
 ) -> FitResult:
     """``epochs`` epochs of ``dataset`` in batches of ``batch_size`` (see the module docstring). With ``loader``
     the epochs read the images through grain:dataloader instead (NHWC batches, transposed to the models' NCHW
-    inside the jitted step; the loop waits for each step's result so that its wait for the next batch is the time
-    it stood idle), and those waits are reported (``extra["input"]``); ``dataset`` is then the evaluation set."""
+    inside the jitted step), and the loop's waits for it are reported (``extra["input"]``); ``dataset`` is then
+    the evaluation set."""
     assert backend.description is not None
     if backend.mode != "jit":
         raise NotImplementedError(f"jax:{backend.mode} has no fit phase")
@@ -96,11 +96,9 @@ def fit(
                 losses.append(loss)
         else:
             clock.start_epoch()
-            for images_nhwc, batch_labels in next(epochs_of_batches):
-                clock.batch_ready()
+            for images_nhwc, batch_labels in clock.batches(next(epochs_of_batches)):
                 params, state, stats, loss = step(params, state, stats, (images_nhwc,), batch_labels)
-                losses.append(loss.block_until_ready())
-                clock.step_done()
+                losses.append(loss)
             clock.end_epoch()
         mean = float(np.mean(jax.device_get(losses)))  # waits for the epoch's last step
         jax.block_until_ready((params, stats))
@@ -108,6 +106,8 @@ def fit(
         epoch_loss.append(mean)
         epoch_end(epoch_s[-1])
     total_s = time.perf_counter() - started
+    if epochs_of_batches is not None:
+        epochs_of_batches.close()  # Grain's loader and its worker processes go before the evaluation
     evaluated = as_evaluated_arch(arch)
     logits = jax.jit(lambda p, s, *xs: evaluated.inference_logits(model, p, s, *xs))(params, stats, *inputs)
     extra: dict[str, Any] = {}

@@ -90,11 +90,9 @@ def fit(
             epoch_start = time.perf_counter()
             total, batches = tf.zeros(()), 0
             clock.start_epoch()
-            for batch in epoch_batches():
-                clock.batch_ready()
+            for batch in clock.batches(epoch_batches()):
                 total += train_step(*batch)
                 batches += 1
-                clock.step_done()  # a tf.function call on a CPU returns once it has run
             clock.end_epoch()
             mean = float(total) / batches  # reads the loss: the epoch's work has finished
             epoch_s.append(time.perf_counter() - epoch_start)

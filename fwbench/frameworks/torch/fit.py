@@ -103,8 +103,7 @@ def _manual(
         epoch_start = time.perf_counter()
         total, batches = torch.zeros((), device=device), 0
         clock.start_epoch()
-        for *xs, y in loader:
-            clock.batch_ready()
+        for *xs, y in clock.batches(loader):
             xs, y = [x.to(device, non_blocking=True) for x in xs], y.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(arch.training_logits(model, *xs), y)
@@ -112,9 +111,6 @@ def _manual(
             optimizer.step()
             total += loss.detach()
             batches += 1
-            if on_cuda and source is not None:  # the wait starts once the step's result is ready
-                torch.cuda.synchronize()
-            clock.step_done()
         clock.end_epoch()
         mean = float(total) / batches  # reads the loss: the epoch's work has finished
         if on_cuda:
@@ -232,11 +228,13 @@ def _lightning(
         "logging": None,
     }
     if source is not None:
-        extra["input"] = {
-            **waits.report(epoch_s, "torch:dataloader", torch_data.LAYOUT),
-            "measured_as": "per step, from Lightning's batch-end hook to its next batch-start hook (the batch "
-            "fetched between them, with Lightning's own bookkeeping)",
-        }
+        extra["input"] = waits.report(
+            epoch_s,
+            "torch:dataloader",
+            torch_data.LAYOUT,
+            "per step, from Lightning's batch-end hook to its next batch-start hook (the batch fetched between them, "
+            "with Lightning's own bookkeeping)",
+        )
     if log_dir is not None:
         checkpoint = trainer.checkpoint_callback
         assert isinstance(checkpoint, ModelCheckpoint)

@@ -46,8 +46,9 @@ class Phase(ABC):
         """Why ``description``'s model cannot run this phase (None when it can); nothing is imported."""
         return None
 
-    def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int:
-        """FLOPs of one timed call (the ``flops`` stored with a result): one forward, or one optimizer step."""
+    def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
+        """FLOPs of one timed call (the ``flops`` stored with a result): one forward, or one optimizer step; None
+        when it cannot be known."""
         return description.flops(case.batch_size, case.seq_len, case.phase)
 
     def run(self, cell: Cell) -> dict[str, Any]:

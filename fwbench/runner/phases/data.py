@@ -6,8 +6,9 @@ Stages: import (the loader's framework; the thread budget) → build (the datase
 changed since ``fwbench data make`` wrote them are decoded with Pillow; one that does not decode fails the cell,
 naming it, unless ``--skip-corrupt`` leaves it out) → first_call (the loader made and its first batch out: worker
 start-up included, ``first_call_s`` is the time to first batch) → warmup (batches until every worker has
-delivered) → timing (``data_batches`` batches in eight blocks; between blocks, outside the clock, the PSS of the
-process and of its workers) → done (the loader closed; its worker processes must end).
+delivered, for at least a second) → timing (``data_batches`` batches in up to eight blocks on one clock, nothing
+done between blocks; the PSS of the process and of its workers just before and just after) → done (the loader
+closed; its worker processes must end).
 
 Data cells run one at a time (not interleaved): a pipeline that waits for its turn keeps prefetching and would
 look faster when it resumes. The loader's worker processes inherit the cell's CPU affinity (its ``--threads``
@@ -32,7 +33,8 @@ from fwbench.runner.cell import Cell
 from fwbench.runner.phases.base import Phase
 from fwbench.spec import DATA_DTYPES, Settings
 
-BLOCKS = 8  # timed blocks per round: data_batches split evenly (at least one batch each)
+BLOCKS = 8  # timed blocks per round (fewer when data_batches is below it)
+WARMUP_MIN_S = 1.0  # warm-up lasts at least this long: tf.data's AUTOTUNE settles its parallelism and buffers
 WORKER_EXIT_S = 10.0  # how long the loader's worker processes may take to end once it is closed
 
 
@@ -40,14 +42,16 @@ class CorruptImages(RuntimeError):
     """Images of the dataset that do not decode (the cell is ``error``, naming the first)."""
 
 
-def block_batches(settings: Settings) -> int:
-    """Batches per timed block: ``data_batches`` over :data:`BLOCKS`, at least one."""
-    return max(1, settings.data_batches // BLOCKS)
+def block_layout(settings: Settings) -> tuple[int, int]:
+    """(timed blocks, batches per block) of a round: min(BLOCKS, data_batches) blocks of data_batches // blocks
+    batches (data_batches rounded down to a multiple of the block count)."""
+    blocks = min(BLOCKS, settings.data_batches)
+    return blocks, settings.data_batches // blocks
 
 
 def warmup_batches(settings: Settings, workers: int) -> int:
-    """Untimed batches after the first: the warm-up calls, and at least two per worker so that every worker
-    process has delivered (each prefetches two) before the clock starts."""
+    """The fewest untimed batches after the first: the warm-up calls, and two per worker so that every worker
+    process has delivered (each prefetches two) before the clock starts; warm-up also lasts WARMUP_MIN_S."""
     return max(settings.warmup_calls, 2 * workers)
 
 
@@ -146,11 +150,11 @@ class Data(Phase):
             settings.data_source == "packed",
             exclude,
         )
-        first = next(stream)
-        cell.result["first_call_s"] = time.perf_counter() - started
-        details["first_batch"] = _first_batch_facts(first)
-        del first
         try:
+            first = next(stream)
+            cell.result["first_call_s"] = time.perf_counter() - started
+            details["first_batch"] = _first_batch_facts(first)
+            del first
             self.time_batches(cell, stream, case.workers)
         finally:
             pids = [child.pid for child in processes.children()]
@@ -167,12 +171,14 @@ class Data(Phase):
 
     def time_batches(self, cell: Cell, stream: Any, workers: int) -> None:
         """Warm-up and timed batches of ``stream`` (the first is out), recorded in ``cell.result``: seconds per
-        batch by block, the CPU the process and its workers used while timed, their PSS peaks (read between
-        blocks), the noise on the machine."""
+        batch by block, on one clock with nothing between blocks (a pause would let the loader prefetch); the CPU
+        the process and its workers used while timed, their PSS just before and just after the timed batches, the
+        noise on the machine over them."""
         settings = cell.job.settings
         cell.stage("warmup")
-        warmup_s = []
-        for _ in range(warmup_batches(settings, workers)):
+        warmup_s: list[float] = []
+        least = warmup_batches(settings, workers)
+        while len(warmup_s) < least or sum(warmup_s) < WARMUP_MIN_S:
             start = time.perf_counter()
             next(stream)
             warmup_s.append(time.perf_counter() - start)
@@ -182,28 +188,28 @@ class Data(Phase):
         cell.stage("timing")
         cell.result["loadavg_before_timing"] = os.getloadavg()
         cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
-        per_block = block_batches(settings)
-        blocks = max(1, settings.data_batches // per_block)
-        totals = noise.NoiseTotals()
-        peak = processes.tree_memory()
+        blocks, per_block = block_layout(settings)
+        memory_before = processes.tree_memory()
         pids: list[int | str] = ["self", *(child.pid for child in processes.children())]
-        cpu_before, cpu_clock = processes.tree_cpu_s(), time.perf_counter()
+        cpu_before = processes.tree_cpu_s()
+        wall_origin, clock_origin = time.time(), time.perf_counter()
+        noise_before = noise.read(clock_origin, pids)
         samples, starts = [], []
+        previous = clock_origin
         for _ in range(blocks):
-            before = noise.read(time.perf_counter(), pids)
-            starts.append(time.time())
-            start = time.perf_counter()
+            starts.append(wall_origin + (previous - clock_origin))
             for _ in range(per_block):
                 next(stream)
-            seconds = time.perf_counter() - start
-            totals.add(before, noise.read(time.perf_counter(), pids))
-            samples.append(seconds / per_block)
-            now = processes.tree_memory()  # between blocks: reading smaps is not part of any batch
-            if (now.total_bytes or 0) > (peak.total_bytes or 0):
-                peak = now
-        elapsed = sum(samples) * per_block
+            now = time.perf_counter()
+            samples.append((now - previous) / per_block)
+            previous = now
+        noise_after = noise.read(previous, pids)
         cpu_s = processes.cpu_used_s(cpu_before, processes.tree_cpu_s())
-        cpu_wall_s = time.perf_counter() - cpu_clock  # the blocks and the PSS reads between them
+        memory_after = processes.tree_memory()
+        peak = max(memory_before, memory_after, key=lambda reading: reading.total_bytes or 0)
+        totals = noise.NoiseTotals()
+        totals.add(noise_before, noise_after)
+        elapsed = previous - clock_origin
         cell.result["peak_memory_bytes"] = memory.peak_rss_bytes()
         cell.result["noise"] = totals.to_dict()
         cell.result["block_starts_unix_s"] = starts
@@ -211,9 +217,10 @@ class Data(Phase):
             warmup_batches=len(warmup_s),
             timed_batches=blocks * per_block,
             pss_peak_bytes={"parent": peak.parent_bytes, "workers": peak.workers_bytes, "total": peak.total_bytes},
-            worker_processes=peak.workers,
+            pss_read="just before and just after the timed batches",
+            worker_processes=max(memory_before.workers, memory_after.workers),
             cpu_s=cpu_s,
-            cpu_cores_busy=cpu_s / cpu_wall_s if cpu_wall_s > 0 else None,
+            cpu_cores_busy=cpu_s / elapsed if elapsed > 0 else None,
         )
         cell.result.update(
             status="ok", samples_s=samples, calls_per_sample=per_block, stop_reason="batches", timing_elapsed_s=elapsed

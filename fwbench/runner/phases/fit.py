@@ -10,6 +10,7 @@ Interleaved (the default), each epoch after the first is one block on the manage
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 import math
 import os
@@ -17,8 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fwbench.datasets.folders import image_dataset
-from fwbench.measure import memory
+from fwbench.datasets.images import read_labels
+from fwbench.measure import memory, processes
 from fwbench.models.base import ModelDescription
 from fwbench.models.fit import (
     EpochEnd,
@@ -36,6 +37,9 @@ from fwbench.spec import FIT_DTYPES, Case, Settings
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
+
+
+LOADER_EXIT_S = 10.0  # a fit from images: how long its loader's worker processes may take to end after it
 
 
 class EpochBlocks:
@@ -93,12 +97,17 @@ class Fit(Phase):
     def unsupported(self, description: ModelDescription) -> str | None:
         return description.fit_unsupported()
 
-    def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int:
-        """One sample is an epoch: its optimizer steps' FLOPs (from images: the dataset's images // batch)."""
+    def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
+        """One sample is an epoch: its optimizer steps' FLOPs (from images: the dataset's images // batch, None
+        when the folder cannot be read)."""
         samples = settings.fit_samples
         if settings.fit_source == "input" and settings.data_input is not None:
-            samples = int(image_dataset(Path(settings.data_input)).arguments.get("n", 0))
-        return super().flops_per_call(description, case, settings) * (samples // case.batch_size)
+            try:
+                samples = len(read_labels(Path(settings.data_input)))
+            except OSError:
+                return None
+        step = super().flops_per_call(description, case, settings)
+        return None if step is None else step * (samples // case.batch_size)
 
     def dataset(self, cell: Cell, description: ModelDescription) -> tuple[FitDataset, LoaderInput | None]:
         """What the epochs read: the seeded in-memory dataset, or (``fit_source`` input) the data phase's images
@@ -141,6 +150,12 @@ class Fit(Phase):
             outcome = fit(backend, dataset, settings.epochs, case.batch_size)
         else:
             raise NotImplementedError(f"{case.runtime}'s fit.py takes no epoch_end: run it with --interleave off")
+        if loader is not None:  # the loop's loader was made inside fit(): its worker processes must be gone
+            gc.collect()  # a library's loop (Lightning, Keras) may hold its loader in reference cycles
+            left = processes.wait_gone([child.pid for child in processes.children()], LOADER_EXIT_S)
+            cell.result["fit_input"]["workers_left_running"] = len(left)
+            if left:
+                raise RuntimeError(f"{len(left)} loader worker processes still ran {LOADER_EXIT_S:g} s after the fit")
         waited_s = 0.0
         if blocks is not None:
             blocks.check_finished(case.runtime)
