@@ -157,10 +157,10 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     elif report_format == "csv":
         text = to_csv(results, peak)
     elif report_format == "markdown":
-        text = markdown_report(results, f"fwbench results in {args.db}", peak, baseline)
+        text = markdown_report(results, f"fwbench results in {args.db}", peak, args.baseline)
     else:
         console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if args.out else make_console()
-        print_results(results, console, title=f"fwbench results in {args.db}", peak=peak, baseline=baseline)
+        print_results(results, console, title=f"fwbench results in {args.db}", peak=peak, baseline=args.baseline)
         text = console.export_text() if args.out else ""
     if args.out is not None:
         _write_text("--out", args.out, text)

@@ -154,9 +154,8 @@ def image_fit_dataset(folder: Path, crop: int, exclude: frozenset[str] = frozens
 
 
 FETCH_WAIT = (
-    "per step, the time the loop spent getting its next batch from the loader; torch and TensorFlow steps on a "
-    "CPU have finished by then, JAX dispatches asynchronously (its step may still run meanwhile: an upper bound "
-    "of the idle time)"
+    "per step, the time the loop spent getting its next batch from the loader, its step finished (torch and "
+    "TensorFlow steps on a CPU have when they return; the JAX loop waits for each step's result)"
 )
 
 

@@ -330,6 +330,10 @@ class GroupedPair:
     cells: list[CellComparison]
     summary: PairSummary
 
+    @property
+    def baseline(self) -> str:
+        return self.summary.baseline
+
 
 def split_groups(
     results: Sequence[ResultRecord], fields: Sequence[str] = GROUP_FIELDS
@@ -341,22 +345,31 @@ def split_groups(
     return groups
 
 
-def grouped_pairs(results: Sequence[ResultRecord], baseline: str) -> list[GroupedPair]:
+def grouped_pairs(results: Sequence[ResultRecord], baseline: str, fallback: bool = False) -> list[GroupedPair]:
     """Every other runtime against ``baseline`` in each (run, phase, dtype, device) group that has the
     baseline: what the report's speed-up column and pair-summary table show. Each pair's cells are exactly
-    :func:`compare_cells` of its group."""
-    jobs = []
+    :func:`compare_cells` of its group. ``fallback`` (the baseline was not asked for): a group without it takes
+    its own, DEFAULT_BASELINE or else its first runtime (phase data: its first loader)."""
+    jobs: list[tuple[tuple[int, str, str, str], str, str, RowPairs]] = []
     for (run_id, phase, dtype, device), rows in split_groups(results).items():
         present = runtimes_in(rows)
         if baseline not in present:
+            if not fallback or not present:
+                continue
+            group_baseline = DEFAULT_BASELINE if DEFAULT_BASELINE in present else present[0]
+            jobs.extend(
+                ((run_id, phase, dtype, device), runtime, group_baseline, _row_pairs(rows, group_baseline, runtime))
+                for runtime in present
+                if runtime != group_baseline
+            )
             continue
         for runtime in present:
             if runtime != baseline:
-                jobs.append(((run_id, phase, dtype, device), runtime, _row_pairs(rows, baseline, runtime)))
+                jobs.append(((run_id, phase, dtype, device), runtime, baseline, _row_pairs(rows, baseline, runtime)))
     out = []
-    for (run_id, phase, dtype, device), runtime, pairs in jobs:
-        cells = _comparisons(pairs, estimates(pairs), baseline, runtime)
-        out.append(GroupedPair(run_id, phase, dtype, device, cells, pair_summary(cells, baseline, runtime)))
+    for (run_id, phase, dtype, device), runtime, base, pairs in jobs:
+        cells = _comparisons(pairs, estimates(pairs), base, runtime)
+        out.append(GroupedPair(run_id, phase, dtype, device, cells, pair_summary(cells, base, runtime)))
     return out
 
 

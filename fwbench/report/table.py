@@ -238,7 +238,8 @@ def result_tables(
         for pair in pairs
         for c in pair.cells
     }
-    order = {name: i for i, name in enumerate(sorted(runtimes_in(results), key=lambda r: r != baseline))}
+    # each group's baseline (a group without the report's takes its own: grouped_pairs' fallback)
+    group_baselines = {(p.run_id, p.phase, p.dtype, p.device): p.baseline for p in pairs}
     groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
     parity = parity_by_pair(results)
     precision = precision_flags(results)
@@ -265,8 +266,13 @@ def result_tables(
     ]
     tables = []
     for model in dict.fromkeys(r.model for r in results):
+        model_rows = [r for r in results if r.model == model]
+        first = model_rows[0]
+        table_baseline = group_baselines.get((first.run_id, first.phase, first.dtype, first.device), baseline)
+        order = {name: i for i, name in enumerate(sorted(runtimes_in(model_rows), key=lambda r: r != table_baseline))}
+        table_headers = [f"vs {table_baseline}" if h == f"vs {baseline}" else h for h in headers]
         rows = sorted(
-            (r for r in results if r.model == model),
+            model_rows,
             key=lambda r: (
                 groups[_shape_key(r)[:4]],
                 r.batch_size,
@@ -277,7 +283,7 @@ def result_tables(
         )
         heading = f"{title}: {model}" if title else model
         data = TableData(
-            f"{escape(heading)} ({escape(constant)})" if constant else escape(heading), headers, RIGHT_COLUMNS
+            f"{escape(heading)} ({escape(constant)})" if constant else escape(heading), table_headers, RIGHT_COLUMNS
         )
         for index, row in enumerate(rows):
             key = (
@@ -292,7 +298,7 @@ def result_tables(
                     *(["—" if row.workers is None else str(row.workers)] if workers else []),
                     escape(row.runtime),
                     _median_cell(row),
-                    *([speedup_cell(cells.get(key), row.runtime == baseline)] if baseline else []),
+                    *([speedup_cell(cells.get(key), row.runtime == table_baseline)] if baseline else []),
                     format_gflops(achieved_gflops(row)),
                     *([format_fraction(peak_fraction(row, peak))] if peak else []),
                     *map(format_rate, throughput(row)[: len(rate_headers)]),
@@ -435,7 +441,8 @@ def report_tables(
     if not results:
         return [], []
     chosen = resolve_baseline(results, baseline)
-    pairs = grouped_pairs(results, chosen) if chosen else []
+    # not asked for: a group without the chosen baseline (phase data's loaders beside fit rows) takes its own
+    pairs = grouped_pairs(results, chosen, fallback=baseline is None) if chosen else []
     shown = chosen if pairs else None  # no other runtime to compare: no speed-up column
     tables = result_tables(results, title, peak, shown, pairs)
     if peak:
@@ -445,7 +452,8 @@ def report_tables(
             "fwbench env --peak)"
         )
     if pairs and shown:
-        tables.append(summary_table(pairs, shown))
+        for group_baseline in dict.fromkeys(pair.baseline for pair in pairs):
+            tables.append(summary_table([p for p in pairs if p.baseline == group_baseline], group_baseline))
     phases = {r.phase for r in results}
     lines = legend(shown, peak, "training" in phases, "data" in phases)
     evidence = evidence_line(pairs)
