@@ -255,15 +255,17 @@ def test_the_high_level_fit_apis_read_the_images_too(tmp_path: Path, dataset: Pa
     _fit_from_images(tmp_path, dataset, apis, "resnet-tiny")
 
 
-def _data_store(path: Path) -> Path:
-    """A run of three loaders at 0, 1 and 2 workers (batch 32), three rounds each, torch:dataloader slowest."""
+def _data_store(path: Path, inference: bool = False) -> Path:
+    """A run of three loaders at 0, 1 and 2 workers (batch 32), three rounds each, torch:dataloader slowest
+    (``inference``: and mlp in torch:eager and jax:jit, jax twice as fast)."""
     from fwbench.runner.scheduler import group_key
     from fwbench.spec import Plan, Settings
     from fwbench.store import Store
     from report_store import blocks_of
 
     cases = [Case("images-256", loader, "data", 32, workers=w) for loader in LOADERS for w in (0, 1, 2)]
-    speed = {"torch:dataloader": 1.0, "tensorflow:data": 0.5, "grain:dataloader": 0.8}
+    cases += [Case("mlp", runtime) for runtime in ("torch:eager", "jax:jit")] if inference else []
+    speed = {"torch:dataloader": 1.0, "tensorflow:data": 0.5, "grain:dataloader": 0.8, "torch:eager": 1, "jax:jit": 0.5}
     with Store.open(path) as store:
         run_id = store.create_run(Plan(tuple(cases), Settings(threads=2)), "fwbench run --suite data", {}, "0")
         for case in cases:
@@ -325,3 +327,25 @@ def test_a_fit_from_the_default_images_writes_them_first(monkeypatch: pytest.Mon
     assert written == [tmp_path.joinpath("cache").resolve() / "images-256-n2048-seed0"]
     case = plan.cases[0]
     assert get_phase("fit").flops_per_call(get_model("resnet-tiny"), case, plan.settings) is None  # not written
+
+
+def test_loaders_beside_other_phases_are_compared_with_their_own_baseline(tmp_path: Path) -> None:
+    """A run with torch:eager rows and data rows: the report's default baseline (torch:eager) has no data cell,
+    so the loaders are compared with their first, torch:dataloader; an asked-for baseline is kept strictly."""
+    from fwbench.report.summary import grouped_pairs
+    from fwbench.report.table import report_tables
+    from fwbench.store import Store
+
+    with Store.open(_data_store(tmp_path / "d.db", inference=True), readonly=True) as store:
+        results = store.results()
+    pairs = grouped_pairs(results, "torch:eager", fallback=True)
+    assert {(p.phase, p.baseline, p.summary.runtime) for p in pairs} == {
+        ("inference", "torch:eager", "jax:jit"),
+        ("data", "torch:dataloader", "tensorflow:data"),
+        ("data", "torch:dataloader", "grain:dataloader"),
+    }
+    assert {p.phase for p in grouped_pairs(results, "torch:eager")} == {"inference"}  # asked for: strict
+    tables, _ = report_tables(results)
+    headers = {table.title: table.headers for table in tables}
+    assert any("vs torch:dataloader" in h for title, h in headers.items() if title and "images-256" in title)
+    assert sum(1 for title in headers if title and title.startswith("speed-up over")) == 2

@@ -9,6 +9,9 @@ prediction: it is labelled as such wherever it is shown. Nothing here imports a 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from fwbench.datasets.images import read_labels
 from fwbench.frameworks import runtimes  # the registry: no framework is imported
 from fwbench.measure.timer import HF2019_NUMBER, HF2019_REPEAT, MIN_ADAPTIVE_SAMPLES
 from fwbench.models import get_model
@@ -63,8 +66,15 @@ def estimate_cell_s(case: Case, settings: Settings) -> float:
         timing = min(settings.max_time_s, max(MIN_ADAPTIVE_SAMPLES * max(call, settings.min_block_s), 2 * call))
     build = BUILD_S_PER_PARAMETER * get_model(case.model).parameter_count()
     if case.phase == "fit":  # epochs × steps, each step its FLOPs plus a training loop's per-step cost
-        steps = settings.epochs * (settings.fit_samples // case.batch_size)
-        timing = steps * (call + FIT_STEP_OVERHEAD_S)
+        samples, decode_s = settings.fit_samples, 0.0
+        if settings.fit_source == "input" and settings.data_input is not None:  # + decoding every image, 1 core
+            try:
+                samples = len(read_labels(Path(settings.data_input)))
+            except OSError:
+                pass
+            decode_s = samples * IMAGE_S
+        steps = settings.epochs * (samples // case.batch_size)
+        timing = steps * (call + FIT_STEP_OVERHEAD_S) + settings.epochs * decode_s
         return rounds * (startup_s + build + 2 * compile_s + timing)
     fixed = startup_s + build + 2 * compile_s + (1 + max(2, settings.warmup_calls)) * call
     if settings.interleave:
