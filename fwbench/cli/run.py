@@ -113,7 +113,7 @@ def add_parser(commands: Any) -> None:
     grid.add_argument(
         "--workers",
         help="--phase data: comma-separated loader worker counts, e.g. 0,1,2 (0: the loader's own process; "
-        "tf.data: parallel map calls); default 0",
+        "tf.data: parallel map calls, 0 = AUTOTUNE); default 0",
     )
     grid.add_argument(
         "--phase",
@@ -216,7 +216,9 @@ def add_parser(commands: Any) -> None:
         "ModelCheckpoint (the last epoch's .ckpt in that version's checkpoints/); default: both off, "
         "nothing written",
     )
-    data = run.add_argument_group("--phase data (input pipelines; other phases ignore these)")
+    data = run.add_argument_group(
+        "--phase data (input pipelines) and --phase fit from images (--input, --fit-source); other phases ignore these"
+    )
     data.add_argument(
         "--input",
         metavar="DIR",
