@@ -145,7 +145,8 @@ def test_the_three_loaders_run_end_to_end_and_their_workers_end(tmp_path: Path, 
         )
         assert data["pss_peak_bytes"]["total"] >= data["pss_peak_bytes"]["parent"] > 0
         assert (data["pss_peak_bytes"]["workers"] > 0) == (data["worker_processes"] > 0)
-        assert data["cpu_cores_busy"] > 0 and data["corrupt_files"] == 0
+        # CPU time comes in clock ticks (10 ms): 8 tiny batches may take less than one, so only its sign is certain
+        assert data["cpu_cores_busy"] >= 0 and data["cpu_s"] >= 0 and data["corrupt_files"] == 0
         assert 0 < float(str(row["first_call_s"])) < 300  # the time to the first batch
         if workers == 0:
             sums[runtime] = data["first_batch"]["sum"]
