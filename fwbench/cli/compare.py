@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from rich.table import Table
 from rich.text import Text
@@ -18,6 +18,7 @@ from fwbench.spec import SpecError
 from fwbench.store import DEFAULT_DB, RunRecord, Store
 
 COMPARE_FORMATS = ("table", "json")
+T = TypeVar("T")
 
 
 def add_parser(commands: Any) -> None:
@@ -52,15 +53,26 @@ def add_parser(commands: Any) -> None:
     )
 
 
-def _compare_profiles(args: argparse.Namespace) -> int:
-    """``compare --profile``: the two profile runs' category tables, A → B."""
+def _two_runs(
+    args: argparse.Namespace, kind: str, read: Callable[[Store, RunRecord], T]
+) -> tuple[RunRecord, T, RunRecord, T, str]:
+    """RUN_A of ``--db`` and RUN_B of ``--db-b`` (default: the same database, opened once), both of ``kind``, and
+    what ``read`` takes of each; with the path RUN_B came from."""
     db_b = args.db_b or args.db
     with Store.open(args.db, readonly=True) as store_a:
-        run_a = resolve_run(store_a, args.run_a, args.db, "RUN_A", kind="profile")
-        records_a = store_a.profiles([run_a.id])
+        run_a = resolve_run(store_a, args.run_a, args.db, "RUN_A", kind=kind)
+        read_a = read(store_a, run_a)
+        if db_b == args.db:
+            run_b = resolve_run(store_a, args.run_b, db_b, "RUN_B", kind=kind)
+            return run_a, read_a, run_b, read(store_a, run_b), db_b
     with Store.open(db_b, readonly=True) as store_b:
-        run_b = resolve_run(store_b, args.run_b, db_b, "RUN_B", kind="profile")
-        records_b = store_b.profiles([run_b.id])
+        run_b = resolve_run(store_b, args.run_b, db_b, "RUN_B", kind=kind)
+        return run_a, read_a, run_b, read(store_b, run_b), db_b
+
+
+def _compare_profiles(args: argparse.Namespace) -> int:
+    """``compare --profile``: the two profile runs' category tables, A → B."""
+    run_a, records_a, run_b, records_b, db_b = _two_runs(args, "profile", lambda store, run: store.profiles([run.id]))
     comparison = compare_profiles(records_a, records_b)
     if not comparison.pairs:
         raise SpecError(
@@ -81,18 +93,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     --profile: 0 (descriptive)."""
     if args.profile:
         return _compare_profiles(args)
-    db_b = args.db_b or args.db
-    run_b: RunRecord | None = None
-    with Store.open(args.db, readonly=True) as store_a:
-        run_a = resolve_run(store_a, args.run_a, args.db, "RUN_A")
-        results_a = store_a.results([run_a.id])
-        if db_b == args.db:
-            run_b = resolve_run(store_a, args.run_b, db_b, "RUN_B")
-            results_b = store_a.results([run_b.id])
-    if run_b is None:
-        with Store.open(db_b, readonly=True) as store_b:
-            run_b = resolve_run(store_b, args.run_b, db_b, "RUN_B")
-            results_b = store_b.results([run_b.id])
+    run_a, results_a, run_b, results_b, db_b = _two_runs(args, "benchmark", lambda store, run: store.results([run.id]))
     comparison = compare_runs(run_a, results_a, run_b, results_b, args.threshold)
     if not comparison.cells:
         raise SpecError(
