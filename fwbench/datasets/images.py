@@ -35,6 +35,21 @@ class ImageRecord:
     width: int
 
 
+@dataclass(frozen=True)
+class LoaderInput:
+    """The images a loader (a framework's ``data.py``: DataLoader, tf.data, Grain) reads, and how: ``folder`` (a
+    dataset of ``fwbench data make images``), ``workers`` workers, the ``transform`` cropped to ``crop`` px,
+    seeded; ``exclude``: files left out (corrupt, --skip-corrupt). What a data cell times and what a fit from
+    images trains on."""
+
+    folder: Path
+    crop: int
+    transform: str
+    workers: int
+    seed: int
+    exclude: frozenset[str] = frozenset()
+
+
 def dataset_name(size: int) -> str:
     """The name a data cell stores as its model: "images-<size>"."""
     return f"images-{size}"

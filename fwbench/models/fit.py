@@ -125,25 +125,10 @@ def agreement(final: dict[str, float], reference: dict[str, float], model: str |
 
 
 # -- phase fit from the data phase's images (Settings.fit_source "input") ----------------------------------------
-@dataclass(frozen=True)
-class LoaderInput:
-    """What a framework's fit loop reads instead of the in-memory arrays: the images of ``folder`` (a dataset of
-    ``fwbench data make images``) through the framework's own loader (``<package>/data.py``: DataLoader, tf.data,
-    Grain), ``workers`` workers, the ``transform`` cropped to ``crop`` px (the model's image size), seeded; the
-    last incomplete batch of an epoch dropped; ``exclude``: files left out (corrupt, --skip-corrupt)."""
-
-    folder: str
-    crop: int
-    transform: str
-    workers: int
-    seed: int
-    exclude: frozenset[str] = frozenset()
-
-
 def image_fit_dataset(folder: Path, crop: int, exclude: frozenset[str] = frozenset()) -> FitDataset:
     """The evaluation set of a fit from images: every image of ``folder`` (but ``exclude``) through the numpy
     ``center-crop`` reference, NCHW ``pixel_values`` (n, 3, crop, crop) float32 as the models take them, and its
-    labels (n,) int32 (labels.csv). The epochs read the images through a loader instead (:class:`LoaderInput`);
+    labels (n,) int32 (labels.csv). The epochs read the images through a loader instead (:class:`fwbench.datasets.images.LoaderInput`);
     the final loss and accuracy are of this set."""
     labels = images.read_labels(folder, exclude)
     pixels = np.empty((len(labels), 3, crop, crop), dtype=np.float32)

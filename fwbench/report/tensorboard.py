@@ -21,6 +21,7 @@ each chart overlays the runtimes of one model at one shape:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from typing import Any
 from fwbench.report.peak import achieved_gflops
 from fwbench.report.throughput import rates
 from fwbench.report.units import format_bytes, format_seconds
+from fwbench.spec import Case
 from fwbench.store import ResultRecord
 
 # Phases where one timed call processes one batch (throughput = batch / seconds); a fit sample is an epoch.
@@ -107,21 +109,7 @@ def _table(pairs: Sequence[tuple[str, Any]]) -> str:
 def settings_text(row: ResultRecord, settings: dict[str, Any]) -> str:
     """Markdown: the case, the cell's figures, the run's settings, each a two-column table."""
     samples_s, tokens_s = rates(row, row.median_s)
-    case = [
-        (key, getattr(row, key))
-        for key in (
-            "run_id",
-            "model",
-            "runtime",
-            "phase",
-            "batch_size",
-            "seq_len",
-            "workers",
-            "dtype",
-            "device",
-            "case_key",
-        )
-    ]
+    case = [(key, getattr(row, key)) for key in ("run_id", *(f.name for f in dataclasses.fields(Case)), "case_key")]
     gflops = achieved_gflops(row)
     figures: list[tuple[str, Any]] = [
         ("median per call", format_seconds(row.median_s)),

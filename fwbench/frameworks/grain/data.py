@@ -32,6 +32,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from PIL import Image
 
 from fwbench.datasets import images, transforms
+from fwbench.datasets.images import LoaderInput
 
 LAYOUT = "NHWC"
 ARRAY_RECORDS = "arrayrecords"  # the folder of ArrayRecord files inside a dataset folder
@@ -180,19 +181,14 @@ def configure_threads(threads: int) -> int:
     return 1
 
 
-def batches(
-    folder: Path,
-    batch_size: int,
-    workers: int,
-    crop: int,
-    transform: str,
-    seed: int,
-    packed: bool,
-    exclude: frozenset[str],
-) -> Iterator[Any]:
-    """Endless batches of :func:`make_loader` (the files, or with ``packed`` the ArrayRecord files)."""
-    source = "arrayrecord" if packed else "files"
-    yield from make_loader(folder, batch_size, workers, crop, transform, seed, None, source, exclude)
+def batches(source: LoaderInput, batch_size: int, packed: bool) -> Iterator[Any]:
+    """Endless batches of :func:`make_loader` over ``source`` (the files, or with ``packed`` the ArrayRecord
+    files)."""
+    kind = "arrayrecord" if packed else "files"
+    yield from make_loader(
+        source.folder, batch_size, source.workers, source.crop, source.transform, source.seed, None, kind,
+        source.exclude,
+    )  # fmt: skip
 
 
 def versions() -> dict[str, str]:

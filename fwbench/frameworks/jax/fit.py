@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,10 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend, as_evaluated_arch
 from fwbench.frameworks.jax.training import make_optimizer, training_forward, training_trees
 from fwbench.frameworks.jax.weights import jax_device
-from fwbench.models.fit import EpochEnd, FitDataset, FitResult, LoaderInput, WaitClock, no_pause
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
 
 
@@ -31,10 +31,10 @@ def _grain_epochs(source: LoaderInput, batch_size: int, epochs: int) -> Generato
     from fwbench.datasets import images
     from fwbench.frameworks.grain import data as grain_data  # imports Grain: only for a fit from images
 
-    steps = len(images.read_labels(Path(source.folder), source.exclude)) // batch_size
+    steps = len(images.read_labels(source.folder, source.exclude)) // batch_size
     batches = iter(
         grain_data.make_loader(
-            Path(source.folder), batch_size, source.workers, source.crop, source.transform, source.seed,
+            source.folder, batch_size, source.workers, source.crop, source.transform, source.seed,
             epochs=epochs, exclude=source.exclude,
         )
     )  # fmt: skip

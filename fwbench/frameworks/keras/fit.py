@@ -9,17 +9,17 @@ updating its moving ones, torch's rule), ``predict`` with ``training=False`` (th
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
+from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend, as_keras_training_arch
 from fwbench.frameworks.keras.backend import _CHANNELS_FIRST_INPUTS
 from fwbench.frameworks.keras.training import loss as keras_loss
 from fwbench.frameworks.keras.training import make_optimizer
-from fwbench.models.fit import EpochEnd, FitDataset, FitResult, LoaderInput, no_pause
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
 from fwbench.models.training import optimizer_spec
 
 
@@ -51,19 +51,18 @@ def _loader_data(backend: Backend, source: LoaderInput, batch_size: int, epochs:
     """What ``model.fit`` reads from the images: tf.data's pipeline (keras:tensorflow) or Grain's DataLoader
     (keras:jax), ``epochs`` passes that model.fit, given ``steps_per_epoch``, reads with one iterator (each epoch
     new random crops); batches (images NHWC, labels): the Keras image models are channels_last."""
-    folder = Path(source.folder)
     if backend.mode == "tensorflow":
         from fwbench.frameworks.tensorflow import data as tf_data
 
         return tf_data.make_loader(
-            folder, batch_size, source.workers, source.crop, source.transform, source.seed, epochs=epochs,
+            source.folder, batch_size, source.workers, source.crop, source.transform, source.seed, epochs=epochs,
             exclude=source.exclude,
         )  # fmt: skip
     if backend.mode == "jax":
         from fwbench.frameworks.grain import data as grain_data
 
         return grain_data.make_loader(
-            folder, batch_size, source.workers, source.crop, source.transform, source.seed, epochs=epochs,
+            source.folder, batch_size, source.workers, source.crop, source.transform, source.seed, epochs=epochs,
             exclude=source.exclude, indices=False,
         )  # fmt: skip
     raise NotImplementedError(

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.datasets import images, transforms
+from fwbench.datasets.images import LoaderInput
 
 TFRECORDS = "tfrecords"  # the folder of shards inside a dataset folder
 LAYOUT = "NHWC"
@@ -180,20 +181,14 @@ def configure_threads(threads: int) -> int:
     return int(tf.config.threading.get_intra_op_parallelism_threads())
 
 
-def batches(
-    folder: Path,
-    batch_size: int,
-    workers: int,
-    crop: int,
-    transform: str,
-    seed: int,
-    packed: bool,
-    exclude: frozenset[str],
-) -> Iterator[Any]:
-    """Endless batches of :func:`make_loader` (the files, or with ``packed`` the TFRecord shards)."""
-    source = "tfrecord" if packed else "files"
-    pipeline = make_loader(folder, batch_size, workers, crop, transform, seed, None, source, exclude)
-    yield from pipeline
+def batches(source: LoaderInput, batch_size: int, packed: bool) -> Iterator[Any]:
+    """Endless batches of :func:`make_loader` over ``source`` (the files, or with ``packed`` the TFRecord
+    shards)."""
+    kind = "tfrecord" if packed else "files"
+    yield from make_loader(
+        source.folder, batch_size, source.workers, source.crop, source.transform, source.seed, None, kind,
+        source.exclude,
+    )  # fmt: skip
 
 
 def versions() -> dict[str, str]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
+from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend, as_evaluated_arch, as_training_arch
 from fwbench.frameworks.tensorflow import data as tf_data
-from fwbench.models.fit import EpochEnd, FitDataset, FitResult, LoaderInput, WaitClock, no_pause
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
 
 
@@ -65,7 +65,7 @@ def fit(
         else:  # the dataset's JPEGs, every epoch in one pipeline (new random crops each epoch): (images NHWC, labels)
             pipeline = iter(
                 tf_data.make_loader(
-                    Path(loader.folder), batch_size, loader.workers, loader.crop, loader.transform, loader.seed,
+                    loader.folder, batch_size, loader.workers, loader.crop, loader.transform, loader.seed,
                     epochs=epochs, exclude=loader.exclude,
                 )
             )  # fmt: skip

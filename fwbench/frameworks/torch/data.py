@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from fwbench.datasets import images, transforms
+from fwbench.datasets.images import LoaderInput
 
 LAYOUT = "NCHW"
 PACKED = None  # DataLoader users read the files: --data-source packed reads them too
@@ -112,19 +113,13 @@ def configure_threads(threads: int) -> int:
     return torch.get_num_threads()
 
 
-def batches(
-    folder: Path,
-    batch_size: int,
-    workers: int,
-    crop: int,
-    transform: str,
-    seed: int,
-    packed: bool,
-    exclude: frozenset[str],
-) -> Iterator[Any]:
-    """Endless batches of :func:`make_loader` (epoch after epoch; its worker processes stay alive across epochs)
-    with DataLoader's default start method; ``packed`` changes nothing (DataLoader reads the files)."""
-    loader = make_loader(folder, batch_size, workers, crop, transform, seed, exclude=exclude)
+def batches(source: LoaderInput, batch_size: int, packed: bool) -> Iterator[Any]:
+    """Endless batches of :func:`make_loader` over ``source`` (epoch after epoch; its worker processes stay alive
+    across epochs) with DataLoader's default start method; ``packed`` changes nothing (DataLoader reads the
+    files)."""
+    loader = make_loader(
+        source.folder, batch_size, source.workers, source.crop, source.transform, source.seed, exclude=source.exclude
+    )
     for _ in itertools.count():
         yield from loader
 

@@ -17,7 +17,6 @@ import logging
 import os
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,10 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend, as_training_arch
 from fwbench.frameworks.torch import data as torch_data
 from fwbench.frameworks.torch.training import make_optimizer
-from fwbench.models.fit import EpochEnd, FitDataset, FitResult, LoaderInput, WaitClock, no_pause
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
 
 
@@ -44,7 +44,7 @@ def _image_loader(source: LoaderInput, batch_size: int) -> DataLoader[Any]:
     """torch:dataloader's DataLoader over the dataset's JPEGs: batches (images NCHW, labels), the random crops
     new each epoch."""
     return torch_data.make_loader(
-        Path(source.folder), batch_size, source.workers, source.crop, source.transform, source.seed,
+        source.folder, batch_size, source.workers, source.crop, source.transform, source.seed,
         exclude=source.exclude,
     )  # fmt: skip
 

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fwbench.datasets.folders import changed_packed_files, corrupt_images, image_dataset
+from fwbench.datasets.images import LoaderInput
 from fwbench.measure import memory, noise, processes
 from fwbench.models.base import ModelDescription
 from fwbench.runner.cell import Cell
@@ -140,16 +141,8 @@ class Data(Phase):
 
         cell.stage("first_call")
         started = time.perf_counter()
-        stream = loader.batches(
-            folder,
-            case.batch_size,
-            case.workers,
-            settings.crop,
-            settings.transform,
-            settings.seed,
-            settings.data_source == "packed",
-            exclude,
-        )
+        source = LoaderInput(folder, settings.crop, settings.transform, case.workers, settings.seed, exclude)
+        stream = loader.batches(source, case.batch_size, settings.data_source == "packed")
         try:
             first = next(stream)
             cell.result["first_call_s"] = time.perf_counter() - started

@@ -18,18 +18,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fwbench.datasets.images import read_labels
+from fwbench.datasets.images import LoaderInput, read_labels
 from fwbench.measure import memory, processes
 from fwbench.models.base import ModelDescription
-from fwbench.models.fit import (
-    EpochEnd,
-    FitDataset,
-    LoaderInput,
-    evaluate,
-    image_fit_dataset,
-    make_fit_dataset,
-    no_pause,
-)
+from fwbench.models.fit import EpochEnd, FitDataset, evaluate, image_fit_dataset, make_fit_dataset, no_pause
 from fwbench.models.training import optimizer_spec
 from fwbench.runner.cell import Cell
 from fwbench.runner.phases.base import Phase
@@ -126,7 +118,7 @@ class Fit(Phase):
         folder = Path(settings.data_input)
         facts = check_dataset(folder, settings, None)
         exclude = frozenset(facts.pop("excluded"))
-        loader = LoaderInput(str(folder), crop, settings.transform, settings.fit_workers, settings.seed, exclude)
+        loader = LoaderInput(folder, crop, settings.transform, settings.fit_workers, settings.seed, exclude)
         cell.result["fit_input"] = {**facts, "crop": crop, "workers": settings.fit_workers}
         return image_fit_dataset(folder, crop, exclude), loader
 
