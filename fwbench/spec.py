@@ -9,8 +9,10 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -285,6 +287,58 @@ class SkippedCase:
     reason: str
 
 
+GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
+
+
+def group_key(case: Case) -> str:
+    """The key of ``case``'s comparison group: everything but the runtime (the worker count only where a phase
+    data cell has one, so other phases' keys read as they did before it existed)."""
+    return "|".join(
+        f"{name}={getattr(case, name)}" for name in GROUP_FIELDS if not (name == "workers" and case.workers is None)
+    )
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Shards ``indices`` (1-based) of ``count``: the plan's comparison groups ordered by the SHA-256 of their key
+    and dealt round-robin, so shards are disjoint, together cover the plan, and differ by at most one group.
+    Written ``I/N`` (``run --shard``), or ``1,3/4`` for the shards a merged run holds so far."""
+
+    indices: frozenset[int]
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not self.indices or not all(1 <= i <= self.count for i in self.indices):
+            raise SpecError(f"--shard {self}: want I/N with 1 <= I <= N")
+
+    @classmethod
+    def one(cls, index: int, count: int) -> ShardSpec:
+        return cls(frozenset({index}), count)
+
+    @classmethod
+    def parse(cls, text: str) -> ShardSpec:
+        indices, slash, count = text.partition("/")
+        try:
+            if not slash:
+                raise ValueError
+            return cls(frozenset(int(i) for i in indices.split(",")), int(count))
+        except ValueError:
+            raise SpecError(f"--shard {text!r}: want I/N, e.g. 1/2") from None
+
+    def __str__(self) -> str:
+        return f"{','.join(map(str, sorted(self.indices)))}/{self.count}"
+
+    @property
+    def complete(self) -> bool:
+        """Whether these shards together are the whole plan."""
+        return len(self.indices) == self.count
+
+    def holds(self, keys: Sequence[str]) -> set[str]:
+        """The group keys among ``keys`` (every group of one plan) that fall in these shards."""
+        ordered = sorted(set(keys), key=lambda key: (hashlib.sha256(key.encode()).hexdigest(), key))
+        return {key for position, key in enumerate(ordered) if position % self.count + 1 in self.indices}
+
+
 @dataclass(frozen=True)
 class Plan:
     """The cases of one run, in order, and the settings they share."""
@@ -302,6 +356,24 @@ class Plan:
     @property
     def size(self) -> int:
         return len(self.cases) + len(self.skipped)
+
+    @property
+    def digest(self) -> str:
+        """The plan's identity: the SHA-256 (hex) of its JSON; the shards of one plan share it."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def shard(self, spec: ShardSpec | None) -> Plan:
+        """The cases (run and skipped) of the comparison groups in shard ``spec``, in plan order; the whole plan for
+        None."""
+        if spec is None:
+            return self
+        keys = [group_key(c) for c in self.cases] + [group_key(s.case) for s in self.skipped]
+        held = spec.holds(keys)
+        return dataclasses.replace(
+            self,
+            cases=tuple(c for c in self.cases if group_key(c) in held),
+            skipped=tuple(s for s in self.skipped if group_key(s.case) in held),
+        )
 
     def to_json(self) -> str:
         return json.dumps(

@@ -14,6 +14,7 @@ import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
+sys.path.append(str(REPO_DIR / "benchmarks"))  # tests import the benchmarks' helpers (ray_cluster.py) by name
 
 # FWBENCH_TEST_ISA=avx2: every framework computes with AVX2 kernels only, even on an AVX-512 / AVX512_BF16 / AMX
 # CPU, so one machine runs the numeric tests both ways (`make test-avx2`). Set before any framework is imported,

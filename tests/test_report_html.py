@@ -256,7 +256,9 @@ def test_page_comparisons_are_the_summary_modules(store_path: Path, monkeypatch:
     groups = split_groups(results)
     for pair in pairs:
         assert pair.cells == compare_cells(
-            groups[(pair.run_id, pair.phase, pair.dtype, pair.device)], "torch:eager", pair.cells[0].runtime
+            groups[(pair.run_id, pair.hardware_id, pair.phase, pair.dtype, pair.device)],
+            "torch:eager",
+            pair.cells[0].runtime,
         )
     assert any(c.ci_low is not None for pair in pairs for c in pair.cells)
     seen: list[str] = []

@@ -350,7 +350,7 @@ def test_migration_2_keeps_runs_of_schema_1_readable(db_path: Path) -> None:
         )
     conn.close()
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         base, other = store.results([1])
     assert base.blocks == () and base.rounds is None and base.schedule is None and base.group_key is None
     assert base.noise is None and base.machine is None and base.contended == []
@@ -429,7 +429,7 @@ def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
     conn.close()
     data_case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         (old,) = store.results([1])  # stored before the migration: kept, no worker count
         run_id = store.create_run(PLAN, "fwbench run", {}, "0")
         with store.transaction():

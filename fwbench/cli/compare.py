@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -100,6 +101,8 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             f"run {run_a.id} of {args.db} and run {run_b.id} of {db_b} have no cell in common "
             "(same model, runtime, phase, shape, dtype and device); nothing to compare"
         )
+    if comparison.machine_warning is not None:
+        print(f"fwbench: {comparison.machine_warning}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
     else:

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from fwbench.cli.common import (
     DB_HELP,
@@ -23,13 +24,22 @@ from fwbench.cli.common import (
     run_id,
 )
 from fwbench.report.export import to_csv, to_json, write_csv_dir
+from fwbench.report.machines import machine_tables
 from fwbench.report.peak import latest_peak
 from fwbench.report.profile_table import profile_groups, profile_tables
 from fwbench.report.summary import DEFAULT_BASELINE, resolve_baseline
-from fwbench.report.table import PIPE_WIDTH, make_console, markdown_report, print_results
+from fwbench.report.table import (
+    PIPE_WIDTH,
+    make_console,
+    markdown_report,
+    markdown_text,
+    print_results,
+    to_markdown,
+    to_rich,
+)
 from fwbench.report.tensorboard import write_results
 from fwbench.spec import SpecError
-from fwbench.store import DEFAULT_DB, Store
+from fwbench.store import DEFAULT_DB, ResultRecord, Store
 
 REPORT_FORMATS = ("table", "json", "csv", "markdown")
 
@@ -50,6 +60,12 @@ def add_parser(commands: Any) -> None:
         metavar="RUNTIME",
         help=f"runtime the speed-ups and the pair summary are "
         f"relative to (default {DEFAULT_BASELINE}, or the first runtime when it is absent)",
+    )
+    report.add_argument(
+        "--by",
+        choices=("machine",),
+        help="machine: the same cell side by side on each machine type (hardware fingerprint; the newest run of a "
+        "cell on each), times and samples/s only, no speed-up across machines (table or markdown)",
     )
     report.add_argument(
         "--csv",
@@ -87,7 +103,7 @@ def _write_text(flag: str, path: Path, text: str) -> None:
 
 def profile_report(args: argparse.Namespace) -> int:
     """``report --profile``: the tables of one profile run, as ``fwbench profile`` printed them."""
-    others = given(args, ("format", "baseline", "csv", "tensorboard"))
+    others = given(args, ("format", "baseline", "csv", "tensorboard", "by"))
     if others:
         raise SpecError(f"--profile prints tables (--out, --html); it does not take {', '.join(others)}")
     with Store.open(args.db, readonly=True) as store:
@@ -109,6 +125,26 @@ def profile_report(args: argparse.Namespace) -> int:
         _write_text("--out", args.out, console.export_text())
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def machines_report(results: Sequence[ResultRecord], report_format: str, console_out: bool) -> str:
+    """``--by machine`` as a table (printed now unless ``console_out``; the text to write otherwise) or Markdown."""
+    if report_format not in ("table", "markdown"):
+        raise SpecError(
+            f"--by machine is a table layout (--format table or markdown); --format {report_format} already has "
+            "each result's hardware_id and hostname"
+        )
+    if not results:
+        return "no results\n"
+    tables, lines = machine_tables(results)
+    if report_format == "markdown":
+        return "\n".join([*(to_markdown(t) for t in tables), *(f"- {markdown_text(line)}" for line in lines)]) + "\n"
+    console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if console_out else make_console()
+    for table in tables:
+        console.print(to_rich(table))
+    for line in lines:
+        console.print(Text(line, style="dim"))
+    return console.export_text() if console_out else ""
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -152,7 +188,9 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if (args.html is not None or args.tensorboard is not None) and args.format is None and args.out is None:
         return 0
     report_format = args.format or "table"
-    if report_format == "json":
+    if args.by == "machine":
+        text = machines_report(results, report_format, console_out=args.out is not None)
+    elif report_format == "json":
         text = to_json(runs, results, peak) + "\n"
     elif report_format == "csv":
         text = to_csv(results, peak)

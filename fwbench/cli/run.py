@@ -42,6 +42,7 @@ from fwbench.runner.estimate import estimate_cell_s, format_estimate
 from fwbench.runner.manager import CellOutcome, Listener, execute
 from fwbench.runner.planner import PlanChoices, check_threads_fit, resolve_plan
 from fwbench.runner.progress import sweep_progress
+from fwbench.runner.ray_executor import START_LINE, RayExecutor, execute_on_ray
 from fwbench.spec import (
     COMPILE_MODES,
     DATA_SOURCES,
@@ -52,9 +53,11 @@ from fwbench.spec import (
     RUNNABLE_DTYPES,
     TRANSFORMS,
     Plan,
+    ShardSpec,
     SpecError,
 )
 from fwbench.store import DEFAULT_DB, Store
+from fwbench.store.db import check_database_path
 from fwbench.suites import DEFAULT_SUITE, builtin_suites
 
 RUN_DEVICES = ("cpu", "cuda")
@@ -289,12 +292,43 @@ def add_parser(commands: Any) -> None:
         metavar="RUN_ID",
         help="run only the cells of that run's stored plan that have no status yet",
     )
+    cluster = run.add_argument_group("where the cells run")
+    cluster.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local (default): on this machine, group after group; ray: each comparison group is a Ray task on a "
+        "node of its own (a node runs one group at a time, with the same scheduler, workers, pinning and limits as "
+        "locally), stored here as it arrives; needs `pip install 'fwbench[ray]'`",
+    )
+    cluster.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="--executor ray: the head node's address (nodes started with "
+        f"`{START_LINE}`); default: a local one-node Ray instance on 127.0.0.1",
+    )
+    cluster.add_argument(
+        "--shard",
+        type=shard_spec,
+        metavar="I/N",
+        help="run shard I of N of the plan: its comparison groups ordered by the SHA-256 of their key and dealt "
+        "round-robin (disjoint shards that together cover the plan; a group is never split); the run stores the "
+        "whole plan's hash and I/N, and `fwbench merge` reunites the shards' databases into one run",
+    )
     run.add_argument(
         "--tensorboard",
         type=Path,
         metavar="DIR",
         help=TENSORBOARD_HELP + "; each cell is written as soon as it is stored",
     )
+
+
+def shard_spec(text: str) -> ShardSpec:
+    """``--shard I/N`` (argparse type): ArgumentTypeError, so the message is argparse's one line."""
+    try:
+        return ShardSpec.parse(text)
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--shard ")) from None
 
 
 def plan_choices(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> PlanChoices:
@@ -369,22 +403,49 @@ def check_dataset(plan: Plan) -> None:
         raise SpecError(str(exc)) from None
 
 
+def connect_executor(args: argparse.Namespace) -> RayExecutor | None:
+    """The Ray cluster of ``--executor ray`` (ExecutorError, one line, when it cannot be used); None for local."""
+    if args.ray_address is not None and args.executor != "ray":
+        raise SpecError("--ray-address goes with --executor ray")
+    if args.executor != "ray":
+        return None
+    return RayExecutor(args.ray_address)
+
+
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_tensorboard_dir(args.tensorboard)
     if args.resume is not None:
         dropped = given(args, [*GRID_FLAGS, *SETTINGS_FLAGS])
         if dropped:
             raise SpecError(f"--resume reruns a stored plan with its stored settings; drop {', '.join(dropped)}")
+        if args.shard is not None:
+            raise SpecError("--resume reruns the stored run's own shard; drop --shard")
         store = Store.open(args.db, create=False)
         record = resolve_run(store, args.resume, args.db, "--resume")
-        plan, run_id = record.plan, record.id
+        plan, run_id = record.planned, record.id
         check_threads_fit(plan.settings)
         check_dataset(plan)
+        executor = connect_executor(args)
     else:
-        plan = plan_from_args(args)
+        full_plan = plan_from_args(args)
+        plan = full_plan.shard(args.shard)
         check_dataset(plan)
-        store = Store.open(args.db)
-        run_id = store.create_run(plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__)
+        check_database_path(Path(args.db), create=True)  # a database that cannot be used fails before a cluster starts
+        executor = connect_executor(args)  # a cluster that cannot be used fails before anything is written
+        try:
+            store = Store.open(args.db)
+        except BaseException:
+            if executor is not None:
+                executor.close()
+            raise
+        run_id = store.create_run(
+            full_plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__, shard=args.shard
+        )
+        if args.shard is not None:
+            print(
+                f"shard {args.shard} of plan {full_plan.digest[:12]}: {plan.size} of its {full_plan.size} cells",
+                file=sys.stderr,
+            )
     terminate_on_sigterm()
     with store:
         done = store.done_keys(run_id)
@@ -398,12 +459,11 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
         try:
             with sweep_progress(remaining) as listener:
-                execute(
-                    store,
-                    run_id,
-                    plan,
-                    tensorboard_listener(listener, store, run_id, plan.settings.to_dict(), args.tensorboard),
-                )
+                hears = tensorboard_listener(listener, store, run_id, plan.settings.to_dict(), args.tensorboard)
+                if executor is None:
+                    execute(store, run_id, plan, hears)
+                else:
+                    execute_on_ray(store, run_id, plan, hears, executor)
         except KeyboardInterrupt:
             print(
                 f"fwbench: interrupted; finished cells are stored; continue with "

@@ -5,10 +5,16 @@ Framework versions come from installed package metadata, so no framework is impo
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import platform
+import shutil
 import socket
+import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -162,17 +168,114 @@ def collect() -> dict[str, Any]:
     return record
 
 
+def _machine_physical_cores() -> int:
+    """Physical cores of the whole machine (every online CPU, whatever this process's affinity)."""
+    return len({_cpu_topology_key(cpu) for cpu in range(os.cpu_count() or 1)})
+
+
+@functools.lru_cache(maxsize=1)
+def accelerators() -> tuple[str, ...]:
+    """The machine's accelerators as ``name (memory)`` (NVIDIA GPUs, from ``nvidia-smi``; no framework is
+    imported); empty without one or without the tool."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return ()
+    try:
+        done = subprocess.run(
+            [tool, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if done.returncode != 0:
+        return ()
+    return tuple(
+        " (".join(part.strip() for part in line.split(",", 1)) + ")"
+        for line in done.stdout.splitlines()
+        if line.strip()
+    )
+
+
+def hardware_record(flat: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The hardware a result ran on, without software or host name: architecture, CPU model and SIMD flags,
+    logical CPUs and physical cores of the whole machine, memory in whole GiB (rounded, so two machines of one
+    type agree), accelerators. From ``flat`` (a machine record stored before fingerprints: the same keys, flat)
+    when given, else this machine's."""
+    if flat is None:
+        memory = _memory_total_bytes()
+        return {
+            "machine": platform.machine(),
+            **_cpu_info(),
+            "logical_cpus": os.cpu_count(),
+            "physical_cores": _machine_physical_cores(),
+            "memory_gib": None if memory is None else round(memory / 2**30),
+            "accelerators": list(accelerators()),
+        }
+    memory = flat.get("memory_total_bytes")
+    return {
+        "machine": flat.get("machine"),
+        "cpu_model": flat.get("cpu_model"),
+        "cpu_simd_flags": flat.get("cpu_simd_flags"),
+        "logical_cpus": flat.get("logical_cpus"),
+        "physical_cores": flat.get("physical_cores"),
+        "memory_gib": None if memory is None else round(int(memory) / 2**30),
+        "accelerators": list(flat.get("accelerators") or []),
+    }
+
+
+def software_record() -> dict[str, Any]:
+    """The software a result ran with: Python, the operating system and every tracked package's version."""
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        **{f"version_{name}": version for name, version in package_versions().items()},
+    }
+
+
+def record_id(record: Mapping[str, Any]) -> str:
+    """A record's identity: the first 16 hex digits of the SHA-256 of its sorted JSON."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def machine_record() -> dict[str, Any]:
-    """The machine a result was measured on (stored with every result): host, CPU model and SIMD flags, CPUs,
-    cores and memory."""
+    """The machine a result was measured on (stored with every result): the host name, the hardware fingerprint
+    (:func:`hardware_record` and its :func:`record_id`) kept apart from the software record and its id, and the
+    CPUs and memory this process may use."""
+    hardware, software = hardware_record(), software_record()
     return {
         "hostname": socket.gethostname(),
-        "machine": platform.machine(),
-        "logical_cpus": os.cpu_count(),
-        "physical_cores": physical_core_count(),
+        "hardware": hardware,
+        "hardware_id": record_id(hardware),
+        "software": software,
+        "software_id": record_id(software),
+        "affinity_cpus": len(os.sched_getaffinity(0)),
         "memory_total_bytes": _memory_total_bytes(),
-        **_cpu_info(),
     }
+
+
+def machine_ids(machine: Mapping[str, Any] | None) -> tuple[str | None, str | None, str | None]:
+    """(host name, hardware id, software id) of a stored machine record; a record stored before fingerprints
+    (flat hardware keys, no software) gets the hardware id its keys give and no software id."""
+    if not machine:
+        return None, None, None
+    hostname = machine.get("hostname")
+    if "hardware_id" in machine:
+        return hostname, machine.get("hardware_id"), machine.get("software_id")
+    return hostname, record_id(hardware_record(machine)), None
+
+
+def hardware_label(machine: Mapping[str, Any] | None) -> str:
+    """A short name of a stored machine's hardware: ``<cpu model>, <N> cores, <M> GiB [+ accelerators]``."""
+    if not machine:
+        return "unknown machine"
+    hardware = machine.get("hardware") or hardware_record(machine)
+    text = f"{hardware.get('cpu_model')}, {hardware.get('physical_cores')} cores, {hardware.get('memory_gib')} GiB"
+    if hardware.get("accelerators"):
+        text += " + " + ", ".join(hardware["accelerators"])
+    return text
 
 
 def memory_available_bytes() -> int | None:

@@ -19,9 +19,10 @@ from typing import Any, Literal
 
 from rich.markup import escape
 
+from fwbench.measure.environment import hardware_label
 from fwbench.report.summary import ALPHA, cell_key, estimates, geometric_mean_ci, runtimes_in, sample_median
 from fwbench.report.table import TableData, plain, ratio_text
-from fwbench.report.units import format_seconds_noise, second_axis_text
+from fwbench.report.units import format_seconds_noise, second_axis_text, short_id
 from fwbench.store import ResultRecord, RunRecord
 
 COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
@@ -108,6 +109,7 @@ class RunComparison:
     only_b: list[ResultRecord]
     summaries: list[RatioSummary]
     environment: list[EnvironmentDifference] = field(default_factory=list)
+    machine_warning: str | None = None  # the runs' cells ran on different hardware
 
     @property
     def regressions(self) -> list[CellChange]:
@@ -125,6 +127,7 @@ class RunComparison:
             "threshold": self.threshold,
             "alpha": ALPHA,
             "failed": self.failed,
+            "machine_warning": self.machine_warning,
             "cells": [asdict(c) for c in self.cells],
             "only_a": [_key_dict(r) for r in self.only_a],
             "only_b": [_key_dict(r) for r in self.only_b],
@@ -296,7 +299,29 @@ def compare_runs(
     """:func:`compare_results` plus the :func:`environment_differences` of the two runs."""
     comparison = compare_results(results_a, results_b, run_a.id, run_b.id, threshold)
     comparison.environment = environment_differences(run_a, results_a, run_b, results_b)
+    comparison.machine_warning = machine_warning(results_a, results_b)
     return comparison
+
+
+def machines_of(results: Sequence[ResultRecord]) -> dict[str | None, str]:
+    """The hardware fingerprints of ``results`` with a short description of each, in order of first appearance."""
+    return {row.hardware_id: hardware_label(row.machine) for row in results}
+
+
+def machine_warning(results_a: Sequence[ResultRecord], results_b: Sequence[ResultRecord]) -> str | None:
+    """A one-line warning when the two runs' cells ran on different hardware (None when they share it): then a
+    ratio mixes a hardware change with the software change that ``compare`` is for."""
+    a, b = machines_of(results_a), machines_of(results_b)
+    if set(a) == set(b):
+        return None
+
+    def names(machines: dict[str | None, str]) -> str:
+        return "; ".join(f"{short_id(key)} ({label})" for key, label in machines.items())
+
+    return (
+        f"warning: the runs ran on different machines (A: {names(a)}; B: {names(b)}): each B/A mixes the hardware "
+        "difference with the software one; `fwbench report --by machine` shows cells side by side per machine"
+    )
 
 
 VERDICT_STYLES = {

@@ -14,6 +14,7 @@ from typing import Any
 from fwbench.report.flags import compile_flags
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.throughput import throughput
+from fwbench.report.units import short_id
 from fwbench.store import ResultRecord, RunRecord
 
 CSV_COLUMNS = (
@@ -52,6 +53,9 @@ CSV_COLUMNS = (
     "tokens_per_s",
     "wall_s",
     "compile_flags",
+    "hostname",
+    "hardware_id",
+    "software_id",
     "samples",
 )
 
@@ -100,7 +104,8 @@ def to_csv(results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     return out.getvalue()
 
 
-SPLIT_FIELDS = ("run_id", "phase", "dtype", "device")  # named in a sheet's file name when they vary
+SPLIT_FIELDS = ("run_id", "hardware_id", "phase", "dtype", "device")  # named in a sheet's file name when they vary
+SPLIT_PREFIXES = {"run_id": "run", "hardware_id": "machine"}
 NOT_AVAILABLE = "N/A"
 LONG_CSV_NAME = "results.csv"
 
@@ -111,8 +116,9 @@ def _file_part(value: object) -> str:
 
 
 def spreadsheet_tables(results: Sequence[ResultRecord]) -> dict[str, list[list[str]]]:
-    """The 2019 spreadsheet layout: one table per model × runtime (× run, phase, dtype, device where the
-    results hold several), keyed by file name (``bert-base_torch_eager.csv``, ``..._run2_bf16.csv``).
+    """The 2019 spreadsheet layout: one table per model × runtime (× run, machine, phase, dtype, device where the
+    results hold several), keyed by file name (``bert-base_torch_eager.csv``, ``..._run2_bf16.csv``,
+    ``..._machine3fa2c1d0.csv``).
     Rows are batch sizes, columns sequence lengths (phase data: loader workers; one ``median_s`` column for a model
     without a sequence axis); a cell is the median in seconds per call, or ``N/A`` where the cell did not run ok or was not
     run. Every table of a model (within a run, phase, dtype and device) has the same grid: the union of
@@ -128,7 +134,10 @@ def spreadsheet_tables(results: Sequence[ResultRecord]) -> dict[str, list[list[s
         seqs = sorted({getattr(row, second) for row in rows if getattr(row, second) is not None})
         has_seq = bool(seqs)
         values = dict(zip(SPLIT_FIELDS, split))
-        suffix = "".join(f"_{'run' if name == 'run_id' else ''}{_file_part(values[name])}" for name in varying)
+        suffix = "".join(
+            f"_{SPLIT_PREFIXES.get(name, '')}{_file_part(short_id(values[name]) if name == 'hardware_id' else values[name])}"
+            for name in varying
+        )
         for runtime in dict.fromkeys(row.runtime for row in rows):
             cells = {(row.batch_size, getattr(row, second)): row for row in rows if row.runtime == runtime}
 

@@ -55,11 +55,18 @@ from fwbench.report.summary import (
 )
 from fwbench.report.table import throughput_headers
 from fwbench.report.throughput import format_rate, throughput
-from fwbench.report.units import format_bytes, format_fraction, format_gflops, format_seconds, format_seconds_noise
+from fwbench.report.units import (
+    format_bytes,
+    format_fraction,
+    format_gflops,
+    format_seconds,
+    format_seconds_noise,
+    short_id,
+)
 from fwbench.spec import shape_text
 from fwbench.store import ResultRecord, RunRecord
 
-PLOT_GROUP_FIELDS = ("run_id", "model", "phase", "dtype", "device")  # one plot section per group
+PLOT_GROUP_FIELDS = ("run_id", "hardware_id", "model", "phase", "dtype", "device")  # one plot section per group
 MAX_PLOT_GROUPS = 24  # groups that get plots; every cell stays in the tables
 MAX_LINE_PANELS = 6  # latency/memory panels per group (values of the axis that is not x)
 MAX_ANNOTATED_CELLS = 96  # a heat map with more cells shows colours only
@@ -396,7 +403,8 @@ def _summary_rows(pairs: Sequence[GroupedPair], with_group: bool) -> list[list[s
     for pair in pairs:
         s = pair.summary
         compared = sum(1 for c in pair.cells if c.ratio is not None)
-        group = [esc(f"run {pair.run_id} {pair.phase} {pair.dtype} {pair.device}")] if with_group else []
+        machine = f" machine {short_id(pair.hardware_id)}" if len({p.hardware_id for p in pairs}) > 1 else ""
+        group = [esc(f"run {pair.run_id}{machine} {pair.phase} {pair.dtype} {pair.device}")] if with_group else []
         rows.append(
             group
             + [
@@ -435,7 +443,7 @@ def summary_section(pairs: Sequence[GroupedPair], baseline: str | None, results:
             f"(runtimes: {present}).</p></section>"
         )
         return "\n".join(parts)
-    with_group = len({(p.run_id, p.phase, p.dtype, p.device) for p in pairs}) > 1
+    with_group = len({(p.run_id, p.hardware_id, p.phase, p.dtype, p.device) for p in pairs}) > 1
     headers = (["group"] if with_group else []) + SUMMARY_HEADERS
     offset = 1 if with_group else 0
     parts.append(_table(headers, _summary_rows(pairs, with_group), numeric=[offset + i for i in (1, 2, 3, 4, 5)]))
@@ -608,7 +616,13 @@ def environment_section(runs: Sequence[RunRecord]) -> str:
             ("finished", run.finished or "not finished"),
             ("suite", run.suite),
             ("fwbench version", run.fwbench_version),
-            ("cells planned", run.plan.size),
+            ("cells planned", run.planned.size),
+            *([("shard", f"{run.shard} of plan {str(run.plan_hash)[:12]}")] if run.shard else []),
+            *(
+                [("merged from", "; ".join(f"{p['file']} run {p['run_id']}" for p in run.sources))]
+                if run.sources
+                else []
+            ),
         ]
         kv = [[esc(k), esc(v)] for k, v in meta] + [["command", f"<code>{esc(run.command)}</code>"]]
         settings = [[esc(k), _value(v)] for k, v in sorted(run.settings.items())]
@@ -616,7 +630,7 @@ def environment_section(runs: Sequence[RunRecord]) -> str:
         open_attr = " open" if index == 0 else ""
         parts.append(
             f"<details{open_attr}><summary>run {esc(run.id)}: {esc(run.created)}, {esc(run.suite or 'no suite')}, "
-            f"{esc(run.plan.size)} cells</summary>"
+            f"{esc(run.planned.size)} cells</summary>"
             + _table(["", ""], kv, css="kv")
             + "<h3>Settings</h3>"
             + _table(["setting", "value"], settings, css="kv")
@@ -767,29 +781,32 @@ def models_section(results: Sequence[ResultRecord], comparisons: Sequence[Groupe
     by_pair: dict[tuple[Any, ...], list[CellComparison]] = {}
     for pair in comparisons:
         for cell in pair.cells:
-            by_pair.setdefault((cell.run_id, cell.model, cell.phase, cell.dtype, cell.device, cell.runtime), []).append(
-                cell
-            )
+            key = (cell.run_id, cell.hardware_id, cell.model, cell.phase, cell.dtype, cell.device, cell.runtime)
+            by_pair.setdefault(key, []).append(cell)
     multi_run = len({key[0] for key in groups}) > 1
+    multi_machine = len({key[1] for key in groups}) > 1
     parts = ['<section id="models"><h2>Per model</h2>']
     if len(groups) > MAX_PLOT_GROUPS:
         parts.append(
             f"<p><b>Plots for the first {MAX_PLOT_GROUPS} of {len(groups)} model groups</b> (run, model, "
             "phase, dtype, device); the summary above and the tables below cover every cell.</p>"
         )
-    for index, ((run_id, model, phase, dtype, device), rows) in enumerate(groups.items()):
+    for index, ((run_id, hardware_id, model, phase, dtype, device), rows) in enumerate(groups.items()):
         if index >= MAX_PLOT_GROUPS:
             break
-        title = f"{model} ({'run ' + str(run_id) + ', ' if multi_run else ''}{phase}, {dtype}, {device})"
+        scope = ("run " + str(run_id) + ", " if multi_run else "") + (
+            f"machine {short_id(hardware_id)}, " if multi_machine else ""
+        )
+        title = f"{model} ({scope}{phase}, {dtype}, {device})"
         parts.append(f"<h3>{esc(title)}</h3>")
         pairs = [
-            (rt, by_pair[(run_id, model, phase, dtype, device, rt)])
+            (rt, by_pair[(run_id, hardware_id, model, phase, dtype, device, rt)])
             for rt in runtimes_in(rows)
-            if rt != baseline and (run_id, model, phase, dtype, device, rt) in by_pair
+            if rt != baseline and (run_id, hardware_id, model, phase, dtype, device, rt) in by_pair
         ]
         if pairs and baseline is not None:
             summaries = [
-                GroupedPair(run_id, phase, dtype, device, cells, pair_summary(cells, baseline, rt))
+                GroupedPair(run_id, hardware_id, phase, dtype, device, cells, pair_summary(cells, baseline, rt))
                 for rt, cells in pairs
             ]
             parts.append(_table(SUMMARY_HEADERS, _summary_rows(summaries, False), numeric=[1, 2, 3, 4, 5], css="pairs"))

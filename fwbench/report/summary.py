@@ -3,8 +3,9 @@ summary per runtime pair. Framework-free; statistics with scipy.
 
 Semantics (each is tested):
 
-- Cells match across runtimes by ``(run_id, model, phase, batch_size, seq_len, dtype, device, workers)``: a
-  ratio never mixes two runs (absolute times from different runs are not comparable).
+- Cells match across runtimes by ``(run_id, hardware_id, model, phase, batch_size, seq_len, dtype, device,
+  workers)``: a ratio never mixes two runs (absolute times from different runs are not comparable), nor two
+  machines (a run spread over several, ``--executor ray`` or merged shards, is compared machine by machine).
 - Speed-up of runtime R over baseline B in one cell (> 1: R is faster), from :mod:`fwbench.measure.rounds`:
   when both were measured interleaved in the same run and group, from their *paired* blocks (same round, same
   cycle: adjacent in time), exp(mean over rounds of the round's median log(t_B / t_R)); otherwise the ratio of
@@ -35,8 +36,9 @@ ALPHA = 0.05  # family-wise error rate of the per-pair significance claims
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-KEY_FIELDS = ("run_id", "model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
-GROUP_FIELDS = ("run_id", "phase", "dtype", "device")  # a pair summary never pools across these
+KEY_FIELDS = ("run_id", "hardware_id", "model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
+# A pair summary never pools across these; nothing is ever compared across two machines (hardware fingerprints).
+GROUP_FIELDS = ("run_id", "hardware_id", "phase", "dtype", "device")
 DEFAULT_BASELINE = "torch:eager"
 
 
@@ -74,6 +76,7 @@ class CellComparison:
     rounds: int | None = None  # rounds behind the ratio
     pairs: int | None = None  # paired blocks behind it (None: not paired)
     workers: int | None = None  # phase data: the loaders' worker count
+    hardware_id: str | None = None  # the machine both cells ran on
 
     @property
     def comparable(self) -> bool:
@@ -251,6 +254,7 @@ def _comparisons(
                 dtype=base.dtype,
                 device=base.device,
                 workers=base.workers,
+                hardware_id=base.hardware_id,
                 baseline=baseline,
                 runtime=runtime,
                 baseline_status=base.status,
@@ -320,10 +324,11 @@ def pair_summaries(results: Sequence[ResultRecord], baseline: str) -> list[PairS
 
 @dataclass(frozen=True)
 class GroupedPair:
-    """One runtime against the baseline within one (run, phase, dtype, device) group: the cells of
+    """One runtime against the baseline within one (run, machine, phase, dtype, device) group: the cells of
     :func:`compare_cells` (the Holm family) and their :class:`PairSummary`."""
 
     run_id: int
+    hardware_id: str | None
     phase: str
     dtype: str
     device: str
@@ -346,30 +351,30 @@ def split_groups(
 
 
 def grouped_pairs(results: Sequence[ResultRecord], baseline: str, fallback: bool = False) -> list[GroupedPair]:
-    """Every other runtime against ``baseline`` in each (run, phase, dtype, device) group that has the
+    """Every other runtime against ``baseline`` in each (run, machine, phase, dtype, device) group that has the
     baseline: what the report's speed-up column and pair-summary table show. Each pair's cells are exactly
     :func:`compare_cells` of its group. ``fallback`` (the baseline was not asked for): a group without it takes
     its own, DEFAULT_BASELINE or else its first runtime (phase data: its first loader)."""
-    jobs: list[tuple[tuple[int, str, str, str], str, str, RowPairs]] = []
-    for (run_id, phase, dtype, device), rows in split_groups(results).items():
+    jobs: list[tuple[tuple[Any, ...], str, str, RowPairs]] = []
+    for group, rows in split_groups(results).items():
         present = runtimes_in(rows)
         if baseline not in present:
             if not fallback or not present:
                 continue
             group_baseline = DEFAULT_BASELINE if DEFAULT_BASELINE in present else present[0]
             jobs.extend(
-                ((run_id, phase, dtype, device), runtime, group_baseline, _row_pairs(rows, group_baseline, runtime))
+                (group, runtime, group_baseline, _row_pairs(rows, group_baseline, runtime))
                 for runtime in present
                 if runtime != group_baseline
             )
             continue
         for runtime in present:
             if runtime != baseline:
-                jobs.append(((run_id, phase, dtype, device), runtime, baseline, _row_pairs(rows, baseline, runtime)))
+                jobs.append((group, runtime, baseline, _row_pairs(rows, baseline, runtime)))
     out = []
-    for (run_id, phase, dtype, device), runtime, base, pairs in jobs:
+    for (run_id, hardware_id, phase, dtype, device), runtime, base, pairs in jobs:
         cells = _comparisons(pairs, estimates(pairs), base, runtime)
-        out.append(GroupedPair(run_id, phase, dtype, device, cells, pair_summary(cells, base, runtime)))
+        out.append(GroupedPair(run_id, hardware_id, phase, dtype, device, cells, pair_summary(cells, base, runtime)))
     return out
 
 

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from fwbench.measure.environment import hardware_label
 from fwbench.report.fit import HEADERS as FIT_HEADERS
 from fwbench.report.fit import LEGEND as FIT_LEGEND
 from fwbench.report.fit import RIGHT as FIT_RIGHT
@@ -55,12 +56,16 @@ from fwbench.report.units import (
     format_gflops,
     format_seconds,
     format_seconds_noise,
+    short_id,
     significant_digits,
 )
 from fwbench.store import ResultRecord
 
 PIPE_WIDTH = 160  # rich would wrap at 80 columns when stdout is not a terminal
-OPTIONAL_COLUMNS = (("run_id", "run"), ("phase", "phase"), ("dtype", "dtype"), ("device", "device"))
+# Shown as a column where they vary, else in the table's title (the machine: a column only where it varies).
+OPTIONAL_COLUMNS = (
+    ("run_id", "run"), ("hardware_id", "machine"), ("phase", "phase"), ("dtype", "dtype"), ("device", "device"),
+)  # fmt: skip
 
 
 def make_console() -> Console:
@@ -68,7 +73,7 @@ def make_console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
 
 
-def _median_cell(row: ResultRecord) -> str:
+def median_cell(row: ResultRecord) -> str:
     """``'21.34 µs ±0.3%'`` with the digits the CI supports (yellow when noisy); ``N/A oom`` for a non-ok cell."""
     if row.status != "ok":
         return f"[red]N/A {escape(row.status)}[/]"
@@ -231,15 +236,17 @@ def result_tables(
     ``baseline`` first within a shape, then the other runtimes in first-appearance order."""
     varying = [(key, label) for key, label in OPTIONAL_COLUMNS if len({getattr(r, key) for r in results}) > 1]
     constant = ", ".join(
-        f"{label} {getattr(results[0], key)}" for key, label in OPTIONAL_COLUMNS if (key, label) not in varying
+        f"{label} {getattr(results[0], key)}"
+        for key, label in OPTIONAL_COLUMNS
+        if (key, label) not in varying and key != "hardware_id"  # one machine: the legend names it
     )
     cells = {
-        (c.run_id, c.model, c.phase, c.batch_size, c.seq_len, c.workers, c.dtype, c.device, c.runtime): c
+        (c.run_id, c.hardware_id, c.model, c.phase, c.batch_size, c.seq_len, c.workers, c.dtype, c.device, c.runtime): c
         for pair in pairs
         for c in pair.cells
     }
     # each group's baseline (a group without the report's takes its own: grouped_pairs' fallback)
-    group_baselines = {(p.run_id, p.phase, p.dtype, p.device): p.baseline for p in pairs}
+    group_baselines = {(p.run_id, p.hardware_id, p.phase, p.dtype, p.device): p.baseline for p in pairs}
     groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
     parity = parity_by_pair(results)
     precision = precision_flags(results)
@@ -268,7 +275,9 @@ def result_tables(
     for model in dict.fromkeys(r.model for r in results):
         model_rows = [r for r in results if r.model == model]
         first = model_rows[0]
-        table_baseline = group_baselines.get((first.run_id, first.phase, first.dtype, first.device), baseline)
+        table_baseline = group_baselines.get(
+            (first.run_id, first.hardware_id, first.phase, first.dtype, first.device), baseline
+        )
         order = {name: i for i, name in enumerate(sorted(runtimes_in(model_rows), key=lambda r: r != table_baseline))}
         table_headers = [f"vs {table_baseline}" if h == f"vs {baseline}" else h for h in headers]
         rows = sorted(
@@ -287,17 +296,20 @@ def result_tables(
         )
         for index, row in enumerate(rows):
             key = (
-                row.run_id, model, row.phase, row.batch_size, row.seq_len, row.workers, row.dtype, row.device,
-                row.runtime,
+                row.run_id, row.hardware_id, model, row.phase, row.batch_size, row.seq_len, row.workers, row.dtype,
+                row.device, row.runtime,
             )  # fmt: skip
             data.rows.append(
                 [
-                    *(escape(str(getattr(row, k))) for k, _ in varying),
+                    *(
+                        escape(short_id(row.hardware_id) if k == "hardware_id" else str(getattr(row, k)))
+                        for k, _ in varying
+                    ),
                     str(row.batch_size),
                     "—" if row.seq_len is None else str(row.seq_len),
                     *(["—" if row.workers is None else str(row.workers)] if workers else []),
                     escape(row.runtime),
-                    _median_cell(row),
+                    median_cell(row),
                     *([speedup_cell(cells.get(key), row.runtime == table_baseline)] if baseline else []),
                     format_gflops(achieved_gflops(row)),
                     *([format_fraction(peak_fraction(row, peak))] if peak else []),
@@ -456,6 +468,12 @@ def report_tables(
             tables.append(summary_table([p for p in pairs if p.baseline == group_baseline], group_baseline))
     phases = {r.phase for r in results}
     lines = legend(shown, peak, "training" in phases, "data" in phases)
+    machines = {r.hardware_id: r.machine for r in results}
+    if len(machines) > 1:  # results of several machines: each is compared with itself only
+        lines.extend(
+            f"machine {short_id(key)}: {hardware_label(machine)}; speed-ups pair cells of this machine only"
+            for key, machine in machines.items()
+        )
     evidence = evidence_line(pairs)
     if evidence:
         lines.insert(1, evidence)

@@ -104,3 +104,8 @@ def second_axis_text(seq_len: int | None, workers: int | None) -> str:
     if workers is not None:
         return f"w={workers}"
     return "—" if seq_len is None else str(seq_len)
+
+
+def short_id(record_id: str | None) -> str:
+    """A hardware or software id as shown in tables: its first 8 hex digits (``?`` when unknown)."""
+    return "?" if record_id is None else record_id[:8]

@@ -1,5 +1,6 @@
 """The manager: runs a plan's cells in worker processes, comparison group by comparison group
-(:mod:`fwbench.runner.scheduler`), and stores every outcome.
+(:mod:`fwbench.runner.scheduler`), and stores every outcome; on this machine (:func:`execute`) or, group by group,
+on the nodes of a Ray cluster (:mod:`fwbench.runner.ray_executor`, which runs :func:`run_comparison_group` there).
 
 It never imports a framework. A worker that crashes, is killed, exceeds ``--timeout`` or ``--memory-limit``
 costs one cell, whose status and last error line are stored; the sweep goes on. Workers get their own process
@@ -11,7 +12,7 @@ one transaction, as soon as its last round ends: a killed run loses at most the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
@@ -22,12 +23,14 @@ from fwbench.runner.outcome import CellOutcome, run_worker
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import worker_cpus
 from fwbench.runner.scheduler import comparison_groups, run_group
-from fwbench.spec import Case, Plan, Settings
+from fwbench.spec import Case, Plan, Settings, SkippedCase, group_key
 from fwbench.store import Store
 
 __all__ = ["Block", "CellOutcome", "Listener", "execute", "run_worker", "store_outcome", "worker_cpus"]
 
 Listener = Callable[[CellOutcome], None]
+Parity = dict[tuple[str, str, str, str], str]  # a run's settled parity pairs: the checking cell's key or 'mismatch'
+Settled = list[tuple[CellOutcome, float]]  # outcomes with the wall seconds each cell took of its group's time
 
 
 def _skipped(case: Case, reason: str) -> CellOutcome:
@@ -69,7 +72,7 @@ def parity_pair(case: Case) -> tuple[str, str, str, str]:
     return case.model, case.runtime, case.dtype, case.device
 
 
-def _stored_parity(store: Store, run_id: int) -> dict[tuple[str, str, str, str], str]:
+def _stored_parity(store: Store, run_id: int) -> Parity:
     """Parity already settled in this run, by pair: the key of the cell that checked it, or 'mismatch'."""
     settled: dict[tuple[str, str, str, str], str] = {}
     for row in store.results([run_id]):
@@ -81,59 +84,107 @@ def _stored_parity(store: Store, run_id: int) -> dict[tuple[str, str, str, str],
     return settled
 
 
+def run_comparison_group(
+    group: Sequence[Case], settings: Settings, parity: Mapping[tuple[str, str, str, str], str]
+) -> Settled:
+    """Run one comparison group on this machine: cells whose runtime or model is not available here are
+    ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch`` without running, the
+    others run (:func:`fwbench.runner.scheduler.run_group`), checking parity where ``parity`` has not settled it.
+    The Ray executor calls this on the node that runs the group."""
+    started = time.monotonic()
+    settled: Settled = []
+    runnable: list[Case] = []
+    for case in group:
+        info = get_runtime(case.runtime)
+        missing = missing_requirement(info)
+        if missing is None and get_phase(case.phase).uses_model:
+            missing = missing_implementation(info, get_model(case.model).arch)
+        if missing:
+            settled.append((_skipped(case, missing), 0.0))
+        elif parity.get(parity_pair(case)) == "mismatch":
+            reason = "not run: this runtime failed the parity check earlier in the run"
+            settled.append((CellOutcome(case, "mismatch", reason), 0.0))
+        else:
+            runnable.append(case)
+    if runnable:
+        checks = {case.key: parity_pair(case) not in parity for case in runnable}
+        group_outcomes = run_group(runnable, settings, checks, settings.weights_path)
+        wall_s = (time.monotonic() - started) / len(runnable)  # the cells shared the group's time
+        for outcome in group_outcomes:
+            pair = parity_pair(outcome.case)
+            if pair in parity:
+                outcome.details["parity_checked_by"] = parity[pair]
+            settled.append((outcome, wall_s))
+    return settled
+
+
+def settle_parity(parity: Parity, settled: Settled) -> None:
+    """Record in ``parity`` the pairs that ``settled`` (a group's outcomes) checked: 'mismatch', or the key of the
+    cell that passed."""
+    for outcome, _ in settled:
+        pair = parity_pair(outcome.case)
+        if pair in parity:
+            continue
+        if outcome.status == "mismatch":
+            parity[pair] = "mismatch"
+        elif outcome.status == "ok":
+            parity[pair] = outcome.case.key
+
+
+class Recorder:
+    """Stores the outcomes of a run as they arrive, one transaction per group, telling ``listener`` of each."""
+
+    def __init__(self, store: Store, run_id: int, plan: Plan, listener: Listener | None) -> None:
+        self.store, self.run_id, self.plan, self.listener = store, run_id, plan, listener
+        self.outcomes: list[CellOutcome] = []
+
+    def record(self, settled: Settled, machine: dict[str, Any] | None) -> None:
+        with self.store.transaction():
+            for outcome, wall_s in settled:
+                store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine)
+        for outcome, _ in settled:
+            self.outcomes.append(outcome)
+            if self.listener is not None:
+                self.listener(outcome)
+
+    def in_plan_order(self) -> list[CellOutcome]:
+        """The outcomes stored so far, in plan order."""
+        keys = [s.case.key for s in self.plan.skipped] + [c.key for c in self.plan.cases]
+        order = {key: i for i, key in enumerate(keys)}
+        return sorted(self.outcomes, key=lambda outcome: order[outcome.case.key])
+
+
+def pending_groups(store: Store, run_id: int, plan: Plan) -> list[tuple[list[Case], list[SkippedCase]]]:
+    """The plan's comparison groups that run ``run_id`` has no status for yet: each group's cells to run and the
+    plan's skipped cells of the same group (stored with the group, on the machine that ran it)."""
+    done = store.done_keys(run_id)
+    skipped: dict[str, list[SkippedCase]] = {}
+    for item in plan.skipped:
+        if item.case.key not in done:
+            skipped.setdefault(group_key(item.case), []).append(item)
+    groups = [
+        (group, skipped.pop(group_key(group[0]), []))
+        for group in comparison_groups([c for c in plan.cases if c.key not in done])
+    ]
+    groups.extend(([], items) for items in skipped.values())  # groups with nothing to run
+    return groups
+
+
 def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = None) -> list[CellOutcome]:
-    """Run every cell of ``plan`` that run ``run_id`` has no status for yet, group by group, storing each group's
-    cells together as soon as it ends (``listener`` hears of each then); returns the outcomes in plan order.
+    """Run every cell of ``plan`` that run ``run_id`` has no status for yet, group by group on this machine,
+    storing each group's cells together as soon as it ends (``listener`` hears of each then); returns the
+    outcomes in plan order.
 
     Parity is checked once per (model, runtime, dtype, device) in a run, by the first cell of the pair that
     runs; once a pair has failed it, its other cells are stored as ``mismatch`` without running.
     """
-    done = store.done_keys(run_id)
     parity = _stored_parity(store, run_id)
     machine = machine_record()
-    outcomes: list[CellOutcome] = []
-
-    def record(batch: list[tuple[CellOutcome, float]]) -> None:
-        with store.transaction():
-            for outcome, wall_s in batch:
-                store_outcome(store, run_id, outcome, plan.settings, wall_s, machine)
-        for outcome, _ in batch:
-            outcomes.append(outcome)
-            if listener is not None:
-                listener(outcome)
-
-    record([(_skipped(s.case, s.reason), 0.0) for s in plan.skipped if s.case.key not in done])
-    for group in comparison_groups([case for case in plan.cases if case.key not in done]):
-        started = time.monotonic()
-        settled: list[tuple[CellOutcome, float]] = []
-        runnable: list[Case] = []
-        for case in group:
-            info = get_runtime(case.runtime)
-            missing = missing_requirement(info)
-            if missing is None and get_phase(case.phase).uses_model:
-                missing = missing_implementation(info, get_model(case.model).arch)
-            if missing:
-                settled.append((_skipped(case, missing), 0.0))
-            elif parity.get(parity_pair(case)) == "mismatch":
-                reason = "not run: this runtime failed the parity check earlier in the run"
-                settled.append((CellOutcome(case, "mismatch", reason), 0.0))
-            else:
-                runnable.append(case)
-        if runnable:
-            checks = {case.key: parity_pair(case) not in parity for case in runnable}
-            group_outcomes = run_group(runnable, plan.settings, checks, plan.settings.weights_path)
-            wall_s = (time.monotonic() - started) / len(runnable)  # the cells shared the group's time
-            for outcome in group_outcomes:
-                pair = parity_pair(outcome.case)
-                if pair in parity:
-                    outcome.details["parity_checked_by"] = parity[pair]
-                elif outcome.status == "mismatch":
-                    parity[pair] = "mismatch"
-                elif outcome.status == "ok":
-                    parity[pair] = outcome.case.key
-                settled.append((outcome, wall_s))
-        record(settled)
-    order = {key: i for i, key in enumerate([s.case.key for s in plan.skipped] + [c.key for c in plan.cases])}
-    return sorted(
-        outcomes, key=lambda outcome: order[outcome.case.key]
-    )  # stored group by group; returned in plan order
+    recorder = Recorder(store, run_id, plan, listener)
+    for group, skipped in pending_groups(store, run_id, plan):
+        settled: Settled = [(_skipped(item.case, item.reason), 0.0) for item in skipped]
+        if group:
+            settled += run_comparison_group(group, plan.settings, parity)
+        settle_parity(parity, settled)
+        recorder.record(settled, machine)
+    return recorder.in_plan_order()

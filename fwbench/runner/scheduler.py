@@ -45,20 +45,11 @@ from fwbench.runner.messages import Job
 from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker, spread_fields
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import WorkerFailure, WorkerProcess
-from fwbench.spec import Case, Settings
+from fwbench.spec import Case, Settings, group_key
 
-GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
 MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
 MAX_CYCLES = 400
 MEMORY_HEADROOM = 1.5  # start another worker only while free memory exceeds this × the largest peak so far
-
-
-def group_key(case: Case) -> str:
-    """The key of ``case``'s comparison group: everything but the runtime (the worker count only where a phase
-    data cell has one, so other phases' keys read as they did before it existed)."""
-    return "|".join(
-        f"{name}={getattr(case, name)}" for name in GROUP_FIELDS if not (name == "workers" and case.workers is None)
-    )
 
 
 def comparison_groups(cases: Sequence[Case]) -> list[list[Case]]:

@@ -14,16 +14,18 @@ import os
 import sqlite3
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fwbench.measure.environment import machine_ids
 from fwbench.measure.rounds import Block
 from fwbench.profile.cells import ProfiledCell
 from fwbench.profile.summary import OpRow
-from fwbench.spec import Case, Plan
+from fwbench.spec import Case, Plan, ShardSpec
 from fwbench.store.records import COLUMN_NAMES, ProfileRecord, ResultRecord, profile_record
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -160,6 +162,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # Migration 4 (phase data): a data cell's loader worker count, a grid axis like the batch size (NULL in every
     # other phase and in rows stored before it).
     ("ALTER TABLE results ADD COLUMN workers INTEGER", "ALTER TABLE profiles ADD COLUMN workers INTEGER"),
+    # Migration 5 (sweeps over many machines): each result's host, hardware fingerprint and software record id
+    # (older rows: computed from their machine record when read); each run's identity (uid), the hash of its full
+    # plan, its shard ('I/N' of `run --shard`, NULL for the whole plan) and, for a run merged from several stores,
+    # where its parts came from (`fwbench merge`).
+    (
+        "ALTER TABLE results ADD COLUMN hostname TEXT",
+        "ALTER TABLE results ADD COLUMN hardware_id TEXT",
+        "ALTER TABLE results ADD COLUMN software_id TEXT",
+        "CREATE INDEX results_by_hardware ON results (hardware_id)",
+        "ALTER TABLE runs ADD COLUMN uid TEXT",
+        "ALTER TABLE runs ADD COLUMN plan_hash TEXT",
+        "ALTER TABLE runs ADD COLUMN shard TEXT",
+        "ALTER TABLE runs ADD COLUMN sources_json TEXT",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -275,7 +291,7 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGR
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def check_identity(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> None:
+def check_identity(conn: sqlite3.Connection, path: Path, *, readonly: bool, allow_old: bool = False) -> None:
     """Refuse a database that fwbench did not create, or one this version cannot read; writes nothing."""
     # One read transaction, so the three reads see one snapshot: read one by one, a process that
     # commits the first migration in between makes a fresh database look like a foreign one.
@@ -299,7 +315,7 @@ def check_identity(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> N
             f"--db {path}: database schema version {version} is newer than this fwbench supports "
             f"({SCHEMA_VERSION}); upgrade fwbench"
         )
-    if readonly and version < SCHEMA_VERSION:
+    if readonly and version < SCHEMA_VERSION and not allow_old:
         raise StoreError(
             f"--db {path}: schema version {version} predates this fwbench ({SCHEMA_VERSION}); "
             "the next `fwbench run --db` on it migrates it"
@@ -335,17 +351,30 @@ class RunRecord:
     environment: dict[str, Any]
     fwbench_version: str
     kind: str = "benchmark"  # or "profile" (fwbench profile): its cells are in the profiles table
+    uid: str | None = None  # the run's identity across stores (None: stored before migration 5)
+    plan_hash: str | None = None  # the full plan's digest (shards of one plan share it)
+    shard: str | None = None  # 'I/N' when the run holds one shard of its plan; None: the whole plan
+    sources: list[dict[str, Any]] | None = None  # fwbench merge: the runs this one was merged from
+
+    @property
+    def planned(self) -> Plan:
+        """The cells this run is to hold: its shard of the plan, or the whole plan."""
+        return self.plan.shard(None if self.shard is None else ShardSpec.parse(self.shard))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "uid": self.uid,
+            "plan_hash": self.plan_hash,
+            "shard": self.shard,
+            "sources": self.sources,
             "kind": self.kind,
             "created": self.created,
             "finished": self.finished,
             "suite": self.suite,
             "command": self.command,
             "settings": self.settings,
-            "cells": self.plan.size,
+            "cells": self.planned.size,
             "environment": self.environment,
             "fwbench_version": self.fwbench_version,
         }
@@ -359,8 +388,11 @@ class Store:
         self.path = path
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> Store:
-        """Open (and, unless ``readonly``, create and migrate) the database at ``path``.
+    def open(
+        cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False, allow_old: bool = False
+    ) -> Store:
+        """Open (and, unless ``readonly``, create and migrate) the database at ``path``; ``allow_old``: a read-only
+        open accepts an older schema (a caller that only checks the file, or reads what every version has).
 
         A file that is not an fwbench database is refused before anything is written to it.
         """
@@ -380,7 +412,7 @@ class Store:
                 conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            check_identity(conn, db_path, readonly=readonly)
+            check_identity(conn, db_path, readonly=readonly, allow_old=allow_old)
             if not readonly:
                 _enable_wal(conn)
                 conn.execute("PRAGMA synchronous = NORMAL")
@@ -401,21 +433,36 @@ class Store:
 
     # -- runs ---------------------------------------------------------------------------------
     def create_run(
-        self, plan: Plan, command: str, environment: dict[str, Any], version: str, kind: str = "benchmark"
+        self,
+        plan: Plan,
+        command: str,
+        environment: dict[str, Any],
+        version: str,
+        kind: str = "benchmark",
+        shard: ShardSpec | None = None,
     ) -> int:
+        """A new run of ``plan`` (the whole plan is stored; ``shard``: the part this run holds); its id."""
+        return self.insert_run(
+            {
+                "created": now_iso(),
+                "suite": plan.suite,
+                "command": command,
+                "settings_json": json.dumps(plan.settings.to_dict(), sort_keys=True),
+                "plan_json": plan.to_json(),
+                "environment_json": json.dumps(environment, sort_keys=True),
+                "fwbench_version": version,
+                "kind": kind,
+                "uid": uuid.uuid4().hex,
+                "plan_hash": plan.digest,
+                "shard": None if shard is None else str(shard),
+            }
+        )
+
+    def insert_run(self, columns: dict[str, Any]) -> int:
+        """Insert one ``runs`` row from its column values (``fwbench merge`` copies runs this way); its new id."""
         cursor = self.conn.execute(
-            "INSERT INTO runs (created, suite, command, settings_json, plan_json, environment_json, fwbench_version,"
-            " kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                now_iso(),
-                plan.suite,
-                command,
-                json.dumps(plan.settings.to_dict(), sort_keys=True),
-                plan.to_json(),
-                json.dumps(environment, sort_keys=True),
-                version,
-                kind,
-            ),
+            f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+            tuple(columns.values()),
         )
         return int(cursor.lastrowid or 0)
 
@@ -434,6 +481,10 @@ class Store:
             environment=json.loads(row["environment_json"]),
             fwbench_version=row["fwbench_version"],
             kind=row["kind"],
+            uid=row["uid"],
+            plan_hash=row["plan_hash"],
+            shard=row["shard"],
+            sources=json.loads(row["sources_json"]) if row["sources_json"] else None,
         )
 
     def get_run(self, run_id: int) -> RunRecord | None:
@@ -535,6 +586,7 @@ class Store:
         columns["machine_json"] = (
             None if fields.get("machine") is None else json.dumps(fields["machine"], sort_keys=True)
         )
+        columns["hostname"], columns["hardware_id"], columns["software_id"] = machine_ids(fields.get("machine"))
         values = {
             **case_columns(run_id, case),
             "samples_json": json.dumps(list(samples)),

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from fwbench.measure.environment import machine_ids
 from fwbench.measure.noise import NoiseTotals, contention
 from fwbench.measure.rounds import Block, blocks_by_round
 from fwbench.profile.categories import CATEGORIES
@@ -327,6 +328,9 @@ class ResultRecord:
     machine: Mapping[str, Any] | None = None
     blocks: tuple[Block, ...] = ()
     workers: int | None = None  # phase data: the loader's worker processes (None in every other phase)
+    hostname: str | None = None  # the host that ran the cell
+    hardware_id: str | None = None  # its hardware fingerprint (fwbench.measure.environment.hardware_record)
+    software_id: str | None = None  # its software record's id (None: stored before fingerprints)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ResultRecord:
@@ -339,11 +343,14 @@ class ResultRecord:
         versions = details.get("versions")
         noise = row["noise"] if "noise" in row else json.loads(row.get("noise_json") or "null")
         machine = row["machine"] if "machine" in row else json.loads(row.get("machine_json") or "null")
+        machine = machine if isinstance(machine, dict) else None
+        if columns.get("hardware_id") is None:  # stored before fingerprints: the id its machine record gives
+            columns["hostname"], columns["hardware_id"], columns["software_id"] = machine_ids(machine)
         return cls(
             **columns,
             samples=tuple(map(float, samples)),
             noise=NoiseTotals.from_dict(noise) if isinstance(noise, dict) else None,
-            machine=machine if isinstance(machine, dict) else None,
+            machine=machine,
             blocks=tuple(row.get("blocks") or ()),
             details=details,
             parity=ParityCheck.parse(details.get("parity")),
@@ -435,6 +442,9 @@ COLUMN_NAMES: tuple[str, ...] = (
     "schedule",
     "rounds",
     "workers",
+    "hostname",
+    "hardware_id",
+    "software_id",
 )
 
 

@@ -1,0 +1,128 @@
+"""A local Ray cluster on one machine for the Ray executor's tests and benchmarks/ray_sweep.py.
+
+:func:`local_cluster` runs this file as its own process (``python benchmarks/ray_cluster.py TEMP_DIR NODES``), which
+starts a head node without fwbench's resource (it runs no group) and NODES nodes with ``fwbench_node: 1`` and one CPU
+each, node i pinned to CPU i (``FWBENCH_NODE_CPUS``) so that two nodes never share a core; everything on 127.0.0.1,
+no dashboard, Ray's files under TEMP_DIR and its token under a temporary HOME. The process prints ``address
+HOST:PORT`` when ready, then obeys one command per line on stdin: ``remove I`` (node I, 1-based, dies as a lost
+machine would; answers ``removed I``). End of input shuts the cluster down.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LocalCluster:
+    """A running local cluster: the head's address, the helper process, the environment to reach it with."""
+
+    address: str
+    helper: subprocess.Popen[str]
+    env: dict[str, str]
+
+    def remove(self, node: int) -> None:
+        """Kill node ``node`` (1-based) as a lost machine dies; returns once Ray has removed it."""
+        assert self.helper.stdin is not None and self.helper.stdout is not None
+        self.helper.stdin.write(f"remove {node}\n")
+        self.helper.stdin.flush()
+        assert self.helper.stdout.readline().strip() == f"removed {node}"
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Every process whose command line has an argument containing ``text``."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if any(text in part for part in process.info["cmdline"] or ()):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@contextmanager
+def local_cluster(nodes: int) -> Iterator[LocalCluster]:
+    """A head and ``nodes`` fwbench nodes in a helper process; everything it started ends when the block does."""
+    temp = tempfile.mkdtemp(prefix="fwray-", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
+    home = tempfile.mkdtemp(prefix="fwray-home-")  # Ray's token and caches, never the user's HOME
+    env = {**os.environ, "HOME": home, "RAY_USAGE_STATS_ENABLED": "0"}
+    helper = subprocess.Popen(
+        [sys.executable, __file__, temp, str(nodes)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_DIR,
+        start_new_session=True,
+    )
+    try:
+        assert helper.stdout is not None
+        line = helper.stdout.readline()
+        if not line.startswith("address "):
+            raise RuntimeError(f"the local Ray cluster did not start: {line!r}")
+        yield LocalCluster(line.split()[1], helper, env)
+    finally:
+        if helper.stdin is not None:
+            helper.stdin.close()
+        try:
+            helper.wait(60)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+        for process in processes_mentioning(temp):  # whatever Ray left of this cluster
+            process.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def serve(temp_dir: str, count: int) -> None:
+    """The helper process: start the cluster, print its address, obey stdin, shut down at its end."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback addresses stay loopback
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "node_ip_address": "127.0.0.1",
+            "temp_dir": temp_dir,
+        },
+    )
+    cpus = sorted(os.sched_getaffinity(0))
+    added = [
+        cluster.add_node(
+            num_cpus=1,
+            resources={"fwbench_node": 1},
+            env_vars={"FWBENCH_NODE_CPUS": str(cpus[i % len(cpus)])},
+            node_ip_address="127.0.0.1",
+        )
+        for i in range(count)
+    ]
+    cluster.wait_for_nodes()
+    print(f"address {cluster.address}", flush=True)
+    try:
+        for line in sys.stdin:
+            command, _, argument = line.strip().partition(" ")
+            if command == "remove":
+                cluster.remove_node(added[int(argument) - 1], allow_graceful=False)
+                print(f"removed {argument}", flush=True)
+    finally:
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]))
