@@ -32,6 +32,7 @@ class LocalCluster:
     address: str
     helper: subprocess.Popen[str]
     env: dict[str, str]
+    temp: str  # Ray's files: every process of the cluster names it (or descends from the helper)
 
     def remove(self, node: int) -> None:
         """Kill node ``node`` (1-based) as a lost machine dies; returns once Ray has removed it."""
@@ -73,7 +74,7 @@ def local_cluster(nodes: int) -> Iterator[LocalCluster]:
         line = helper.stdout.readline()
         if not line.startswith("address "):
             raise RuntimeError(f"the local Ray cluster did not start: {line!r}")
-        yield LocalCluster(line.split()[1], helper, env)
+        yield LocalCluster(line.split()[1], helper, env, temp)
     finally:
         if helper.stdin is not None:
             helper.stdin.close()

@@ -24,6 +24,7 @@ from ray_cluster import LocalCluster, local_cluster, processes_mentioning
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 GRID = ["--models", "mlp", "--runtimes", "torch:eager", "--threads", "1", "--rounds", "1"]
 WORKER = "fwbench.runner.worker"
+TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two nodes pinned to two different CPUs")
 
 
 def _wait_gone(text: str, seconds: float) -> list[psutil.Process]:
@@ -93,6 +94,7 @@ def listening_off_loopback(pids: set[int]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.serial
+@TWO_CPUS
 def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tmp_path: Path) -> None:
     with local_cluster(2) as cluster:
         db = tmp_path / "ray.db"
@@ -100,7 +102,7 @@ def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tm
         off_loopback: set[str] = set()
         while driver.poll() is None:  # every process of the cluster and the sweep, while cells run
             pids = {p.pid for p in _tree(cluster.helper.pid) + _tree(driver.pid)}
-            pids |= {p.pid for p in processes_mentioning("ray")}
+            pids |= {p.pid for p in processes_mentioning(cluster.temp)}
             off_loopback.update(listening_off_loopback(pids))
             time.sleep(0.5)
         code, err = finish(driver)
@@ -135,6 +137,7 @@ def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tm
 
 @pytest.mark.slow
 @pytest.mark.serial
+@TWO_CPUS
 def test_a_group_on_a_lost_node_is_retried_on_another_of_the_same_hardware_and_no_node_is_refused(
     tmp_path: Path,
 ) -> None:

@@ -4,6 +4,8 @@ and reports that never compute a speed-up across two machines (`report --by mach
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -13,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fwbench.cli import main
-from fwbench.measure.environment import hardware_record, machine_ids, machine_record, record_id
+from fwbench.measure.environment import hardware_record, machine_ids, machine_record, physical_core_count, record_id
 from fwbench.report.compare import compare_runs
 from fwbench.report.export import spreadsheet_tables
 from fwbench.report.summary import grouped_pairs
 from fwbench.spec import Case, Plan, Settings, ShardSpec, SkippedCase, SpecError, group_key
-from fwbench.store import Store
+from fwbench.store import Store, StoreError
 from fwbench.store.merge import merge_stores
 from report_store import Cell, add_run, timed
 
@@ -177,9 +179,17 @@ def test_a_result_stores_its_machine_apart_from_its_software(db_path: Path) -> N
     machine = machine_record()
     assert machine["hardware_id"] == record_id(machine["hardware"]) and "version_torch" in machine["software"]
     assert not set(machine["hardware"]) & set(machine["software"])
-    flat = {k: v for k, v in machine["hardware"].items() if k != "memory_gib"}  # as stored before fingerprints
-    flat["memory_total_bytes"] = machine["hardware"]["memory_gib"] * 2**30
-    assert machine_ids({**flat, "hostname": "h"}) == ("h", machine["hardware_id"], None)
+    before_fingerprints = {  # the flat record fwbench stored with every result before schema 5, as it made it
+        "hostname": "h",
+        "machine": platform.machine(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": physical_core_count(),  # of the process's affinity, then
+        "memory_total_bytes": machine["memory_total_bytes"],
+        "cpu_model": machine["hardware"]["cpu_model"],
+        "cpu_simd_flags": machine["hardware"]["cpu_simd_flags"],
+    }
+    no_accelerators = record_id({**machine["hardware"], "accelerators": []})  # what the old record could not say
+    assert machine_ids(before_fingerprints) == ("h", no_accelerators, None)
     plan = plan_of(["mlp"], [1], ["torch:eager"])
     with Store.open(db_path) as store:
         run_id = store.create_run(plan, "fwbench run", {}, "0")
@@ -247,6 +257,19 @@ def test_compare_warns_when_the_runs_ran_on_different_machines(
     main(["compare", str(a), str(c), "--db", str(db_path), "--format", "json"])
     captured = capsys.readouterr()
     assert "different machines" in captured.err and json.loads(captured.out)["machine_warning"] == other.machine_warning
+    # both runs on both machines, but the one cell on machine A in one run and on B in the other: still warned
+    with Store.open(db_path) as store:
+        d = add_run(
+            store,
+            cells(MACHINE_A, 4) + [Cell(Case("mlp", "jax:jit"), timed(1e-3, seed=5), fields={"machine": MACHINE_B})],
+        )
+        e = add_run(
+            store,
+            cells(MACHINE_B, 6) + [Cell(Case("mlp", "jax:jit"), timed(1e-3, seed=7), fields={"machine": MACHINE_A})],
+        )
+        runs = {run.id: run for run in store.runs()}
+        crossed = compare_runs(runs[d], store.results([d]), runs[e], store.results([e]))
+    assert crossed.machine_warning is not None and crossed.machine_warning.startswith("warning: 2 matched cells")
 
 
 @pytest.mark.slow
@@ -264,3 +287,63 @@ def test_run_shards_then_merge_reproduce_the_plan(tmp_path: Path) -> None:
         rows = store.results([run.id])
     assert run.shard is None and sorted(r.case_key for r in rows) == sorted(c.key for c in run.plan.cases)
     assert len(rows) == 3 and all(r.status == "ok" and r.hardware_id for r in rows)
+
+
+def _run_ids(path: Path) -> list[tuple[int, str | None, int]]:
+    """(run id, shard, cells) of every run in ``path``."""
+    with Store.open(path, readonly=True) as store:
+        return [(run.id, run.shard, len(store.results([run.id]))) for run in store.runs()]
+
+
+def test_merge_adds_what_a_resumed_source_gained_and_reunites_into_a_shard_database(tmp_path: Path) -> None:
+    plan = plan_of(["mlp"], [1, 2, 4, 8], list(RUNTIMES))
+    first, second = tmp_path / "s1.db", tmp_path / "s2.db"
+    shard_store(first, plan, 1, 2, MACHINE_A)
+    shard_store(second, plan, 2, 2, MACHINE_A)
+    with Store.open(first) as store:  # shard 1 is merged while one of its cells is not stored yet
+        (row,) = store.conn.execute("SELECT * FROM results ORDER BY id DESC LIMIT 1").fetchall()
+        held = dict(row)
+        store.conn.execute("DELETE FROM results WHERE id = ?", (held["id"],))
+    target = tmp_path / "all.db"
+    merge_stores([first], target)
+    cells = plan.shard(ShardSpec.one(1, 2)).size
+    assert _run_ids(target) == [(1, "1/2", cells - 1)]
+    with Store.open(first) as store:  # ... then resumed: the same run stores its last cell
+        store.conn.execute(
+            f"INSERT INTO results ({', '.join(held)}) VALUES ({', '.join('?' for _ in held)})", tuple(held.values())
+        )
+    summary = merge_stores([first], target)
+    assert summary.runs[0].cells == 1 and summary.duplicates == [] and _run_ids(target) == [(1, "1/2", cells)]
+    # a plain shard database as the target: the other shard joins its run
+    summary = merge_stores([second], first)
+    assert [(run.shard, run.cells) for run in summary.runs] == [(None, plan.size - cells)]
+    assert _run_ids(first) == [(1, None, plan.size)]
+    # a merged database merged again elsewhere keeps its parts: merging one of them afterwards is a duplicate
+    elsewhere = tmp_path / "elsewhere.db"
+    merge_stores([first], elsewhere)
+    summary = merge_stores([second], elsewhere)
+    assert summary.runs == [] and summary.duplicates == [f"{second} run 1"]
+    assert _run_ids(elsewhere) == [(1, None, plan.size)]
+
+
+def test_a_failed_merge_leaves_an_older_target_as_it_was(tmp_path: Path) -> None:
+    from fwbench.store.db import MIGRATIONS, migrate
+
+    plan = plan_of(["mlp"], [1, 2], ["torch:eager"])
+    good, foreign = tmp_path / "good.db", tmp_path / "x.db"
+    shard_store(good, plan, 1, 1, MACHINE_A)
+    foreign.write_text("text")
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old, isolation_level=None) as conn:  # a database of schema 4, before this merge
+        conn.execute("PRAGMA journal_mode = WAL")  # as fwbench makes them
+        migrate(conn, MIGRATIONS[:4])
+    before = old.read_bytes()
+    plan2 = plan_of(["mlp"], [4], ["torch:eager"])
+    conflict_a, conflict_b = tmp_path / "a.db", tmp_path / "b.db"
+    shard_store(conflict_a, plan2, 1, 1, MACHINE_A)
+    shard_store(conflict_b, plan2, 1, 1, MACHINE_A)
+    with pytest.raises(StoreError, match="two different runs"):
+        merge_stores([good, conflict_a, conflict_b], old)  # fails after the migration and the first merges
+    assert old.read_bytes() == before
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 4

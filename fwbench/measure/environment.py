@@ -201,16 +201,16 @@ def accelerators() -> tuple[str, ...]:
 
 def hardware_record(flat: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The hardware a result ran on, without software or host name: architecture, CPU model and SIMD flags,
-    logical CPUs and physical cores of the whole machine, memory in whole GiB (rounded, so two machines of one
-    type agree), accelerators. From ``flat`` (a machine record stored before fingerprints: the same keys, flat)
-    when given, else this machine's."""
+    logical CPUs of the whole machine, memory in whole GiB (rounded, so two machines of one type agree),
+    accelerators. From ``flat`` (a machine record stored before fingerprints: flat keys, no accelerators) when
+    given, else this machine's. The hashed fields mean the same in both; what they lacked (the accelerators) reads
+    as none, so a GPU machine's rows from before fingerprints get an id of their own."""
     if flat is None:
         memory = _memory_total_bytes()
         return {
             "machine": platform.machine(),
             **_cpu_info(),
             "logical_cpus": os.cpu_count(),
-            "physical_cores": _machine_physical_cores(),
             "memory_gib": None if memory is None else round(memory / 2**30),
             "accelerators": list(accelerators()),
         }
@@ -220,7 +220,6 @@ def hardware_record(flat: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "cpu_model": flat.get("cpu_model"),
         "cpu_simd_flags": flat.get("cpu_simd_flags"),
         "logical_cpus": flat.get("logical_cpus"),
-        "physical_cores": flat.get("physical_cores"),
         "memory_gib": None if memory is None else round(int(memory) / 2**30),
         "accelerators": list(flat.get("accelerators") or []),
     }
@@ -251,6 +250,7 @@ def machine_record() -> dict[str, Any]:
         "hardware_id": record_id(hardware),
         "software": software,
         "software_id": record_id(software),
+        "physical_cores": _machine_physical_cores(),
         "affinity_cpus": len(os.sched_getaffinity(0)),
         "memory_total_bytes": _memory_total_bytes(),
     }
@@ -272,7 +272,7 @@ def hardware_label(machine: Mapping[str, Any] | None) -> str:
     if not machine:
         return "unknown machine"
     hardware = machine.get("hardware") or hardware_record(machine)
-    text = f"{hardware.get('cpu_model')}, {hardware.get('physical_cores')} cores, {hardware.get('memory_gib')} GiB"
+    text = f"{hardware.get('cpu_model')}, {hardware.get('logical_cpus')} CPUs, {hardware.get('memory_gib')} GiB"
     if hardware.get("accelerators"):
         text += " + " + ", ".join(hardware["accelerators"])
     return text

@@ -309,18 +309,26 @@ def machines_of(results: Sequence[ResultRecord]) -> dict[str | None, str]:
 
 
 def machine_warning(results_a: Sequence[ResultRecord], results_b: Sequence[ResultRecord]) -> str | None:
-    """A one-line warning when the two runs' cells ran on different hardware (None when they share it): then a
-    ratio mixes a hardware change with the software change that ``compare`` is for."""
+    """A one-line warning when cells matched across the runs ran on different hardware, or the runs' machines
+    differ (None when every matched cell ran on one machine type in both): then a ratio mixes a hardware change
+    with the software change that ``compare`` is for."""
     a, b = machines_of(results_a), machines_of(results_b)
-    if set(a) == set(b):
+    by_key_b = {cell_key(row, COMPARE_KEY): row.hardware_id for row in results_b}
+    crossed = sum(
+        1
+        for row in results_a
+        if cell_key(row, COMPARE_KEY) in by_key_b and by_key_b[cell_key(row, COMPARE_KEY)] != row.hardware_id
+    )
+    if set(a) == set(b) and not crossed:
         return None
 
     def names(machines: dict[str | None, str]) -> str:
         return "; ".join(f"{short_id(key)} ({label})" for key, label in machines.items())
 
     return (
-        f"warning: the runs ran on different machines (A: {names(a)}; B: {names(b)}): each B/A mixes the hardware "
-        "difference with the software one; `fwbench report --by machine` shows cells side by side per machine"
+        f"warning: {crossed} matched cells ran on different machines (A: {names(a)}; B: {names(b)}): their B/A mixes "
+        "the hardware difference with the software one; `fwbench report --by machine` shows cells side by side per "
+        "machine"
     )
 
 

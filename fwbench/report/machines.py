@@ -39,18 +39,18 @@ def _order(cell: tuple[Any, ...], runtimes: dict[str, int]) -> tuple[Any, ...]:
 
 def latest_by_machine(results: Sequence[ResultRecord]) -> dict[tuple[Any, ...], dict[str | None, ResultRecord]]:
     """Each cell (model, runtime, phase, shape, dtype, device) → its row on each machine; where several runs
-    measured one cell on one machine, the newest run's row. Cells and machines in order of first appearance."""
+    measured one cell on one machine, the newest row (by the time it was stored). Cells and machines in order of first appearance."""
     table: dict[tuple[Any, ...], dict[str | None, ResultRecord]] = {}
     for row in results:
         machines = table.setdefault(_cell(row), {})
         kept = machines.get(row.hardware_id)
-        if kept is None or row.run_id >= kept.run_id:
+        if kept is None or (row.created, row.run_id) >= (kept.created, kept.run_id):  # ids follow merge order
             machines[row.hardware_id] = row
     return table
 
 
 def machine_names(results: Sequence[ResultRecord]) -> dict[str | None, str]:
-    """Hardware id → ``<cpu>, <N> cores, <M> GiB (hosts h1, h2)``, in order of first appearance."""
+    """Hardware id → ``<cpu>, <N> CPUs, <M> GiB (hosts h1, h2)``, in order of first appearance."""
     hosts: dict[str | None, dict[str, None]] = {}
     labels: dict[str | None, str] = {}
     for row in results:

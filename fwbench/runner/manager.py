@@ -120,15 +120,16 @@ def run_comparison_group(
 
 def settle_parity(parity: Parity, settled: Settled) -> None:
     """Record in ``parity`` the pairs that ``settled`` (a group's outcomes) checked: 'mismatch', or the key of the
-    cell that passed."""
+    cell that passed. A mismatch found by a cell that checked parity itself wins over a pass recorded meanwhile
+    (groups that ran at the same time on a cluster each checked the pair)."""
     for outcome, _ in settled:
         pair = parity_pair(outcome.case)
-        if pair in parity:
+        if parity.get(pair) == "mismatch" or "parity_checked_by" in outcome.details:
             continue
         if outcome.status == "mismatch":
             parity[pair] = "mismatch"
         elif outcome.status == "ok":
-            parity[pair] = outcome.case.key
+            parity.setdefault(pair, outcome.case.key)
 
 
 class Recorder:

@@ -237,9 +237,16 @@ class RayExecutor:
 
     def run(self, store: Store, run_id: int, plan: Plan, listener: Listener | None) -> list[CellOutcome]:
         """Every group of ``plan`` that run ``run_id`` lacks, over the cluster's nodes; outcomes in plan order."""
-        from ray.exceptions import NodeDiedError, OwnerDiedError, TaskUnschedulableError, WorkerCrashedError
+        from ray.exceptions import (
+            NodeDiedError,
+            ObjectLostError,
+            OutOfMemoryError,
+            OwnerDiedError,
+            TaskUnschedulableError,
+            WorkerCrashedError,
+        )
 
-        node_gone = (NodeDiedError, TaskUnschedulableError)  # its node died (before or while the task ran)
+        node_gone = (NodeDiedError, ObjectLostError)  # its node died while (or just after) the task ran
 
         parity = _stored_parity(store, run_id)
         recorder = Recorder(store, run_id, plan, listener)
@@ -247,6 +254,9 @@ class RayExecutor:
         running: dict[Any, Job] = {}
         try:
             while queue or running:
+                if queue:  # a node that died while idle gets no group
+                    alive = self._alive()
+                    self.nodes = [node for node in self.nodes if node.node_id in alive or node.busy]
                 for job in list(queue):  # plan order; a retry (at the front) needs a node of its hardware
                     if not any(job.hardware_id in (None, node.hardware_id) for node in self.nodes):
                         queue.remove(job)
@@ -266,6 +276,21 @@ class RayExecutor:
                 job.node.busy = False
                 try:
                     answer = self.ray.get(ready[0])
+                except TaskUnschedulableError:  # its node went away before the task started: it never ran
+                    self.nodes.remove(job.node)
+                    queue.insert(0, job)
+                    continue
+                except OutOfMemoryError as exc:  # Ray's memory monitor killed the group's task
+                    why = str(exc).splitlines()[0]
+                    reason = (
+                        f"Ray's memory monitor killed the group ({why}); start the nodes with "
+                        "RAY_memory_monitor_refresh_ms=0 to leave memory limits to fwbench's --memory-limit"
+                    )
+                    settled = [(CellOutcome(case, "oom", reason), 0.0) for case in job.cases]
+                    recorder.record(
+                        settled + [(_skipped(s.case, s.reason), 0.0) for s in job.skipped], job.node.machine
+                    )
+                    continue
                 except (*node_gone, WorkerCrashedError, OwnerDiedError) as exc:
                     node, why = job.node, str(exc).splitlines()[0]
                     if isinstance(exc, node_gone) or node.node_id not in self._alive():

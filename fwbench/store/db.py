@@ -291,6 +291,19 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGR
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
+def apply_pending_migrations(conn: sqlite3.Connection) -> int:
+    """Apply the migrations this database lacks inside the caller's open transaction (``fwbench merge``: a merge
+    that fails leaves an older target as it was); return the version."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(MIGRATIONS):
+        raise StoreError(f"database schema version {version} is newer than this fwbench supports; upgrade fwbench")
+    for target in range(version + 1, len(MIGRATIONS) + 1):
+        for statement in MIGRATIONS[target - 1]:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {target}")
+    return len(MIGRATIONS)
+
+
 def check_identity(conn: sqlite3.Connection, path: Path, *, readonly: bool, allow_old: bool = False) -> None:
     """Refuse a database that fwbench did not create, or one this version cannot read; writes nothing."""
     # One read transaction, so the three reads see one snapshot: read one by one, a process that
@@ -389,10 +402,17 @@ class Store:
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, create: bool = True, readonly: bool = False, allow_old: bool = False
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        readonly: bool = False,
+        allow_old: bool = False,
+        defer_migration: bool = False,
     ) -> Store:
         """Open (and, unless ``readonly``, create and migrate) the database at ``path``; ``allow_old``: a read-only
-        open accepts an older schema (a caller that only checks the file, or reads what every version has).
+        open accepts an older schema (a caller that only checks the file, or reads what every version has);
+        ``defer_migration``: the caller migrates inside its own transaction (:func:`apply_pending_migrations`).
 
         A file that is not an fwbench database is refused before anything is written to it.
         """
@@ -417,7 +437,8 @@ class Store:
                 _enable_wal(conn)
                 conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("PRAGMA foreign_keys = ON")
-                migrate(conn)
+                if not defer_migration:
+                    migrate(conn)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"--db {db_path}: {exc}") from None
         return cls(conn, db_path)

@@ -1,15 +1,17 @@
 """``fwbench merge``: several results databases into one, ids remapped, shards of one plan reunited.
 
 Every source is first copied with SQLite's backup API into a temporary folder (a consistent snapshot, WAL
-included; the source is never written), checked (``PRAGMA integrity_check``) and migrated there to this fwbench's
-schema. The target (an existing fwbench database or a new one) is built in a temporary file next to it and moved
-into place only when every source merged: on any error the target is untouched.
+included; the source is never written), checked (``PRAGMA integrity_check``) and migrated there. The target (an
+existing fwbench database or a new one) is migrated and merged into in **one transaction**: on any error nothing of
+the merge, its schema migration included, reaches it, and a target this merge created is removed.
 
-Runs are matched by identity: a run (its ``uid``, or for runs stored before uids, the hash of its creation time,
-command and plan) already in the target, as a run or as the source of a merged one, is skipped as a duplicate.
-Runs that hold a shard (``run --shard I/N``) of the same plan (same plan hash, same N) are reunited into one run,
-whose ``shard`` lists the shards it holds so far (NULL once all N are in); the same shard from two different runs is
-a conflict (one line, nothing written).
+Every run is made of *parts*: the runs it was merged from (``runs.sources_json``), or itself. A part is identified
+by its run's ``uid`` (runs stored before uids: a hash of their creation time, command and plan). A source run meets
+the target run that already holds one of its parts, or, for shards (``run --shard I/N``), the target run that
+gathers shards of the same plan (same plan hash, same N). It adds the cells that run lacks (a source merged before,
+then resumed, brings its new cells) and the parts it lacks; a run with nothing new is reported as a duplicate.
+The gathering run's ``shard`` lists the shards it holds (``1,2/3``), NULL once all N are in. The same shard held by
+two different runs is a conflict (one line, nothing written).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.spec import ShardSpec
-from fwbench.store.db import Store, StoreError, check_database_path
+from fwbench.store.db import Store, StoreError, apply_pending_migrations, check_database_path
 
 
 @dataclass
@@ -42,18 +44,53 @@ class MergedRun:
 
 @dataclass
 class MergeSummary:
-    """What a merge did: the target runs it wrote and the source runs it skipped as duplicates."""
+    """What a merge did: the target runs it wrote and the source runs that brought nothing new."""
 
     runs: list[MergedRun] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
 
 
-def run_identity(row: sqlite3.Row | dict[str, Any]) -> str:
+Row = dict[str, Any]
+
+
+def run_identity(row: Row) -> str:
     """A run's identity across stores: its uid, or (stored before uids) a hash of when and how it was made."""
-    if row["uid"]:
+    if row.get("uid"):
         return str(row["uid"])
     text = f"{row['created']}|{row['command']}|{row['plan_json']}"
     return "legacy-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def own_part(label: str, run: Row) -> dict[str, Any]:
+    """A run as a part of a merged run: where it came from and what it held."""
+    environment = json.loads(run["environment_json"])
+    return {
+        "file": label,
+        "run_id": run["id"],
+        "identity": run_identity(run),
+        "shard": run["shard"],
+        "command": run["command"],
+        "hostname": environment.get("hostname"),
+        "created": run["created"],
+        "finished": run["finished"],
+    }
+
+
+def parts_of(label: str, run: Row) -> list[dict[str, Any]]:
+    """The runs ``run`` is made of: those it was merged from, or itself."""
+    sources = json.loads(run.get("sources_json") or "null")
+    return list(sources) if sources else [own_part(label, run)]
+
+
+def held_shards(parts: Sequence[dict[str, Any]]) -> ShardSpec | None:
+    """The shards ``parts`` hold together; None for a run of the whole plan (no part holds a shard)."""
+    specs = [ShardSpec.parse(part["shard"]) for part in parts if part.get("shard")]
+    if not specs:
+        return None
+    counts = {spec.count for spec in specs}
+    if len(counts) != 1:
+        raise StoreError(f"one run holds shards of different counts ({sorted(counts)}); it cannot be merged")
+    return ShardSpec(frozenset().union(*(spec.indices for spec in specs)), counts.pop())
 
 
 @contextmanager
@@ -77,46 +114,40 @@ def snapshot(path: Path, folder: Path) -> Iterator[Store]:
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path}: {exc}") from None
     try:
-        if not store.integrity_ok():
+        try:
+            intact = store.integrity_ok()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: {exc}") from None
+        if not intact:
             raise StoreError(f"{path}: the database fails SQLite's integrity check")
         yield store
     finally:
         store.close()
 
 
-def _rows(store: Store, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+def _rows(store: Store, sql: str, params: Sequence[Any] = ()) -> list[Row]:
     return [dict(row) for row in store.conn.execute(sql, tuple(params)).fetchall()]
 
 
-def _insert(store: Store, table: str, values: dict[str, Any]) -> int:
+def _insert(store: Store, table: str, values: Row) -> int:
     cursor = store.conn.execute(
         f"INSERT INTO {table} ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})", tuple(values.values())
     )
     return int(cursor.lastrowid or 0)
 
 
-def _known_identities(target: Store) -> set[str]:
-    """Identities of every run in the target and of every run a merged one came from."""
-    known: set[str] = set()
-    for row in _rows(target, "SELECT * FROM runs"):
-        known.add(run_identity(row))
-        for part in json.loads(row["sources_json"] or "[]"):
-            known.add(str(part["identity"]))
-    return known
-
-
 def _copy_cells(source: Store, target: Store, source_run: int, target_run: int) -> int:
-    """Copy run ``source_run``'s results (with their blocks) and profiles (with their op rows) into ``target_run``;
-    the number of cells. A cell the target run already has is a StoreError (the same cell stored twice)."""
+    """Copy the cells of ``source_run`` that ``target_run`` lacks (results with their blocks, profiles with their op
+    rows; matched by case key); the number copied."""
     count = 0
     for table, child, child_key in (("results", "blocks", "result_id"), ("profiles", "profile_ops", "profile_id")):
+        held = {row[0] for row in target.conn.execute(f"SELECT case_key FROM {table} WHERE run_id = ?", (target_run,))}
         for row in _rows(source, f"SELECT * FROM {table} WHERE run_id = ? ORDER BY id", [source_run]):
+            if row["case_key"] in held:
+                continue
             old_id = row.pop("id")
             row["run_id"] = target_run
-            try:
-                new_id = _insert(target, table, row)
-            except sqlite3.IntegrityError:
-                raise StoreError(f"cell {row['case_key']} would be stored twice in run {target_run}") from None
+            new_id = _insert(target, table, row)
             for sub in _rows(source, f"SELECT * FROM {child} WHERE {child_key} = ?", [old_id]):
                 sub[child_key] = new_id
                 _insert(target, child, sub)
@@ -124,97 +155,86 @@ def _copy_cells(source: Store, target: Store, source_run: int, target_run: int) 
     return count
 
 
-def _source_part(label: str, run: dict[str, Any]) -> dict[str, Any]:
-    environment = json.loads(run["environment_json"])
-    return {
-        "file": label,
-        "run_id": run["id"],
-        "identity": run_identity(run),
-        "shard": run["shard"],
-        "command": run["command"],
-        "hostname": environment.get("hostname"),
-        "created": run["created"],
-        "finished": run["finished"],
-    }
-
-
-def _shard_home(target: Store, run: dict[str, Any], spec: ShardSpec) -> dict[str, Any] | None:
-    """The target run that gathers the shards of ``run``'s plan (same plan hash, kind and shard count), if any."""
-    for row in _rows(
-        target,
-        "SELECT * FROM runs WHERE plan_hash = ? AND kind = ? AND sources_json IS NOT NULL ORDER BY id",
-        [run["plan_hash"], run["kind"]],
-    ):
-        held = _held(row)
-        if held is not None and held.count == spec.count:
+def _home(target: Store, run: Row, parts: Sequence[dict[str, Any]]) -> Row | None:
+    """The target run ``run`` belongs to: the one holding one of its parts, else (a shard) the one gathering the
+    shards of its plan."""
+    identities = {part["identity"] for part in parts}
+    shards = held_shards(parts)
+    gathering = None
+    for row in _rows(target, "SELECT * FROM runs WHERE kind = ? ORDER BY id", [run["kind"]]):
+        row_parts = parts_of(str(target.path), row)
+        if identities & {part["identity"] for part in row_parts}:
             return row
-    return None
+        if gathering is None and shards is not None and row["plan_hash"] == run["plan_hash"]:
+            row_shards = held_shards(row_parts)
+            if row_shards is not None and row_shards.count == shards.count:
+                gathering = row
+    return gathering
 
 
-def _held(row: dict[str, Any]) -> ShardSpec | None:
-    """The shards a gathering run holds: its ``shard`` column, or all of them (its sources' count) when NULL."""
-    if row["shard"]:
-        return ShardSpec.parse(row["shard"])
-    counts = {ShardSpec.parse(p["shard"]).count for p in json.loads(row["sources_json"] or "[]") if p.get("shard")}
-    return ShardSpec(frozenset(range(1, max(counts) + 1)), max(counts)) if len(counts) == 1 else None
+def _check_conflicts(
+    label: str, run: Row, parts: Sequence[dict[str, Any]], home_parts: Sequence[dict[str, Any]]
+) -> None:
+    """StoreError when a shard of ``parts`` is held in ``home_parts`` by a different run."""
+    for part in parts:
+        if not part.get("shard"):
+            continue
+        indices = ShardSpec.parse(part["shard"]).indices
+        for other in home_parts:
+            if other.get("shard") and other["identity"] != part["identity"]:
+                if indices & ShardSpec.parse(other["shard"]).indices:
+                    raise StoreError(
+                        f"shard {part['shard']} of plan {str(run['plan_hash'])[:12]} is in {label} run {run['id']} "
+                        f"and already in {other['file']} run {other['run_id']} (two different runs of one shard); "
+                        "merge one of them"
+                    )
 
 
-def merge_run(source: Store, label: str, run: dict[str, Any], target: Store, summary: MergeSummary) -> None:
+def merge_run(source: Store, label: str, run: Row, target: Store, summary: MergeSummary) -> None:
     """Merge one source run into ``target`` (inside the caller's transaction)."""
-    part = _source_part(label, run)
-    if not run["shard"]:
-        columns = {key: value for key, value in run.items() if key != "id"}
-        columns["sources_json"] = json.dumps([*json.loads(run["sources_json"] or "[]"), part])
-        columns["uid"] = columns["uid"] or part["identity"]
-        new_id = target.insert_run(columns)
-        merged = MergedRun(new_id, run["plan_hash"], None, parts=[f"{label} run {run['id']}"])
-        merged.cells = _copy_cells(source, target, run["id"], new_id)
-        summary.runs.append(merged)
-        return
-    spec = ShardSpec.parse(run["shard"])
-    home = _shard_home(target, run, spec)
+    parts = parts_of(label, run)
+    home = _home(target, run, parts)
     if home is None:
         columns = {key: value for key, value in run.items() if key != "id"}
-        columns.update(uid=uuid.uuid4().hex, sources_json=json.dumps([part]))
+        shards = held_shards(parts)
+        keeps_uid = bool(run.get("sources_json")) or shards is None  # the same run; a first shard starts a new one
+        columns.update(
+            uid=(run["uid"] or run_identity(run)) if keeps_uid else uuid.uuid4().hex,
+            sources_json=json.dumps(parts),
+            shard=None if shards is None or shards.complete else str(shards),
+        )
         home_id = target.insert_run(columns)
-        held = spec
+        added, new_parts, shards_now = _copy_cells(source, target, run["id"], home_id), parts, shards
     else:
-        held = _held(home) or spec
-        clash = held.indices & spec.indices
-        if clash:
-            owners = [
-                p
-                for p in json.loads(home["sources_json"])
-                if p.get("shard") and clash & ShardSpec.parse(p["shard"]).indices
-            ]
-            where = ", ".join(f"{p['file']} run {p['run_id']}" for p in owners)
-            raise StoreError(
-                f"shard {run['shard']} of plan {str(run['plan_hash'])[:12]} is in {label} run {run['id']} and already "
-                f"in {where} (two different runs of one shard); merge one of them"
-            )
-        held = ShardSpec(held.indices | spec.indices, spec.count)
         home_id = int(home["id"])
-        sources = [*json.loads(home["sources_json"]), part]
-        finished = [p["finished"] for p in sources]
+        home_parts = parts_of(str(target.path), home)
+        _check_conflicts(label, run, parts, home_parts)
+        known = {part["identity"] for part in home_parts}
+        new_parts = [part for part in parts if part["identity"] not in known]
+        added = _copy_cells(source, target, run["id"], home_id)
+        if not new_parts and not added:
+            summary.duplicates.append(f"{label} run {run['id']}")
+            return
+        every = [*home_parts, *new_parts]
+        shards_now = held_shards(every)
+        finished = [part["finished"] for part in every]
         target.conn.execute(
             "UPDATE runs SET created = MIN(created, ?), finished = ?, sources_json = ?, shard = ? WHERE id = ?",
             (
                 run["created"],
                 None if None in finished else max(finished),
-                json.dumps(sources),
-                None if held.complete else str(held),
+                json.dumps(every),
+                None if shards_now is None or shards_now.complete else str(shards_now),
                 home_id,
             ),
         )
-    if home is None and held.complete:
-        target.conn.execute("UPDATE runs SET shard = NULL WHERE id = ?", (home_id,))
     found = [m for m in summary.runs if m.run_id == home_id]
     merged = found[0] if found else MergedRun(home_id, run["plan_hash"], None)
     if not found:
         summary.runs.append(merged)
-    merged.shard = None if held.complete else str(held)
-    merged.parts.append(f"{label} run {run['id']} (shard {run['shard']})")
-    merged.cells += _copy_cells(source, target, run["id"], home_id)
+    merged.shard = None if shards_now is None or shards_now.complete else str(shards_now)
+    merged.parts.append(f"{label} run {run['id']}" + (f" (shard {run['shard']})" if run["shard"] else ""))
+    merged.cells += added
 
 
 def merge_stores(sources: Sequence[Path], into: Path) -> MergeSummary:
@@ -230,16 +250,11 @@ def merge_stores(sources: Sequence[Path], into: Path) -> MergeSummary:
     with tempfile.TemporaryDirectory(prefix="fwbench-merge-") as scratch, ExitStack() as stack:
         snapshots = [(path, stack.enter_context(snapshot(path, Path(scratch)))) for path in sources]
         try:
-            with Store.open(into) as target, target.transaction():
-                known = _known_identities(target)
+            with Store.open(into, defer_migration=True) as target, target.transaction():
+                apply_pending_migrations(target.conn)  # in the merge's transaction: undone with it
                 for path, source in snapshots:
                     for run in _rows(source, "SELECT * FROM runs ORDER BY id"):
-                        identity = run_identity(run)
-                        if identity in known:
-                            summary.duplicates.append(f"{path} run {run['id']}")
-                            continue
                         merge_run(source, str(path), run, target, summary)
-                        known.add(identity)
         except BaseException:
             if created:  # nothing of a target this merge created survives its failure
                 for suffix in ("", "-wal", "-shm"):
