@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 Phase = Literal["inference", "training", "fit", "data"]
-Dtype = Literal["fp32", "bf16"]
+Dtype = Literal["fp32", "bf16", "int8"]
 Device = Literal["cpu", "cuda"]
 Protocol = Literal["adaptive", "hf2019"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]  # torch.compile(mode=...)
@@ -31,7 +31,7 @@ PHASES: tuple[str, ...] = get_args(Phase)
 # What the workers can run today; the other phases come with their backends. bf16 is one mixed-precision policy
 # in every framework (fwbench.precision; docs/precision.md).
 RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training", "fit", "data")
-RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "int8")  # int8: the deployment engines that quantise
 # Phase training: bf16 is the same policy, float32 master weights and update. Phase fit: fp32.
 TRAINING_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 FIT_DTYPES: tuple[str, ...] = ("fp32",)

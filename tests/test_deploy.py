@@ -16,6 +16,7 @@ import pytest
 
 import fwbench.models as models
 from conftest import loaded_model_plugin, run_cli
+from fwbench.frameworks import get_runtime
 from fwbench.runner.verify import verify_model
 from fwbench.spec import Case, Settings
 
@@ -181,7 +182,10 @@ def test_planner_skips_bf16_and_training_for_deployment_runtimes() -> None:
     plan = build_plan(["mlp"], runtimes, [1], [], Settings(), dtype="bf16")
     assert [case.runtime for case in plan.cases] == ["torch:eager"]
     reasons = {s.case.runtime: s.reason for s in plan.skipped}
-    assert reasons == {r: f"{r} cannot compute in bf16 (it computes in fp32)" for r in DEPLOYMENT_RUNTIMES}
+    assert reasons == {
+        r: f"{r} cannot compute in bf16 (it computes in {', '.join(get_runtime(r).dtypes)})"
+        for r in DEPLOYMENT_RUNTIMES
+    }
     training = build_plan(["mlp"], runtimes, [1], [], Settings(), phase="training")
     assert [case.runtime for case in training.cases] == ["torch:eager"]
     assert {s.reason for s in training.skipped} == {f"{r} has no training phase yet" for r in DEPLOYMENT_RUNTIMES}
@@ -189,13 +193,18 @@ def test_planner_skips_bf16_and_training_for_deployment_runtimes() -> None:
 
 @pytest.mark.parametrize("runtime", DEPLOYMENT_RUNTIMES[:-1])
 def test_deployment_engines_refuse_cuda_with_the_reason(runtime: str) -> None:
-    from fwbench.frameworks import create_backend, get_runtime
+    from fwbench.frameworks import create_backend
 
     info = get_runtime(runtime)
     pytest.importorskip(info.requires[0])
     with pytest.raises(NotImplementedError, match=f"{runtime} on cuda: .*(onnxruntime-gpu|not CUDA)"):
         create_backend(runtime, "cuda", Settings())
-    assert info.dtypes == ("fp32",)
+    # fp32, and int8 where the engine quantises (tests/test_int8.py); never bf16
+    assert info.dtypes == (
+        ("fp32", "int8")
+        if runtime in ("onnxruntime:torch", "onnxruntime:tensorflow", "litert:tensorflow")
+        else ("fp32",)
+    )
 
 
 # -- fwbench export ------------------------------------------------------------------------------------
@@ -271,3 +280,32 @@ def test_export_refuses_an_existing_path_or_a_missing_folder(
     assert main(["export", "mlp", "--runtime", "onnxruntime:torch", "--out", str(missing)]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+@pytest.mark.slow
+def test_a_group_exports_once_and_the_engines_share_the_file(tmp_path: Path) -> None:
+    """onnxruntime:torch and openvino:torch run the same ONNX file: the group's export cache makes it once; the
+    cell that loaded it stores that export's seconds with cached: true and counts them in its time to first result."""
+    pytest.importorskip("openvino")
+    from fwbench.cli import main
+    from fwbench.frameworks.base import EXPORT_CACHE_ENV
+    from fwbench.store import Store
+
+    db = tmp_path / "r.db"
+    runtimes = "onnxruntime:torch,openvino:torch"
+    args = ["run", "--models", "mlp", "--runtimes", runtimes, "--threads", "1", "--rounds", "1", "--max-time", "0.2"]
+    assert main([*args, "--db", str(db)]) == 0
+    assert EXPORT_CACHE_ENV not in os.environ  # the manager's cache lived as long as the group
+    with Store.open(db, readonly=True) as store:
+        rows = store.results()
+    reports = {row.runtime: row.details["compile_report"] for row in rows}
+    assert all(row.status == "ok" for row in rows)
+    cached = [runtime for runtime, report in reports.items() if report.get("cached")]
+    assert len(cached) == 1  # whichever started second loaded the first one's file
+    made, used = reports[next(r for r in reports if r not in cached)], reports[cached[0]]
+    assert used["export_s"] == made["export_s"] and used["artefact_bytes"] == made["artefact_bytes"]
+    row = next(r for r in rows if r.runtime == cached[0])
+    stages = row.details["stage_seconds"]
+    assert row.time_to_first_result_s == pytest.approx(
+        sum(stages.get(s, 0.0) for s in ("start", "import", "build", "compile", "first_call")) + used["export_s"]
+    )

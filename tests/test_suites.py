@@ -69,7 +69,11 @@ def test_deploy_suite_is_every_deployment_runtime_against_the_fastest_modes() ->
     assert {(case.model, case.batch_size) for case in plan.cases} == {
         (model, batch) for model in ("bert-base", "resnet50") for batch in (1, 8)
     }
-    assert {case.dtype for case in plan.cases} == {"fp32"}
+    assert {case.dtype for case in plan.cases} == {"fp32", "int8"}
+    int8 = {(c.model, c.runtime, c.batch_size, c.seq_len) for c in plan.cases if c.dtype == "int8"}
+    fp32 = {(c.model, c.runtime, c.batch_size, c.seq_len) for c in plan.cases if c.dtype == "fp32"}
+    assert int8 and int8 <= fp32  # every int8 cell beside its own fp32 cell (the report's reduced-precision table)
+    assert {runtime for _, runtime, _, _ in int8} == {r for r, info in runtimes().items() if "int8" in info.dtypes}
 
 
 @pytest.mark.parametrize(("suite", "phase"), [("bf16", "inference"), ("bf16-training", "training")])

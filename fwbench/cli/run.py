@@ -128,7 +128,11 @@ def add_parser(commands: Any) -> None:
         "tensorflow:data, grain:dataloader; one call per batch); overrides the suite's and every [[grid]]'s own phase",
     )
     grid.add_argument(
-        "--dtype", choices=RUNNABLE_DTYPES, help="default: fp32; overrides the suite's and every [[grid]]'s own dtype"
+        "--dtype",
+        choices=RUNNABLE_DTYPES,
+        help="default: fp32; bf16: the one mixed-precision policy; int8 (inference): ONNX Runtime's dynamic "
+        "quantisation and LiteRT's dynamic-range quantisation of the exported model (other runtimes: skipped); "
+        "overrides the suite's and every [[grid]]'s own dtype",
     )
     grid.add_argument(
         "--device", choices=RUN_DEVICES, help="default: cpu; overrides the suite's and every [[grid]]'s own device"

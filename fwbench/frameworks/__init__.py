@@ -285,11 +285,12 @@ _builtin(
     "torch",
     ("onnxruntime", "onnx", "onnxscript", "torch"),
     "our torch model exported by torch.onnx.export(dynamo=True) per cell shape (weights in the file), run by "
-    "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed",
+    "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed; "
+    "int8: that file dynamically quantised (quantize_dynamic, reduce_range)",
     DEPLOYMENT_NOTE,
     startup_s=3.0,
     compile_s=5.0,
-    dtypes=("fp32",),
+    dtypes=("fp32", "int8"),
     extras=("deploy", "torch"),
     package=builtin_package("torch"),
     artefact="ONNX file, weights inside",
@@ -299,11 +300,12 @@ _builtin(
     "tensorflow",
     ("onnxruntime", "onnx", "tf2onnx", "tensorflow"),
     "our tf.function at the cell's input signature converted by tf2onnx (opset 18), run by "
-    "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed",
+    "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed; "
+    "int8: that file dynamically quantised (quantize_dynamic, reduce_range)",
     DEPLOYMENT_NOTE,
     startup_s=5.5,
     compile_s=4.0,
-    dtypes=("fp32",),
+    dtypes=("fp32", "int8"),
     extras=("deploy", "tensorflow"),
     package=builtin_package("tensorflow"),
     artefact="ONNX file, weights inside",
@@ -326,12 +328,13 @@ _builtin(
     "litert",
     "tensorflow",
     ("ai_edge_litert", "tensorflow"),
-    "our tf.function at the cell's input signature converted by tf.lite.TFLiteConverter (float32), run by the "
-    "ai_edge_litert Interpreter (XNNPACK); the serving_default signature runner on numpy is timed",
+    "our tf.function at the cell's input signature converted by tf.lite.TFLiteConverter (float32; int8: dynamic-range "
+    "quantisation), run by the ai_edge_litert Interpreter (XNNPACK); the serving_default signature runner on numpy is "
+    "timed",
     DEPLOYMENT_NOTE,
     startup_s=5.5,
     compile_s=4.0,
-    dtypes=("fp32",),
+    dtypes=("fp32", "int8"),
     extras=("deploy", "tensorflow"),
     package=builtin_package("tensorflow"),
     artefact="TFLite flatbuffer, weights inside",

@@ -29,6 +29,8 @@ from fwbench.models.base import ModelDescription
 from fwbench.models.fit import EpochEnd
 from fwbench.spec import Settings
 
+EXPORT_CACHE_ENV = "FWBENCH_EXPORT_CACHE"  # the manager's export cache of one comparison group (a folder)
+
 BUILTIN_PACKAGE = "fwbench.frameworks"
 
 
@@ -121,9 +123,10 @@ class TfliteExporter(Protocol):
     def configure(self, threads: int) -> None:
         """As :meth:`OnnxExporter.configure`."""
 
-    def to_tflite(self, model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
+    def to_tflite(self, model: Any, inputs: Sequence[np.ndarray], path: str, quantize: bool = False) -> dict[str, Any]:
         """Write ``model`` called on arrays shaped like ``inputs`` to the TFLite file ``path`` with a signature
-        ``serving_default`` (inputs ``input_0``.., outputs ``output_0``.. in the model's order); return how."""
+        ``serving_default`` (inputs ``input_0``.., outputs ``output_0``.. in the model's order); ``quantize``:
+        dynamic-range int8 quantisation; return how."""
 
     def versions(self) -> dict[str, str]:
         """As :meth:`OnnxExporter.versions`."""

@@ -3,26 +3,36 @@ built from the exporting framework's model files (the mode names that framework)
 exported by that framework's ``deploy.py`` to a file for the cell's input shapes, which the engine loads and
 runs on numpy arrays. A shape not exported yet (the parity shape) is exported again; every export is in
 ``compile_report`` (export seconds, load seconds: the engine reading and preparing the file, file size, what
-exported it, what the engine reports it compiled). The file lives in a temporary folder only while it loads.
+exported it, what the engine reports it compiled). The file lives in a temporary folder only while it loads, or,
+in a sweep, in the manager's export cache of the comparison group (its rounds' fresh workers, and the engines that
+run one exporter's file, load it instead of exporting again: ``cached: true`` with the export's own seconds).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from fwbench.frameworks import get_runtime
-from fwbench.frameworks.base import Backend, builtin_package, export_report, import_deploy
+from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, builtin_package, export_report, import_deploy
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
+ENGINE_FACTS = (
+    "providers",
+    "compiled",
+    "signature",
+)  # what an engine reports when it loads: never taken from the cache
 
 
 def signature_of(inputs: Sequence[np.ndarray]) -> Signature:
@@ -83,39 +93,82 @@ class ExportedBackend(Backend):
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         return tuple(np.ascontiguousarray(a) for a in arrays.values())
 
+    def cache_kind(self) -> str:
+        """What the artefact is, for the export cache: engines that run one exporter's same file share it."""
+        return f"{self.suffix}:{self.mode}:{self.dtype}"
+
+    def cache_key(self, inputs: Sequence[np.ndarray]) -> str:
+        """The export cache's name for this artefact: what it is, the model, its input signature, the weights
+        (seed, or the file with its size and time) and the exporter's versions."""
+        assert self.description is not None
+        weights: object = self.settings.seed
+        if self.settings.weights_path:
+            stat = os.stat(self.settings.weights_path)
+            weights = [os.path.abspath(self.settings.weights_path), stat.st_size, stat.st_mtime_ns]
+        identity = {
+            "kind": self.cache_kind(),
+            "model": self.description.name,
+            "signature": signature_of(inputs),
+            "weights": weights,
+            "versions": self.deploy.versions(),
+            "fwbench": version("fwbench"),
+        }
+        return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
     def compile(self, inputs: Sequence[Any]) -> None:
-        """Export and load for these shapes, unless the loaded artefact is already for them."""
+        """Export and load for these shapes, unless the loaded artefact is already for them. With an export cache
+        (``FWBENCH_EXPORT_CACHE``, a folder the manager keeps for one comparison group), an artefact another worker
+        exported for the same model, shape and weights is loaded instead of exported again."""
         if signature_of(inputs) == self._signature:
+            return
+        cache = os.environ.get(EXPORT_CACHE_ENV)
+        if cache:
+            self._load_cached(inputs, Path(cache))
             return
         with tempfile.TemporaryDirectory(prefix=f"fwbench-{self.framework}-") as folder:
             self._export_and_load(inputs, os.path.join(folder, f"model{self.suffix}"))
+
+    def _load_cached(self, inputs: Sequence[np.ndarray], cache: Path) -> None:
+        """Load the cached artefact for ``inputs`` (its export facts stored with ``cached: true``), or export it
+        into the cache first (written under a temporary name, then renamed: a reader never sees half a file)."""
+        key = self.cache_key(inputs)
+        path, facts_path = cache / f"{key}{self.suffix}", cache / f"{key}.json"
+        if path.exists() and facts_path.exists():
+            self._export_and_load(inputs, str(path), json.loads(facts_path.read_text()))
+            return
+        partial = cache / f".{key}.{os.getpid()}{self.suffix}"
+        self._export_and_load(inputs, str(partial))
+        os.replace(partial, path)
+        made = self._exports[-1]
+        export_facts = {k: v for k, v in made.items() if k not in ("load_s", *ENGINE_FACTS)}
+        facts_path.write_text(json.dumps(export_facts, sort_keys=True, default=str))
 
     def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
         """The artefact written to ``path`` and loaded back from there."""
         self._export_and_load(inputs, path)
         return self._exports[-1]
 
-    def _export_and_load(self, inputs: Sequence[np.ndarray], path: str) -> None:
-        """Export for ``inputs``' shapes to ``path``, load it, and record what each took."""
+    def _export_and_load(self, inputs: Sequence[np.ndarray], path: str, cached: dict[str, Any] | None = None) -> None:
+        """Export for ``inputs``' shapes to ``path`` (``cached``: it is there already, exported as those facts say),
+        load it, and record what each took."""
         self.release()
         self._signature = None
         started = time.perf_counter()
-        how = self.export(inputs, path)
+        how = self.export(inputs, path) if cached is None else {}
         exported_at = time.perf_counter()
         size = os.path.getsize(path)
         facts = self.load(path, inputs)
         self._signature = signature_of(inputs)
-        self._exports.append(
-            {
-                "input_shapes": [list(a.shape) for a in inputs],
-                "export_s": exported_at - started,
-                "load_s": time.perf_counter() - exported_at,
-                "artefact_bytes": size,
-                "artefact": get_runtime(f"{self.framework}:{self.mode}").artefact,
-                **how,
-                **facts,
-            }
-        )
+        record = {
+            "input_shapes": [list(a.shape) for a in inputs],
+            "export_s": exported_at - started,
+            "artefact_bytes": size,
+            "artefact": get_runtime(f"{self.framework}:{self.mode}").artefact,
+            **how,
+        }
+        if cached is not None:  # the export seconds of the artefact used, made by another worker
+            record.update(cached, cached=True)
+        self._exports.append({**record, "load_s": time.perf_counter() - exported_at, **facts})
 
     def sync(self, outputs: Any) -> None:
         """Nothing to wait for: the engines return computed numpy arrays."""

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
+from fwbench.report import dtypes
 from fwbench.report.flags import (
     NOISY_REL_CI,
     cell_flags,
@@ -546,7 +547,7 @@ def _computed_in(row: ResultRecord) -> str:
         return f"not observed: {esc(seen.error)}"
     if not seen.observable:
         return "not observable (an engine's compiled artefact)"
-    return "<br>".join(f"{esc(op)}: {esc(', '.join(dtypes))}" for op, dtypes in seen.observed.items()) or "—"
+    return "<br>".join(f"{esc(op)}: {esc(', '.join(names))}" for op, names in seen.observed.items()) or "—"
 
 
 def parity_section(results: Sequence[ResultRecord], multi_run: bool) -> str:
@@ -774,6 +775,20 @@ def _header(
     )
 
 
+def reduced_precision_section(results: Sequence[ResultRecord]) -> str:
+    """bf16 / int8 cells beside the same runtime's fp32 cells (:mod:`fwbench.report.dtypes`); empty without any."""
+    items = dtypes.dtype_comparisons(results)
+    if not items:
+        return ""
+    rows = [[esc(cell) for cell in dtypes.dtype_cells(item, markup=False)] for item in items]
+    numeric = [i for i, header in enumerate(dtypes.HEADERS) if header in dtypes.RIGHT or header.startswith("speed-up")]
+    return (
+        f'<section id="reduced-precision"><h2>{esc(dtypes.TITLE)}</h2>'
+        + _table(dtypes.HEADERS, rows, numeric=numeric, css="reduced")
+        + f"<p class=small>{esc(dtypes.LEGEND)}</p></section>"
+    )
+
+
 def models_section(results: Sequence[ResultRecord], comparisons: Sequence[GroupedPair], baseline: str | None) -> str:
     """Per (run, model, phase, dtype, device): the model's pair summary, heat maps and line plots."""
     groups = split_groups(results, PLOT_GROUP_FIELDS)
@@ -844,6 +859,7 @@ def to_html(
         [
             _header(runs, results, baseline, source),
             summary_section(comparisons, baseline, results),
+            reduced_precision_section(results),
             flags_section(results, multi_run),
             models_section(results, comparisons, baseline),
             parity_section(results, multi_run),

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fwbench.measure.environment import hardware_label
+from fwbench.report import dtypes
 from fwbench.report.fit import HEADERS as FIT_HEADERS
 from fwbench.report.fit import LEGEND as FIT_LEGEND
 from fwbench.report.fit import RIGHT as FIT_RIGHT
@@ -477,6 +478,12 @@ def report_tables(
     evidence = evidence_line(pairs)
     if evidence:
         lines.insert(1, evidence)
+    reduced = dtypes.dtype_comparisons(results)
+    if reduced:  # bf16 / int8 cells beside the same runtime's fp32 ones
+        tables.append(
+            TableData(dtypes.TITLE, list(dtypes.HEADERS), dtypes.RIGHT, [dtypes.dtype_cells(c) for c in reduced])
+        )
+        lines.append(dtypes.LEGEND)
     fit = overhead_tables(results)
     for table in fit:  # phase fit: high-level APIs against the manual loops
         tables.append(

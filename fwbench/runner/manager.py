@@ -11,11 +11,15 @@ one transaction, as soon as its last round ends: a killed run loses at most the 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
+from fwbench.frameworks.base import EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
 from fwbench.measure.rounds import Block
 from fwbench.models import get_model
@@ -84,6 +88,23 @@ def _stored_parity(store: Store, run_id: int) -> Parity:
     return settled
 
 
+@contextlib.contextmanager
+def export_cache() -> Iterator[None]:
+    """A temporary folder for the group's exported artefacts (deployment engines), given to its workers through
+    their environment (EXPORT_CACHE_ENV) and removed with everything in it when the group ends. A group is one
+    model at one shape, so its rounds' fresh workers, and engines that run one exporter's file, export it once."""
+    previous = os.environ.get(EXPORT_CACHE_ENV)
+    with tempfile.TemporaryDirectory(prefix="fwbench-exports-") as folder:
+        os.environ[EXPORT_CACHE_ENV] = folder
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(EXPORT_CACHE_ENV, None)
+            else:
+                os.environ[EXPORT_CACHE_ENV] = previous
+
+
 def run_comparison_group(
     group: Sequence[Case], settings: Settings, parity: Mapping[tuple[str, str, str, str], str]
 ) -> Settled:
@@ -108,7 +129,8 @@ def run_comparison_group(
             runnable.append(case)
     if runnable:
         checks = {case.key: parity_pair(case) not in parity for case in runnable}
-        group_outcomes = run_group(runnable, settings, checks, settings.weights_path)
+        with export_cache():
+            group_outcomes = run_group(runnable, settings, checks, settings.weights_path)
         wall_s = (time.monotonic() - started) / len(runnable)  # the cells shared the group's time
         for outcome in group_outcomes:
             pair = parity_pair(outcome.case)

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 # Parity tolerance on the relative L2 error against the model's float64 reference, per dtype: what a model
 # without a limit of its own gets (bf16: BF16_PARITY_LIMIT), and the training loss check's.
-PARITY_REL_L2_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
+PARITY_REL_L2_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "int8": 0.1}
 
 # bf16 (the mixed-precision policy, fwbench.precision): each zoo model's limit is BF16_MARGIN times the worst
 # output's relative L2 error of the reference policy, torch:eager under autocast, at the model's parity shape
@@ -48,11 +48,30 @@ def _round_up(value: float, digits: int = 2) -> float:
 BF16_PARITY_LIMIT = {model: _round_up(error * BF16_MARGIN) for model, error in BF16_REFERENCE_ERROR.items()}
 
 
+# int8 (the deployment engines' dynamic quantisation, docs/runtimes.md): each zoo model's limit is INT8_MARGIN times
+# the worst output's relative L2 error of any int8 engine (onnxruntime:torch, onnxruntime:tensorflow,
+# litert:tensorflow) at the model's parity shape (batch 2, seq 16; seed 0), rounded up to two digits, measured
+# 2026-12-05 on an Intel Xeon with AVX-512 VNNI with `fwbench verify --models <models> --runtimes
+# onnxruntime:torch,onnxruntime:tensorflow,litert:tensorflow --dtype int8 --threads 2`. The weights are quantised
+# the same on every CPU (ORT with reduce_range, so AVX2's saturating multiply-adds compute VNNI's integers) and
+# the integer arithmetic is exact, so the errors depend on the model, not the CPU; the margin also covers the
+# engines' comparison with each other in `verify` (their quantisations differ: up to 1.1x the worst error here).
+# Models not listed (plugins) get PARITY_REL_L2_TOLERANCE["int8"].
+INT8_MARGIN = 2.0
+INT8_WORST_ERROR = {
+    "mlp": 0.0104, "bert-tiny": 0.0223, "gpt2-tiny": 0.0438, "resnet-tiny": 0.0500,
+    "bert-base": 0.0550, "distilbert-base": 0.0340, "gpt2": 0.0770, "resnet50": 0.0492,
+}  # fmt: skip
+INT8_PARITY_LIMIT = {model: _round_up(error * INT8_MARGIN) for model, error in INT8_WORST_ERROR.items()}
+
+
 def parity_tolerance(model: str, dtype: str) -> float:
     """The relative L2 limit on ``model``'s outputs against its float64 reference in ``dtype``: 1e-4 for fp32,
-    the model's own bf16 limit (BF16_PARITY_LIMIT), else PARITY_REL_L2_TOLERANCE[dtype]."""
+    the model's own bf16 or int8 limit (BF16_PARITY_LIMIT, INT8_PARITY_LIMIT), else PARITY_REL_L2_TOLERANCE[dtype]."""
     if dtype == "bf16" and model in BF16_PARITY_LIMIT:
         return BF16_PARITY_LIMIT[model]
+    if dtype == "int8" and model in INT8_PARITY_LIMIT:
+        return INT8_PARITY_LIMIT[model]
     return PARITY_REL_L2_TOLERANCE[dtype]
 
 

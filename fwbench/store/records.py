@@ -375,13 +375,18 @@ class ResultRecord:
     @property
     def time_to_first_result_s(self) -> float | None:
         """Seconds from the worker's first stage to its first call's outputs: importing the framework, build,
-        compile (an export, conversion and load included) and the first call, from ``details.stage_seconds``
+        compile (an export, conversion and load included; an artefact from the export cache counts the seconds its
+        export took) and the first call, from ``details.stage_seconds``
         (the interpreter's start and fwbench's own imports come before the first stage); None where the cell never
         reached its first call or stored no stage seconds."""
         stages = _dict(self.details.get("stage_seconds"))
         if _float(stages.get("first_call")) is None:
             return None
-        return sum(_float(stages.get(stage)) or 0.0 for stage in FIRST_RESULT_STAGES)
+        total = sum(_float(stages.get(stage)) or 0.0 for stage in FIRST_RESULT_STAGES)
+        report = _dict(self.details.get("compile_report"))
+        if report.get("cached"):  # its artefact came from the group's export cache: count the export it took
+            total += _float(report.get("export_s")) or 0.0
+        return total
 
     @property
     def exported(self) -> bool:

@@ -1,6 +1,6 @@
 """LiteRT backend (:mod:`fwbench.frameworks.exported`). Mode ``tensorflow``: our tf.Module's ``tf.function`` at the
 cell's input signature (every shape fixed) converted by ``tf.lite.TFLiteConverter.from_concrete_functions``
-(float32, no quantisation), run by ``ai_edge_litert.interpreter.Interpreter`` with its default XNNPACK delegate
+(float32, no quantisation; ``--dtype int8``: dynamic-range quantisation), run by ``ai_edge_litert.interpreter.Interpreter`` with its default XNNPACK delegate
 and ``num_threads`` = the thread budget. The timed call is the ``serving_default`` signature runner called on
 numpy inputs: it copies each input into the interpreter's tensor, ``invoke()``s and copies each output out (its
 API has no in-place inputs; ORT and OpenVINO use the inputs in place).
@@ -25,7 +25,7 @@ SIGNATURE = "serving_default"
 class LiteRtBackend(ExportedBackend):
     framework = "litert"
     modes = ("tensorflow",)
-    dtypes = ("fp32",)
+    dtypes = ("fp32", "int8")
     suffix = ".tflite"
     cuda_unavailable = "LiteRT's GPU delegate runs on mobile GPUs, not CUDA"
 
@@ -42,10 +42,15 @@ class LiteRtBackend(ExportedBackend):
         return {"num_threads": self.threads}
 
     def configure_precision(self) -> dict[str, object]:
+        if self.dtype == "int8":
+            return {
+                "litert_precision": "dynamic-range int8: int8 weights, activations quantised per call by the int8 "
+                "kernels (XNNPACK), float32 elsewhere"
+            }
         return {"litert_precision": "float32 model, XNNPACK delegate in float32 (no quantisation, no fp16)"}
 
     def export(self, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
-        return self.exporter.to_tflite(self.model, inputs, path)
+        return self.exporter.to_tflite(self.model, inputs, path, quantize=self.dtype == "int8")
 
     def load(self, path: str, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
         interpreter = Interpreter(model_path=path, num_threads=self.threads)

@@ -52,16 +52,23 @@ def unknown_onnx_ops(proto: Any) -> list[str]:
     return sorted({n.op_type for n in proto.graph.node if n.domain in default and not onnx.defs.has(n.op_type)})
 
 
-def to_tflite(model: Any, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
-    """``tf.lite.TFLiteConverter.from_concrete_functions`` of the serving function, float32 (no optimisation
-    flags: no quantisation), written to ``path``. Its signature ``serving_default`` takes ``input_0``.. and
-    gives ``output_0``.. in the model's output order."""
+def to_tflite(model: Any, inputs: Sequence[np.ndarray], path: str, quantize: bool = False) -> dict[str, Any]:
+    """``tf.lite.TFLiteConverter.from_concrete_functions`` of the serving function, written to ``path``: float32 (no
+    optimisation flags), or with ``quantize`` dynamic-range quantisation (``optimizations = [Optimize.DEFAULT]``
+    without a representative dataset: weights stored as int8, activations quantised per call where a kernel
+    takes int8, float32 elsewhere). Its signature ``serving_default`` takes ``input_0``.. and gives ``output_0``..
+    in the model's output order."""
     function, _ = _serving_function(model, inputs)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()], model)
+    if quantize:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
     flatbuffer = converter.convert()
     with open(path, "wb") as file:
         file.write(flatbuffer)
-    return {"exporter": "tf.lite.TFLiteConverter.from_concrete_functions"}
+    how = {"exporter": "tf.lite.TFLiteConverter.from_concrete_functions"}
+    if quantize:
+        how["quantization"] = "dynamic range (Optimize.DEFAULT, no representative dataset): int8 weights"
+    return how
 
 
 def versions() -> dict[str, str]:
