@@ -83,3 +83,19 @@ def test_the_report_sets_reduced_precision_beside_the_same_runtimes_fp32(
     html = page.read_text()
     section = html[html.index('<section id="reduced-precision">') :]
     assert "1.2e-02" in section.split("</section>")[0] and "int8" in section.split("</section>")[0]
+
+
+@pytest.mark.slow
+def test_an_int8_cell_stores_what_was_quantised_and_the_cpus_int8_units(db_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    from fwbench.measure.environment import cpu_int8_units
+
+    args = ["run", "--models", "mlp", "--runtimes", "onnxruntime:torch,litert:tensorflow", "--dtype", "int8"]
+    assert main([*args, "--threads", "1", "--rounds", "1", "--max-time", "0.2", "--db", str(db_path)]) == 0
+    with Store.open(db_path, readonly=True) as store:
+        rows = {row.runtime: row for row in store.results()}
+    assert all(row.status == "ok" for row in rows.values())
+    ort = rows["onnxruntime:torch"].details["compile_report"]
+    assert ort["quantized_ops"].get("MatMulInteger", 0) >= 1 and "reduce_range=True" in ort["quantization"]
+    assert rows["litert:tensorflow"].details["compile_report"]["int8_tensors"] >= 1
+    assert all(row.details["cpu_int8_units"] == cpu_int8_units() for row in rows.values())

@@ -60,7 +60,8 @@ def add_parser(commands: Any) -> None:
         "--dtype",
         choices=RUNNABLE_DTYPES,
         default="fp32",
-        help="fp32, or bf16: the one mixed-precision policy in every framework (docs/precision.md); sets the tolerance (default: fp32)",
+        help="fp32; bf16: the one mixed-precision policy in every framework (docs/precision.md); int8: the deployment "
+        "engines' quantisation (others skipped); sets the tolerance (default: fp32)",
     )
     verify.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS", help="per runtime")
     verify.add_argument(

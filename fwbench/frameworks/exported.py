@@ -17,22 +17,20 @@ import tempfile
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from fwbench import __version__
 from fwbench.frameworks import get_runtime
 from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, builtin_package, export_report, import_deploy
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
-ENGINE_FACTS = (
-    "providers",
-    "compiled",
-    "signature",
-)  # what an engine reports when it loads: never taken from the cache
+# What a cached artefact's record takes from the worker that exported it; the rest (shapes, size, what the engine
+# reports when it loads) is this worker's own.
+CACHED_FACTS = ("export_s", "exporter", "opset", "quantization", "quantized_ops", "int8_tensors")
 
 
 def signature_of(inputs: Sequence[np.ndarray]) -> Signature:
@@ -45,6 +43,7 @@ class ExportedBackend(Backend):
     (:meth:`export`), how to load (:meth:`load`) and call (:meth:`infer`) it, and the engine's thread settings."""
 
     suffix: ClassVar[str]  # the artefact's file extension, ".onnx"
+    shares_export: ClassVar[bool] = False  # runs the exporter's raw fp32 file, which another engine may have made
     cuda_unavailable: ClassVar[str]  # why the engine does not run on CUDA here
 
     def __init__(
@@ -94,8 +93,10 @@ class ExportedBackend(Backend):
         return tuple(np.ascontiguousarray(a) for a in arrays.values())
 
     def cache_kind(self) -> str:
-        """What the artefact is, for the export cache: engines that run one exporter's same file share it."""
-        return f"{self.suffix}:{self.mode}:{self.dtype}"
+        """What the artefact is, for the export cache: the exporter's raw file (``shares_export``: fp32 engines that
+        run one exporter's same file share it), else this engine's own (its quantised file)."""
+        kind = f"{self.suffix}:{self.mode}:{self.dtype}"
+        return kind if self.shares_export and self.dtype == "fp32" else f"{kind}:{self.framework}"
 
     def cache_key(self, inputs: Sequence[np.ndarray]) -> str:
         """The export cache's name for this artefact: what it is, the model, its input signature, the weights
@@ -111,7 +112,7 @@ class ExportedBackend(Backend):
             "signature": signature_of(inputs),
             "weights": weights,
             "versions": self.deploy.versions(),
-            "fwbench": version("fwbench"),
+            "fwbench": __version__,
         }
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -122,26 +123,33 @@ class ExportedBackend(Backend):
         if signature_of(inputs) == self._signature:
             return
         cache = os.environ.get(EXPORT_CACHE_ENV)
-        if cache:
-            self._load_cached(inputs, Path(cache))
+        if cache and self._load_cached(inputs, Path(cache)):
             return
         with tempfile.TemporaryDirectory(prefix=f"fwbench-{self.framework}-") as folder:
             self._export_and_load(inputs, os.path.join(folder, f"model{self.suffix}"))
 
-    def _load_cached(self, inputs: Sequence[np.ndarray], cache: Path) -> None:
-        """Load the cached artefact for ``inputs`` (its export facts stored with ``cached: true``), or export it
-        into the cache first (written under a temporary name, then renamed: a reader never sees half a file)."""
+    def _load_cached(self, inputs: Sequence[np.ndarray], cache: Path) -> bool:
+        """Load the cached artefact for ``inputs`` (with the facts of its export and ``cached: true``), or export it
+        into the cache (artefact and facts each written under a temporary name, then renamed: a reader never sees
+        half of either); False (nothing loaded) when a cached entry cannot be read or loaded: the caller exports
+        afresh, so a broken entry costs time, never a cell."""
         key = self.cache_key(inputs)
         path, facts_path = cache / f"{key}{self.suffix}", cache / f"{key}.json"
         if path.exists() and facts_path.exists():
-            self._export_and_load(inputs, str(path), json.loads(facts_path.read_text()))
-            return
-        partial = cache / f".{key}.{os.getpid()}{self.suffix}"
+            try:
+                facts = json.loads(facts_path.read_text())
+                self._export_and_load(inputs, str(path), {k: facts[k] for k in CACHED_FACTS if k in facts})
+            except (OSError, ValueError, RuntimeError):
+                self.release()
+                return False
+            return True
+        partial, partial_facts = cache / f".{key}.{os.getpid()}{self.suffix}", cache / f".{key}.{os.getpid()}.json"
         self._export_and_load(inputs, str(partial))
-        os.replace(partial, path)
         made = self._exports[-1]
-        export_facts = {k: v for k, v in made.items() if k not in ("load_s", *ENGINE_FACTS)}
-        facts_path.write_text(json.dumps(export_facts, sort_keys=True, default=str))
+        partial_facts.write_text(json.dumps({k: made[k] for k in CACHED_FACTS if k in made}, sort_keys=True))
+        os.replace(partial_facts, facts_path)
+        os.replace(partial, path)  # last: an artefact in place always has its facts
+        return True
 
     def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
         """The artefact written to ``path`` and loaded back from there."""
@@ -166,7 +174,7 @@ class ExportedBackend(Backend):
             "artefact": get_runtime(f"{self.framework}:{self.mode}").artefact,
             **how,
         }
-        if cached is not None:  # the export seconds of the artefact used, made by another worker
+        if cached is not None:  # how the artefact used was made, by another worker
             record.update(cached, cached=True)
         self._exports.append({**record, "load_s": time.perf_counter() - exported_at, **facts})
 

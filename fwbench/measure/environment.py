@@ -53,7 +53,14 @@ SIMD_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8",
     "amx_tile",
 )  # fmt: skip
+INT8_UNITS = ("avx512_vnni", "avx_vnni", "amx_int8")  # CPU flags of int8 dot-product instructions (VNNI, AMX)
 BF16_UNITS = ("avx512_bf16", "amx_bf16")  # CPU flags of native bfloat16 arithmetic (without them it is emulated)
+
+
+def cpu_int8_units() -> list[str]:
+    """This CPU's int8 dot-product units among INT8_UNITS (empty: int8 multiply-adds go through AVX2's vpmaddubsw)."""
+    flags = cpu_simd_flags()
+    return [flag for flag in INT8_UNITS if flag in flags]
 
 
 def cpu_bf16_units() -> list[str]:

@@ -17,6 +17,7 @@ from fwbench.report.summary import RatioEstimate, row_ratio, sample_median
 from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord
 
+NOT_CHECKED = float("nan")  # an error column without a parity check (None is a failed one, as in parity_by_pair)
 MATCH_FIELDS = ("run_id", "hardware_id", "model", "runtime", "phase", "batch_size", "seq_len", "workers", "device")
 HEADERS = [
     "model", "runtime", "phase", "batch", "seq", "dtype", "fp32 median", "median", "speed-up vs fp32 (95% CI)",
@@ -39,7 +40,7 @@ class DtypeComparison:
     row: ResultRecord
     fp32: ResultRecord
     speedup: RatioEstimate | None
-    error: float | None
+    error: float | None  # None: the check failed; NOT_CHECKED: no check
     fp32_error: float | None
     limit: float | None
 
@@ -56,15 +57,15 @@ def dtype_comparisons(results: Sequence[ResultRecord]) -> list[DtypeComparison]:
     out = []
     for row in results:
         base = fp32.get(_key(row))
-        if row.dtype == "fp32" or base is None:
+        if row.dtype == "fp32" or base is None or row.status == "skipped":  # a runtime without that dtype
             continue
         out.append(
             DtypeComparison(
                 row,
                 base,
                 row_ratio(base, row),
-                errors.get(parity_key(row)),
-                errors.get(parity_key(base)),
+                errors.get(parity_key(row), NOT_CHECKED),
+                errors.get(parity_key(base), NOT_CHECKED),
                 limits.get(parity_key(row)),
             )
         )
@@ -87,7 +88,10 @@ def _speedup(estimate: RatioEstimate | None) -> str:
 
 
 def _error(value: float | None) -> str:
-    return "—" if value is None else f"{value:.1e}"
+    """A pair's worst error; ✗ for a failed check, — where none was made."""
+    if value is NOT_CHECKED:
+        return "—"
+    return "✗" if value is None else f"{value:.1e}"
 
 
 def dtype_cells(item: DtypeComparison, markup: bool = True) -> list[str]:
@@ -106,5 +110,5 @@ def dtype_cells(item: DtypeComparison, markup: bool = True) -> list[str]:
         _speedup(item.speedup),
         _error(item.error),
         _error(item.fp32_error),
-        _error(item.limit),
+        "—" if item.limit is None else f"{item.limit:.1e}",
     ]

@@ -128,6 +128,8 @@ class Cell:
         self.result["matmul_precision"] = backend.configure_precision()
         if case.dtype == "bf16" and case.device == "cpu":  # what bf16 speed means on this machine
             self.result["cpu_bf16_units"] = environment.cpu_bf16_units()
+        if case.dtype == "int8" and case.device == "cpu":  # and int8's
+            self.result["cpu_int8_units"] = environment.cpu_int8_units()
         self.result["versions"] = backend.versions()
 
         self.stage("build")

@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement, phase_unsupported
+from fwbench.frameworks import (
+    dtype_unsupported,
+    get_runtime,
+    missing_implementation,
+    missing_requirement,
+    phase_unsupported,
+)
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.manager import run_worker
@@ -87,7 +93,11 @@ def verify_model(
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
         for runtime in runtimes:
             info = get_runtime(runtime)
-            missing = missing_requirement(info) or missing_implementation(info, description.arch)
+            missing = (
+                missing_requirement(info)
+                or missing_implementation(info, description.arch)
+                or dtype_unsupported(info, "inference", dtype)
+            )
             if missing:
                 checks.append(OutputCheck(model, runtime, "skipped", missing))
                 continue

@@ -50,7 +50,13 @@ class LiteRtBackend(ExportedBackend):
         return {"litert_precision": "float32 model, XNNPACK delegate in float32 (no quantisation, no fp16)"}
 
     def export(self, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
-        return self.exporter.to_tflite(self.model, inputs, path, quantize=self.dtype == "int8")
+        how = self.exporter.to_tflite(self.model, inputs, path, quantize=self.dtype == "int8")
+        if self.dtype == "int8":
+            details = Interpreter(model_path=path).get_tensor_details()
+            how["int8_tensors"] = sum(1 for tensor in details if tensor["dtype"] == np.int8)
+            if not how["int8_tensors"]:  # the file would run in float32 and be reported as int8
+                raise RuntimeError("the TFLite converter quantised no tensor of the model")
+        return how
 
     def load(self, path: str, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
         interpreter = Interpreter(model_path=path, num_threads=self.threads)

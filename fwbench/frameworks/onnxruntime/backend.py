@@ -37,6 +37,7 @@ class OnnxRuntimeBackend(ExportedBackend):
     modes = ("torch", "tensorflow")
     dtypes = ("fp32", "int8")
     suffix = ".onnx"
+    shares_export = True  # fp32: the exporter's ONNX file as it is (onnxruntime:torch and openvino:torch share it)
     cuda_unavailable = "the CUDA provider needs onnxruntime-gpu, which is not installed"
 
     def __init__(
@@ -82,7 +83,10 @@ class OnnxRuntimeBackend(ExportedBackend):
             quantize_dynamic(float_path, path, weight_type=QuantType.QInt8, reduce_range=True)
         finally:
             os.unlink(float_path)
-        return {**how, "quantization": QUANTIZATION}
+        quantized = quantized_nodes(path)
+        if not quantized:  # the file would run in float32 and be reported as int8
+            raise RuntimeError("quantize_dynamic quantised no node of the exported model")
+        return {**how, "quantization": QUANTIZATION, "quantized_ops": quantized}
 
     def load(self, path: str, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
         session = ort.InferenceSession(path, self._session_options(), providers=["CPUExecutionProvider"])
@@ -101,6 +105,18 @@ class OnnxRuntimeBackend(ExportedBackend):
 
     def versions(self) -> dict[str, str]:
         return {"onnxruntime": ort.__version__, "onnx": version("onnx"), **self.exporter.versions()}
+
+
+def quantized_nodes(path: str) -> dict[str, int]:
+    """The integer and quantisation nodes of an ONNX file (MatMulInteger, ConvInteger, DynamicQuantizeLinear...) by op
+    type; empty for a float32 graph."""
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load(path, load_external_data=False).graph.node:
+        if "Integer" in node.op_type or "Quant" in node.op_type:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def create_backend(

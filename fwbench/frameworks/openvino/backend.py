@@ -50,6 +50,7 @@ class OpenVinoBackend(ExportedBackend):
     modes = ("torch",)
     dtypes = ("fp32",)
     suffix = ".onnx"
+    shares_export = True  # fp32: the exporter's ONNX file as it is (onnxruntime:torch and openvino:torch share it)
     cuda_unavailable = "OpenVINO runs on Intel GPUs, not CUDA"
 
     def __init__(
