@@ -162,7 +162,6 @@ class RayExecutor:
         except ImportError:
             raise ExecutorError("--executor ray needs Ray: pip install 'fwbench[ray]'") from None
         self.ray = ray
-        self.owns_cluster = address is None
         options: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
         if address is None:  # a local instance: this machine is the one node, reachable on loopback only
             options.update(
