@@ -40,7 +40,9 @@ def test_int8_is_inference_only(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["mlp", "bert-tiny", pytest.param("resnet-tiny", marks=pytest.mark.matrix)])
+@pytest.mark.parametrize(  # the MLP in make test; the others in the matrix (make test-matrix)
+    "model", ["mlp", *(pytest.param(model, marks=pytest.mark.matrix) for model in ("bert-tiny", "resnet-tiny"))]
+)
 def test_int8_engines_stay_within_the_int8_limit_and_really_quantise(model: str) -> None:
     pytest.importorskip("onnxruntime")
     checks = verify_model(model, INT8_RUNTIMES, Settings(threads=1, timeout_s=300), dtype="int8")
