@@ -298,7 +298,7 @@ def test_record_to_dict_is_the_stored_row(db_path: Path) -> None:
 def test_resume_reads_settled_parity_from_typed_records(db_path: Path) -> None:
     """``fwbench run --resume``: a pair whose stored cell passed parity is settled by that cell, a mismatch
     settles its pair as failed, a cell without a check (an older row, or an error) settles nothing."""
-    from fwbench.runner.manager import _stored_parity
+    from fwbench.runner.manager import stored_parity
 
     checked, unchecked, failed = (
         Case("mlp", "torch:eager", batch_size=1),
@@ -312,7 +312,7 @@ def test_resume_reads_settled_parity_from_typed_records(db_path: Path) -> None:
         store.add_result(
             run_id, failed, {"status": "mismatch", "reason": "outputs differ"}, [], {"parity": {"ok": False}}
         )
-        assert _stored_parity(store, run_id) == {
+        assert stored_parity(store, run_id) == {
             ("mlp", "torch:eager", "fp32", "cpu"): checked.key,
             ("mlp", "keras:jax", "fp32", "cpu"): "mismatch",
         }

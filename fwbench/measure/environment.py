@@ -212,13 +212,12 @@ def hardware_record(flat: Mapping[str, Any] | None = None) -> dict[str, Any]:
     accelerators. From ``flat`` (a machine record stored before fingerprints: flat keys, no accelerators) when
     given, else this machine's. The hashed fields mean the same in both; what they lacked (the accelerators) reads
     as none, so a GPU machine's rows from before fingerprints get an id of their own."""
-    if flat is None:
-        memory = _memory_total_bytes()
-        return {
+    if flat is None:  # this machine's, in the same flat keys
+        flat = {
             "machine": platform.machine(),
             **_cpu_info(),
             "logical_cpus": os.cpu_count(),
-            "memory_gib": None if memory is None else round(memory / 2**30),
+            "memory_total_bytes": _memory_total_bytes(),
             "accelerators": list(accelerators()),
         }
     memory = flat.get("memory_total_bytes")

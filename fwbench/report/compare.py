@@ -19,8 +19,15 @@ from typing import Any, Literal
 
 from rich.markup import escape
 
-from fwbench.measure.environment import hardware_label
-from fwbench.report.summary import ALPHA, cell_key, estimates, geometric_mean_ci, runtimes_in, sample_median
+from fwbench.report.summary import (
+    ALPHA,
+    cell_key,
+    estimates,
+    geometric_mean_ci,
+    machine_labels,
+    runtimes_in,
+    sample_median,
+)
 from fwbench.report.table import TableData, plain, ratio_text
 from fwbench.report.units import format_seconds_noise, second_axis_text, short_id
 from fwbench.store import ResultRecord, RunRecord
@@ -303,21 +310,14 @@ def compare_runs(
     return comparison
 
 
-def machines_of(results: Sequence[ResultRecord]) -> dict[str | None, str]:
-    """The hardware fingerprints of ``results`` with a short description of each, in order of first appearance."""
-    return {row.hardware_id: hardware_label(row.machine) for row in results}
-
-
 def machine_warning(results_a: Sequence[ResultRecord], results_b: Sequence[ResultRecord]) -> str | None:
     """A one-line warning when cells matched across the runs ran on different hardware, or the runs' machines
     differ (None when every matched cell ran on one machine type in both): then a ratio mixes a hardware change
     with the software change that ``compare`` is for."""
-    a, b = machines_of(results_a), machines_of(results_b)
+    a, b = machine_labels(results_a), machine_labels(results_b)
     by_key_b = {cell_key(row, COMPARE_KEY): row.hardware_id for row in results_b}
     crossed = sum(
-        1
-        for row in results_a
-        if cell_key(row, COMPARE_KEY) in by_key_b and by_key_b[cell_key(row, COMPARE_KEY)] != row.hardware_id
+        1 for row in results_a if by_key_b.get(cell_key(row, COMPARE_KEY), row.hardware_id) != row.hardware_id
     )
     if set(a) == set(b) and not crossed:
         return None

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rich.markup import escape
 
 from fwbench.report.flags import parity_by_pair, parity_key
-from fwbench.report.summary import RatioEstimate, row_ratio, sample_median
+from fwbench.report.summary import RatioEstimate, cell_key, row_ratio, sample_median
 from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord
 
@@ -45,18 +44,14 @@ class DtypeComparison:
     limit: float | None
 
 
-def _key(row: ResultRecord) -> tuple[Any, ...]:
-    return tuple(getattr(row, name) for name in MATCH_FIELDS)
-
-
 def dtype_comparisons(results: Sequence[ResultRecord]) -> list[DtypeComparison]:
     """Every non-fp32 cell of ``results`` that has an fp32 counterpart, in stored order."""
-    fp32 = {_key(row): row for row in results if row.dtype == "fp32"}
+    fp32 = {cell_key(row, MATCH_FIELDS): row for row in results if row.dtype == "fp32"}
     errors = parity_by_pair(results)
     limits = {parity_key(row): row.parity.tolerance_rel_l2 for row in results if row.parity is not None}
     out = []
     for row in results:
-        base = fp32.get(_key(row))
+        base = fp32.get(cell_key(row, MATCH_FIELDS))
         if row.dtype == "fp32" or base is None or row.status == "skipped":  # a runtime without that dtype
             continue
         out.append(

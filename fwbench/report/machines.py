@@ -10,17 +10,13 @@ from typing import Any
 
 from rich.markup import escape
 
-from fwbench.measure.environment import hardware_label
+from fwbench.report.summary import cell_key, machine_labels
 from fwbench.report.table import RIGHT_COLUMNS, TableData, median_cell
 from fwbench.report.throughput import format_rate, rates
 from fwbench.report.units import short_id
 from fwbench.store import ResultRecord
 
 CELL_FIELDS = ("model", "runtime", "phase", "batch_size", "seq_len", "workers", "dtype", "device")
-
-
-def _cell(row: ResultRecord) -> tuple[Any, ...]:
-    return tuple(getattr(row, name) for name in CELL_FIELDS)
 
 
 def _order(cell: tuple[Any, ...], runtimes: dict[str, int]) -> tuple[Any, ...]:
@@ -42,7 +38,7 @@ def latest_by_machine(results: Sequence[ResultRecord]) -> dict[tuple[Any, ...], 
     measured one cell on one machine, the newest row (by the time it was stored). Cells and machines in order of first appearance."""
     table: dict[tuple[Any, ...], dict[str | None, ResultRecord]] = {}
     for row in results:
-        machines = table.setdefault(_cell(row), {})
+        machines = table.setdefault(cell_key(row, CELL_FIELDS), {})
         kept = machines.get(row.hardware_id)
         if kept is None or (row.created, row.run_id) >= (kept.created, kept.run_id):  # ids follow merge order
             machines[row.hardware_id] = row
@@ -52,11 +48,9 @@ def latest_by_machine(results: Sequence[ResultRecord]) -> dict[tuple[Any, ...], 
 def machine_names(results: Sequence[ResultRecord]) -> dict[str | None, str]:
     """Hardware id → ``<cpu>, <N> CPUs, <M> GiB (hosts h1, h2)``, in order of first appearance."""
     hosts: dict[str | None, dict[str, None]] = {}
-    labels: dict[str | None, str] = {}
     for row in results:
-        labels.setdefault(row.hardware_id, hardware_label(row.machine))
         hosts.setdefault(row.hardware_id, {})[row.hostname or "?"] = None
-    return {key: f"{label} (hosts {', '.join(hosts[key])})" for key, label in labels.items()}
+    return {key: f"{label} (hosts {', '.join(hosts[key])})" for key, label in machine_labels(results).items()}
 
 
 def machine_tables(results: Sequence[ResultRecord]) -> tuple[list[TableData], list[str]]:

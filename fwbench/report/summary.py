@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fwbench.measure.environment import hardware_label
 from fwbench.measure.rounds import paired_log_ratios, paired_speedup, unpaired_ratio
 from fwbench.store import ResultRecord
 
@@ -196,6 +197,15 @@ def geometric_mean_ci(
 def cell_key(row: ResultRecord | CellComparison, fields: Iterable[str] = KEY_FIELDS) -> tuple[Any, ...]:
     """The values of ``fields`` (attribute names) of a stored cell or a comparison (the key cells are matched on)."""
     return tuple(getattr(row, name) for name in fields)
+
+
+def machine_labels(results: Iterable[ResultRecord]) -> dict[str | None, str]:
+    """Hardware id → a short description of that machine (``<cpu>, <N> CPUs, <M> GiB``), in order of first
+    appearance (the description comes from hashed fields, so one id has one description)."""
+    labels: dict[str | None, str] = {}
+    for row in results:
+        labels.setdefault(row.hardware_id, hardware_label(row.machine))
+    return labels
 
 
 def samples_of(row: ResultRecord) -> list[float] | None:

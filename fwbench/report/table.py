@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from fwbench.measure.environment import hardware_label
 from fwbench.report import dtypes
 from fwbench.report.fit import HEADERS as FIT_HEADERS
 from fwbench.report.fit import LEGEND as FIT_LEGEND
@@ -46,6 +45,7 @@ from fwbench.report.summary import (
     GroupedPair,
     PairSummary,
     grouped_pairs,
+    machine_labels,
     resolve_baseline,
     runtimes_in,
 )
@@ -469,11 +469,11 @@ def report_tables(
             tables.append(summary_table([p for p in pairs if p.baseline == group_baseline], group_baseline))
     phases = {r.phase for r in results}
     lines = legend(shown, peak, "training" in phases, "data" in phases)
-    machines = {r.hardware_id: r.machine for r in results}
+    machines = machine_labels(results)
     if len(machines) > 1:  # results of several machines: each is compared with itself only
         lines.extend(
-            f"machine {short_id(key)}: {hardware_label(machine)}; speed-ups pair cells of this machine only"
-            for key, machine in machines.items()
+            f"machine {short_id(key)}: {label}; speed-ups pair cells of this machine only"
+            for key, label in machines.items()
         )
     evidence = evidence_line(pairs)
     if evidence:

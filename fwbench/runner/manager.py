@@ -41,6 +41,11 @@ def _skipped(case: Case, reason: str) -> CellOutcome:
     return CellOutcome(case, "skipped", reason)
 
 
+def skipped_outcomes(skipped: Sequence[SkippedCase]) -> Settled:
+    """The plan's skipped cells of a group as stored outcomes (no time spent)."""
+    return [(_skipped(item.case, item.reason), 0.0) for item in skipped]
+
+
 def store_outcome(
     store: Store,
     run_id: int,
@@ -76,7 +81,7 @@ def parity_pair(case: Case) -> tuple[str, str, str, str]:
     return case.model, case.runtime, case.dtype, case.device
 
 
-def _stored_parity(store: Store, run_id: int) -> Parity:
+def stored_parity(store: Store, run_id: int) -> Parity:
     """Parity already settled in this run, by pair: the key of the cell that checked it, or 'mismatch'."""
     settled: dict[tuple[str, str, str, str], str] = {}
     for row in store.results([run_id]):
@@ -201,11 +206,11 @@ def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = N
     Parity is checked once per (model, runtime, dtype, device) in a run, by the first cell of the pair that
     runs; once a pair has failed it, its other cells are stored as ``mismatch`` without running.
     """
-    parity = _stored_parity(store, run_id)
+    parity = stored_parity(store, run_id)
     machine = machine_record()
     recorder = Recorder(store, run_id, plan, listener)
     for group, skipped in pending_groups(store, run_id, plan):
-        settled: Settled = [(_skipped(item.case, item.reason), 0.0) for item in skipped]
+        settled = skipped_outcomes(skipped)
         if group:
             settled += run_comparison_group(group, plan.settings, parity)
         settle_parity(parity, settled)

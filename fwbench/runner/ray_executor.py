@@ -29,11 +29,11 @@ from fwbench.runner.manager import (
     Parity,
     Recorder,
     Settled,
-    _skipped,
-    _stored_parity,
     pending_groups,
     run_comparison_group,
     settle_parity,
+    skipped_outcomes,
+    stored_parity,
 )
 from fwbench.runner.outcome import CellOutcome
 from fwbench.spec import Case, Plan, Settings, SkippedCase, SpecError
@@ -77,7 +77,7 @@ def group_task(
     pin_to_node_cpus()
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":  # Ray hides the GPUs from a task without num_gpus
         del os.environ["CUDA_VISIBLE_DEVICES"]  # the group has the whole node
-    settled: Settled = [(_skipped(item.case, item.reason), 0.0) for item in skipped]
+    settled = skipped_outcomes(skipped)
     cores = physical_core_count()
     if cases and settings.threads > cores:
         reason = f"--threads {settings.threads} exceeds this node's {cores} physical cores"
@@ -139,11 +139,9 @@ class Job:
     machine: dict[str, Any] | None = None  # a retry: the machine record of the node it lost
     submitted: float = 0.0  # time.monotonic() when sent to its node
 
-    def failed(self, reason: str) -> Settled:
-        """The group's cells as ``error`` with ``reason`` (its skipped cells stay ``skipped``)."""
-        return [(CellOutcome(case, "error", reason), 0.0) for case in self.cases] + [
-            (_skipped(s.case, s.reason), 0.0) for s in self.skipped
-        ]
+    def failed(self, reason: str, status: str = "error") -> Settled:
+        """The group's cells with ``status`` and ``reason`` (its skipped cells stay ``skipped``)."""
+        return [(CellOutcome(case, status, reason), 0.0) for case in self.cases] + skipped_outcomes(self.skipped)
 
     def lost(self, why: str) -> Settled:
         return self.failed(f"node lost: {why}" + (" (after one retry)" if self.attempts > 1 else ""))
@@ -247,7 +245,7 @@ class RayExecutor:
 
         node_gone = (NodeDiedError, ObjectLostError)  # its node died while (or just after) the task ran
 
-        parity = _stored_parity(store, run_id)
+        parity = stored_parity(store, run_id)
         recorder = Recorder(store, run_id, plan, listener)
         queue = [Job(cases, skipped) for cases, skipped in pending_groups(store, run_id, plan)]
         running: dict[Any, Job] = {}
@@ -285,10 +283,7 @@ class RayExecutor:
                         f"Ray's memory monitor killed the group ({why}); start the nodes with "
                         "RAY_memory_monitor_refresh_ms=0 to leave memory limits to fwbench's --memory-limit"
                     )
-                    settled = [(CellOutcome(case, "oom", reason), 0.0) for case in job.cases]
-                    recorder.record(
-                        settled + [(_skipped(s.case, s.reason), 0.0) for s in job.skipped], job.node.machine
-                    )
+                    recorder.record(job.failed(reason, "oom"), job.node.machine)
                     continue
                 except (*node_gone, WorkerCrashedError, OwnerDiedError) as exc:
                     node, why = job.node, str(exc).splitlines()[0]
