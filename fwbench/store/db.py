@@ -480,9 +480,13 @@ class Store:
         )
 
     def insert_run(self, columns: dict[str, Any]) -> int:
-        """Insert one ``runs`` row from its column values (``fwbench merge`` copies runs this way); its new id."""
+        """Insert one ``runs`` row from its column values; its new id."""
+        return self.insert_row("runs", columns)
+
+    def insert_row(self, table: str, columns: dict[str, Any]) -> int:
+        """Insert one row of ``table`` from its column values (``fwbench merge`` copies rows this way); its id."""
         cursor = self.conn.execute(
-            f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
             tuple(columns.values()),
         )
         return int(cursor.lastrowid or 0)

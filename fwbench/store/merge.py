@@ -93,6 +93,11 @@ def held_shards(parts: Sequence[dict[str, Any]]) -> ShardSpec | None:
     return ShardSpec(frozenset().union(*(spec.indices for spec in specs)), counts.pop())
 
 
+def shard_column(shards: ShardSpec | None) -> str | None:
+    """``runs.shard`` of a run holding ``shards``: NULL for the whole plan (no shard, or all of them)."""
+    return None if shards is None or shards.complete else str(shards)
+
+
 @contextmanager
 def snapshot(path: Path, folder: Path) -> Iterator[Store]:
     """A migrated, integrity-checked copy of the fwbench database ``path`` in ``folder`` (StoreError, one line,
@@ -129,13 +134,6 @@ def _rows(store: Store, sql: str, params: Sequence[Any] = ()) -> list[Row]:
     return [dict(row) for row in store.conn.execute(sql, tuple(params)).fetchall()]
 
 
-def _insert(store: Store, table: str, values: Row) -> int:
-    cursor = store.conn.execute(
-        f"INSERT INTO {table} ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})", tuple(values.values())
-    )
-    return int(cursor.lastrowid or 0)
-
-
 def _copy_cells(source: Store, target: Store, source_run: int, target_run: int) -> int:
     """Copy the cells of ``source_run`` that ``target_run`` lacks (results with their blocks, profiles with their op
     rows; matched by case key); the number copied."""
@@ -147,10 +145,10 @@ def _copy_cells(source: Store, target: Store, source_run: int, target_run: int) 
                 continue
             old_id = row.pop("id")
             row["run_id"] = target_run
-            new_id = _insert(target, table, row)
+            new_id = target.insert_row(table, row)
             for sub in _rows(source, f"SELECT * FROM {child} WHERE {child_key} = ?", [old_id]):
                 sub[child_key] = new_id
-                _insert(target, child, sub)
+                target.insert_row(child, sub)
             count += 1
     return count
 
@@ -201,10 +199,10 @@ def merge_run(source: Store, label: str, run: Row, target: Store, summary: Merge
         columns.update(
             uid=(run["uid"] or run_identity(run)) if keeps_uid else uuid.uuid4().hex,
             sources_json=json.dumps(parts),
-            shard=None if shards is None or shards.complete else str(shards),
+            shard=shard_column(shards),
         )
         home_id = target.insert_run(columns)
-        added, new_parts, shards_now = _copy_cells(source, target, run["id"], home_id), parts, shards
+        added, shards_now = _copy_cells(source, target, run["id"], home_id), shards
     else:
         home_id = int(home["id"])
         home_parts = parts_of(str(target.path), home)
@@ -224,7 +222,7 @@ def merge_run(source: Store, label: str, run: Row, target: Store, summary: Merge
                 run["created"],
                 None if None in finished else max(finished),
                 json.dumps(every),
-                None if shards_now is None or shards_now.complete else str(shards_now),
+                shard_column(shards_now),
                 home_id,
             ),
         )
@@ -232,7 +230,7 @@ def merge_run(source: Store, label: str, run: Row, target: Store, summary: Merge
     merged = found[0] if found else MergedRun(home_id, run["plan_hash"], None)
     if not found:
         summary.runs.append(merged)
-    merged.shard = None if shards_now is None or shards_now.complete else str(shards_now)
+    merged.shard = shard_column(shards_now)
     merged.parts.append(f"{label} run {run['id']}" + (f" (shard {run['shard']})" if run["shard"] else ""))
     merged.cells += added
 
