@@ -34,13 +34,14 @@ test: $(STAMP)
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "not serial and not matrix"
-	$(BIN)/python -m pytest -m serial
+	$(BIN)/python -m pytest -m "serial and not matrix"
 
 # The exhaustive runtime × model matrix beyond make test's (tests marked matrix: every training runtime on gpt2-tiny
 # and resnet-tiny, every framework's resnet-tiny fit loop, every deployment engine on every tiny model, ...).
 # CI runs it after make test.
 test-matrix: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "matrix and not serial"
+	$(BIN)/python -m pytest -m "matrix and serial"
 
 # The same tests with every framework capped to AVX2 kernels (for AVX-512 / AVX512_BF16 / AMX machines: one machine
 # checks that no numeric threshold depends on the ISA).

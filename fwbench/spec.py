@@ -26,6 +26,9 @@ Status = Literal["ok", "oom", "timeout", "error", "skipped", "mismatch"]
 Transform = Literal["random", "center-crop"]  # phase data: fwbench.datasets.transforms
 DataSource = Literal["files", "packed"]  # phase data: the JPEG files, or the loader's packed format
 FitSource = Literal["memory", "input"]  # phase fit: the seeded in-memory dataset, or the data phase's images
+# A distributed cell (``Case.procs``): weak scaling, the batch size is each process's (the global batch is procs ×
+# it); strong scaling, the batch size is the global batch, split evenly over the processes.
+Scaling = Literal["weak", "strong"]
 
 PHASES: tuple[str, ...] = get_args(Phase)
 # What the workers can run today; the other phases come with their backends. bf16 is one mixed-precision policy
@@ -48,6 +51,8 @@ STATUSES: tuple[str, ...] = get_args(Status)
 TRANSFORMS: tuple[str, ...] = get_args(Transform)
 DATA_SOURCES: tuple[str, ...] = get_args(DataSource)
 FIT_SOURCES: tuple[str, ...] = get_args(FitSource)
+SCALINGS: tuple[str, ...] = get_args(Scaling)
+DISTRIBUTED_PHASES: tuple[str, ...] = ("training",)  # the phases a cell of several processes (--procs) runs
 
 
 class SpecError(ValueError):
@@ -68,7 +73,8 @@ def _check_positive_int(name: str, value: object) -> None:
 class Case:
     """One cell of a sweep. ``seq_len`` is None for models without a sequence axis. Phase data: ``model`` is the
     dataset's name (e.g. ``images-256``), ``runtime`` the loader and ``workers`` its worker count (None in every
-    other phase)."""
+    other phase). A distributed cell (a data-parallel runtime, ``--procs``) runs as ``procs`` cooperating processes
+    and says how ``batch_size`` is read (``scaling``: see :data:`Scaling`); both are None for every other cell."""
 
     model: str
     runtime: str
@@ -78,9 +84,25 @@ class Case:
     dtype: Dtype = "fp32"
     device: Device = "cpu"
     workers: int | None = None
+    procs: int | None = None
+    scaling: Scaling | None = None
 
     def __post_init__(self) -> None:
         _check_choice("phase", self.phase, PHASES)
+        if (self.procs is None) != (self.scaling is None):
+            raise SpecError("a distributed cell has both a process count and a scaling; other cells have neither")
+        if self.procs is not None:
+            _check_positive_int("process count", self.procs)
+            _check_choice("scaling", self.scaling, SCALINGS)  # type: ignore[arg-type]
+            if self.phase not in DISTRIBUTED_PHASES:
+                raise SpecError(
+                    f"--procs runs phase {', '.join(DISTRIBUTED_PHASES)} as several processes, not phase {self.phase}"
+                )
+            if self.scaling == "strong" and self.batch_size % self.procs:
+                raise SpecError(
+                    f"strong scaling splits the global batch {self.batch_size} evenly: {self.procs} processes "
+                    "do not divide it"
+                )
         if (self.phase == "data") != (self.workers is not None):
             raise SpecError("a worker count belongs to phase data cells, and every phase data cell has one")
         if self.workers is not None and (
@@ -98,7 +120,21 @@ class Case:
         """A stable text key, unique within a run (used as the store's uniqueness key)."""
         seq = "-" if self.seq_len is None else str(self.seq_len)
         parts = [self.model, self.runtime, self.phase, str(self.batch_size), seq, self.dtype, self.device]
-        return "|".join(parts if self.workers is None else [*parts, f"w{self.workers}"])
+        if self.workers is not None:
+            parts.append(f"w{self.workers}")
+        if self.procs is not None:
+            parts.append(f"p{self.procs}{self.scaling}")
+        return "|".join(parts)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples one timed call processes over all the cell's processes."""
+        return self.batch_size * self.procs if self.procs is not None and self.scaling == "weak" else self.batch_size
+
+    @property
+    def rank_batch(self) -> int:
+        """Samples each process takes per call: rows ``[r·rank_batch, (r+1)·rank_batch)`` of the global batch."""
+        return self.global_batch // (self.procs or 1)
 
     @property
     def framework(self) -> str:
@@ -116,14 +152,25 @@ class Case:
 
     @property
     def shape(self) -> str:
-        """``b=8 s=128``, ``b=32 w=2``: the batch size, then the sequence length or worker count where set."""
-        return shape_text(self.batch_size, self.seq_len, self.workers)
+        """``b=8 s=128``, ``b=32 w=2``, ``b=8 s=128 p=2 weak``: the batch size, then the sequence length or worker
+        count where set, then a distributed cell's process count and scaling."""
+        return shape_text(self.batch_size, self.seq_len, self.workers, self.procs, self.scaling)
 
 
-def shape_text(batch_size: int, seq_len: int | None, workers: int | None = None) -> str:
-    """A cell's shape in words: ``b=8``, ``b=8 s=128`` or (phase data) ``b=32 w=2``."""
+def shape_text(
+    batch_size: int,
+    seq_len: int | None,
+    workers: int | None = None,
+    procs: int | None = None,
+    scaling: str | None = None,
+) -> str:
+    """A cell's shape in words: ``b=8``, ``b=8 s=128``, (phase data) ``b=32 w=2`` or (distributed)
+    ``b=8 s=128 p=2 weak`` (``b`` as ``--batch-sizes`` gave it: per process in weak scaling, global in strong)."""
     return (
-        f"b={batch_size}" + ("" if seq_len is None else f" s={seq_len}") + ("" if workers is None else f" w={workers}")
+        f"b={batch_size}"
+        + ("" if seq_len is None else f" s={seq_len}")
+        + ("" if workers is None else f" w={workers}")
+        + ("" if procs is None else f" p={procs} {scaling}")
     )
 
 
@@ -133,6 +180,13 @@ class Settings:
 
     threads: int = field(default=1, metadata={"help": "intra-op threads for every framework"})
     interop_threads: int = field(default=1, metadata={"help": "inter-op threads for every framework"})
+    rank_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "distributed cells (--procs): threads of each process, so a cell of N processes uses N × this "
+            "many cores (None: --threads is the cell's total, split evenly over its processes)"
+        },
+    )
     protocol: Protocol = field(default="adaptive", metadata={"help": "timing protocol"})
     max_time_s: float = field(default=5.0, metadata={"help": "adaptive: time budget per cell, seconds"})
     target_rel_ci: float = field(default=0.01, metadata={"help": "adaptive: stop at CI half-width / median"})
@@ -223,6 +277,8 @@ class Settings:
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)
         _check_positive_int("interop threads", self.interop_threads)
+        if self.rank_threads is not None:
+            _check_positive_int("threads per process", self.rank_threads)
         _check_choice("protocol", self.protocol, PROTOCOLS)
         _check_choice("compile mode", self.compile_mode, COMPILE_MODES)
         _check_choice("optimizer", self.optimizer, OPTIMIZER_KINDS)
@@ -279,6 +335,27 @@ class Settings:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
+def rank_threads(case: Case, settings: Settings) -> int:
+    """Threads of each process of ``case``: ``settings.rank_threads`` when set, else ``settings.threads`` split
+    evenly over the cell's processes (SpecError when they do not divide it); ``settings.threads`` for a cell of one
+    worker."""
+    if case.procs is None:
+        return settings.threads
+    if settings.rank_threads is not None:
+        return settings.rank_threads
+    if settings.threads % case.procs:
+        raise SpecError(
+            f"--threads {settings.threads} is a cell's total budget and {case.procs} processes do not divide it "
+            "(give a multiple, or --rank-threads)"
+        )
+    return settings.threads // case.procs
+
+
+def cell_threads(case: Case, settings: Settings) -> int:
+    """Threads the whole cell uses: every process's together."""
+    return rank_threads(case, settings) * (case.procs or 1)
+
+
 @dataclass(frozen=True)
 class SkippedCase:
     """A case the plan keeps but will not run (stored as ``skipped`` with its reason)."""
@@ -287,14 +364,19 @@ class SkippedCase:
     reason: str
 
 
-GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
+GROUP_FIELDS = ("model", "phase", "batch_size", "seq_len", "dtype", "device", "workers", "scaling")
+OPTIONAL_GROUP_FIELDS = ("workers", "scaling")  # in a group key only where the cell has them
 
 
 def group_key(case: Case) -> str:
-    """The key of ``case``'s comparison group: everything but the runtime (the worker count only where a phase
-    data cell has one, so other phases' keys read as they did before it existed)."""
+    """The key of ``case``'s comparison group: everything but the runtime and a distributed cell's process count
+    (so the 1-process and N-process cells of one batch and scaling are measured interleaved, as scaling efficiency
+    needs); the worker count and scaling only where a cell has them, so other cells' keys read as they did before
+    they existed."""
     return "|".join(
-        f"{name}={getattr(case, name)}" for name in GROUP_FIELDS if not (name == "workers" and case.workers is None)
+        f"{name}={getattr(case, name)}"
+        for name in GROUP_FIELDS
+        if not (name in OPTIONAL_GROUP_FIELDS and getattr(case, name) is None)
     )
 
 

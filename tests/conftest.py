@@ -185,3 +185,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300)
     return subprocess.run(
         [sys.executable, "-m", "fwbench", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO_DIR
     )
+
+
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def listening_off_loopback(pids: set[int]) -> list[str]:
+    """TCP sockets listening on anything but loopback that belong to ``pids`` (what `ss -ltnp` shows, from psutil)."""
+    import psutil
+
+    bad = []
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids and conn.laddr.ip not in LOOPBACK:
+            bad.append(f"{conn.laddr.ip}:{conn.laddr.port} (pid {conn.pid})")
+    return bad

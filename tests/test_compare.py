@@ -135,6 +135,8 @@ def test_runs_from_two_databases_and_environment_differences(
             "dtype": "fp32",
             "device": "cpu",
             "workers": None,
+            "procs": None,
+            "scaling": None,
             "status": "ok",
             "reason": None,
         }

@@ -16,12 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO_DIR
+from conftest import REPO_DIR, listening_off_loopback
 from fwbench.cli import main
 from fwbench.store import ResultRecord, Store, StoreError
 from ray_cluster import LocalCluster, local_cluster, processes_mentioning
 
-LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 GRID = ["--models", "mlp", "--runtimes", "torch:eager", "--threads", "1", "--rounds", "1"]
 WORKER = "fwbench.runner.worker"
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two nodes pinned to two different CPUs")
@@ -81,15 +80,6 @@ def _tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
-
-
-def listening_off_loopback(pids: set[int]) -> list[str]:
-    """TCP sockets listening on anything but loopback that belong to ``pids`` (what `ss -ltnp` shows, from psutil)."""
-    bad = []
-    for conn in psutil.net_connections("tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.pid in pids and conn.laddr.ip not in LOOPBACK:
-            bad.append(f"{conn.laddr.ip}:{conn.laddr.port} (pid {conn.pid})")
-    return bad
 
 
 @pytest.mark.slow

@@ -313,8 +313,8 @@ def test_resume_reads_settled_parity_from_typed_records(db_path: Path) -> None:
             run_id, failed, {"status": "mismatch", "reason": "outputs differ"}, [], {"parity": {"ok": False}}
         )
         assert stored_parity(store, run_id) == {
-            ("mlp", "torch:eager", "fp32", "cpu"): checked.key,
-            ("mlp", "keras:jax", "fp32", "cpu"): "mismatch",
+            ("mlp", "torch:eager", "fp32", "cpu", None): checked.key,
+            ("mlp", "keras:jax", "fp32", "cpu", None): "mismatch",
         }
 
 
@@ -350,7 +350,7 @@ def test_migration_2_keeps_runs_of_schema_1_readable(db_path: Path) -> None:
         )
     conn.close()
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         base, other = store.results([1])
     assert base.blocks == () and base.rounds is None and base.schedule is None and base.group_key is None
     assert base.noise is None and base.machine is None and base.contended == []
@@ -429,7 +429,7 @@ def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
     conn.close()
     data_case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         (old,) = store.results([1])  # stored before the migration: kept, no worker count
         run_id = store.create_run(PLAN, "fwbench run", {}, "0")
         with store.transaction():
@@ -439,3 +439,36 @@ def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
     assert old.workers is None and old.case_key == PLAN.cases[0].key and old.median_s == 0.01
     assert plain.workers is None and plain.case_key == PLAN.cases[0].key
     assert data.workers == 2 and data.case_key == data_case.key and data.phase == "data"
+
+
+def test_migration_6_adds_the_processes_of_distributed_cells(db_path: Path) -> None:
+    """A database of schema 5 gains results.procs and results.scaling: its rows read as None (one process), and a
+    distributed cell's processes, scaling and global batch are stored and read back with its key."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    assert migrate(conn, MIGRATIONS[:5]) == 5
+    conn.execute(
+        "INSERT INTO runs (created, command, settings_json, plan_json, environment_json, fwbench_version) "
+        "VALUES ('2026-01-01', 'fwbench run', '{}', ?, '{}', '0')",
+        (PLAN.to_json(),),
+    )
+    conn.execute(
+        "INSERT INTO results (run_id, case_key, created, model, runtime, phase, batch_size, dtype, device, status, "
+        "samples_json, n_samples, median_s) VALUES (1, ?, '', 'mlp', 'torch:eager', 'inference', 1, 'fp32', 'cpu', "
+        "'ok', '[0.01]', 1, 0.01)",
+        (PLAN.cases[0].key,),
+    )
+    conn.close()
+    weak = Case("mlp", "torch:ddp", "training", 4, procs=2, scaling="weak")
+    strong = Case("mlp", "torch:ddp", "training", 4, procs=2, scaling="strong")
+    with Store.open(db_path) as store:
+        (old,) = store.results([1])
+        run_id = store.create_run(Plan((weak, strong), Settings(threads=2)), "fwbench run", {}, "0")
+        with store.transaction():
+            store.add_result(run_id, weak, {"status": "ok"}, [0.01], {})
+            store.add_result(run_id, strong, {"status": "ok"}, [0.01], {})
+        stored = {row.scaling: row for row in store.results([run_id])}
+        assert store.mark_mismatch(run_id, "mlp", "torch:ddp", "training", "differs", procs=1) == 0
+    assert old.procs is None and old.scaling is None and old.global_batch == 1
+    assert stored["weak"].procs == 2 and stored["weak"].global_batch == 8 and stored["weak"].case_key == weak.key
+    assert stored["strong"].global_batch == 4 and stored["strong"].case_key == strong.key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def test_builtin_suites_all_load_and_plan() -> None:
         "bf16-training",
         "data",
         "deploy",
+        "distributed",
         "hf2019",
         "mlp",
         "quick",
@@ -33,6 +35,10 @@ def test_builtin_suites_all_load_and_plan() -> None:
         "training",
     ]
     for name in builtin_suites():
+        if name == "distributed" and len(os.sched_getaffinity(0)) < 2:  # 2 processes on 2 cores: refused on fewer
+            with pytest.raises(SpecError, match="--procs 2 with 1 thread"):
+                suite_plan(load_suite(name), threads=1)
+            continue
         plan = suite_plan(load_suite(name), threads=1)
         assert plan.cases and plan.suite == name
 
@@ -162,9 +168,9 @@ def test_bad_settings_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
     [
         ('[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\n', "[[grid]] 1: missing keys ['batch_sizes']"),
         (
-            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nprocs = 2\n',
-            "[[grid]] 1: unknown keys ['procs']; allowed: ['batch_sizes', 'device', 'dtype', 'models', 'phase', "
-            "'runtimes', 'seq_lens', 'workers']",
+            '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nnodes = 2\n',
+            "[[grid]] 1: unknown keys ['nodes']; allowed: ['batch_sizes', 'device', 'dtype', 'models', 'phase', "
+            "'procs', 'runtimes', 'scaling', 'seq_lens', 'workers']",
         ),
         (
             '[[grid]]\nmodels = ["mlp"]\nruntimes = ["torch:eager"]\nbatch_sizes = [1]\nphase = 1\n',

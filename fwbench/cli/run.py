@@ -40,7 +40,7 @@ from fwbench.report.table import make_console, print_results
 from fwbench.report.tensorboard import write_cell
 from fwbench.runner.estimate import estimate_cell_s, format_estimate
 from fwbench.runner.manager import CellOutcome, Listener, execute
-from fwbench.runner.planner import PlanChoices, check_threads_fit, resolve_plan
+from fwbench.runner.planner import PlanChoices, check_plan_fits, resolve_plan
 from fwbench.runner.progress import sweep_progress
 from fwbench.runner.ray_executor import START_LINE, RayExecutor, execute_on_ray
 from fwbench.spec import (
@@ -88,9 +88,11 @@ SETTINGS_FLAGS = {
     "skip_corrupt": "skip_corrupt",
     "fit_source": "fit_source",
     "fit_workers": "fit_workers",
+    "rank_threads": "rank_threads",
 }
 GRID_FLAGS = (
-    "suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "workers", "phase", "dtype", "device",
+    "suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "workers", "procs", "scaling", "phase",
+    "dtype", "device",
 )  # fmt: skip
 
 
@@ -117,6 +119,16 @@ def add_parser(commands: Any) -> None:
         "--workers",
         help="--phase data: comma-separated loader worker counts, e.g. 0,1,2 (0: the loader's own process; "
         "tf.data: parallel map calls, 0 = AUTOTUNE); default 0",
+    )
+    grid.add_argument(
+        "--procs",
+        help="data-parallel runtimes (torch:ddp, ...; --phase training): comma-separated process counts, e.g. 1,2; "
+        "a cell runs as N cooperating processes on disjoint cores, rendezvous on 127.0.0.1 (docs/distributed.md)",
+    )
+    grid.add_argument(
+        "--scaling",
+        help="with --procs: weak (default: --batch-sizes is each process's batch, the global batch N × it), strong "
+        "(--batch-sizes is the global batch, split evenly), or weak,strong",
     )
     grid.add_argument(
         "--phase",
@@ -177,6 +189,12 @@ def add_parser(commands: Any) -> None:
         f"{environment.physical_core_count()})",
     )
     timing.add_argument("--interop-threads", type=positive_int, help="inter-op threads (default 1)")
+    timing.add_argument(
+        "--rank-threads",
+        type=positive_int,
+        help="--procs: threads of each process (a cell of N processes uses N × this many cores); default: --threads "
+        "is the cell's total, split evenly over its processes",
+    )
     timing.add_argument(
         "--warmup", type=positive_int, metavar="CALLS", help="untimed calls after the first call (default 2, minimum 2)"
     )
@@ -350,6 +368,8 @@ def plan_choices(args: argparse.Namespace, defaults: Mapping[str, Any] | None = 
         batch_sizes=args.batch_sizes,
         seq_lens=args.seq_lens,
         workers=getattr(args, "workers", None),
+        procs=getattr(args, "procs", None),
+        scaling=getattr(args, "scaling", None),
         phase=args.phase,
         dtype=args.dtype,
         device=args.device,
@@ -427,7 +447,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         store = Store.open(args.db, create=False)
         record = resolve_run(store, args.resume, args.db, "--resume")
         plan, run_id = record.planned, record.id
-        check_threads_fit(plan.settings)
+        check_plan_fits(plan)
         check_dataset(plan)
         executor = connect_executor(args)
     else:

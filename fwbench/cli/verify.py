@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fwbench.cli.common import given, positive_float, positive_int, resolve_run, run_id
-from fwbench.frameworks import get_runtime, phase_unsupported, runtimes
+from fwbench.frameworks import distributed_runtimes, get_runtime, phase_unsupported, runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
@@ -77,6 +78,13 @@ def add_parser(commands: Any) -> None:
     )
     verify.add_argument("--optimizer", choices=OPTIMIZER_KINDS, help="--phase training: default adamw")
     verify.add_argument(
+        "--procs",
+        type=positive_int,
+        help="--phase training, data-parallel runtimes: also take the steps as N processes, each on its rows of the "
+        "same global batch (--batch-size, split evenly), and compare with the runtime's 1-process run; each process "
+        "gets --threads / N threads, the 1-process run as many",
+    )
+    verify.add_argument(
         "--db",
         metavar="PATH",
         help="--phase training with --run: mark the run's training cells "
@@ -93,7 +101,7 @@ def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: l
     for name in runtime_names:
         get_runtime(name)
     if args.phase != "training":
-        training_only = given(args, ["steps", "optimizer", "db", "run"])
+        training_only = given(args, ["steps", "optimizer", "db", "run", "procs"])
         if training_only:
             raise SpecError(f"{', '.join(training_only)}: only with --phase training")
     else:
@@ -106,6 +114,7 @@ def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: l
             if lacking:
                 with_training = [n for n, r in runtimes().items() if "training" in r.phases]
                 raise SpecError(f"--phase training: {lacking}; runtimes with training: {', '.join(with_training)}")
+        _check_procs(args, models, runtime_names)
     if args.weights is not None:
         if len(models) != 1:
             raise SpecError("--weights holds one model's weights: give exactly one model")
@@ -121,6 +130,31 @@ def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: l
             raise SpecError(problem)
 
 
+def _check_procs(args: argparse.Namespace, models: list[str], runtime_names: list[str]) -> None:
+    """Refuse --procs with a runtime of one process, a data-parallel runtime without it, a batch it does not divide,
+    or more processes than CPUs."""
+    several = [name for name in runtime_names if get_runtime(name).distributed]
+    single = [name for name in runtime_names if not get_runtime(name).distributed]
+    if args.procs is None:
+        if several:
+            raise SpecError(f"{', '.join(several)} runs as several processes: give --procs (e.g. --procs 2)")
+        return
+    if single:
+        raise SpecError(
+            f"--procs compares data-parallel runtimes ({', '.join(distributed_runtimes())}); "
+            f"{', '.join(single)} runs as one process"
+        )
+    if args.procs < 2:
+        raise SpecError(f"--procs {args.procs}: give 2 or more (the processes are compared with 1)")
+    for name in models:
+        batch = args.batch_size or get_model(name).parity_shape()[0]
+        if batch % args.procs:
+            raise SpecError(f"--procs {args.procs} does not divide {name}'s global batch {batch} (--batch-size)")
+    usable = len(os.sched_getaffinity(0))
+    if args.procs > usable:
+        raise SpecError(f"--procs {args.procs} needs a CPU each; this process may use {usable}")
+
+
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     models = parse_names("--models", args.models)
     runtime_names = parse_names("--runtimes", args.runtimes)
@@ -132,6 +166,8 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed=args.seed,
     )
     check_threads_fit(settings)
+    if getattr(args, "procs", None):  # every process gets as many threads, the 1-process run too
+        settings = dataclasses.replace(settings, rank_threads=max(1, settings.threads // args.procs))
     if args.phase == "training":
         return _verify_training(args, models, runtime_names, settings)
     checks: list[OutputCheck] = []
@@ -172,6 +208,7 @@ def _verify_training(args: argparse.Namespace, models: list[str], runtime_names:
                 args.weights,
                 args.dump,
                 dtype=args.dtype,
+                procs=args.procs,
             ):
                 checks.append((name, check))
                 if store is not None and run_number is not None and not check.passed:
@@ -180,7 +217,9 @@ def _verify_training(args: argparse.Namespace, models: list[str], runtime_names:
                         name,
                         check.runtime,
                         "training",
-                        f"fwbench verify --phase training ({steps} steps): {check.failure()}",
+                        f"fwbench verify --phase training ({steps} steps"
+                        f"{'' if check.procs is None else f', {check.procs} processes'}): {check.failure()}",
+                        procs=check.procs if check.procs is not None and check.procs > 1 else None,
                     )
     finally:
         if store is not None:

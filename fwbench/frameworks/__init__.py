@@ -61,6 +61,14 @@ class RuntimeInfo:
     # ``artefact_suffix`` when that is set); empty: the runtime writes none.
     artefact: str = ""
     artefact_suffix: str = ""
+    # A data-parallel runtime: how its processes cooperate (launcher, collectives); its cells run as ``Case.procs``
+    # processes (--procs), and only such runtimes do. Empty: a runtime of one process.
+    distributed: str = ""
+    # A data-parallel runtime whose batch norm normalises over the global batch (synchronised statistics), so its N
+    # processes take the 1-process step for ResNet too; False: each process's rows are normalised on their own.
+    global_batch_norm: bool = False
+    # Why the runtime cannot run anywhere today (listed by ``fwbench list`` with this reason, refused in a plan).
+    unavailable: str = ""
 
     @property
     def framework(self) -> str:
@@ -111,6 +119,9 @@ def _builtin(
     artefact_suffix: str = "",
     data: str = "",
     fit_loader: str = "",
+    distributed: str = "",
+    global_batch_norm: bool = False,
+    unavailable: str = "",
 ) -> None:
     """A built-in runtime; ``training`` (what one timed training call is) gives it phase training, ``fit``
     (the loop it runs) phase fit; ``inference=False`` for a runtime that only trains. Built-in backends compute
@@ -144,6 +155,9 @@ def _builtin(
             artefact=artefact,
             artefact_suffix=artefact_suffix,
             fit_loader=fit_loader,
+            distributed=distributed,
+            global_batch_norm=global_batch_norm,
+            unavailable=unavailable,
         )
     )
 
@@ -151,6 +165,11 @@ def _builtin(
 def phase_unsupported(info: RuntimeInfo, phase: str) -> str | None:
     """None when the runtime implements ``phase``, else why not."""
     return None if phase in info.phases else f"{info.name} has no {phase} phase yet"
+
+
+def distributed_runtimes() -> tuple[str, ...]:
+    """The data-parallel runtimes (those whose cells run as several processes), in registry order."""
+    return tuple(name for name, info in runtimes().items() if info.distributed and not info.unavailable)
 
 
 def dtype_unsupported(info: RuntimeInfo, phase: str, dtype: str) -> str | None:
@@ -399,6 +418,94 @@ _builtin(
     startup_s=6.0,
 )
 
+DDP_TRAINING = (
+    "each process: zero_grad, forward + loss on its rows of the global batch, loss.backward() (DDP all-reduces "
+    "the gradients in buckets as they are computed, averaging them), torch.optim step; the loss's weight sum is the "
+    "global batch's (one all-reduce of [Σw·CE, Σw] per step), so N processes take the 1-process step"
+)
+_builtin(
+    "torch",
+    "ddp",
+    ("torch",),
+    "data-parallel training: torch.distributed + DistributedDataParallel, eager (phase training only; --procs)",
+    training=DDP_TRAINING + "; eager",
+    inference=False,
+    distributed="N worker processes on disjoint cores; torch.distributed process group (gloo on CPU, nccl on CUDA) "
+    "over a FileStore rendezvous in a temporary folder (nothing listens but gloo's pair sockets, bound to the "
+    "loopback interface: GLOO_SOCKET_IFNAME=lo); DistributedDataParallel with its default 25 MiB buckets",
+    dtypes=("fp32", "bf16"),
+)
+_builtin(
+    "torch",
+    "ddp-compile",
+    ("torch",),
+    "torch:ddp with the DDP-wrapped model under torch.compile (phase training only; --procs)",
+    training=DDP_TRAINING + "; forward + loss under torch.compile(mode from --compile-mode; DDPOptimizer splits the "
+    "graph at bucket boundaries so the all-reduces overlap the backward), the optimizer step compiled by its own "
+    "torch.compile",
+    inference=False,
+    distributed="as torch:ddp",
+    dtypes=("fp32", "bf16"),
+    compile_s=40.0,
+)
+_builtin(
+    "jax",
+    "distributed",
+    ("jax",),
+    "data-parallel training: multi-controller JAX, jax.distributed + a sharded jit (phase training only; --procs)",
+    training="one jax.jit of the jax:jit step over a mesh of every process's device: the global batch sharded "
+    "along it (each process gives its rows), parameters, optimizer state and batch-norm state replicated; the loss "
+    "is the global batch's, so XLA's partitioner inserts the gradient all-reduces (GSPMD, no explicit psum) and "
+    "batch norm's statistics are the global batch's",
+    inference=False,
+    distributed="N worker processes on disjoint cores; jax.distributed.initialize with the coordinator bound to "
+    "127.0.0.1 (coordinator_bind_address) and gloo CPU collectives on 127.0.0.1 (jaxlib's gloo factory given the "
+    "address)",
+    global_batch_norm=True,
+    compile_s=1.0,
+)
+_builtin(
+    "tensorflow",
+    "multiworker",
+    ("tensorflow",),
+    "data-parallel training: tf.distribute.MultiWorkerMirroredStrategy, RING collectives, a custom loop "
+    "(phase training only; --procs)",
+    training="one tf.function: strategy.run of the replica step on the worker's rows (the global weight sum "
+    "all-reduced, forward + loss under tf.GradientTape, the gradients all-reduced (SUM) in one call, the global "
+    "loss), then a Keras 3 optimizer's apply_gradients on the worker's variables",
+    inference=False,
+    distributed="N worker processes on disjoint cores; TF_CONFIG built by fwbench (workers at 127.0.0.1 on free "
+    "ports); TensorFlow's gRPC servers bind every interface (0.0.0.0, not configurable)",
+    startup_s=5.5,
+    compile_s=1.0,
+)
+_builtin(
+    "keras",
+    "jax-dataparallel",
+    ("keras", "jax"),
+    "data-parallel training: Keras 3 keras.distribution.DataParallel on the JAX backend, one process per device "
+    "(phase training only; --procs)",
+    training=KERAS_TRAINING + "the keras:jax step under a DataParallel distribution: variables replicated, "
+    "train_on_batch given the process's rows, which Keras makes the global batch; XLA all-reduces the gradients",
+    inference=False,
+    distributed="N worker processes on disjoint cores; joined as jax:distributed (coordinator and gloo on 127.0.0.1), "
+    "then keras.distribution.set_distribution(DataParallel(list_devices(), auto_shard_dataset=False))",
+    global_batch_norm=True,
+    extras=("keras", "jax"),
+    startup_s=6.0,
+    compile_s=1.0,
+)
+_builtin(
+    "horovod",
+    "torch",
+    ("horovod",),
+    "Horovod's ring all-reduce over torch (listed for completeness)",
+    training="hvd.DistributedOptimizer around torch.optim",
+    inference=False,
+    distributed="horovodrun",
+    unavailable="Horovod's last release (0.28.1, 2023) does not build against torch 2.13, TensorFlow 2.21 or "
+    "current compilers; torch:ddp and tensorflow:multiworker run the same ring all-reduce",
+)
 LOADER_DESCRIPTION = "an input pipeline (phase data only): one timed call is the next batch out of the loader"
 LOADER_NOTE = (
     "its worker processes inherit the cell worker's CPU affinity (its --threads cores) and share them, none "
@@ -473,7 +580,10 @@ def get_runtime(name: str) -> RuntimeInfo:
 
 
 def missing_requirement(info: RuntimeInfo) -> str | None:
-    """None when the runtime's packages are installed, else why it cannot run (nothing imported)."""
+    """None when the runtime's packages are installed, else why it cannot run (nothing imported); a runtime that
+    cannot run anywhere today says why (``unavailable``)."""
+    if info.unavailable:
+        return f"not available: {info.unavailable}"
     for package in info.requires:
         if importlib.util.find_spec(package) is None:
             return f"{package} is not installed ({info.install_hint})"

@@ -399,6 +399,13 @@ class Backend(ABC):
         (read it with :meth:`loss_value`). Tracing and compilation happen at the first call."""
         raise NotImplementedError(f"{self.framework}:{self.mode} has no training phase yet")
 
+    def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
+        """A distributed runtime, after its timed steps: the seconds of ``repeats`` bare all-reduces (sum) of
+        ``elements`` float32 values across the cell's processes (each started together after a barrier), through
+        the collectives its training step uses: what communicating one step's gradients costs without the
+        step."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} runs in one process")
+
     def loss_value(self, loss: object) -> float:
         """A loss the train step returned, as a Python float (outside the timed call)."""
         return float(loss)  # type: ignore[arg-type]

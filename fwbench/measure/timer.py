@@ -20,6 +20,7 @@ import time
 import timeit
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fwbench.measure.stats import relative_half_width
 
@@ -103,7 +104,14 @@ def run_hf2019(step: Step) -> TimingResult:
     )
 
 
-def calibrate_block(timer: timeit.Timer, min_block_s: float, budget_s: float) -> tuple[int, float]:
+class BlockTimer(Protocol):
+    """What the calibration rule times blocks with: a ``timeit.Timer``, or the manager's timer of a rank set."""
+
+    def timeit(self, number: int) -> float:
+        """Seconds of one block of ``number`` calls."""
+
+
+def calibrate_block(timer: BlockTimer, min_block_s: float, budget_s: float) -> tuple[int, float]:
     """The smallest power-of-two call count whose block lasts ``min_block_s``, and that block's time.
 
     A block that reaches ``min_block_s`` is timed twice (when cheap) and the faster time decides,

@@ -141,6 +141,11 @@ class ModelDescription(ABC):
         """How many canonical tensors an optimizer updates: all but the frozen ones and the running statistics."""
         return len(self.param_schema()) - len(self.frozen_in_training()) - len(self.running_statistics())
 
+    def trained_element_count(self) -> int:
+        """Elements of the tensors an optimizer updates (the gradients one data-parallel step all-reduces)."""
+        skipped = {*self.frozen_in_training(), *self.running_statistics()}
+        return sum(math.prod(p.shape) for p in self.param_schema() if p.name not in skipped)
+
     def parameter_count(self) -> int:
         """Learnable parameters (buffers such as batch-norm running statistics excluded)."""
         running = set(self.running_statistics())

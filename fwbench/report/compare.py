@@ -1,6 +1,7 @@
 """Comparing two stored runs (``fwbench compare RUN_A RUN_B``), e.g. to gate a CI job on regressions.
 
-Cells match by (model, runtime, phase, batch size, sequence length, dtype, device, loader workers). Per matched cell:
+Cells match by (model, runtime, phase, batch size, sequence length, dtype, device, loader workers, processes and
+scaling). Per matched cell:
 the time ratio B/A of the two cells' round-level estimates (> 1: B is slower), its 95% CI and two-sided p-value
 from the rounds of both runs (Student-t, Welch; :mod:`fwbench.measure.rounds`), Holm-adjusted over every cell
 both runs completed with a p-value. The CI counts the variation between worker processes, so two runs of the
@@ -32,7 +33,7 @@ from fwbench.report.table import TableData, plain, ratio_text
 from fwbench.report.units import format_seconds_noise, second_axis_text, short_id
 from fwbench.store import ResultRecord, RunRecord
 
-COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
+COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "workers", "procs", "scaling")
 DEFAULT_THRESHOLD = 0.05
 Verdict = Literal["regression", "improvement", "within threshold", "not significant", "broken", "fixed", "not ok"]
 SETTINGS_KEYS = (
@@ -80,6 +81,8 @@ class CellChange:
     significant: bool
     verdict: Verdict
     workers: int | None = None  # phase data: the loaders' worker count
+    procs: int | None = None  # a distributed cell's processes
+    scaling: str | None = None  # and its batch semantics
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,8 @@ def compare_results(
             r.batch_size,
             -1 if r.seq_len is None else r.seq_len,
             -1 if r.workers is None else r.workers,
+            r.scaling or "",
+            -1 if r.procs is None else r.procs,
         ),
     )
     pairs = [(by_key_b[cell_key(row, COMPARE_KEY)], row) for row in ordered if cell_key(row, COMPARE_KEY) in by_key_b]
@@ -213,6 +218,8 @@ def compare_results(
                 dtype=a.dtype,
                 device=a.device,
                 workers=a.workers,
+                procs=a.procs,
+                scaling=a.scaling,
                 status_a=a.status,
                 status_b=b.status,
                 reason_a=a.reason,
@@ -390,7 +397,7 @@ def comparison_tables(comparison: RunComparison, label_a: str, label_b: str) -> 
                 escape(c.runtime),
                 *(escape(str(getattr(c, key))) for key, _ in varying),
                 str(c.batch_size),
-                second_axis_text(c.seq_len, c.workers),
+                second_axis_text(c.seq_len, c.workers, c.procs, c.scaling),
                 format_seconds_noise(c.median_a_s, None, None)
                 if c.median_a_s is not None
                 else f"N/A {escape(c.status_a)}",
@@ -431,7 +438,7 @@ def comparison_tables(comparison: RunComparison, label_a: str, label_b: str) -> 
                     [escape(str(getattr(row, k))) if getattr(row, k) is not None else "—" for k in COMPARE_KEY[:3]]
                     + [
                         str(row.batch_size),
-                        second_axis_text(row.seq_len, row.workers),
+                        second_axis_text(row.seq_len, row.workers, row.procs, row.scaling),
                         escape(row.dtype),
                         escape(row.device),
                         escape(row.status),

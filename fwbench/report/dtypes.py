@@ -17,7 +17,9 @@ from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord
 
 NOT_CHECKED = float("nan")  # an error column without a parity check (None is a failed one, as in parity_by_pair)
-MATCH_FIELDS = ("run_id", "hardware_id", "model", "runtime", "phase", "batch_size", "seq_len", "workers", "device")
+MATCH_FIELDS = (
+    "run_id", "hardware_id", "model", "runtime", "phase", "batch_size", "seq_len", "workers", "procs", "scaling", "device",
+)  # fmt: skip
 HEADERS = [
     "model", "runtime", "phase", "batch", "seq", "dtype", "fp32 median", "median", "speed-up vs fp32 (95% CI)",
     "error", "fp32 error", "limit",

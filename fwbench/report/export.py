@@ -25,6 +25,8 @@ CSV_COLUMNS = (
     "batch_size",
     "seq_len",
     "workers",
+    "procs",
+    "scaling",
     "dtype",
     "device",
     "status",
@@ -104,8 +106,9 @@ def to_csv(results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     return out.getvalue()
 
 
-SPLIT_FIELDS = ("run_id", "hardware_id", "phase", "dtype", "device")  # named in a sheet's file name when they vary
-SPLIT_PREFIXES = {"run_id": "run", "hardware_id": "machine"}
+# named in a sheet's file name when they vary (a distributed cell's processes and scaling: one sheet each)
+SPLIT_FIELDS = ("run_id", "hardware_id", "phase", "dtype", "device", "procs", "scaling")
+SPLIT_PREFIXES = {"run_id": "run", "hardware_id": "machine", "procs": "p"}
 NOT_AVAILABLE = "N/A"
 LONG_CSV_NAME = "results.csv"
 
@@ -137,6 +140,7 @@ def spreadsheet_tables(results: Sequence[ResultRecord]) -> dict[str, list[list[s
         suffix = "".join(
             f"_{SPLIT_PREFIXES.get(name, '')}{_file_part(short_id(values[name]) if name == 'hardware_id' else values[name])}"
             for name in varying
+            if values[name] is not None  # a cell of one process among distributed ones: no process suffix
         )
         for runtime in dict.fromkeys(row.runtime for row in rows):
             cells = {(row.batch_size, getattr(row, second)): row for row in rows if row.runtime == runtime}

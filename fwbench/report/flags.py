@@ -13,7 +13,8 @@ NOISY = "noisy"
 PARITY_FAILED = "✗"
 NOT_CHECKED = "—"
 
-ParityKey = tuple[int, str, str, str, str]  # (run, model, runtime, dtype, device): cells that share one check
+# (run, model, runtime, dtype, device, processes): cells that share one check
+ParityKey = tuple[int, str, str, str, str, int | None]
 
 
 def rel_half_width(row: ResultRecord) -> float | None:
@@ -62,8 +63,8 @@ def bf16_units_flag(row: ResultRecord) -> list[str]:
 
 
 def parity_key(row: ResultRecord) -> ParityKey:
-    """The cells one parity check covers: same run, model, runtime, dtype and device."""
-    return row.run_id, row.model, row.runtime, row.dtype, row.device
+    """The cells one parity check covers: same run, model, runtime, dtype, device and process count."""
+    return row.run_id, row.model, row.runtime, row.dtype, row.device, row.procs
 
 
 def parity_by_pair(results: Sequence[ResultRecord]) -> dict[ParityKey, float | None]:
@@ -97,7 +98,7 @@ def parity_mark(row: ResultRecord, parity: dict[ParityKey, float | None]) -> str
 PRECISION_OUTLIER_RATIO = {"bf16": 4.0, "fp32": 100.0}
 
 
-PrecisionKey = tuple[int, str, str, str, str, str]  # (run, model, runtime, dtype, device, phase)
+PrecisionKey = tuple[int, str, str, str, str, int | None, str]  # (*ParityKey, phase)
 K = TypeVar("K")
 
 

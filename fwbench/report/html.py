@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
-from fwbench.report import dtypes
+from fwbench.report import dtypes, scaling
 from fwbench.report.flags import (
     NOISY_REL_CI,
     cell_flags,
@@ -62,12 +62,14 @@ from fwbench.report.units import (
     format_gflops,
     format_seconds,
     format_seconds_noise,
+    procs_text,
     short_id,
 )
 from fwbench.spec import shape_text
 from fwbench.store import ResultRecord, RunRecord
 
-PLOT_GROUP_FIELDS = ("run_id", "hardware_id", "model", "phase", "dtype", "device")  # one plot section per group
+# one plot section per group (a distributed cell's processes and scaling: a section each)
+PLOT_GROUP_FIELDS = ("run_id", "hardware_id", "model", "phase", "dtype", "device", "procs", "scaling")
 MAX_PLOT_GROUPS = 24  # groups that get plots; every cell stays in the tables
 MAX_LINE_PANELS = 6  # latency/memory panels per group (values of the axis that is not x)
 MAX_ANNOTATED_CELLS = 96  # a heat map with more cells shows colours only
@@ -380,7 +382,7 @@ def _cell_label(row: ResultRecord, multi_run: bool) -> list[str]:
     return ([esc(row.run_id)] if multi_run else []) + [
         esc(row.model),
         esc(row.runtime),
-        esc(shape_text(row.batch_size, row.seq_len, row.workers)),
+        esc(shape_text(row.batch_size, row.seq_len, row.workers, row.procs, row.scaling)),
     ]
 
 
@@ -468,7 +470,7 @@ def _grouped(
     groups: dict[tuple[Any, ...], list[str]] = {}
     for r in rows:
         groups.setdefault((r.run_id, r.model, r.runtime, *what(r)), []).append(
-            shape_text(r.batch_size, r.seq_len, r.workers)
+            shape_text(r.batch_size, r.seq_len, r.workers, r.procs, r.scaling)
         )
     table = [
         ([esc(key[0])] if multi_run else []) + [esc(k) for k in key[1:]] + [str(len(shapes)), esc(", ".join(shapes))]
@@ -656,6 +658,7 @@ def results_section(
     first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
     precision = precision_flags(results)
     workers = any(r.workers is not None for r in results)  # phase data: the loaders' worker count
+    procs = any(r.procs is not None for r in results)  # distributed cells: processes and scaling
     headers = [
         "run",
         "model",
@@ -664,6 +667,7 @@ def results_section(
         "batch",
         "seq",
         *(["workers"] if workers else []),
+        *(["procs"] if procs else []),
         "dtype",
         "device",
         "status",
@@ -703,6 +707,7 @@ def results_section(
                 esc(r.batch_size),
                 esc(r.seq_len),
                 *([esc(r.workers)] if workers else []),
+                *([esc(procs_text(r.procs, r.scaling))] if procs else []),
                 esc(r.dtype),
                 esc(r.device),
                 esc(r.status) if ok else f"<b>{esc(r.status)}</b>",
@@ -720,7 +725,7 @@ def results_section(
             ]
         )
         classes.append("" if ok and not is_noisy(r) else ("noisy" if ok else "bad"))
-    extra = int(workers)  # the workers column shifts the ones after it
+    extra = int(workers) + int(procs)  # the workers and procs columns shift the ones after them
     numeric = [0, 4, 5, *range(6, 6 + extra), *range(9 + extra, len(headers) - 1)]  # from the median on, but the note
     peak_note = (
         ""
@@ -775,18 +780,31 @@ def _header(
     )
 
 
+def _extra_section(
+    anchor: str, title: str, headers: Sequence[str], right: frozenset[str], rows: list[list[str]], legend: str
+) -> str:
+    """A section of one extra table (plain cells, escaped here) with its legend; empty without rows. Numeric
+    columns: those in ``right`` and the ratio columns (speed-up, efficiency)."""
+    if not rows:
+        return ""
+    numeric = [i for i, h in enumerate(headers) if h in right or h.startswith(("speed-up", "efficiency"))]
+    return (
+        f'<section id="{anchor}"><h2>{esc(title)}</h2>'
+        + _table(list(headers), [[esc(cell) for cell in row] for row in rows], numeric=numeric, css=anchor)
+        + f"<p class=small>{esc(legend)}</p></section>"
+    )
+
+
 def reduced_precision_section(results: Sequence[ResultRecord]) -> str:
     """bf16 / int8 cells beside the same runtime's fp32 cells (:mod:`fwbench.report.dtypes`); empty without any."""
-    items = dtypes.dtype_comparisons(results)
-    if not items:
-        return ""
-    rows = [[esc(cell) for cell in dtypes.dtype_cells(item, markup=False)] for item in items]
-    numeric = [i for i, header in enumerate(dtypes.HEADERS) if header in dtypes.RIGHT or header.startswith("speed-up")]
-    return (
-        f'<section id="reduced-precision"><h2>{esc(dtypes.TITLE)}</h2>'
-        + _table(dtypes.HEADERS, rows, numeric=numeric, css="reduced")
-        + f"<p class=small>{esc(dtypes.LEGEND)}</p></section>"
-    )
+    rows = [dtypes.dtype_cells(item, markup=False) for item in dtypes.dtype_comparisons(results)]
+    return _extra_section("reduced-precision", dtypes.TITLE, dtypes.HEADERS, dtypes.RIGHT, rows, dtypes.LEGEND)
+
+
+def scaling_section(results: Sequence[ResultRecord]) -> str:
+    """Data-parallel cells against their 1-process cells (:mod:`fwbench.report.scaling`); empty without any."""
+    rows = [scaling.scaling_cells(item, markup=False) for item in scaling.scaling_rows(results)]
+    return _extra_section("scaling", scaling.TITLE, scaling.HEADERS, scaling.RIGHT, rows, scaling.LEGEND)
 
 
 def models_section(results: Sequence[ResultRecord], comparisons: Sequence[GroupedPair], baseline: str | None) -> str:
@@ -796,7 +814,10 @@ def models_section(results: Sequence[ResultRecord], comparisons: Sequence[Groupe
     by_pair: dict[tuple[Any, ...], list[CellComparison]] = {}
     for pair in comparisons:
         for cell in pair.cells:
-            key = (cell.run_id, cell.hardware_id, cell.model, cell.phase, cell.dtype, cell.device, cell.runtime)
+            key = (
+                cell.run_id, cell.hardware_id, cell.model, cell.phase, cell.dtype, cell.device, cell.procs,
+                cell.scaling, cell.runtime,
+            )  # fmt: skip
             by_pair.setdefault(key, []).append(cell)
     multi_run = len({key[0] for key in groups}) > 1
     multi_machine = len({key[1] for key in groups}) > 1
@@ -806,19 +827,17 @@ def models_section(results: Sequence[ResultRecord], comparisons: Sequence[Groupe
             f"<p><b>Plots for the first {MAX_PLOT_GROUPS} of {len(groups)} model groups</b> (run, model, "
             "phase, dtype, device); the summary above and the tables below cover every cell.</p>"
         )
-    for index, ((run_id, hardware_id, model, phase, dtype, device), rows) in enumerate(groups.items()):
+    for index, (group, rows) in enumerate(groups.items()):
         if index >= MAX_PLOT_GROUPS:
             break
+        run_id, hardware_id, model, phase, dtype, device, procs, scaling = group
         scope = ("run " + str(run_id) + ", " if multi_run else "") + (
             f"machine {short_id(hardware_id)}, " if multi_machine else ""
         )
-        title = f"{model} ({scope}{phase}, {dtype}, {device})"
+        processes = "" if procs is None else f", {procs} processes {scaling}"
+        title = f"{model} ({scope}{phase}, {dtype}, {device}{processes})"
         parts.append(f"<h3>{esc(title)}</h3>")
-        pairs = [
-            (rt, by_pair[(run_id, hardware_id, model, phase, dtype, device, rt)])
-            for rt in runtimes_in(rows)
-            if rt != baseline and (run_id, hardware_id, model, phase, dtype, device, rt) in by_pair
-        ]
+        pairs = [(rt, by_pair[(*group, rt)]) for rt in runtimes_in(rows) if rt != baseline and (*group, rt) in by_pair]
         if pairs and baseline is not None:
             summaries = [
                 GroupedPair(run_id, hardware_id, phase, dtype, device, cells, pair_summary(cells, baseline, rt))
@@ -860,6 +879,7 @@ def to_html(
             _header(runs, results, baseline, source),
             summary_section(comparisons, baseline, results),
             reduced_precision_section(results),
+            scaling_section(results),
             flags_section(results, multi_run),
             models_section(results, comparisons, baseline),
             parity_section(results, multi_run),

@@ -13,10 +13,10 @@ from rich.markup import escape
 from fwbench.report.summary import cell_key, machine_labels
 from fwbench.report.table import RIGHT_COLUMNS, TableData, median_cell
 from fwbench.report.throughput import format_rate, rates
-from fwbench.report.units import short_id
+from fwbench.report.units import second_axis_text, short_id
 from fwbench.store import ResultRecord
 
-CELL_FIELDS = ("model", "runtime", "phase", "batch_size", "seq_len", "workers", "dtype", "device")
+CELL_FIELDS = ("model", "runtime", "phase", "batch_size", "seq_len", "workers", "dtype", "device", "procs", "scaling")
 
 
 def _order(cell: tuple[Any, ...], runtimes: dict[str, int]) -> tuple[Any, ...]:
@@ -29,6 +29,8 @@ def _order(cell: tuple[Any, ...], runtimes: dict[str, int]) -> tuple[Any, ...]:
         values["batch_size"],
         -1 if values["seq_len"] is None else values["seq_len"],
         -1 if values["workers"] is None else values["workers"],
+        values["scaling"] or "",
+        -1 if values["procs"] is None else values["procs"],
         runtimes[values["runtime"]],
     )
 
@@ -75,7 +77,7 @@ def machine_tables(results: Sequence[ResultRecord]) -> tuple[list[TableData], li
                 escape(first.runtime),
                 escape(first.phase),
                 str(first.batch_size),
-                "—" if first.seq_len is None else str(first.seq_len),
+                second_axis_text(first.seq_len, first.workers, first.procs, first.scaling),
                 escape(first.dtype),
                 escape(first.device),
             ]

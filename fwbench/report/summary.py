@@ -4,7 +4,7 @@ summary per runtime pair. Framework-free; statistics with scipy.
 Semantics (each is tested):
 
 - Cells match across runtimes by ``(run_id, hardware_id, model, phase, batch_size, seq_len, dtype, device,
-  workers)``: a ratio never mixes two runs (absolute times from different runs are not comparable), nor two
+  workers, procs, scaling)``: a ratio never mixes two runs (absolute times from different runs are not comparable), nor two
   machines (a run spread over several, ``--executor ray`` or merged shards, is compared machine by machine).
 - Speed-up of runtime R over baseline B in one cell (> 1: R is faster), from :mod:`fwbench.measure.rounds`:
   when both were measured interleaved in the same run and group, from their *paired* blocks (same round, same
@@ -37,7 +37,9 @@ ALPHA = 0.05  # family-wise error rate of the per-pair significance claims
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-KEY_FIELDS = ("run_id", "hardware_id", "model", "phase", "batch_size", "seq_len", "dtype", "device", "workers")
+KEY_FIELDS = (
+    "run_id", "hardware_id", "model", "phase", "batch_size", "seq_len", "dtype", "device", "workers", "procs", "scaling",
+)  # fmt: skip
 # A pair summary never pools across these; nothing is ever compared across two machines (hardware fingerprints).
 GROUP_FIELDS = ("run_id", "hardware_id", "phase", "dtype", "device")
 DEFAULT_BASELINE = "torch:eager"
@@ -77,6 +79,8 @@ class CellComparison:
     rounds: int | None = None  # rounds behind the ratio
     pairs: int | None = None  # paired blocks behind it (None: not paired)
     workers: int | None = None  # phase data: the loaders' worker count
+    procs: int | None = None  # a distributed cell's processes
+    scaling: str | None = None  # and its batch semantics (weak, strong)
     hardware_id: str | None = None  # the machine both cells ran on
 
     @property
@@ -264,6 +268,8 @@ def _comparisons(
                 dtype=base.dtype,
                 device=base.device,
                 workers=base.workers,
+                procs=base.procs,
+                scaling=base.scaling,
                 hardware_id=base.hardware_id,
                 baseline=baseline,
                 runtime=runtime,

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from fwbench.report import dtypes
+from fwbench.report import dtypes, scaling
 from fwbench.report.fit import HEADERS as FIT_HEADERS
 from fwbench.report.fit import LEGEND as FIT_LEGEND
 from fwbench.report.fit import RIGHT as FIT_RIGHT
@@ -44,6 +44,7 @@ from fwbench.report.summary import (
     CellComparison,
     GroupedPair,
     PairSummary,
+    cell_key,
     grouped_pairs,
     machine_labels,
     resolve_baseline,
@@ -57,6 +58,7 @@ from fwbench.report.units import (
     format_gflops,
     format_seconds,
     format_seconds_noise,
+    procs_text,
     short_id,
     significant_digits,
 )
@@ -223,7 +225,17 @@ def _parity_cell(row: ResultRecord, parity: dict[ParityKey, float | None]) -> st
 
 
 def _shape_key(row: ResultRecord) -> tuple[Any, ...]:
-    return (row.run_id, row.phase, row.dtype, row.device, row.batch_size, row.seq_len, row.workers)
+    return (
+        row.run_id,
+        row.phase,
+        row.dtype,
+        row.device,
+        row.batch_size,
+        row.seq_len,
+        row.workers,
+        row.procs,
+        row.scaling,
+    )
 
 
 def result_tables(
@@ -241,11 +253,7 @@ def result_tables(
         for key, label in OPTIONAL_COLUMNS
         if (key, label) not in varying and key != "hardware_id"  # one machine: the legend names it
     )
-    cells = {
-        (c.run_id, c.hardware_id, c.model, c.phase, c.batch_size, c.seq_len, c.workers, c.dtype, c.device, c.runtime): c
-        for pair in pairs
-        for c in pair.cells
-    }
+    cells = {(*cell_key(c), c.runtime): c for pair in pairs for c in pair.cells}
     # each group's baseline (a group without the report's takes its own: grouped_pairs' fallback)
     group_baselines = {(p.run_id, p.hardware_id, p.phase, p.dtype, p.device): p.baseline for p in pairs}
     groups = {key: i for i, key in enumerate(dict.fromkeys(_shape_key(r)[:4] for r in results))}
@@ -254,10 +262,12 @@ def result_tables(
     rate_headers = throughput_headers(results)
     first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
     workers = any(r.workers is not None for r in results)  # phase data: the loaders' worker count
+    procs = any(r.procs is not None for r in results)  # distributed cells: processes and scaling
     headers = [label for _, label in varying] + [
         "batch",
         "seq",
         *(["workers"] if workers else []),
+        *(["procs"] if procs else []),
         "runtime",
         "median ±95% CI",
         *([f"vs {baseline}"] if baseline else []),
@@ -288,6 +298,8 @@ def result_tables(
                 r.batch_size,
                 -1 if r.seq_len is None else r.seq_len,
                 -1 if r.workers is None else r.workers,
+                r.scaling or "",
+                -1 if r.procs is None else r.procs,
                 order[r.runtime],
             ),
         )
@@ -296,10 +308,7 @@ def result_tables(
             f"{escape(heading)} ({escape(constant)})" if constant else escape(heading), table_headers, RIGHT_COLUMNS
         )
         for index, row in enumerate(rows):
-            key = (
-                row.run_id, row.hardware_id, model, row.phase, row.batch_size, row.seq_len, row.workers, row.dtype,
-                row.device, row.runtime,
-            )  # fmt: skip
+            key = (*cell_key(row), row.runtime)
             data.rows.append(
                 [
                     *(
@@ -309,6 +318,7 @@ def result_tables(
                     str(row.batch_size),
                     "—" if row.seq_len is None else str(row.seq_len),
                     *(["—" if row.workers is None else str(row.workers)] if workers else []),
+                    *([procs_text(row.procs, row.scaling)] if procs else []),
                     escape(row.runtime),
                     median_cell(row),
                     *([speedup_cell(cells.get(key), row.runtime == table_baseline)] if baseline else []),
@@ -411,9 +421,9 @@ def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False, da
     )
     if show_rates:
         lines.append(
-            "samples/s, tokens/s (training cells): batch size (× sequence length) over the median step "
-            "time; GFLOP/s counts forward + backward (3 × the forward FLOPs); first call: the first "
-            "optimizer step, compilation included."
+            "samples/s, tokens/s (training cells): batch size (× sequence length) over the median step time (procs: a "
+            "cell of N processes counts its global batch, N × the batch in weak scaling); GFLOP/s counts forward + "
+            "backward (3 × the forward FLOPs); first call: the first optimizer step, compilation included."
         )
     if data:
         lines.append(
@@ -484,6 +494,12 @@ def report_tables(
             TableData(dtypes.TITLE, list(dtypes.HEADERS), dtypes.RIGHT, [dtypes.dtype_cells(c) for c in reduced])
         )
         lines.append(dtypes.LEGEND)
+    scaled = scaling.scaling_rows(results)
+    if scaled:  # data-parallel cells beside their 1-process cells
+        tables.append(
+            TableData(scaling.TITLE, list(scaling.HEADERS), scaling.RIGHT, [scaling.scaling_cells(c) for c in scaled])
+        )
+        lines.append(scaling.LEGEND)
     fit = overhead_tables(results)
     for table in fit:  # phase fit: high-level APIs against the manual loops
         tables.append(

@@ -58,9 +58,10 @@ def _part(value: object) -> str:
 
 
 def shape_label(row: ResultRecord) -> str:
-    """``b4_fp32_cpu``, ``b8_s128_bf16_cuda``, ``b32_w2_fp32_cpu``: the part of a cell's tags that tells its shape apart."""
+    """``b4_fp32_cpu``, ``b8_s128_bf16_cuda``, ``b32_w2_fp32_cpu``, ``b8_s128_p2weak_fp32_cpu``: the part of a cell's tags that tells its shape apart."""
     seq = "" if row.seq_len is None else f"_s{row.seq_len}"
     seq += "" if row.workers is None else f"_w{row.workers}"
+    seq += "" if row.procs is None else f"_p{row.procs}{row.scaling}"
     return f"b{row.batch_size}{seq}_{_part(row.dtype)}_{_part(row.device)}"
 
 

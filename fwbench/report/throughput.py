@@ -1,6 +1,7 @@
 """Throughput of stored cells: samples/s and, for models with a sequence axis, tokens/s.
 
-One timed call processes ``batch_size`` samples (``batch_size × seq_len`` tokens): one forward pass
+One timed call processes ``batch_size`` samples (``batch_size × seq_len`` tokens; a distributed cell: its global
+batch, every process's rows): one forward pass
 (phase inference), one optimizer step (phase training) or one batch out of a loader (phase data). Reports show it
 for training and data cells, where samples/s is the usual way to state their speed; TensorBoard gets it for every
 cell.
@@ -15,7 +16,7 @@ THROUGHPUT_PHASES = ("training", "data")  # phases whose report rows show sample
 
 def per_call(row: ResultRecord) -> tuple[int, int | None]:
     """(samples, tokens or None) one timed call of ``row`` processes."""
-    batch, seq = row.batch_size, row.seq_len
+    batch, seq = row.global_batch, row.seq_len
     return batch, None if seq is None else batch * seq
 
 

@@ -99,11 +99,18 @@ def format_seconds_noise(value: float | None, low: float | None, high: float | N
     return f"{format_significant(value / scale, significant_digits(value, half))} {unit}"
 
 
-def second_axis_text(seq_len: int | None, workers: int | None) -> str:
-    """A table's ``seq`` cell: the sequence length, ``w=N`` for a phase data cell's loader workers, else ``—``."""
-    if workers is not None:
-        return f"w={workers}"
-    return "—" if seq_len is None else str(seq_len)
+def procs_text(procs: int | None, scaling: str | None) -> str:
+    """A distributed cell's processes and scaling (``2 weak``), ``—`` for a cell of one process."""
+    return "—" if procs is None else f"{procs} {scaling}"
+
+
+def second_axis_text(
+    seq_len: int | None, workers: int | None, procs: int | None = None, scaling: str | None = None
+) -> str:
+    """A table's ``seq`` cell: the sequence length, ``w=N`` for a phase data cell's loader workers, else ``—``; a
+    distributed cell's processes and scaling after it (``128 p=2 weak``)."""
+    text = f"w={workers}" if workers is not None else "—" if seq_len is None else str(seq_len)
+    return text if procs is None else f"{text} p={procs} {scaling}"
 
 
 def short_id(record_id: str | None) -> str:

@@ -81,21 +81,29 @@ def parity_table(dtype: str, checks: Sequence[OutputCheck]) -> Table:
 def training_table(
     dtype: str, steps: int, optimizer: str, tolerance: TrainingTolerance, checks: Sequence[tuple[str, TrainingCheck]]
 ) -> Table:
-    """One row per (model, check): the loss curve and trained parameters against the first runtime's."""
+    """One row per (model, check): the loss curve and trained parameters against the first runtime's (``verify
+    --procs``: a run of N processes against the same runtime's 1-process run)."""
+    distributed = any(check.procs is not None for _, check in checks)
+    against = (
+        "the first runtime's 1-process run; N processes: the same runtime's 1 process"
+        if distributed
+        else ("the first runtime")
+    )
     table = Table(
         title=f"fwbench verify --phase training, {dtype}, {steps} {optimizer} steps "
-        f"(errors against the first runtime; limits: loss {tolerance.loss_rel:g}, parameters "
+        f"(errors against {against}; limits: loss {tolerance.loss_rel:g}, parameters "
         f"{tolerance.params_rel_l2:g}, worst tensor {tolerance.tensor_rel_l2:g})"
     )
     for column in TRAINING_COLUMNS:
         table.add_column(column)
     for model, check in checks:
+        runtime = check.runtime if check.procs is None else f"{check.runtime} ×{check.procs}"
         if check.status != "ok":
-            table.add_row(model, check.runtime, "—", "—", "—", "—", "—", _not_ok_verdict(check.status, check.reason))
+            table.add_row(model, runtime, "—", "—", "—", "—", "—", _not_ok_verdict(check.status, check.reason))
             continue
         table.add_row(
             model,
-            check.runtime,
+            runtime,
             f"{check.losses[0]:.6g}",
             f"{check.losses[-1]:.6g}",
             f"{check.loss_rel:.2e}",

@@ -168,7 +168,10 @@ class Cell:
         self.result["first_call_s"] = timer.time_first_call(step)
 
         self.stage("warmup")
-        warmup_s = timer.warm_up(step, settings.warmup_calls, settings.max_time_s, backend.compile_counters)
+        if self.job.case.procs is None:
+            warmup_s = timer.warm_up(step, settings.warmup_calls, settings.max_time_s, backend.compile_counters)
+        else:  # a distributed cell's processes step together: each takes exactly as many warm-up steps
+            warmup_s = timer.warm_up(step, settings.warmup_calls)
         self.result["warmup_calls"] = len(warmup_s)
         self.result["warmup_call_s"] = warmup_s
         if self.job.profile_to is not None:
@@ -183,6 +186,8 @@ class Cell:
         backend.reset_peak_memory()
         if self.job.interleaved:
             timing = self.serve_blocks(step)  # the manager reads the machine's counters around the round
+        elif self.job.case.procs is not None:
+            raise RuntimeError("a distributed cell's ranks step together: the manager times its blocks (interleaved)")
         else:
             totals = noise.NoiseTotals()
             wall_origin = time.time()
@@ -267,7 +272,9 @@ class Cell:
             calls = int(command.get("calls") or number)
             start_unix = time.time()
             seconds = timed.timeit(calls)
-            samples.append(seconds / calls)
+            if not command.get("calibration"):  # a rank set's calibration blocks are not samples
+                samples.append(seconds / calls)
+                number = calls  # a rank set chose the calls per block itself (the calibration above is not run)
             self.send("block", seconds=seconds, calls=calls, start_unix_s=start_unix)
         return timer.TimingResult(
             samples_s=samples,

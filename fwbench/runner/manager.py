@@ -27,13 +27,14 @@ from fwbench.runner.outcome import CellOutcome, run_worker
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import worker_cpus
 from fwbench.runner.scheduler import comparison_groups, run_group
-from fwbench.spec import Case, Plan, Settings, SkippedCase, group_key
+from fwbench.spec import Case, Plan, Settings, SkippedCase, cell_threads, group_key
 from fwbench.store import Store
 
 __all__ = ["Block", "CellOutcome", "Listener", "execute", "run_worker", "store_outcome", "worker_cpus"]
 
 Listener = Callable[[CellOutcome], None]
-Parity = dict[tuple[str, str, str, str], str]  # a run's settled parity pairs: the checking cell's key or 'mismatch'
+ParityPair = tuple[str, str, str, str, int | None]
+Parity = dict[ParityPair, str]  # a run's settled parity pairs: the checking cell's key or 'mismatch'
 Settled = list[tuple[CellOutcome, float]]  # outcomes with the wall seconds each cell took of its group's time
 
 
@@ -62,7 +63,7 @@ def store_outcome(
         status=outcome.status,
         reason=outcome.reason,
         protocol=settings.protocol,
-        threads=settings.threads,
+        threads=cell_threads(case, settings),
         interop_threads=settings.interop_threads,
         wall_s=wall_s,
         flops=cell_flops(case, settings),
@@ -76,16 +77,17 @@ def cell_flops(case: Case, settings: Settings) -> int | None:
     return phase.flops_per_call(get_model(case.model), case, settings) if phase.uses_model else None
 
 
-def parity_pair(case: Case) -> tuple[str, str, str, str]:
-    """Cells that share one parity check: same model, runtime, dtype and device."""
-    return case.model, case.runtime, case.dtype, case.device
+def parity_pair(case: Case) -> ParityPair:
+    """Cells that share one parity check: same model, runtime, dtype, device and process count (each count of a
+    distributed runtime checks that its processes together compute the global batch's loss)."""
+    return case.model, case.runtime, case.dtype, case.device, case.procs
 
 
 def stored_parity(store: Store, run_id: int) -> Parity:
     """Parity already settled in this run, by pair: the key of the cell that checked it, or 'mismatch'."""
-    settled: dict[tuple[str, str, str, str], str] = {}
+    settled: Parity = {}
     for row in store.results([run_id]):
-        pair = (row.model, row.runtime, row.dtype, row.device)
+        pair = (row.model, row.runtime, row.dtype, row.device, row.procs)
         if row.status == "mismatch":
             settled[pair] = "mismatch"
         elif row.status == "ok" and row.parity is not None and row.parity.passed:
@@ -110,9 +112,7 @@ def export_cache() -> Iterator[None]:
                 os.environ[EXPORT_CACHE_ENV] = previous
 
 
-def run_comparison_group(
-    group: Sequence[Case], settings: Settings, parity: Mapping[tuple[str, str, str, str], str]
-) -> Settled:
+def run_comparison_group(group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]) -> Settled:
     """Run one comparison group on this machine: cells whose runtime or model is not available here are
     ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch`` without running, the
     others run (:func:`fwbench.runner.scheduler.run_group`), checking parity where ``parity`` has not settled it.

@@ -10,7 +10,8 @@ import numpy as np
 
 from fwbench.measure.rounds import Block
 from fwbench.runner.messages import Job
-from fwbench.runner.process import WorkerFailure, WorkerProcess
+from fwbench.runner.process import WorkerFailure
+from fwbench.runner.rankset import start_worker
 from fwbench.spec import Case, Settings
 
 
@@ -103,7 +104,7 @@ def run_worker(
         profile_calls=profile_calls,
     )
     try:
-        with WorkerProcess(job) as worker:
+        with start_worker(job) as worker:
             result = worker.await_message({"result"}, settings.timeout_s)
             worker.wait_exit()
     except WorkerFailure as failure:

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.datasets.folders import DatasetError, default_folder, default_name, image_dataset
-from fwbench.frameworks import dtype_unsupported, fit_input_unsupported, get_runtime, phase_unsupported
+from fwbench.frameworks import (
+    distributed_runtimes,
+    dtype_unsupported,
+    fit_input_unsupported,
+    get_runtime,
+    phase_unsupported,
+)
 from fwbench.frameworks import runtimes as registered_runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
@@ -28,12 +34,14 @@ from fwbench.spec import (
     MAX_COUNT,
     RUNNABLE_DTYPES,
     RUNNABLE_PHASES,
+    SCALINGS,
     TRAINING_DTYPES,
     Case,
     Plan,
     Settings,
     SkippedCase,
     SpecError,
+    cell_threads,
 )
 from fwbench.suites import CELL_SETTINGS, DEFAULT_SUITE, Grid, Suite, load_settings_file, load_suite
 
@@ -140,6 +148,11 @@ def _check_cell_settings(grid: Grid, settings: Settings) -> None:
         )
     if grid.workers and phase != "data":
         raise SpecError(f"--workers (loader worker processes) is for phase data, not phase {phase}")
+    for scaling in grid.scaling:
+        if scaling not in SCALINGS:
+            raise SpecError(f"unknown scaling {scaling!r}; allowed: {', '.join(SCALINGS)}")
+    if grid.scaling and not grid.procs:
+        raise SpecError("--scaling is for data-parallel cells: give --procs too")
     if phase == "fit" and settings.fit_source == "memory":
         uneven = [b for b in grid.batch_sizes if settings.fit_samples % b]
         if uneven:
@@ -167,11 +180,14 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         return
     for name in grid.models:
         get_model(name)
+    _check_distributed(grid)
     for model_name, runtime, batch in itertools.product(
         _unique(grid.models), _unique(grid.runtimes), _unique(grid.batch_sizes)
     ):
         model = get_model(model_name)
         info = get_runtime(runtime)
+        if info.unavailable:
+            raise SpecError(f"runtime {runtime} is not available: {info.unavailable}")
         unsupported = phase_unsupported(info, phase) or dtype_unsupported(info, phase, dtype)
         if unsupported is None and phase == "training":
             unsupported = model.training_unsupported()
@@ -182,9 +198,50 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
-        for seq_len in lengths:
-            case = Case(model_name, runtime, phase, batch, seq_len, grid.dtype, grid.device)  # type: ignore[arg-type]
+        for seq_len, (procs, scaling) in itertools.product(lengths, _process_counts(grid, bool(info.distributed))):
+            case = Case(
+                model_name, runtime, phase, batch, seq_len, grid.dtype, grid.device,  # type: ignore[arg-type]
+                procs=procs, scaling=scaling,  # type: ignore[arg-type]
+            )  # fmt: skip
+            if procs is not None:
+                _check_processes_fit(case, settings)
             yield case, unsupported or model.supports_seq_len(seq_len)
+
+
+def _check_distributed(grid: Grid) -> None:
+    """Refuse --procs with a runtime of one process, and a data-parallel runtime without --procs."""
+    single = [name for name in _unique(grid.runtimes) if not get_runtime(name).distributed]
+    several = [name for name in _unique(grid.runtimes) if get_runtime(name).distributed]
+    if grid.procs and single:
+        raise SpecError(
+            f"--procs runs the data-parallel runtimes ({', '.join(distributed_runtimes())}); "
+            f"{', '.join(single)} runs as one process"
+        )
+    if several and not grid.procs:
+        raise SpecError(
+            f"{', '.join(several)} runs as several processes: give --procs (e.g. fwbench run --phase training "
+            "--procs 1,2)"
+        )
+
+
+def _process_counts(grid: Grid, distributed: bool) -> list[tuple[int | None, str | None]]:
+    """(process count, scaling) of each cell of a runtime: every --procs × --scaling (default weak) for a
+    data-parallel runtime, (None, None) for one of one process."""
+    if not distributed:
+        return [(None, None)]
+    return list(itertools.product(_unique(grid.procs), _unique(grid.scaling or ["weak"])))
+
+
+def _check_processes_fit(case: Case, settings: Settings) -> None:
+    """Refuse a distributed cell whose processes' threads (each on cores of its own) exceed the CPUs this process
+    may use, or whose thread budget its processes do not divide."""
+    usable = len(os.sched_getaffinity(0))
+    total = cell_threads(case, settings)
+    if total > usable:
+        raise SpecError(
+            f"--procs {case.procs} with {total // (case.procs or 1)} thread(s) each needs {total} CPUs; "
+            f"this process may use {usable}"
+        )
 
 
 def _image_model_unsupported(model_name: str) -> str | None:
@@ -251,6 +308,8 @@ class PlanChoices:
     batch_sizes: str | None = None
     seq_lens: str | None = None
     workers: str | None = None
+    procs: str | None = None
+    scaling: str | None = None
     phase: str | None = None
     dtype: str | None = None
     device: str | None = None
@@ -286,6 +345,8 @@ def resolve_plan(choices: PlanChoices) -> Plan:
         else [DATA_BATCH if data_flags else 1],
         seq_lens=parse_positive_ints("--seq-lens", choices.seq_lens) if choices.seq_lens is not None else [],
         workers=parse_worker_counts("--workers", choices.workers) if choices.workers is not None else [],
+        procs=parse_positive_ints("--procs", choices.procs) if choices.procs is not None else [],
+        scaling=parse_names("--scaling", choices.scaling) if choices.scaling is not None else [],
     )
     # A flag replaces its axis, or its cell setting, in every grid of the suite.
     grids = (
@@ -298,6 +359,8 @@ def resolve_plan(choices: PlanChoices) -> Plan:
                 runtimes=flag_grid.runtimes if choices.runtimes is not None else grid.runtimes,
                 batch_sizes=flag_grid.batch_sizes if choices.batch_sizes is not None else grid.batch_sizes,
                 seq_lens=flag_grid.seq_lens if choices.seq_lens is not None else grid.seq_lens,
+                procs=flag_grid.procs if choices.procs is not None else grid.procs,
+                scaling=flag_grid.scaling if choices.scaling is not None else grid.scaling,
             )
             for grid in suite.grids
         ]
@@ -323,6 +386,15 @@ def suite_plan(suite: Suite, threads: int) -> Plan:
     grids = [grid.with_defaults(phase=suite.phase, dtype=suite.dtype, device=suite.device) for grid in suite.grids]
     grids, settings = with_dataset(grids, settings)
     return build_grids_plan(grids, settings, suite.phase, suite.dtype, suite.device, suite.name)
+
+
+def check_plan_fits(plan: Plan) -> None:
+    """Refuse a stored plan (``--resume``) whose thread budget or distributed cells need more CPUs than this process
+    may use."""
+    check_threads_fit(plan.settings)
+    for case in plan.cases:
+        if case.procs is not None:
+            _check_processes_fit(case, plan.settings)
 
 
 def check_threads_fit(settings: Settings) -> None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -77,7 +78,9 @@ class WorkerProcess:
     With ``job.interleaved`` its stdin stays open for commands (:meth:`command`); otherwise it is closed after
     the job. :attr:`stage` is the last stage the worker reported."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, cpus: Sequence[int] | None = None, env: Mapping[str, str] | None = None) -> None:
+        """Start ``job``'s worker pinned to ``cpus`` (default: :func:`worker_cpus` of its threads) with ``env``
+        added to its environment (a rank's identity)."""
         self.job = job
         self.stage = "start"
         self.garbled = ""
@@ -87,8 +90,14 @@ class WorkerProcess:
         self._log = tempfile.TemporaryFile(prefix="fwbench-worker-")  # nameless: nothing left behind
         self._oom_kills_before = oom_kill_count()
         settings = job.settings
-        cpus = ",".join(str(cpu) for cpu in worker_cpus(settings.threads))
-        env = {**os.environ, **thread_environment(settings.threads, settings.interop_threads), "PYTHONUNBUFFERED": "1"}
+        pinned = worker_cpus(settings.threads) if cpus is None else tuple(cpus)
+        cpus_text = ",".join(str(cpu) for cpu in pinned)
+        env = {
+            **os.environ,
+            **thread_environment(settings.threads, settings.interop_threads),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
         self._read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -99,7 +108,7 @@ class WorkerProcess:
                     "--result-fd",
                     str(write_fd),
                     "--cpus",
-                    cpus,
+                    cpus_text,
                     "--manager-pid",
                     str(os.getpid()),
                 ],
@@ -128,6 +137,11 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The worker's process id (a rank set has one per rank)."""
+        return (self.proc.pid,)
+
     def _write_line(self, text: str, close: bool = False) -> None:
         assert self.proc.stdin is not None
         try:
@@ -152,21 +166,10 @@ class WorkerProcess:
         limit = self.job.settings.memory_limit_bytes
         deadline = time.monotonic() + timeout_s
         while True:
-            message = self._next_message()
+            message = self.poll(kinds)
             if message is not None:
-                kind = message.pop("type")
-                if kind == "stage":
-                    self.stage = message["stage"]
-                elif kind in kinds:
-                    return message
-                elif kind == "result":  # the cell ended (an exception it reported) while something else was due
-                    status = message.get("status") if message.get("status") in ("oom", "error", "mismatch") else "error"
-                    raise WorkerFailure(
-                        str(status), str(message.get("reason") or f"the worker ended during {self.stage}")
-                    )
-                continue
-            if not self._pipe_open and self.proc.poll() is not None:
-                raise self._death()
+                message.pop("type")
+                return message
             if time.monotonic() > deadline:
                 self.kill()
                 raise WorkerFailure(
@@ -181,8 +184,32 @@ class WorkerProcess:
                         "oom", f"resident memory {peak} B exceeded --memory-limit {limit} B during {self.stage}"
                     )
 
-    def _next_message(self) -> dict[str, Any] | None:
-        """One parsed message if a whole line is buffered or arrives within a poll interval, else None."""
+    def poll(self, kinds: set[str], wait_s: float = POLL_INTERVAL_S) -> dict[str, Any] | None:
+        """The worker's next message of one of ``kinds`` (its ``type`` kept) if one is buffered or arrives within
+        ``wait_s`` seconds, stage messages on the way updating :attr:`stage`; else None. WorkerFailure when the
+        worker has died, or reported its end (a result) while something else was due."""
+        message = self._next_message(wait_s)
+        while message is not None:
+            kind = message["type"]
+            if kind in kinds:
+                return message
+            if kind == "stage":
+                self.stage = message["stage"]
+            elif kind == "result":  # the cell ended (an exception it reported) while something else was due
+                status = message.get("status") if message.get("status") in ("oom", "error", "mismatch") else "error"
+                raise WorkerFailure(str(status), str(message.get("reason") or f"the worker ended during {self.stage}"))
+            message = self._next_message(0.0)
+        if not self._pipe_open and self.proc.poll() is not None:
+            raise self._death()
+        return None
+
+    def check_alive(self) -> None:
+        """WorkerFailure (how it ended) if the worker has exited."""
+        if self.proc.poll() is not None:
+            raise self._death()
+
+    def _next_message(self, wait_s: float = POLL_INTERVAL_S) -> dict[str, Any] | None:
+        """One parsed message if a whole line is buffered or arrives within ``wait_s`` seconds, else None."""
         while b"\n" in self._buffer:
             line, self._buffer = self._buffer.split(b"\n", 1)
             try:
@@ -193,15 +220,15 @@ class WorkerProcess:
                 pass
             self.garbled = line[:200].decode(errors="replace")
         if not self._pipe_open:
-            time.sleep(POLL_INTERVAL_S)
+            time.sleep(wait_s)
             return None
-        ready, _, _ = select.select([self._read_fd], [], [], POLL_INTERVAL_S)
+        ready, _, _ = select.select([self._read_fd], [], [], wait_s)
         if ready:
             chunk = os.read(self._read_fd, 1 << 16)
             self._pipe_open = bool(chunk)
             self._buffer += chunk
             if b"\n" in self._buffer:
-                return self._next_message()
+                return self._next_message(0.0)
         return None
 
     def _death(self) -> WorkerFailure:

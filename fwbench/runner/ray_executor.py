@@ -36,7 +36,7 @@ from fwbench.runner.manager import (
     stored_parity,
 )
 from fwbench.runner.outcome import CellOutcome
-from fwbench.spec import Case, Plan, Settings, SkippedCase, SpecError
+from fwbench.spec import Case, Plan, Settings, SkippedCase, SpecError, cell_threads
 from fwbench.store import Store
 
 NODE_RESOURCE = "fwbench_node"
@@ -79,8 +79,9 @@ def group_task(
         del os.environ["CUDA_VISIBLE_DEVICES"]  # the group has the whole node
     settled = skipped_outcomes(skipped)
     cores = physical_core_count()
-    if cases and settings.threads > cores:
-        reason = f"--threads {settings.threads} exceeds this node's {cores} physical cores"
+    needed = max((cell_threads(case, settings) for case in cases), default=0)
+    if cases and needed > cores:
+        reason = f"the group's cells need {needed} cores (--threads, processes); this node has {cores} physical cores"
         settled += [(CellOutcome(case, "error", reason), 0.0) for case in cases]
     elif cases:
         settled += run_comparison_group(cases, settings, parity)

@@ -45,6 +45,7 @@ from fwbench.runner.messages import Job
 from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker, spread_fields
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import WorkerFailure, WorkerProcess
+from fwbench.runner.rankset import RankSet, start_worker
 from fwbench.spec import Case, Settings, group_key
 
 MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
@@ -129,6 +130,9 @@ def _sequential_round(
     per_round = dataclasses.replace(settings, max_time_s=settings.max_time_s / settings.rounds)
     for position in rng.permutation(len(active)):
         case = active[int(position)]
+        if case.procs is not None:  # its ranks step together: the manager times its blocks (fwbench.runner.rankset)
+            _interleaved_round([case], cells, settings, checks, weights_path, round_index, rng, 0)
+            continue
         outcome = run_worker(
             case, per_round, check_parity=checks[case.key], weights_path=weights_path, round_index=round_index
         )
@@ -145,7 +149,7 @@ class _Live:
     """A ready interleaved worker: its case, process, calls per block and block seconds at calibration."""
 
     case: Case
-    worker: WorkerProcess
+    worker: WorkerProcess | RankSet
     calls: int
     block_s: float
     peak_bytes: int
@@ -220,7 +224,7 @@ def _interleaved_round(
 
 def _start(
     case: Case, cell: CellRounds, settings: Settings, check: bool, weights_path: str | None, round_index: int
-) -> WorkerProcess | None:
+) -> WorkerProcess | RankSet | None:
     """Start ``case``'s interleaved worker; None (and the cell failed) if it cannot be started."""
     job = Job(
         case=case,
@@ -231,14 +235,14 @@ def _start(
         budget_s=settings.max_time_s / settings.rounds,
     )
     try:
-        return WorkerProcess(job)
+        return start_worker(job)
     except WorkerFailure as failure:
         cell.fail(failed(case, failure), round_index, settings)
         return None
 
 
 def _await_ready(
-    case: Case, worker: WorkerProcess, cell: CellRounds, settings: Settings, round_index: int
+    case: Case, worker: WorkerProcess | RankSet, cell: CellRounds, settings: Settings, round_index: int
 ) -> _Live | None:
     """Wait until ``worker`` has warmed up; None (the worker closed, the cell failed) if it ended first: a crash,
     a timeout, an error or mismatch it reported."""
@@ -278,7 +282,7 @@ def _timed_cycles(
 ) -> int:
     """The round's cycles over ``live``: one block per live worker per cycle, seeded order, one at a time. The
     machine's counters are read around all of them, the manager and every worker counting as fwbench's own."""
-    pids: list[int | str] = ["self", *(item.worker.pid for item in live)]
+    pids: list[int | str] = ["self", *(pid for item in live for pid in item.worker.pids)]
     before = noise.read(time.perf_counter(), pids)
     last: _Live | None = None
     for _ in range(_cycles(live, settings)):

@@ -31,6 +31,7 @@ from fwbench.frameworks import (
     phase_unsupported,
 )
 from fwbench.models import get_model
+from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.manager import run_worker
 from fwbench.runner.tolerances import TRAINING_TOLERANCE, TrainingTolerance, parity_tolerance, relative_errors
@@ -163,6 +164,8 @@ class TrainingCheck:
     worst_tensor: str | None = None
     worst_tensor_rel_l2: float | None = None
     tolerance: TrainingTolerance | None = None
+    procs: int | None = None  # verify --procs: the processes that took the steps (None: one, not distributed)
+    against: str | None = None  # what it was compared with (None: the first runtime's run)
 
     @property
     def passed(self) -> bool:
@@ -224,9 +227,15 @@ def verify_training(
     dump_dir: Path | None = None,
     *,
     dtype: Dtype = "fp32",
+    procs: int | None = None,
 ) -> list[TrainingCheck]:
     """``steps`` optimizer steps (``settings.optimizer``) of ``model`` in each runtime from the same weights
-    on the same fixed batch; each runtime's loss curve and trained parameters against the first runtime's."""
+    on the same fixed batch; each runtime's loss curve and trained parameters against the first runtime's.
+
+    With ``procs`` (data-parallel runtimes, ``verify --procs N``): each runtime takes the steps as 1 process on the
+    global batch (compared with the first runtime's 1-process run) and as ``procs`` processes, each on its rows of
+    the same global batch (strong scaling), compared with its own 1-process run: the distributed step must be the
+    1-process step. Resnet is skipped there (batch norm's statistics are each process's own)."""
     description = get_model(model)
     unsupported = description.training_unsupported()
     if unsupported:
@@ -237,19 +246,29 @@ def verify_training(
     tolerance = TRAINING_TOLERANCE[dtype]
     checks: list[TrainingCheck] = []
     first: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
+    single: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # --procs: each runtime's 1-process run
+    runs = [(runtime, count) for runtime in runtimes for count in ((None,) if procs is None else (1, procs))]
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
-        for runtime in runtimes:
+        for runtime, count in runs:
             info = get_runtime(runtime)
             missing = (
                 missing_requirement(info)
                 or missing_implementation(info, description.arch)
                 or phase_unsupported(info, "training")
             )
+            if missing is None and count is not None and count > 1:
+                missing = None if info.global_batch_norm else distributed_parity_unsupported(description)
+                if missing is None and runtime not in single:
+                    missing = "its 1-process run did not end ok"
             if missing:
-                checks.append(TrainingCheck(model, runtime, "skipped", missing))
+                checks.append(TrainingCheck(model, runtime, "skipped", missing, procs=count))
                 continue
-            out_path = Path(scratch) / f"{runtime.replace(':', '_')}.npz"
-            case = Case(model, runtime, phase="training", batch_size=batch, seq_len=seq, dtype=dtype)
+            label = runtime if count is None else f"{runtime}_p{count}"
+            out_path = Path(scratch) / f"{label.replace(':', '_')}.npz"
+            case = Case(
+                model, runtime, phase="training", batch_size=batch, seq_len=seq, dtype=dtype,
+                procs=count, scaling=None if count is None else "strong",
+            )  # fmt: skip
             outcome = run_worker(
                 case,
                 settings,
@@ -259,7 +278,7 @@ def verify_training(
                 train_steps=steps,
             )
             if outcome.status != "ok":
-                checks.append(TrainingCheck(model, runtime, outcome.status, outcome.reason, steps))
+                checks.append(TrainingCheck(model, runtime, outcome.status, outcome.reason, steps, procs=count))
                 continue
             with np.load(out_path) as data:
                 losses = data["losses"]
@@ -267,9 +286,16 @@ def verify_training(
             if dump_dir is not None:
                 (dump_dir / model).mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(out_path, dump_dir / model / f"training_{out_path.name}")
-            if first is None:
-                first = (losses, params)
-            loss_rel, params_rel, worst, worst_rel = compare_training(losses, params, *first)
+            against = None
+            if count is not None and count > 1:
+                reference, against = single[runtime], f"{runtime} in 1 process"
+            else:
+                if first is None:
+                    first = (losses, params)
+                reference = first
+                if count == 1:
+                    single[runtime] = (losses, params)
+            loss_rel, params_rel, worst, worst_rel = compare_training(losses, params, *reference)
             checks.append(
                 TrainingCheck(
                     model,
@@ -283,6 +309,19 @@ def verify_training(
                     worst,
                     worst_rel,
                     tolerance,
+                    procs=count,
+                    against=against,
                 )
             )
     return checks
+
+
+def distributed_parity_unsupported(description: ModelDescription) -> str | None:
+    """Why N processes cannot take ``description``'s 1-process step exactly (None when they can): batch norm
+    normalises with each process's own batch statistics (synchronised batch norm is GPU-only in torch)."""
+    if description.running_statistics():
+        return (
+            f"{description.name}'s batch norm uses each process's batch statistics (torch's SyncBatchNorm runs on GPUs "
+            "only), so N processes do not take the 1-process step; its distributed cells are timed, not checked"
+        )
+    return None

@@ -176,6 +176,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN shard TEXT",
         "ALTER TABLE runs ADD COLUMN sources_json TEXT",
     ),
+    # Migration 6 (data-parallel training): a distributed cell's process count and scaling (weak: the batch size is
+    # each process's; strong: the global batch), NULL for every other cell and in rows stored before it.
+    (
+        "ALTER TABLE results ADD COLUMN procs INTEGER",
+        "ALTER TABLE results ADD COLUMN scaling TEXT CHECK (scaling IN ('weak','strong'))",
+        "ALTER TABLE profiles ADD COLUMN procs INTEGER",
+        "ALTER TABLE profiles ADD COLUMN scaling TEXT CHECK (scaling IN ('weak','strong'))",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -210,6 +218,8 @@ def case_columns(run_id: int, case: Case) -> dict[str, Any]:
         "dtype": case.dtype,
         "device": case.device,
         "workers": case.workers,
+        "procs": case.procs,
+        "scaling": case.scaling,
     }
 
 
@@ -633,14 +643,18 @@ class Store:
         )
         return True
 
-    def mark_mismatch(self, run_id: int, model: str, runtime: str, phase: str, reason: str) -> int:
+    def mark_mismatch(
+        self, run_id: int, model: str, runtime: str, phase: str, reason: str, procs: int | None = None
+    ) -> int:
         """Set status ``mismatch`` and ``reason`` on every cell of run ``run_id`` with this model, runtime and
-        phase (``fwbench verify --phase training --db --run``); the number of cells changed."""
+        phase (``fwbench verify --phase training --db --run``), only those of ``procs`` processes when given; the
+        number of cells changed."""
+        clause, params = ("", ()) if procs is None else (" AND procs = ?", (procs,))
         with self.conn:
             cursor = self.conn.execute(
                 "UPDATE results SET status = 'mismatch', reason = ? WHERE run_id = ? AND model = ? AND runtime = ? "
-                "AND phase = ?",
-                (reason, run_id, model, runtime, phase),
+                f"AND phase = ?{clause}",
+                (reason, run_id, model, runtime, phase, *params),
             )
         return cursor.rowcount
 

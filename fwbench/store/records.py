@@ -328,6 +328,8 @@ class ResultRecord:
     machine: Mapping[str, Any] | None = None
     blocks: tuple[Block, ...] = ()
     workers: int | None = None  # phase data: the loader's worker processes (None in every other phase)
+    procs: int | None = None  # a distributed cell's processes (None for every other cell)
+    scaling: str | None = None  # a distributed cell's batch semantics: weak or strong (spec.Scaling)
     hostname: str | None = None  # the host that ran the cell
     hardware_id: str | None = None  # its hardware fingerprint (fwbench.measure.environment.hardware_record)
     software_id: str | None = None  # its software record's id (None: stored before fingerprints)
@@ -389,6 +391,12 @@ class ResultRecord:
         return total
 
     @property
+    def global_batch(self) -> int:
+        """Samples one timed call processes: the batch size, or a distributed cell's global batch (weak scaling:
+        processes × the batch size each takes)."""
+        return self.batch_size * self.procs if self.procs is not None and self.scaling == "weak" else self.batch_size
+
+    @property
     def exported(self) -> bool:
         """Whether the cell ran an exported artefact: its compile report has the export's seconds."""
         return _float(_dict(self.details.get("compile_report")).get("export_s")) is not None
@@ -447,6 +455,8 @@ COLUMN_NAMES: tuple[str, ...] = (
     "schedule",
     "rounds",
     "workers",
+    "procs",
+    "scaling",
     "hostname",
     "hardware_id",
     "software_id",

@@ -28,7 +28,7 @@ DEFAULT_SUITE = "quick"
 # The settings of a cell that a suite sets for all its grids and a [[grid]] may set for its own cells, with
 # their defaults. A later grid axis (procs, workers) is one more entry here and one more field of Grid.
 CELL_SETTINGS: dict[str, str] = {"phase": "inference", "dtype": "fp32", "device": "cpu"}
-_AXIS_KEYS = {"models", "runtimes", "batch_sizes", "seq_lens", "workers"}
+_AXIS_KEYS = {"models", "runtimes", "batch_sizes", "seq_lens", "workers", "procs", "scaling"}
 _GRID_KEYS = {*_AXIS_KEYS, *CELL_SETTINGS}
 _KEYS = {"description", "settings", "grid", *_GRID_KEYS}
 _SETTINGS_KEYS = {f.name for f in dataclasses.fields(Settings)}
@@ -38,7 +38,8 @@ _SETTINGS_KEYS = {f.name for f in dataclasses.fields(Settings)}
 class Grid:
     """models × runtimes × batch sizes × sequence lengths (ignored by models without a sequence axis), and the
     grid's own cell settings (None: the suite's, or the planner's default). Phase data: × loader worker counts
-    (``workers``), and ``models`` is the dataset's name (empty: the one the run reads)."""
+    (``workers``), and ``models`` is the dataset's name (empty: the one the run reads). Data-parallel runtimes:
+    × process counts (``procs``) × scalings (``scaling``: weak, strong; default weak)."""
 
     models: list[str]
     runtimes: list[str]
@@ -48,6 +49,8 @@ class Grid:
     dtype: str | None = None
     device: str | None = None
     workers: list[int] = field(default_factory=list)  # phase data only
+    procs: list[int] = field(default_factory=list)  # data-parallel runtimes only
+    scaling: list[str] = field(default_factory=list)  # data-parallel runtimes only (empty: weak)
     where: str = field(default="", compare=False)  # where the grid was written, for errors: "suite x.toml [[grid]] 2"
 
     def with_defaults(self, **defaults: str | None) -> Grid:
@@ -68,7 +71,10 @@ class Grid:
     def size(self) -> int:
         """Upper bound on the cell count (models without a sequence axis have fewer)."""
         models = len(self.models) if self.models or self.phase != "data" else 1  # data: the run's dataset
-        return models * len(self.runtimes) * len(self.batch_sizes) * max(1, len(self.seq_lens), len(self.workers))
+        procs = max(1, len(self.procs)) * max(1, len(self.scaling))
+        return (
+            models * len(self.runtimes) * len(self.batch_sizes) * max(1, len(self.seq_lens), len(self.workers)) * procs
+        )
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,8 @@ def _grid(data: dict[str, Any], where: str, defaults: dict[str, str]) -> Grid:
             batch_sizes=_list_of("batch_sizes", data["batch_sizes"], int, where),
             seq_lens=_list_of("seq_lens", data.get("seq_lens", []), int, where),
             workers=_list_of("workers", data.get("workers", []), int, where),
+            procs=_list_of("procs", data.get("procs", []), int, where),
+            scaling=_list_of("scaling", data.get("scaling", []), str, where),
             where=f"suite {where}",
         )
         .with_overrides(**defaults)

@@ -76,8 +76,17 @@ def compile_counters() -> dict[str, int]:
 
 class JaxBackend(Backend):
     framework = "jax"
-    modes = ("jit",)
+    modes = ("jit", "distributed")  # distributed: phase training as one of N processes (distributed.py)
     dtypes = ("fp32", "bf16")
+
+    def __init__(
+        self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
+    ) -> None:
+        super().__init__(mode, device, settings, dtype=dtype, phase=phase)
+        if mode == "distributed":  # before anything starts a JAX backend
+            from fwbench.frameworks.jax import distributed
+
+            distributed.initialize()
 
     @property
     def _device(self) -> jax.Device:
@@ -107,7 +116,12 @@ class JaxBackend(Backend):
         return report
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
-        """Device arrays, as they are (float32 in every dtype: the model code casts what the policy casts)."""
+        """Device arrays, as they are (float32 in every dtype: the model code casts what the policy casts);
+        distributed: ``arrays`` are this process's rows of global arrays sharded over the processes."""
+        if self.mode == "distributed":
+            from fwbench.frameworks.jax import distributed
+
+            return tuple(jax.block_until_ready(distributed.global_batch(a)) for a in arrays.values())
         device = self._device
         return tuple(jax.block_until_ready(jax.device_put(a, device)) for a in arrays.values())
 
@@ -137,6 +151,8 @@ class JaxBackend(Backend):
 
     def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[jax.Array, ...]:
         """(labels int32, label_weights float32) on the device: the loss is float32 in every dtype."""
+        if self.mode == "distributed":
+            return self.make_inputs(arrays)
         return tuple(jax.block_until_ready(jax.device_put(a, self._device)) for a in arrays.values())
 
     def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
@@ -167,6 +183,8 @@ class JaxBackend(Backend):
             params,
             self.description.frozen_in_training(),
         )
+        place = self._placement()  # after with_frozen: it finds frozen leaves by identity, which placing changes
+        params, stats = place(params), place(stats)
         loss_of = training.weighted_cross_entropy
         # (params, stats, *batch) -> (logits, updated stats), traced under the cell's precision policy
         forward = precision.scoped(self.dtype, training.training_forward(arch, model))
@@ -187,7 +205,7 @@ class JaxBackend(Backend):
         jitted = jax.jit(train_step, donate_argnums=(0, 1, 2))
         # The state committed to the device as every returned state is (optax makes some leaves, such as
         # Adam's step count, uncommitted): otherwise the second call would compile the program again.
-        carried = [params, jax.block_until_ready(jax.device_put(optimizer.init(params), self._device)), stats]
+        carried = [params, jax.block_until_ready(place(optimizer.init(params))), stats]
         batch, (labels, weights) = tuple(inputs), targets
 
         def step() -> jax.Array:
@@ -197,6 +215,27 @@ class JaxBackend(Backend):
 
         self._train_state = carried  # the current parameters, optimizer state and model state (tests read them)
         return step
+
+    def _placement(self) -> Callable[[Any], Any]:
+        """Where the training state lives: this process's device (jit), or every process whole (distributed)."""
+        if self.mode == "distributed":
+            from fwbench.frameworks.jax import distributed
+
+            return distributed.replicate
+        device = self._device
+        return lambda tree: jax.device_put(tree, device)
+
+    def loss_value(self, loss: object) -> float:
+        if self.mode == "distributed":  # replicated over the processes: read this process's copy
+            return float(loss.addressable_data(0))  # type: ignore[attr-defined]
+        return super().loss_value(loss)
+
+    def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
+        if self.mode != "distributed":
+            return super().allreduce_seconds(elements, repeats)
+        from fwbench.frameworks.jax import distributed
+
+        return distributed.allreduce_seconds(elements, repeats)
 
     def model_arrays(self, model: Any) -> list[np.ndarray]:
         """The floating arrays of a built model, in the order :meth:`parameter_arrays` gives a trained one's:
@@ -212,7 +251,13 @@ class JaxBackend(Backend):
         from fwbench.frameworks.jax.weights import parameter_arrays
 
         trained = getattr(self, "_train_state", None)
-        return parameter_arrays((trained[0], trained[2])) if trained is not None else self.model_arrays(self.model)
+        if trained is None:
+            return self.model_arrays(self.model)
+        if self.mode == "distributed":
+            from fwbench.frameworks.jax.distributed import local_copy
+
+            return parameter_arrays(local_copy((trained[0], trained[2])))
+        return parameter_arrays((trained[0], trained[2]))
 
     def compile_counters(self) -> dict[str, int]:
         return compile_counters()

@@ -31,8 +31,8 @@ def transpose(value: np.ndarray) -> np.ndarray:
 
 
 def jax_device(device: str) -> jax.Device:
-    """The JAX device for fwbench's device name (``cpu`` or ``cuda``)."""
-    return jax.devices("gpu" if device == "cuda" else "cpu")[0]
+    """This process's JAX device for fwbench's device name (``cpu`` or ``cuda``)."""
+    return jax.local_devices(backend="gpu" if device == "cuda" else "cpu")[0]
 
 
 class CanonicalParams:

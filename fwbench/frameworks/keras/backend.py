@@ -98,23 +98,34 @@ def import_keras(backend: str, device: str) -> ModuleType:
     return keras
 
 
+# A mode that is not a Keras backend's name runs on this Keras backend.
+KERAS_BACKEND_OF = {"jax-dataparallel": "jax"}
+
+
 class KerasBackend(Backend):
     framework = "keras"
-    modes = ("tensorflow", "jax", "torch")
+    # jax-dataparallel: phase training as one of N processes, keras.distribution.DataParallel on JAX
+    modes = ("tensorflow", "jax", "torch", "jax-dataparallel")
     dtypes = ("fp32", "bf16")
 
     def __init__(
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
     ) -> None:
         super().__init__(mode, device, settings, dtype=dtype, phase=phase)  # UnsupportedMode before any import
-        refuse_other_backend(mode)  # before importing a framework for nothing
+        self.keras_backend = KERAS_BACKEND_OF.get(mode, mode)
+        refuse_other_backend(self.keras_backend)  # before importing a framework for nothing
         # The native runtime of the Keras backend's framework (the registry's): threads, precision, inputs, sync,
-        # memory. Its fp32 backend: Keras, not it, does the bf16 casting.
-        native = registry.native_runtime(mode)
+        # memory. Its fp32 backend: Keras, not it, does the bf16 casting. jax-dataparallel: jax:distributed, which
+        # joins the processes before anything starts JAX.
+        native = "jax:distributed" if mode == "jax-dataparallel" else registry.native_runtime(mode)
         if native is None:
             raise RuntimeError(f"the runtime registry has no native runtime of {mode} for keras:{mode}")
         self._native: Backend = registry.create_backend(native, device, settings, phase=phase)
-        self.keras = import_keras(mode, device)
+        self.keras = import_keras(self.keras_backend, device)
+        if mode == "jax-dataparallel":
+            from fwbench.frameworks.keras import distributed
+
+            distributed.set_data_parallel(self.keras)
         self.jit_compile: bool | None = None  # model.jit_compile once compiled ("auto", as Keras resolves it)
         self._jit_compile_auto: bool | None = None
         self._compiled: Any = None  # the model compile() prepared _predict for
@@ -174,6 +185,8 @@ class KerasBackend(Backend):
             name: np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if name in _CHANNELS_FIRST_INPUTS else a
             for name, a in arrays.items()
         }
+        if self.mode == "jax-dataparallel":  # this process's rows: train_on_batch makes the global batch of them
+            return tuple(channels_last.values())
         return self._native.make_inputs(channels_last)  # framework tensors on the device, as the native runtime's
 
     def compile(self, inputs: Sequence[Any]) -> None:
@@ -193,7 +206,7 @@ class KerasBackend(Backend):
         self.jit_compile = bool(model.jit_compile)
         model.make_predict_function()
         self._predict = model.predict_function
-        if self.mode == "jax":
+        if self.keras_backend == "jax":
             # The state model.predict passes: the variables' jax arrays. Each call donates it and returns
             # the next one (so, as during model.predict, which writes the state back only at its end, the
             # model's own variables are stale once the first call has run). Committed to the device (no
@@ -213,7 +226,7 @@ class KerasBackend(Backend):
     # -- the timed call -----------------------------------------------------------------------
     def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         batch = [(dict(zip(self._input_names, inputs)),)]  # the structure model.predict passes per batch
-        if self.mode == "jax":
+        if self.keras_backend == "jax":
             outputs, self._state = self._predict(self._state, iter(batch))
         else:
             outputs = self._predict(batch)
@@ -224,7 +237,12 @@ class KerasBackend(Backend):
 
     # -- phase training -----------------------------------------------------------------------
     def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
+        if self.mode == "jax-dataparallel":  # this process's rows: train_on_batch makes the global batch of them
+            return tuple(arrays.values())
         return self._native.make_inputs(arrays)  # not self.make_inputs: that records the model's input names
+
+    def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
+        return self._native.allreduce_seconds(elements, repeats)
 
     def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
         """``model.train_on_batch(x, labels, sample_weight=label_weights)`` of the arch's training model (the
@@ -239,7 +257,7 @@ class KerasBackend(Backend):
         from fwbench.frameworks.keras import training
         from fwbench.models.training import optimizer_spec
 
-        if self.mode == "torch":
+        if self.keras_backend == "torch":
             self._make_variables_leaves()
         arch = as_keras_training_arch(self.arch_module())
         model = arch.training_model(self.model, self.description)
@@ -283,12 +301,12 @@ class KerasBackend(Backend):
         return {name: np.asarray(convert(t), dtype=np.float32) for name, t in zip(names, outputs)}
 
     def compile_counters(self) -> dict[str, int]:
-        if self.mode == "tensorflow":  # model.predict_function is a tf.function (reduce_retracing=True)
+        if self.keras_backend == "tensorflow":  # model.predict_function is a tf.function (reduce_retracing=True)
             from fwbench.frameworks.tensorflow.backend import tracing_counters
 
             # Phase training: Keras keeps the train step's tf.function inside its train_function, out of reach.
             return tracing_counters(self._predict) if self._predict is not None else {}
-        if self.mode == "jax":  # every trace and XLA compilation of the process, as for jax:jit
+        if self.keras_backend == "jax":  # every trace and XLA compilation of the process, as for jax:jit
             return self._native.compile_counters()
         return {}  # torch: the predict step runs eagerly ("auto" never picks torch.compile)
 

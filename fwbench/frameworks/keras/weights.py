@@ -69,8 +69,14 @@ def load_canonical(
 
 
 def keras_device(device: str) -> str:
-    """The Keras device name (for ``keras.device``) of fwbench's device name (``cpu`` or ``cuda``)."""
-    return "gpu:0" if device == "cuda" else "cpu:0"
+    """The Keras device name (for ``keras.device``) of fwbench's device name (``cpu`` or ``cuda``): this process's
+    first device (JAX numbers the devices of a multi-process run globally: another process's are not this one's)."""
+    kind = "gpu" if device == "cuda" else "cpu"
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return f"{kind}:{jax.local_devices(backend=kind)[0].id}"
+    return f"{kind}:0"
 
 
 def parameter_arrays(model: keras.Model) -> list[np.ndarray]:

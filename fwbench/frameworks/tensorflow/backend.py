@@ -37,9 +37,11 @@ def tracing_counters(function: Any) -> dict[str, int]:
 
 class TensorFlowBackend(Backend):
     framework = "tensorflow"
-    modes = ("eager", "function", "xla", "savedmodel")
+    # multiworker: phase training as one of N workers (distributed.py)
+    modes = ("eager", "function", "xla", "savedmodel", "multiworker")
     dtypes = ("fp32", "bf16")
     mode_dtypes = {"savedmodel": ("fp32",)}
+    _strategy: Any = None  # multiworker: the MultiWorkerMirroredStrategy, created with the thread settings
     _saved: dict[str, Any] | None = None  # savedmodel: what the export and reload cost (compile_report)
 
     @property
@@ -52,6 +54,10 @@ class TensorFlowBackend(Backend):
         if self.device == "cuda":
             for gpu in tf.config.list_physical_devices("GPU"):
                 tf.config.experimental.set_memory_growth(gpu, True)
+        if self.mode == "multiworker":  # before any other TensorFlow op
+            from fwbench.frameworks.tensorflow import distributed
+
+            self._strategy = distributed.create_strategy()
         return {
             "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
@@ -191,6 +197,14 @@ class TensorFlowBackend(Backend):
             optimizer = make_optimizer(optimizer_spec(self.settings.optimizer))
             optimizer.build(variables)
         logits_of = precision.scoped(self.dtype, arch.training_logits, xla=self.mode == "xla")
+        if self.mode == "multiworker":
+            from fwbench.frameworks.tensorflow import distributed
+
+            worker_step = distributed.make_train_step(
+                self._strategy, logits_of, model, variables, optimizer, inputs, targets
+            )
+            self._forward = worker_step.traced  # type: ignore[attr-defined]
+            return worker_step
         loss_of, n_inputs = training.weighted_cross_entropy, len(inputs)
 
         def train_step(*tensors: tf.Tensor) -> tf.Tensor:
@@ -214,6 +228,13 @@ class TensorFlowBackend(Backend):
             return loss
 
         return step
+
+    def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
+        if self.mode != "multiworker":
+            return super().allreduce_seconds(elements, repeats)
+        from fwbench.frameworks.tensorflow import distributed
+
+        return distributed.allreduce_seconds(self._strategy, elements, repeats)
 
     def compile_counters(self) -> dict[str, int]:
         if self.mode in ("eager", "savedmodel"):  # the reloaded signature is a concrete function: it cannot trace

@@ -51,7 +51,8 @@ class Autocast(torch.nn.Module):
 
 class TorchBackend(Backend):
     framework = "torch"
-    modes = ("eager", "script", "compile", "export", "lightning")  # lightning: phase fit only (fit.py)
+    # lightning: phase fit only (fit.py); ddp, ddp-compile: phase training as one of N ranks (distributed.py)
+    modes = ("eager", "script", "compile", "export", "lightning", "ddp", "ddp-compile")
     dtypes = ("fp32", "bf16")
     _export_signature: tuple[tuple[tuple[int, ...], str, str], ...] | None = None  # shapes the runner is for
     _export_log: tuple[dict[str, Any], ...] = ()  # one entry per export + AOT compile, in order
@@ -198,7 +199,7 @@ class TorchBackend(Backend):
         ``backward`` runs between them). Autograd is on: training never enters inference_mode. bf16: the
         forward under ``torch.autocast(device, bfloat16)``, the loss in float32 of the float32-cast logits;
         parameters, gradients and optimizer state stay float32 (the master weights)."""
-        if self.mode not in ("eager", "compile"):
+        if self.mode not in ("eager", "compile", "ddp", "ddp-compile"):
             raise NotImplementedError(f"torch:{self.mode} has no training phase yet")
         assert self.description is not None
         from fwbench.frameworks.torch import training
@@ -221,6 +222,10 @@ class TorchBackend(Backend):
         if len(trained) != expected:
             raise ValueError(f"{len(trained)} trained parameters, expected {expected}")
         optimizer = training.make_optimizer(optimizer_spec(self.settings.optimizer), trained)
+        if self.mode in ("ddp", "ddp-compile"):
+            from fwbench.frameworks.torch import distributed
+
+            return distributed.make_train_step(self, arch, model, optimizer, inputs, targets)
         logits_of, loss_of = arch.training_logits, training.weighted_cross_entropy
         labels, weights = targets
         autocast = self.dtype == "bf16"  # mixed precision: float32 parameters (the master weights) and optimizer
@@ -252,8 +257,15 @@ class TorchBackend(Backend):
 
         return step
 
+    def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
+        if self.mode not in ("ddp", "ddp-compile"):
+            return super().allreduce_seconds(elements, repeats)
+        from fwbench.frameworks.torch import distributed
+
+        return distributed.allreduce_seconds(elements, repeats, self.device)
+
     def compile_counters(self) -> dict[str, int]:
-        if self.mode != "compile":  # eager runs no compiler; script and export compile ahead of the first call
+        if self.mode not in ("compile", "ddp-compile"):  # eager runs no compiler; script and export compile earlier
             return {}
         from torch._dynamo.utils import counters  # process-wide, cumulative
 

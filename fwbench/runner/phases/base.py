@@ -49,7 +49,7 @@ class Phase(ABC):
     def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
         """FLOPs of one timed call (the ``flops`` stored with a result): one forward, or one optimizer step; None
         when it cannot be known."""
-        return description.flops(case.batch_size, case.seq_len, case.phase)
+        return description.flops(case.global_batch, case.seq_len, case.phase)
 
     def run(self, cell: Cell) -> dict[str, Any]:
         """The cell from its start to ``done``: stage start (these checks) → import → build (shared, on ``cell``)

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fwbench.frameworks import get_runtime
 from fwbench.models.base import ModelDescription
 from fwbench.models.training import optimizer_spec
+from fwbench.ranks import RankInfo, rank_rows
 from fwbench.runner.cell import Cell, recording
 from fwbench.runner.phases.base import Phase
 from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, relative_errors
@@ -20,6 +22,66 @@ from fwbench.spec import TRAINING_DTYPES
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
+
+
+ALLREDUCE_REPEATS = 10  # bare all-reduces timed after a distributed cell's steps
+
+
+def rank_slice(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This process's rows of a global batch (every array's first axis): all of them outside a distributed cell,
+    rows ``[r·b, (r+1)·b)`` of rank ``r``'s in one (fwbench.ranks)."""
+    rank = RankInfo.current()
+    if rank is None:
+        return arrays
+    return {name: array[rank_rows(rank.rank, rank.world_size, array.shape[0])] for name, array in arrays.items()}
+
+
+def record_collectives(cell: Cell, backend: Backend, description: ModelDescription) -> None:
+    """``result["distributed"]``: the processes, their batch rows, and ALLREDUCE_REPEATS bare all-reduces of the
+    trained parameters' size (float32, the gradients one step communicates) — the communication a report sets
+    against the step time. Untimed: after the timed steps, every rank in the same order."""
+    case = cell.job.case
+    rank = RankInfo.current()
+    elements = description.trained_element_count()
+    seconds = backend.allreduce_seconds(elements, ALLREDUCE_REPEATS)
+    cell.result["distributed"] = {
+        "procs": case.procs,
+        "scaling": case.scaling,
+        "global_batch": case.global_batch,
+        "rank_batch": case.rank_batch,
+        "rank": None if rank is None else rank.rank,
+        "allreduce_elements": elements,
+        "allreduce_bytes": 4 * elements,
+        "allreduce_s": seconds,
+        "allreduce_median_s": float(np.median(seconds)),
+    }
+
+
+def reference_loss(
+    cell: Cell, description: ModelDescription, arrays: dict[str, np.ndarray], targets: dict[str, np.ndarray]
+) -> float | None:
+    """The float64 loss of the first step on the global batch. A distributed cell of a model with batch norm
+    normalises each process's rows with their own statistics, so its reference is the processes' losses on their
+    rows, weighted by their weight sums (exactly what N processes compute before any update)."""
+    case = cell.job.case
+    weights = cell.weights(description)
+    if (
+        case.procs is None
+        or case.procs == 1
+        or not description.running_statistics()
+        or get_runtime(case.runtime).global_batch_norm
+    ):
+        return description.reference_loss(weights, arrays, targets)
+    total = count = 0.0
+    for rank in range(case.procs):
+        rows = rank_rows(rank, case.procs, case.global_batch)
+        part = {name: array[rows] for name, array in targets.items()}
+        loss = description.reference_loss(weights, {name: array[rows] for name, array in arrays.items()}, part)
+        if loss is None:
+            return None
+        weight = float(part["label_weights"].sum())
+        total, count = total + loss * weight, count + weight
+    return total / count
 
 
 class Training(Phase):
@@ -33,15 +95,17 @@ class Training(Phase):
 
     def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
         case, settings = cell.job.case, cell.job.settings
-        arrays = description.make_inputs(case.batch_size, case.seq_len, settings.seed)
-        inputs = backend.make_inputs(arrays)
+        arrays = description.make_inputs(case.global_batch, case.seq_len, settings.seed)
+        targets = description.make_targets(case.global_batch, case.seq_len, settings.seed)
+        inputs = backend.make_inputs(rank_slice(arrays))
         cell.stage("compile")
-        targets = description.make_targets(case.batch_size, case.seq_len, settings.seed)
-        untimed_step = backend.make_train_step(inputs, backend.make_targets(targets))  # loss_after's extra step
+        untimed_step = backend.make_train_step(inputs, backend.make_targets(rank_slice(targets)))  # +loss_after's
         losses: list[object] = []  # every step's returned loss object, read after timing
         warmup_steps, timing = cell.time_calls(backend, recording(untimed_step, losses))
         step_losses = [backend.loss_value(loss) for loss in losses]
         del losses[:]  # the loss objects are not needed any more
+        if case.procs is not None:
+            record_collectives(cell, backend, description)
         self.record(
             cell,
             description,
@@ -72,14 +136,14 @@ class Training(Phase):
         ``step_losses``: the loss of every step the loop ran, in order (first call, warm-up, the adaptive
         timer's calibration calls, timed calls), each computed before that step's update."""
         case, settings = cell.job.case, cell.job.settings
-        tokens = case.batch_size * case.seq_len if case.seq_len is not None else None
+        tokens = case.global_batch * case.seq_len if case.seq_len is not None else None
         first_loss = step_losses[0]
         steps_between = warmup_steps + timed_steps
         cell.result["training"] = {
             "optimizer": dataclasses.asdict(optimizer_spec(settings.optimizer)),
             "loss": "softmax cross-entropy, mean over the counted positions (fwbench.models.training)",
             "counted_positions": float(targets["label_weights"].sum()),
-            "samples_per_step": case.batch_size,
+            "samples_per_step": case.global_batch,
             "tokens_per_step": tokens,
             "first_loss": first_loss,
             "final_loss": final_loss,  # the loss of one more step after the timed loop
@@ -96,7 +160,7 @@ class Training(Phase):
         }
         if cell.job.check_parity:
             cell.stage("parity")
-            reference = description.reference_loss(cell.weights(description), arrays, targets)
+            reference = reference_loss(cell, description, arrays, targets)
             if reference is not None:
                 tolerance = PARITY_REL_L2_TOLERANCE[case.dtype]
                 rel, max_abs = relative_errors(first_loss, reference)
@@ -107,7 +171,7 @@ class Training(Phase):
                     "checked": "loss of the first step, before any update",
                     "outputs": {"loss": {"rel_l2": rel, "max_abs": max_abs}},
                     "reference_loss": reference,
-                    "shape": [case.batch_size, case.seq_len],
+                    "shape": [case.global_batch, case.seq_len],
                 }
                 parity_arrays = description.make_inputs(*description.parity_shape(), cell.job.settings.seed)
                 assert cell.backend is not None
@@ -126,14 +190,18 @@ class Training(Phase):
         ``losses`` (steps,) float64, each step's loss before its update, and every trained parameter as
         ``param/<canonical name>`` (canonical layout, float32)."""
         case, settings = cell.job.case, cell.job.settings
-        inputs = backend.make_inputs(description.make_inputs(case.batch_size, case.seq_len, settings.seed))
+        inputs = backend.make_inputs(
+            rank_slice(description.make_inputs(case.global_batch, case.seq_len, settings.seed))
+        )
         cell.stage("compile")
-        targets = description.make_targets(case.batch_size, case.seq_len, settings.seed)
-        step = backend.make_train_step(inputs, backend.make_targets(targets))
+        targets = description.make_targets(case.global_batch, case.seq_len, settings.seed)
+        step = backend.make_train_step(inputs, backend.make_targets(rank_slice(targets)))
         cell.stage("first_call")
         losses = np.array([backend.loss_value(step()) for _ in range(cell.job.train_steps)], dtype=np.float64)
         arrays: dict[str, Any] = {"losses": losses}
         arrays.update((f"param/{name}", value) for name, value in backend.trained_parameters().items())
-        np.savez(output, **arrays)
+        rank = RankInfo.current()
+        if rank is None or rank.rank == 0:  # every rank holds the same parameters; rank 0 writes them
+            np.savez(output, **arrays)
         cell.result["status"] = "ok"
         cell.stage("done")

@@ -1,0 +1,128 @@
+"""torch:ddp and torch:ddp-compile: one of N ranks of a data-parallel training step.
+
+The process group is gloo on CPU (nccl on CUDA), set up from the rank's identity (fwbench.ranks.RankInfo): on one
+machine through a ``FileStore`` in the rank set's temporary folder, so no TCP store listens anywhere (a
+``TCPStore`` server binds every interface whatever host it is given); gloo's pair sockets stay on the loopback
+interface (``GLOO_SOCKET_IFNAME=lo``, set by the manager).
+
+Each rank runs ``DistributedDataParallel`` on its rows of the global batch. The loss of the global batch is
+Σ w·CE / Σ w over all of its rows, so each rank all-reduces ``[Σ_rank w·CE, Σ_rank w]`` (one small all-reduce per
+step) and back-propagates ``world_size × Σ_rank w·CE / Σ w``: DDP averages gradients over ranks, so the update is
+the 1-process update on the global batch. The step returns the global loss.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from fwbench.frameworks.base import Backend, TrainingArch
+from fwbench.ranks import RankInfo
+
+
+def init_process_group(device: str, timeout_s: float) -> RankInfo:
+    """Join this rank's process group (once per process); its RankInfo. RuntimeError outside a distributed cell."""
+    info = RankInfo.current()
+    if info is None:
+        raise RuntimeError("torch:ddp runs as one rank of a distributed cell (fwbench run --procs N)")
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if info.rendezvous_file is not None:
+            store: dist.Store = dist.FileStore(info.rendezvous_file, info.world_size)
+        else:  # across machines: rank 0 serves a TCP store at the master address
+            store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, info.rank == 0, timeout=timeout)
+        backend = "nccl" if device == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+    return info
+
+
+class Replicated:
+    """The DDP-wrapped model as the arch module's ``training_logits`` uses it: calling it runs DDP's forward (which
+    arms the gradient all-reduce), attributes (a tied embedding, ``training``) are the inner module's."""
+
+    def __init__(self, ddp: DistributedDataParallel) -> None:
+        self._ddp = ddp
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        return self._ddp(*inputs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ddp.module, name)
+
+
+def make_train_step(
+    backend: Backend,
+    arch: TrainingArch,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: Sequence[torch.Tensor],
+    targets: Sequence[torch.Tensor],
+) -> Callable[[], object]:
+    """The rank's timed call: zero_grad, forward on its rows (DDP), the global weighted loss (one all-reduce of two
+    numbers), backward (DDP's bucketed gradient all-reduce), optimizer step; returns the global batch's loss.
+    ddp-compile: the forward and loss under torch.compile (DDPOptimizer splits the graph at bucket boundaries),
+    the optimizer step under its own torch.compile."""
+    info = init_process_group(backend.device, backend.settings.timeout_s)
+    device_ids = [torch.cuda.current_device()] if backend.device == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids)
+    replicated = Replicated(ddp)
+    labels, weights = targets
+    local_weight = weights.sum().reshape(1)
+    scale = float(info.world_size)
+    autocast = backend.dtype == "bf16"
+    device_type = backend.device
+    logits_of = arch.training_logits
+
+    def local_loss_sum(*batch: torch.Tensor) -> torch.Tensor:
+        """Σ w·CE over this rank's rows, float32."""
+        if autocast:
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                logits = logits_of(replicated, *batch)
+            logits = logits.float()
+        else:
+            logits = logits_of(replicated, *batch)
+        per_position = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+        return (per_position * weights.reshape(-1)).sum()
+
+    def optimizer_step() -> None:
+        optimizer.step()
+
+    if backend.mode == "ddp-compile":
+        local_loss_sum = torch.compile(local_loss_sum, mode=backend.settings.compile_mode)
+        optimizer_step = torch.compile(optimizer_step, fullgraph=False, mode=backend.settings.compile_mode)
+    on_cuda = backend.device == "cuda"
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        local = local_loss_sum(*inputs)
+        totals = torch.cat([local.detach().reshape(1), local_weight])
+        dist.all_reduce(totals)  # [Σ w·CE, Σ w] of the global batch
+        (local * (scale / totals[1])).backward()
+        optimizer_step()
+        if on_cuda:
+            torch.cuda.synchronize()
+        return totals[0] / totals[1]
+
+    return step
+
+
+def allreduce_seconds(elements: int, repeats: int, device: str) -> list[float]:
+    """Seconds of ``repeats`` all-reduces (sum) of ``elements`` float32 values over the process group, each after
+    a barrier (so every rank starts together)."""
+    buffer = torch.zeros(elements, dtype=torch.float32, device=device)
+    seconds = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(buffer)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return seconds
