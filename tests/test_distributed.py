@@ -114,7 +114,7 @@ def test_a_rank_set_answers_as_its_slowest_rank_and_sums_memory() -> None:
         {"status": "error", "reason": "boom", "peak_memory_bytes": 20, "cpus": [1], "thread_cpu_lists": ["1"]},
     ]
     combined = combine_results(results)
-    assert combined["status"] == "error" and combined["reason"] == "rank 1: boom"
+    assert combined["status"] == "error" and combined["reason"] == "rank 1 of 2: boom"
     assert combined["peak_memory_bytes"] == 30 and combined["cpus"] == [0, 1]
     assert [r["rank"] for r in combined["ranks"]] == [0, 1] and combined["thread_cpu_lists"] == ["0", "1"]
 
