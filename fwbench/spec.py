@@ -52,7 +52,7 @@ TRANSFORMS: tuple[str, ...] = get_args(Transform)
 DATA_SOURCES: tuple[str, ...] = get_args(DataSource)
 FIT_SOURCES: tuple[str, ...] = get_args(FitSource)
 SCALINGS: tuple[str, ...] = get_args(Scaling)
-DISTRIBUTED_PHASES: tuple[str, ...] = ("training",)  # the phases a cell of several processes (--procs) runs
+DISTRIBUTED_PHASES: tuple[str, ...] = ("training", "fit")  # the phases a cell of several processes (--procs) runs
 
 
 class SpecError(ValueError):
@@ -96,7 +96,7 @@ class Case:
             _check_choice("scaling", self.scaling, SCALINGS)  # type: ignore[arg-type]
             if self.phase not in DISTRIBUTED_PHASES:
                 raise SpecError(
-                    f"--procs runs phase {', '.join(DISTRIBUTED_PHASES)} as several processes, not phase {self.phase}"
+                    f"--procs runs phases {' and '.join(DISTRIBUTED_PHASES)} as several processes, not phase {self.phase}"
                 )
             if self.scaling == "strong" and self.batch_size % self.procs:
                 raise SpecError(

@@ -52,12 +52,19 @@ def rank_processes(root: int) -> dict[int, psutil.Process]:
         (["--procs", "0", "--threads", "1"], "--procs '0': every value must be a positive integer"),
         (["--procs", "2", "--threads", "1"], "--threads 1 is a cell's total budget and 2 processes do not divide it"),
         (["--procs", "64", "--rank-threads", "1"], "--procs 64 with 1 thread(s) each needs 64 CPUs"),
-        (["--procs", "2", "--phase", "inference"], "--procs runs phase training as several processes, not phase"),
+        (
+            ["--procs", "2", "--phase", "inference"],
+            "--procs runs phases training and fit as several processes, not phase inference",
+        ),
         (["--procs", "2", "--runtimes", "torch:eager"], "torch:eager runs as one process"),
         (["--runtimes", "torch:ddp"], "torch:ddp runs as several processes: give --procs"),
         (["--procs", "2", "--scaling", "linear"], "unknown scaling 'linear'; allowed: weak, strong"),
         (["--procs", "2", "--scaling", "strong", "--batch-sizes", "3"], "strong scaling splits the global batch 3"),
         (["--procs", "2", "--runtimes", "horovod:torch"], "runtime horovod:torch is not available: Horovod"),
+        (
+            ["--procs", "2", "--phase", "fit", "--rank-threads", "1", "--batch-sizes", "32", "--fit-samples", "96"],
+            "phase fit: the global batch 64 (2 processes) does not divide the 96 fit samples",
+        ),
     ],
 )
 def test_bad_distributed_input_is_one_line_and_writes_nothing(tmp_path: Path, flags: list[str], message: str) -> None:
@@ -200,6 +207,32 @@ def test_a_killed_or_hung_rank_ends_the_cell_and_leaves_no_process(fault: str) -
     assert time.monotonic() - started < 120
     assert rank_processes(os.getpid()) == {}
     assert not psutil.pid_exists(faulted[0]) or psutil.Process(faulted[0]).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.serial
+@TWO_CPUS
+def test_a_fit_of_two_processes_is_the_fit_of_one_and_keras_fit_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    """--phase fit --procs 1,2 --scaling strong: torch:ddp's DistributedSampler loop over 2 processes trains what 1
+    process does (the same epoch losses and final loss); keras:tensorflow's model.fit under MultiWorkerMirroredStrategy
+    is stored skipped with keras-team/keras#20585's reason."""
+    db = tmp_path / "fit.db"
+    result = run_cli(
+        "run", "--phase", "fit", "--models", "mlp", "--runtimes", "torch:ddp,keras:tensorflow", "--procs", "1,2",
+        "--scaling", "strong", "--rank-threads", "1", "--batch-sizes", "32", "--rounds", "1", "--epochs", "2",
+        "--fit-samples", "256", "--db", str(db),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with Store.open(db, readonly=True) as store:
+        rows = {(row.runtime, row.procs): row for row in store.results()}
+    assert {key: row.status for key, row in rows.items()} == {
+        ("torch:ddp", 1): "ok", ("torch:ddp", 2): "ok", ("keras:tensorflow", 1): "skipped",
+        ("keras:tensorflow", 2): "skipped",
+    }  # fmt: skip
+    assert "keras-team/keras#20585" in (rows[("keras:tensorflow", 2)].reason or "")
+    one, two = rows[("torch:ddp", 1)].details["fit"], rows[("torch:ddp", 2)].details["fit"]
+    assert one["steps_per_epoch"] == two["steps_per_epoch"] == 8 and two["global_batch"] == 32
+    assert two["epoch_loss"] == pytest.approx(one["epoch_loss"], rel=1e-5)
+    assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-5)
 
 
 @pytest.mark.serial

@@ -122,7 +122,8 @@ def add_parser(commands: Any) -> None:
     )
     grid.add_argument(
         "--procs",
-        help="data-parallel runtimes (torch:ddp, ...; --phase training): comma-separated process counts, e.g. 1,2; "
+        help="data-parallel runtimes (torch:ddp, ...; --phase training, or fit for torch:ddp): comma-separated process "
+        "counts, e.g. 1,2; "
         "a cell runs as N cooperating processes on disjoint cores, rendezvous on 127.0.0.1 (docs/distributed.md)",
     )
     grid.add_argument(

@@ -67,6 +67,9 @@ class RuntimeInfo:
     # A data-parallel runtime whose batch norm normalises over the global batch (synchronised statistics), so its N
     # processes take the 1-process step for ResNet too; False: each process's rows are normalised on their own.
     global_batch_norm: bool = False
+    # A runtime of one process that users would run as several but cannot today: its --procs cells are stored as
+    # skipped with this reason (instead of refused as a one-process runtime's).
+    procs_unsupported: str = ""
     # Why the runtime cannot run anywhere today (listed by ``fwbench list`` with this reason, refused in a plan).
     unavailable: str = ""
 
@@ -121,6 +124,7 @@ def _builtin(
     fit_loader: str = "",
     distributed: str = "",
     global_batch_norm: bool = False,
+    procs_unsupported: str = "",
     unavailable: str = "",
 ) -> None:
     """A built-in runtime; ``training`` (what one timed training call is) gives it phase training, ``fit``
@@ -157,6 +161,7 @@ def _builtin(
             fit_loader=fit_loader,
             distributed=distributed,
             global_batch_norm=global_batch_norm,
+            procs_unsupported=procs_unsupported,
             unavailable=unavailable,
         )
     )
@@ -391,6 +396,9 @@ _builtin(
     startup_s=6.0,
     fit_loader="tensorflow:data",
     compile_s=1.0,
+    procs_unsupported="Keras 3 model.fit under tf.distribute.MultiWorkerMirroredStrategy fails before training "
+    "(keras-team/keras#20585; Keras 3.15.1 with TensorFlow 2.21: ValueError: Attempt to convert a value "
+    "(PerReplica:{...}) with an unsupported type to a Tensor, in _maybe_symbolic_build)",
 )
 _builtin(
     "keras",
@@ -429,6 +437,9 @@ _builtin(
     ("torch",),
     "data-parallel training: torch.distributed + DistributedDataParallel, eager (phase training only; --procs)",
     training=DDP_TRAINING + "; eager",
+    fit="torch:eager's manual DataLoader loop with the module under DistributedDataParallel and the DataLoader over a "
+    "DistributedSampler(shuffle=False) of the same dataset (at each step the processes together hold the 1-process "
+    "global batch's rows); --procs, in-memory dataset only",
     inference=False,
     distributed="N worker processes on disjoint cores; torch.distributed process group (gloo on CPU, nccl on CUDA) "
     "over a FileStore rendezvous in a temporary folder (nothing listens but gloo's pair sockets, bound to the "

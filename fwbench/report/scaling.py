@@ -3,7 +3,8 @@ same run, machine, model, runtime, shape and scaling (measured interleaved with 
 
 Scaling efficiency = throughput(N) / (N × throughput(1)): 1 is perfect, 1/N means N processes are no faster than
 one. Throughput counts the global batch, so weak scaling (each process keeps its batch) gives t₁ / t_N and strong
-scaling (the global batch split) t₁ / (N · t_N); the 95% CI is the paired speed-up's t₁ / t_N
+scaling (the global batch split) t₁ / (N · t_N); phase fit's call is an epoch of the whole dataset whatever the
+batch, so its efficiency is t₁ / (N · t_N) and its samples/s the dataset's samples over the epoch; the 95% CI is the paired speed-up's t₁ / t_N
 (:func:`fwbench.report.summary.row_ratio`, over rounds), scaled the same way. Communication's share is the median of
 a bare all-reduce of the trained parameters' size (float32, through the runtime's own collectives; stored by each
 cell after its steps) over the median step.
@@ -42,8 +43,9 @@ RIGHT = frozenset({"batch", "seq", "procs", "global batch", "1-process step", "s
 LEGEND = (
     "Scaling: efficiency = samples/s of N processes ÷ (N × samples/s of 1 process) of the same runtime, model, shape "
     "and scaling (weak: the batch is each process's, the global batch N × it; strong: the batch is the global one, "
-    "split), 95% CI over rounds of the paired step-time ratio; all-reduce: the median of a bare all-reduce of the "
-    "trained parameters (float32) across the N processes, its share the fraction of the median step it would take."
+    "split; phase fit: a call is an epoch of the whole dataset, so efficiency is t₁ ÷ (N × t_N) either way), 95% CI "
+    "over rounds of the paired step-time ratio; all-reduce: the median of a bare all-reduce of the trained parameters "
+    "(float32) across the N processes, its share the fraction of the median step it would take."
 )
 
 
@@ -67,7 +69,7 @@ def scaling_rows(results: Sequence[ResultRecord]) -> list[ScalingRow]:
         if row.procs is None or row.procs < 2 or single is None or row.status == "skipped":
             continue
         speedup = row_ratio(single, row)
-        factor = 1.0 if row.scaling == "weak" else 1.0 / row.procs
+        factor = 1.0 if row.scaling == "weak" and row.phase != "fit" else 1.0 / row.procs
         efficiency = None
         if speedup is not None:
             low, high = speedup.ci_low, speedup.ci_high
@@ -80,6 +82,16 @@ def scaling_rows(results: Sequence[ResultRecord]) -> list[ScalingRow]:
         allreduce = distributed.get("allreduce_median_s") if isinstance(distributed, dict) else None
         out.append(ScalingRow(row, single, speedup, efficiency, allreduce if isinstance(allreduce, float) else None))
     return out
+
+
+def _samples_per_s(row: ResultRecord, median: float | None) -> float | None:
+    """Samples per second at ``median`` seconds per call: the global batch per step, or (phase fit) the dataset's
+    samples per epoch."""
+    fit = row.details.get("fit")
+    if row.phase == "fit":
+        samples = fit.get("samples") if isinstance(fit, dict) else None
+        return None if not isinstance(samples, int) or not median else samples / median
+    return rates(row, median)[0]
 
 
 def _median(row: ResultRecord, markup: bool) -> str:
@@ -114,7 +126,7 @@ def scaling_cells(item: ScalingRow, markup: bool = True) -> list[str]:
         str(row.global_batch),
         _median(item.single, markup),
         _median(row, markup),
-        format_rate(rates(row, median)[0]),
+        format_rate(_samples_per_s(row, median)),
         _efficiency(item.efficiency),
         format_seconds(item.allreduce_s) if item.allreduce_s is not None else "—",
         "—" if share is None else f"{100 * share:.0f}%",

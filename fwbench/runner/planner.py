@@ -198,7 +198,10 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
-        for seq_len, (procs, scaling) in itertools.product(lengths, _process_counts(grid, bool(info.distributed))):
+        several = bool(info.distributed) or bool(grid.procs and info.procs_unsupported)
+        if several and not info.distributed:
+            unsupported = unsupported or info.procs_unsupported
+        for seq_len, (procs, scaling) in itertools.product(lengths, _process_counts(grid, several)):
             case = Case(
                 model_name, runtime, phase, batch, seq_len, grid.dtype, grid.device,  # type: ignore[arg-type]
                 procs=procs, scaling=scaling,  # type: ignore[arg-type]
@@ -210,7 +213,11 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
 
 def _check_distributed(grid: Grid) -> None:
     """Refuse --procs with a runtime of one process, and a data-parallel runtime without --procs."""
-    single = [name for name in _unique(grid.runtimes) if not get_runtime(name).distributed]
+    single = [
+        name
+        for name in _unique(grid.runtimes)
+        if not get_runtime(name).distributed and not get_runtime(name).procs_unsupported
+    ]
     several = [name for name in _unique(grid.runtimes) if get_runtime(name).distributed]
     if grid.procs and single:
         raise SpecError(
@@ -235,6 +242,13 @@ def _process_counts(grid: Grid, distributed: bool) -> list[tuple[int | None, str
 def _check_processes_fit(case: Case, settings: Settings) -> None:
     """Refuse a distributed cell whose processes' threads (each on cores of its own) exceed the CPUs this process
     may use, or whose thread budget its processes do not divide."""
+    if case.phase == "fit" and settings.fit_source != "memory":
+        raise SpecError("--procs with --phase fit trains on the in-memory dataset (--fit-source memory), not --input")
+    if case.phase == "fit" and settings.fit_samples % case.global_batch:
+        raise SpecError(
+            f"phase fit: the global batch {case.global_batch} ({case.procs} processes) does not divide the "
+            f"{settings.fit_samples} fit samples"
+        )
     usable = len(os.sched_getaffinity(0))
     total = cell_threads(case, settings)
     if total > usable:

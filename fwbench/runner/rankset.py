@@ -33,6 +33,7 @@ from fwbench.measure import timer
 from fwbench.measure.memory import peak_rss_bytes
 from fwbench.ranks import LOOPBACK, RankInfo, free_ports
 from fwbench.runner.messages import Job
+from fwbench.runner.phases import get_phase
 from fwbench.runner.process import POLL_INTERVAL_S, WorkerFailure, WorkerProcess, worker_cpus
 from fwbench.spec import rank_threads
 
@@ -95,8 +96,9 @@ class RankSet:
         return min((rank.stage for rank in self.ranks), key=lambda stage: STAGES.index(stage) if stage in STAGES else 0)
 
     def command(self, name: str, **fields: Any) -> None:
-        """Send every rank ``name``; ``calibrate`` is run by the set itself when ``calibrated`` is awaited."""
-        if name == "calibrate":
+        """Send every rank ``name``; ``calibrate`` is run by the set itself when ``calibrated`` is awaited, unless
+        the phase fixes its blocks (fit: a block is an epoch, which every rank answers alike)."""
+        if name == "calibrate" and get_phase(self.job.case.phase).blocks_per_round(self.job.settings) is None:
             self._calibrating = True
             return
         for rank in self.ranks:
@@ -245,6 +247,8 @@ def combine(kind: str, messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
         first["rank_seconds"] = [float(m["seconds"]) for m in messages]
     elif kind == "ready":
         first["peak_memory_bytes"] = _sum(m.get("peak_memory_bytes") for m in messages)
+    elif kind == "calibrated":
+        first["block_s"] = max(float(m["block_s"]) for m in messages)
     elif kind == "result":
         return combine_results(messages)
     return first

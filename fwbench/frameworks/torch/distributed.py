@@ -18,12 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from fwbench.frameworks.base import Backend, TrainingArch
+from fwbench.models.fit import EpochEnd, FitDataset, FitResult
+from fwbench.models.training import OptimizerSpec
 from fwbench.ranks import RankInfo
 
 
@@ -111,6 +114,65 @@ def make_train_step(
         return totals[0] / totals[1]
 
     return step
+
+
+def fit(
+    backend: Backend,
+    arch: TrainingArch,
+    model: torch.nn.Module,
+    spec: OptimizerSpec,
+    dataset: FitDataset,
+    epochs: int,
+    batch_size: int,
+    epoch_end: EpochEnd,
+) -> FitResult:
+    """torch:ddp's fit loop: torch:eager's manual loop with the module under DistributedDataParallel and the
+    DataLoader over a ``DistributedSampler(shuffle=False)`` of the same dataset, ``batch_size`` rows per process per
+    step. The sampler deals rows round-robin, so at step k the processes together hold exactly rows
+    ``[k·N·b, (k+1)·N·b)``, the 1-process batch of N·b; DDP's gradient average of the per-process mean losses is the
+    mean over that global batch. An epoch's loss is the mean over every process's batches (all-reduced)."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from fwbench.frameworks.torch.training import make_optimizer
+
+    info = init_process_group(backend.device, backend.settings.timeout_s)
+    device, on_cuda = backend.device, backend.device == "cuda"
+    ddp = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if on_cuda else None)
+    replicated = Replicated(ddp)
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in dataset.inputs.values()]
+    rows = TensorDataset(*tensors, torch.from_numpy(dataset.labels.astype(np.int64)))
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        rows, num_replicas=info.world_size, rank=info.rank, shuffle=False
+    )
+    loader = DataLoader(rows, batch_size=batch_size, sampler=sampler, pin_memory=on_cuda)
+    optimizer = make_optimizer(spec, model.parameters())
+    epoch_s: list[float] = []
+    epoch_loss: list[float] = []
+    started = time.perf_counter()
+    for _ in range(epochs):
+        epoch_start = time.perf_counter()
+        total, batches = torch.zeros((), device=device), 0
+        for *xs, y in loader:
+            xs, y = [x.to(device, non_blocking=True) for x in xs], y.to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(arch.training_logits(replicated, *xs), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+            batches += 1
+        dist.all_reduce(total)  # the epoch's loss over every process's batches (and the epoch's end on each)
+        mean = float(total) / (batches * info.world_size)
+        if on_cuda:
+            torch.cuda.synchronize()
+        epoch_s.append(time.perf_counter() - epoch_start)
+        epoch_loss.append(mean)
+        epoch_end(epoch_s[-1])
+    total_s = time.perf_counter() - started
+    with torch.no_grad():
+        inputs = [t.to(device) for t in tensors]
+        logits = model.eval()(*inputs)[0].float().cpu().numpy()
+    loop = "manual DataLoader loop over a DistributedSampler, DistributedDataParallel"
+    return FitResult(loop, epoch_s, epoch_loss, logits, total_s, {"processes": info.world_size})
 
 
 def allreduce_seconds(elements: int, repeats: int, device: str) -> list[float]:

@@ -71,11 +71,17 @@ def fit(
     (``extra["input"]``; Lightning: from its batch-end hook to the next batch-start hook, its own bookkeeping
     between them included); ``dataset`` is then the evaluation set only."""
     assert backend.description is not None
-    if backend.mode not in ("eager", "lightning"):
+    if backend.mode not in ("eager", "lightning", "ddp"):
         raise NotImplementedError(f"torch:{backend.mode} has no fit phase")
     arch = as_training_arch(backend.arch_module())
     model = backend.model.train()
     spec = optimizer_spec(backend.settings.optimizer)
+    if backend.mode == "ddp":
+        if loader is not None:
+            raise NotImplementedError("torch:ddp's fit loop reads the in-memory dataset only")
+        from fwbench.frameworks.torch import distributed
+
+        return distributed.fit(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end)
     if backend.mode == "lightning":
         return _lightning(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end, loader)
     return _manual(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end, loader)

@@ -99,7 +99,7 @@ class Fit(Phase):
             except OSError:
                 return None
         step = super().flops_per_call(description, case, settings)
-        return None if step is None else step * (samples // case.batch_size)
+        return None if step is None else step * (samples // case.global_batch)
 
     def dataset(self, cell: Cell, description: ModelDescription) -> tuple[FitDataset, LoaderInput | None]:
         """What the epochs read: the seeded in-memory dataset, or (``fit_source`` input) the data phase's images
@@ -137,7 +137,7 @@ class Fit(Phase):
         blocks = EpochBlocks(cell, settings.epochs) if cell.job.interleaved else None
         if "epoch_end" in inspect.signature(fit).parameters:
             epoch_end: EpochEnd = blocks if blocks is not None else no_pause
-            outcome = fit(backend, dataset, settings.epochs, case.batch_size, epoch_end, **reads)
+            outcome = fit(backend, dataset, settings.epochs, case.rank_batch, epoch_end, **reads)
         elif blocks is None and not reads:  # a plugin's fit.py from before epoch_end: it can still run start to end
             outcome = fit(backend, dataset, settings.epochs, case.batch_size)
         else:
@@ -165,7 +165,8 @@ class Fit(Phase):
             "epochs": settings.epochs,
             "samples": dataset.size,
             "batch_size": case.batch_size,
-            "steps_per_epoch": dataset.size // case.batch_size,
+            "global_batch": case.global_batch,
+            "steps_per_epoch": dataset.size // case.global_batch,
             "source": settings.fit_source,
             "epoch_s": outcome.epoch_s,
             "epoch_loss": outcome.epoch_loss,
