@@ -409,12 +409,11 @@ def test_migration_3_keeps_runs_of_schema_2_benchmark_runs(db_path: Path) -> Non
             store.create_run(PLAN, "fwbench x", {}, "0", kind="other")
 
 
-def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
-    """A database of schema 3 gains results.workers: its rows read as None (not a data cell), and a data cell's
-    worker count is stored and read back with its key."""
+def old_schema_store(db_path: Path, version: int) -> None:
+    """A database at schema ``version`` holding one run and one result row (PLAN's first cell, 10 ms)."""
     db_path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(db_path, isolation_level=None)
-    assert migrate(conn, MIGRATIONS[:3]) == 3
+    assert migrate(conn, MIGRATIONS[:version]) == version
     conn.execute(
         "INSERT INTO runs (created, command, settings_json, plan_json, environment_json, fwbench_version) "
         "VALUES ('2026-01-01', 'fwbench run', '{}', ?, '{}', '0')",
@@ -427,6 +426,12 @@ def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
         (PLAN.cases[0].key,),
     )
     conn.close()
+
+
+def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
+    """A database of schema 3 gains results.workers: its rows read as None (not a data cell), and a data cell's
+    worker count is stored and read back with its key."""
+    old_schema_store(db_path, 3)
     data_case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
     with Store.open(db_path) as store:
         assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
@@ -444,21 +449,7 @@ def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
 def test_migration_6_adds_the_processes_of_distributed_cells(db_path: Path) -> None:
     """A database of schema 5 gains results.procs and results.scaling: its rows read as None (one process), and a
     distributed cell's processes, scaling and global batch are stored and read back with its key."""
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(db_path, isolation_level=None)
-    assert migrate(conn, MIGRATIONS[:5]) == 5
-    conn.execute(
-        "INSERT INTO runs (created, command, settings_json, plan_json, environment_json, fwbench_version) "
-        "VALUES ('2026-01-01', 'fwbench run', '{}', ?, '{}', '0')",
-        (PLAN.to_json(),),
-    )
-    conn.execute(
-        "INSERT INTO results (run_id, case_key, created, model, runtime, phase, batch_size, dtype, device, status, "
-        "samples_json, n_samples, median_s) VALUES (1, ?, '', 'mlp', 'torch:eager', 'inference', 1, 'fp32', 'cpu', "
-        "'ok', '[0.01]', 1, 0.01)",
-        (PLAN.cases[0].key,),
-    )
-    conn.close()
+    old_schema_store(db_path, 5)
     weak = Case("mlp", "torch:ddp", "training", 4, procs=2, scaling="weak")
     strong = Case("mlp", "torch:ddp", "training", 4, procs=2, scaling="strong")
     with Store.open(db_path) as store:

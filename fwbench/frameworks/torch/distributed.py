@@ -133,6 +133,7 @@ def fit(
     mean over that global batch. An epoch's loss is the mean over every process's batches (all-reduced)."""
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+    from fwbench.frameworks.torch.fit import train_epochs
     from fwbench.frameworks.torch.training import make_optimizer
 
     info = init_process_group(backend.device, backend.settings.timeout_s)
@@ -146,27 +147,15 @@ def fit(
     )
     loader = DataLoader(rows, batch_size=batch_size, sampler=sampler, pin_memory=on_cuda)
     optimizer = make_optimizer(spec, model.parameters())
-    epoch_s: list[float] = []
-    epoch_loss: list[float] = []
     started = time.perf_counter()
-    for _ in range(epochs):
-        epoch_start = time.perf_counter()
-        total, batches = torch.zeros((), device=device), 0
-        for *xs, y in loader:
-            xs, y = [x.to(device, non_blocking=True) for x in xs], y.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(arch.training_logits(replicated, *xs), y)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-            batches += 1
+
+    def global_mean(total: torch.Tensor, batches: int) -> float:
         dist.all_reduce(total)  # the epoch's loss over every process's batches (and the epoch's end on each)
-        mean = float(total) / (batches * info.world_size)
-        if on_cuda:
-            torch.cuda.synchronize()
-        epoch_s.append(time.perf_counter() - epoch_start)
-        epoch_loss.append(mean)
-        epoch_end(epoch_s[-1])
+        return float(total) / (batches * info.world_size)
+
+    epoch_s, epoch_loss = train_epochs(
+        backend, arch, replicated, optimizer, loader, epochs, epoch_end, epoch_mean=global_mean
+    )
     total_s = time.perf_counter() - started
     with torch.no_grad():
         inputs = [t.to(device) for t in tensors]

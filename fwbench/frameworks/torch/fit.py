@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -98,18 +99,43 @@ def _manual(
     epoch_end: EpochEnd,
     source: LoaderInput | None = None,
 ) -> FitResult:
-    device, on_cuda = backend.device, backend.device == "cuda"
-    epoch_s: list[float] = []
-    epoch_loss: list[float] = []
     started = time.perf_counter()
     clock = WaitClock()
     loader = _loader(backend, dataset, batch_size) if source is None else _image_loader(source, batch_size)
     optimizer = make_optimizer(spec, model.parameters())
+    epoch_s, epoch_loss = train_epochs(backend, arch, model, optimizer, loader, epochs, epoch_end, clock)
+    total_s = time.perf_counter() - started
+    extra: dict[str, Any] = {"torch_threads_after": torch.get_num_threads()}
+    if source is not None:
+        extra["input"] = clock.report(epoch_s, "torch:dataloader", torch_data.LAYOUT)
+    loop = "manual DataLoader loop" + (" over the dataset's JPEGs" if source is not None else "")
+    return FitResult(loop, epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)
+
+
+def train_epochs(
+    backend: Backend,
+    arch: Any,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    loader: Any,
+    epochs: int,
+    epoch_end: EpochEnd,
+    clock: WaitClock | None = None,
+    epoch_mean: Callable[[torch.Tensor, int], float] = lambda total, batches: float(total) / batches,
+) -> tuple[list[float], list[float]]:
+    """The manual loop's epochs: for each batch of ``loader`` (inputs..., labels) zero_grad, forward through
+    ``model`` (anything ``training_logits`` calls: the module, or DDP's view of it) + F.cross_entropy, backward,
+    optimizer step; ``epoch_end`` after each epoch's clock stops. Returns each epoch's seconds and mean loss
+    (``epoch_mean`` of the summed batch losses and the batch count; reading it waits for the epoch's work)."""
+    device, on_cuda = backend.device, backend.device == "cuda"
+    epoch_s: list[float] = []
+    epoch_loss: list[float] = []
     for _ in range(epochs):
         epoch_start = time.perf_counter()
         total, batches = torch.zeros((), device=device), 0
-        clock.start_epoch()
-        for *xs, y in clock.batches(loader):
+        if clock is not None:
+            clock.start_epoch()
+        for *xs, y in clock.batches(loader) if clock is not None else loader:
             xs, y = [x.to(device, non_blocking=True) for x in xs], y.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(arch.training_logits(model, *xs), y)
@@ -117,19 +143,15 @@ def _manual(
             optimizer.step()
             total += loss.detach()
             batches += 1
-        clock.end_epoch()
-        mean = float(total) / batches  # reads the loss: the epoch's work has finished
+        if clock is not None:
+            clock.end_epoch()
+        mean = epoch_mean(total, batches)
         if on_cuda:
             torch.cuda.synchronize()
         epoch_s.append(time.perf_counter() - epoch_start)
         epoch_loss.append(mean)
         epoch_end(epoch_s[-1])
-    total_s = time.perf_counter() - started
-    extra: dict[str, Any] = {"torch_threads_after": torch.get_num_threads()}
-    if source is not None:
-        extra["input"] = clock.report(epoch_s, "torch:dataloader", torch_data.LAYOUT)
-    loop = "manual DataLoader loop" + (" over the dataset's JPEGs" if source is not None else "")
-    return FitResult(loop, epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)
+    return epoch_s, epoch_loss
 
 
 def _lightning(
