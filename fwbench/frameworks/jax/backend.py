@@ -183,8 +183,9 @@ class JaxBackend(Backend):
             params,
             self.description.frozen_in_training(),
         )
-        place = self._placement()  # after with_frozen: it finds frozen leaves by identity, which placing changes
-        params, stats = place(params), place(stats)
+        place = self._placement()
+        if self.mode == "distributed":  # after with_frozen: it finds frozen leaves by identity, which placing changes
+            params, stats = place(params), place(stats)  # jit: the model's own arrays, donated as they are
         loss_of = training.weighted_cross_entropy
         # (params, stats, *batch) -> (logits, updated stats), traced under the cell's precision policy
         forward = precision.scoped(self.dtype, training.training_forward(arch, model))
