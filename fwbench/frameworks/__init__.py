@@ -67,8 +67,8 @@ class RuntimeInfo:
     # A data-parallel runtime whose batch norm normalises over the global batch (synchronised statistics), so its N
     # processes take the 1-process step for ResNet too; False: each process's rows are normalised on their own.
     global_batch_norm: bool = False
-    # A runtime of one process that users would run as several but cannot today: its --procs cells are stored as
-    # skipped with this reason (instead of refused as a one-process runtime's).
+    # A runtime of one process whose fit loop users would run as several processes but cannot today: its phase fit
+    # --procs cells are stored as skipped with this reason (instead of refused as a one-process runtime's).
     procs_unsupported: str = ""
     # Why the runtime cannot run anywhere today (listed by ``fwbench list`` with this reason, refused in a plan).
     unavailable: str = ""

@@ -198,7 +198,7 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
-        several = bool(info.distributed) or bool(grid.procs and info.procs_unsupported)
+        several = bool(info.distributed) or bool(grid.procs and phase == "fit" and info.procs_unsupported)
         if several and not info.distributed:
             unsupported = unsupported or info.procs_unsupported
         for seq_len, (procs, scaling) in itertools.product(lengths, _process_counts(grid, several)):
@@ -216,7 +216,7 @@ def _check_distributed(grid: Grid) -> None:
     single = [
         name
         for name in _unique(grid.runtimes)
-        if not get_runtime(name).distributed and not get_runtime(name).procs_unsupported
+        if not get_runtime(name).distributed and not (grid.phase == "fit" and get_runtime(name).procs_unsupported)
     ]
     several = [name for name in _unique(grid.runtimes) if get_runtime(name).distributed]
     if grid.procs and single:
