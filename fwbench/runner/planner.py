@@ -241,7 +241,8 @@ def _process_counts(grid: Grid, distributed: bool) -> list[tuple[int | None, str
 
 def _check_processes_fit(case: Case, settings: Settings) -> None:
     """Refuse a distributed cell whose processes' threads (each on cores of its own) exceed the CPUs this process
-    may use, or whose thread budget its processes do not divide."""
+    may use, or whose thread budget its processes do not divide; a distributed fit that would read --input images or
+    whose global batch does not divide the fit samples."""
     if case.phase == "fit" and settings.fit_source != "memory":
         raise SpecError("--procs with --phase fit trains on the in-memory dataset (--fit-source memory), not --input")
     if case.phase == "fit" and settings.fit_samples % case.global_batch:
