@@ -2,7 +2,7 @@
 where the processes meet. Framework-free: the manager writes it into each process's environment
 (:meth:`RankInfo.environ`) and the framework backends read it back (:meth:`RankInfo.current`).
 
-On one machine the processes meet on 127.0.0.1 only: a free port chosen by fwbench (:func:`free_port`) and, for
+On one machine the processes meet on 127.0.0.1 only: free ports chosen by fwbench (:func:`free_ports`) and, for
 torch, a rendezvous file in a temporary folder (nothing listens for it); ``GLOO_SOCKET_IFNAME=lo`` keeps gloo's
 sockets on the loopback interface.
 """
@@ -17,16 +17,10 @@ LOOPBACK = "127.0.0.1"
 ENV_PREFIX = "FWBENCH_DIST_"
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port free on ``host`` now: the kernel picks it (bind to port 0), so two cells started back to back get
-    different ports and never a fixed one two runs could collide on."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """``count`` distinct free ports on ``host`` (held open together while they are chosen, so none repeats)."""
+    """``count`` distinct TCP ports free on ``host`` now: the kernel picks them (bind to port 0; held open together
+    while they are chosen, so none repeats), so two cells started back to back get different ports and never a fixed
+    one two runs could collide on."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
         for probe in sockets:

@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from rich.markup import escape
 
 from fwbench.report.flags import parity_by_pair, parity_key
-from fwbench.report.summary import RatioEstimate, cell_key, row_ratio, sample_median
+from fwbench.report.summary import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
 from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord
 
 NOT_CHECKED = float("nan")  # an error column without a parity check (None is a failed one, as in parity_by_pair)
-MATCH_FIELDS = (
-    "run_id", "hardware_id", "model", "runtime", "phase", "batch_size", "seq_len", "workers", "procs", "scaling", "device",
-)  # fmt: skip
+MATCH_FIELDS = ("runtime", *(name for name in KEY_FIELDS if name != "dtype"))  # the same cell in another dtype
 HEADERS = [
     "model", "runtime", "phase", "batch", "seq", "dtype", "fp32 median", "median", "speed-up vs fp32 (95% CI)",
     "error", "fp32 error", "limit",
@@ -69,7 +67,8 @@ def dtype_comparisons(results: Sequence[ResultRecord]) -> list[DtypeComparison]:
     return out
 
 
-def _median(row: ResultRecord, markup: bool) -> str:
+def median_text(row: ResultRecord, markup: bool) -> str:
+    """A cell's median, or ``N/A <status>`` (red with rich ``markup``) when it has none."""
     median = sample_median(row)
     if median is not None:
         return format_seconds(median)
@@ -102,8 +101,8 @@ def dtype_cells(item: DtypeComparison, markup: bool = True) -> list[str]:
         str(row.batch_size),
         "—" if row.seq_len is None else str(row.seq_len),
         text(row.dtype),
-        _median(item.fp32, markup),
-        _median(row, markup),
+        median_text(item.fp32, markup),
+        median_text(row, markup),
         _speedup(item.speedup),
         _error(item.error),
         _error(item.fp32_error),

@@ -17,23 +17,13 @@ from dataclasses import dataclass
 
 from rich.markup import escape
 
-from fwbench.report.summary import RatioEstimate, cell_key, row_ratio, sample_median
+from fwbench.report.dtypes import median_text
+from fwbench.report.summary import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
 from fwbench.report.throughput import format_rate, rates
 from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord
 
-MATCH_FIELDS = (
-    "run_id",
-    "hardware_id",
-    "model",
-    "runtime",
-    "phase",
-    "batch_size",
-    "seq_len",
-    "dtype",
-    "device",
-    "scaling",
-)
+MATCH_FIELDS = ("runtime", *(name for name in KEY_FIELDS if name != "procs"))  # the same cell in 1 process
 HEADERS = [
     "model", "runtime", "batch", "seq", "scaling", "procs", "global batch", "1-process step", "step", "samples/s",
     "efficiency (95% CI)", "all-reduce", "all-reduce share",
@@ -94,13 +84,6 @@ def _samples_per_s(row: ResultRecord, median: float | None) -> float | None:
     return rates(row, median)[0]
 
 
-def _median(row: ResultRecord, markup: bool) -> str:
-    median = sample_median(row)
-    if median is not None:
-        return format_seconds(median)
-    return f"[red]N/A {escape(row.status)}[/]" if markup else f"N/A {row.status}"
-
-
 def _efficiency(value: tuple[float, float | None, float | None] | None) -> str:
     if value is None:
         return "N/A"
@@ -124,8 +107,8 @@ def scaling_cells(item: ScalingRow, markup: bool = True) -> list[str]:
         text(row.scaling or ""),
         str(row.procs),
         str(row.global_batch),
-        _median(item.single, markup),
-        _median(row, markup),
+        median_text(item.single, markup),
+        median_text(row, markup),
         format_rate(_samples_per_s(row, median)),
         _efficiency(item.efficiency),
         format_seconds(item.allreduce_s) if item.allreduce_s is not None else "—",

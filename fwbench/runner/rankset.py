@@ -80,11 +80,6 @@ class RankSet:
         self.close()
 
     @property
-    def pid(self) -> int:
-        """Rank 0's process id."""
-        return self.ranks[0].pid
-
-    @property
     def pids(self) -> tuple[int, ...]:
         return tuple(rank.pid for rank in self.ranks)
 
@@ -103,10 +98,6 @@ class RankSet:
             return
         for rank in self.ranks:
             rank.command(name, **fields)
-
-    def cpu_seconds(self) -> float | None:
-        seconds = [rank.cpu_seconds() for rank in self.ranks]
-        return None if any(s is None for s in seconds) else sum(s for s in seconds if s is not None)
 
     def await_message(self, kinds: set[str], timeout_s: float) -> dict[str, Any]:
         """Every rank's next message of one of ``kinds``, answered as one (see the module docstring); the
