@@ -187,6 +187,13 @@ class Settings:
             "many cores (None: --threads is the cell's total, split evenly over its processes)"
         },
     )
+    nodes: int = field(
+        default=1,
+        metadata={
+            "help": "distributed cells (--procs) of more than one process span this many machines (--nnodes), "
+            "procs / nodes processes on each; a cell of one process runs on node 0"
+        },
+    )
     protocol: Protocol = field(default="adaptive", metadata={"help": "timing protocol"})
     max_time_s: float = field(default=5.0, metadata={"help": "adaptive: time budget per cell, seconds"})
     target_rel_ci: float = field(default=0.01, metadata={"help": "adaptive: stop at CI half-width / median"})
@@ -277,6 +284,7 @@ class Settings:
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)
         _check_positive_int("interop threads", self.interop_threads)
+        _check_positive_int("node count", self.nodes)
         if self.rank_threads is not None:
             _check_positive_int("threads per process", self.rank_threads)
         _check_choice("protocol", self.protocol, PROTOCOLS)
@@ -354,6 +362,25 @@ def rank_threads(case: Case, settings: Settings) -> int:
 def cell_threads(case: Case, settings: Settings) -> int:
     """Threads the whole cell uses: every process's together."""
     return rank_threads(case, settings) * (case.procs or 1)
+
+
+def node_procs(case: Case, settings: Settings) -> int:
+    """Processes of ``case`` on each machine: ``procs / nodes`` for a cell of several processes across
+    ``settings.nodes`` machines (SpecError when they do not divide), else all of them (1 for a one-worker cell)."""
+    procs = case.procs or 1
+    if procs == 1 or settings.nodes == 1:
+        return procs
+    if procs % settings.nodes:
+        raise SpecError(
+            f"--procs {procs} spreads over --nnodes {settings.nodes} machines evenly: give a multiple of "
+            f"{settings.nodes} (or 1, which runs on node 0)"
+        )
+    return procs // settings.nodes
+
+
+def node_threads(case: Case, settings: Settings) -> int:
+    """Threads the cell uses on each machine it runs on (all of them on one machine)."""
+    return rank_threads(case, settings) * node_procs(case, settings)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from fwbench.measure import environment
 from fwbench.report.peak import latest_peak
 from fwbench.report.table import make_console, print_results
 from fwbench.report.tensorboard import write_cell
+from fwbench.runner import nodes
 from fwbench.runner.estimate import estimate_cell_s, format_estimate
 from fwbench.runner.manager import CellOutcome, Listener, execute
 from fwbench.runner.planner import PlanChoices, check_plan_fits, resolve_plan
@@ -89,6 +90,7 @@ SETTINGS_FLAGS = {
     "fit_source": "fit_source",
     "fit_workers": "fit_workers",
     "rank_threads": "rank_threads",
+    "nnodes": "nodes",
 }
 GRID_FLAGS = (
     "suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "workers", "procs", "scaling", "phase",
@@ -338,12 +340,57 @@ def add_parser(commands: Any) -> None:
         "round-robin (disjoint shards that together cover the plan; a group is never split); the run stores the "
         "whole plan's hash and I/N, and `fwbench merge` reunites the shards' databases into one run",
     )
+    spread = run.add_argument_group(
+        "one distributed cell across machines (start the same command on every machine, each with its --node-rank)"
+    )
+    spread.add_argument(
+        "--nnodes",
+        type=positive_int,
+        metavar="M",
+        help="machines a cell of several processes (--procs N) spans, N / M processes on each (N must be a "
+        "multiple of M; a cell of 1 process runs on node 0); default 1",
+    )
+    spread.add_argument(
+        "--node-rank",
+        type=non_negative_int,
+        default=0,
+        metavar="R",
+        help="this machine's place: 0 (default) plans, times and stores; 1..M-1 only serve node 0's ranks and store "
+        "nothing",
+    )
+    spread.add_argument(
+        "--master-addr",
+        metavar="HOST",
+        help="--nnodes: node 0's address the other nodes reach; node 0 listens there for them (and the frameworks' "
+        "rendezvous, torch's store and JAX's coordinator, are there)",
+    )
+    spread.add_argument(
+        "--master-port", type=port_number, metavar="P", help="--nnodes: the port node 0 listens at for the other nodes"
+    )
+    spread.add_argument(
+        "--join-timeout",
+        type=positive_float,
+        default=300.0,
+        metavar="SECONDS",
+        help="--nnodes: how long node 0 waits for the other nodes, and they for node 0 (default 300)",
+    )
     run.add_argument(
         "--tensorboard",
         type=Path,
         metavar="DIR",
         help=TENSORBOARD_HELP + "; each cell is written as soon as it is stored",
     )
+
+
+def port_number(text: str) -> int:
+    """A TCP port 1..65535 (argparse type)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {text!r}")
+    return port
 
 
 def shard_spec(text: str) -> ShardSpec:
@@ -437,10 +484,79 @@ def connect_executor(args: argparse.Namespace) -> RayExecutor | None:
     return RayExecutor(args.ray_address)
 
 
+WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
+
+
+def check_node_flags(args: argparse.Namespace, count: int) -> None:
+    """Refuse node flags that do not go together for a run whose cells span ``count`` machines (SpecError, one
+    line)."""
+    if count == 1:
+        stray = given(args, ["master_addr", "master_port"]) + (["--node-rank"] if args.node_rank else [])
+        if stray:
+            raise SpecError(f"{', '.join(stray)} go(es) with --nnodes M (M > 1)")
+        return
+    if args.master_addr is None or args.master_port is None:
+        raise SpecError("--nnodes spans machines that meet at node 0: give --master-addr HOST and --master-port P")
+    if args.master_addr in WILDCARD_ADDRESSES:
+        raise SpecError(f"--master-addr {args.master_addr!r}: give node 0's address the other machines reach")
+    if args.node_rank >= count:
+        raise SpecError(f"--node-rank {args.node_rank} is not one of 0..{count - 1} (--nnodes {count})")
+    if args.executor == "ray":
+        raise SpecError(
+            "--nnodes spreads one cell over machines from node 0; --executor ray spreads whole groups: not both"
+        )
+
+
+def serve_node(args: argparse.Namespace) -> int:
+    """Node 1..M-1: join node 0 and serve its ranks until it finishes the sweep. With plan flags, the plan they
+    make must be node 0's (its digest is checked there)."""
+    stray = given(args, ["resume", "shard", "tensorboard"])
+    if stray:
+        raise SpecError(f"node {args.node_rank} serves node 0's cells and stores nothing: drop {', '.join(stray)}")
+    flags = [flag for flag in given(args, [*GRID_FLAGS, *SETTINGS_FLAGS]) if flag != "--nnodes"]
+    plan = plan_from_args(args) if flags else None
+    if plan is not None:
+        check_plan_fits(plan)
+    terminate_on_sigterm()
+    try:
+        return nodes.serve(
+            args.master_addr,
+            args.master_port,
+            args.node_rank,
+            args.nnodes,
+            args.join_timeout,
+            nodes.plan_fingerprint(plan) if plan is not None else None,
+            __version__,
+            environment.collect(),
+        )
+    except nodes.ClusterError as exc:
+        raise SpecError(str(exc)) from None
+    except KeyboardInterrupt:
+        print(f"fwbench: node {args.node_rank} interrupted; the ranks it started are killed", file=sys.stderr)
+        return 130
+
+
+def join_nodes(args: argparse.Namespace, plan: Plan) -> nodes.Cluster | None:
+    """Node 0 of ``--nnodes M``: the cluster of the other nodes, once all have joined; None on one machine."""
+    if plan.settings.nodes == 1:
+        return None
+    if not any((case.procs or 1) > 1 for case in plan.cases):
+        raise SpecError("--nnodes spreads cells of several processes over machines; the plan has none (give --procs)")
+    try:
+        return nodes.Cluster(
+            args.master_addr, args.master_port, plan.settings.nodes, args.join_timeout, plan, __version__
+        )
+    except nodes.ClusterError as exc:
+        raise SpecError(str(exc)) from None
+
+
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_tensorboard_dir(args.tensorboard)
+    if args.node_rank > 0:
+        check_node_flags(args, args.nnodes or 1)
+        return serve_node(args)
     if args.resume is not None:
-        dropped = given(args, [*GRID_FLAGS, *SETTINGS_FLAGS])
+        dropped = [flag for flag in given(args, [*GRID_FLAGS, *SETTINGS_FLAGS]) if flag != "--nnodes"]
         if dropped:
             raise SpecError(f"--resume reruns a stored plan with its stored settings; drop {', '.join(dropped)}")
         if args.shard is not None:
@@ -448,31 +564,41 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         store = Store.open(args.db, create=False)
         record = resolve_run(store, args.resume, args.db, "--resume")
         plan, run_id = record.planned, record.id
+        if args.nnodes is not None and args.nnodes != plan.settings.nodes:
+            raise SpecError(f"run {run_id} spans --nnodes {plan.settings.nodes}; --resume it with that many")
+        check_node_flags(args, plan.settings.nodes)
         check_plan_fits(plan)
         check_dataset(plan)
         executor = connect_executor(args)
+        cluster = join_nodes(args, record.plan)  # the other nodes give the whole plan's flags, or none
     else:
         full_plan = plan_from_args(args)
+        check_node_flags(args, full_plan.settings.nodes)  # --nnodes, or nodes in a --config / suite [settings]
         plan = full_plan.shard(args.shard)
         check_dataset(plan)
         check_database_path(Path(args.db), create=True)  # a database that cannot be used fails before a cluster starts
         executor = connect_executor(args)  # a cluster that cannot be used fails before anything is written
+        cluster = None
         try:
+            cluster = join_nodes(args, full_plan)  # every node gives the whole plan (a shard is node 0's choice)
             store = Store.open(args.db)
         except BaseException:
             if executor is not None:
                 executor.close()
+            if cluster is not None:
+                cluster.close()
             raise
-        run_id = store.create_run(
-            full_plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__, shard=args.shard
-        )
+        facts = environment.collect()
+        if cluster is not None:
+            facts["cluster_nodes"] = cluster.machines()  # the other machines a cell of several processes spans
+        run_id = store.create_run(full_plan, shlex.join(["fwbench", *argv]), facts, __version__, shard=args.shard)
         if args.shard is not None:
             print(
                 f"shard {args.shard} of plan {full_plan.digest[:12]}: {plan.size} of its {full_plan.size} cells",
                 file=sys.stderr,
             )
     terminate_on_sigterm()
-    with store:
+    with store, nodes.joined(cluster):
         done = store.done_keys(run_id)
         remaining = plan.size - len(done)
         todo = [case for case in plan.cases if case.key not in done]
@@ -490,9 +616,15 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 else:
                     execute_on_ray(store, run_id, plan, hears, executor)
         except KeyboardInterrupt:
+            nodes_flags = ""
+            if cluster is not None:
+                cluster.close("was interrupted", ok=False)
+                nodes_flags = (
+                    f" --master-addr {args.master_addr} --master-port {args.master_port} (and the other nodes)"
+                )
             print(
                 f"fwbench: interrupted; finished cells are stored; continue with "
-                f"`fwbench run --resume {run_id} --db {args.db}`",
+                f"`fwbench run --resume {run_id} --db {args.db}{nodes_flags}`",
                 file=sys.stderr,
             )
             return 130

@@ -406,6 +406,12 @@ class Backend(ABC):
         step."""
         raise NotImplementedError(f"{self.framework}:{self.mode} runs in one process")
 
+    def barrier(self) -> None:
+        """A distributed runtime, before each timed block: return once every process of the cell has reached it,
+        so all start the block together (a rank that got the block command later, e.g. relayed from another
+        machine, would otherwise make the others wait for it in their first all-reduce, inside their timers)."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} runs in one process")
+
     def loss_value(self, loss: object) -> float:
         """A loss the train step returned, as a Python float (outside the timed call)."""
         return float(loss)  # type: ignore[arg-type]

@@ -283,6 +283,8 @@ def environment_record(run: RunRecord, results: Sequence[ResultRecord]) -> dict[
     framework versions its workers reported."""
     record: dict[str, str | None] = {f"environment.{k}": _text(v) for k, v in sorted(run.environment.items())}
     record.update({f"settings.{k}": _text(run.settings.get(k)) for k in SETTINGS_KEYS if k in run.settings})
+    if int(run.settings.get("nodes") or 1) > 1:  # cells of several processes across machines (--nnodes)
+        record["settings.nodes"] = _text(run.settings["nodes"])
     if any(row.phase in ("data", "fit") for row in results):
         record.update({f"settings.{k}": _text(run.settings.get(k)) for k in DATA_SETTINGS_KEYS if k in run.settings})
         digests = sorted({str(d["digest"]) for d in map(_dataset_facts, results) if d.get("digest")})

@@ -707,7 +707,7 @@ def results_section(
                 esc(r.batch_size),
                 esc(r.seq_len),
                 *([esc(r.workers)] if workers else []),
-                *([esc(procs_text(r.procs, r.scaling))] if procs else []),
+                *([esc(procs_text(r.procs, r.scaling, r.nodes))] if procs else []),
                 esc(r.dtype),
                 esc(r.device),
                 esc(r.status) if ok else f"<b>{esc(r.status)}</b>",

@@ -105,7 +105,7 @@ def scaling_cells(item: ScalingRow, markup: bool = True) -> list[str]:
         str(row.batch_size),
         "—" if row.seq_len is None else str(row.seq_len),
         text(row.scaling or ""),
-        str(row.procs),
+        str(row.procs) + (f"/{row.nodes} nodes" if row.nodes > 1 else ""),
         str(row.global_batch),
         median_text(item.single, markup),
         median_text(row, markup),

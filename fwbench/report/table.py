@@ -318,7 +318,7 @@ def result_tables(
                     str(row.batch_size),
                     "—" if row.seq_len is None else str(row.seq_len),
                     *(["—" if row.workers is None else str(row.workers)] if workers else []),
-                    *([procs_text(row.procs, row.scaling)] if procs else []),
+                    *([procs_text(row.procs, row.scaling, row.nodes)] if procs else []),
                     escape(row.runtime),
                     median_cell(row),
                     *([speedup_cell(cells.get(key), row.runtime == table_baseline)] if baseline else []),

@@ -99,9 +99,12 @@ def format_seconds_noise(value: float | None, low: float | None, high: float | N
     return f"{format_significant(value / scale, significant_digits(value, half))} {unit}"
 
 
-def procs_text(procs: int | None, scaling: str | None) -> str:
-    """A distributed cell's processes and scaling (``2 weak``), ``—`` for a cell of one process."""
-    return "—" if procs is None else f"{procs} {scaling}"
+def procs_text(procs: int | None, scaling: str | None, nodes: int = 1) -> str:
+    """A distributed cell's processes and scaling (``2 weak``; ``2 weak/2 nodes`` across machines), ``—`` for a cell
+    of one process."""
+    if procs is None:
+        return "—"
+    return f"{procs} {scaling}" + (f"/{nodes} nodes" if nodes > 1 else "")
 
 
 def second_axis_text(

@@ -270,6 +270,8 @@ class Cell:
                 started = time.perf_counter()
                 continue
             calls = int(command.get("calls") or number)
+            if (self.job.case.procs or 1) > 1 and self.backend is not None:
+                self.backend.barrier()  # every rank starts the block together (untimed)
             start_unix = time.time()
             seconds = timed.timeit(calls)
             if not command.get("calibration"):  # a rank set's calibration blocks are not samples

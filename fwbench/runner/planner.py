@@ -41,7 +41,8 @@ from fwbench.spec import (
     Settings,
     SkippedCase,
     SpecError,
-    cell_threads,
+    node_procs,
+    node_threads,
 )
 from fwbench.suites import CELL_SETTINGS, DEFAULT_SUITE, Grid, Suite, load_settings_file, load_suite
 
@@ -251,10 +252,12 @@ def _check_processes_fit(case: Case, settings: Settings) -> None:
             f"{settings.fit_samples} fit samples"
         )
     usable = len(os.sched_getaffinity(0))
-    total = cell_threads(case, settings)
+    here = node_procs(case, settings)
+    total = node_threads(case, settings)
     if total > usable:
+        where = "" if here == case.procs else f" ({here} on each of --nnodes {settings.nodes} machines)"
         raise SpecError(
-            f"--procs {case.procs} with {total // (case.procs or 1)} thread(s) each needs {total} CPUs; "
+            f"--procs {case.procs}{where} with {total // here} thread(s) each needs {total} CPUs; "
             f"this process may use {usable}"
         )
 

@@ -39,6 +39,12 @@ class WorkerFailure(Exception):
         self.reason = reason
 
 
+def ended_early(result: dict[str, Any], stage: str) -> WorkerFailure:
+    """The failure of a worker that sent its ``result`` (an exception it reported) while something else was due."""
+    status = result.get("status") if result.get("status") in ("oom", "error", "mismatch") else "error"
+    return WorkerFailure(str(status), str(result.get("reason") or f"the worker ended during {stage}"))
+
+
 def worker_cpus(threads: int) -> tuple[int, ...]:
     """The CPUs a worker with ``threads`` threads is pinned to: one per physical core first."""
     return tuple(cpus_one_per_core()[: max(1, threads)])
@@ -142,6 +148,14 @@ class WorkerProcess:
         """The worker's process id (a rank set has one per rank)."""
         return (self.proc.pid,)
 
+    def fileno(self) -> int | None:
+        """The result pipe's descriptor while it is open (to wait on with select); None after end of file."""
+        return self._read_fd if self._pipe_open and not self._closed else None
+
+    def peak_rss_bytes(self) -> int | None:
+        """The worker's resident high-water mark so far, bytes (None once it is gone)."""
+        return peak_rss_bytes(self.proc.pid)
+
     def _write_line(self, text: str, close: bool = False) -> None:
         assert self.proc.stdin is not None
         try:
@@ -196,8 +210,7 @@ class WorkerProcess:
             if kind == "stage":
                 self.stage = message["stage"]
             elif kind == "result":  # the cell ended (an exception it reported) while something else was due
-                status = message.get("status") if message.get("status") in ("oom", "error", "mismatch") else "error"
-                raise WorkerFailure(str(status), str(message.get("reason") or f"the worker ended during {self.stage}"))
+                raise ended_early(message, self.stage)
             message = self._next_message(0.0)
         if not self._pipe_open and self.proc.poll() is not None:
             raise self._death()

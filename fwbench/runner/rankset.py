@@ -13,6 +13,10 @@ rank, chooses the calls per block (:meth:`RankSet.await_message` of ``calibrated
 rule over whole-set blocks), and a distributed cell is always timed in blocks on command, also in a sequential
 schedule.
 
+Across machines (``--nnodes``, :mod:`fwbench.runner.nodes`) the set holds this machine's share of the ranks as
+local workers and every other node's as :class:`~fwbench.runner.nodes.RemoteRank` (the same methods, relayed), and
+the ranks meet at the master address through a TCP store instead of the file.
+
 Faults: a rank that dies, reports an error or exceeds the deadline ends the cell; the others are killed (a rank
 waiting in a collective for a dead peer would otherwise hang), and the failure names the rank and its last line.
 When several ranks fail at once, the one that died first of a signal (killed, crashed) is named, not the peers
@@ -30,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.measure import timer
-from fwbench.measure.memory import peak_rss_bytes
-from fwbench.ranks import LOOPBACK, RankInfo, free_ports
+from fwbench.ranks import LOOPBACK, RankInfo, free_ports, gloo_interface
+from fwbench.runner import nodes
 from fwbench.runner.messages import Job
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import POLL_INTERVAL_S, WorkerFailure, WorkerProcess, worker_cpus
@@ -51,27 +55,62 @@ class RankSet:
         self.job = job
         self.procs = case.procs
         self.threads = rank_threads(case, job.settings)
-        self.ranks: list[WorkerProcess] = []
+        self.ranks: list[WorkerProcess | nodes.RemoteRank] = []
+        self._set_id = 0
         self._calibrating = False
         self._closed = False
-        cpus = worker_cpus(self.threads * self.procs)
-        if len(cpus) < self.threads * self.procs:
+        cluster = nodes.active()
+        shares = nodes.node_shares(self.procs, cluster.nodes if cluster is not None else 1)
+        here = len(shares[0])
+        cpus = worker_cpus(self.threads * here)
+        if len(cpus) < self.threads * here:
             raise WorkerFailure(
                 "error",
-                f"{self.procs} processes of {self.threads} thread(s) need {self.threads * self.procs} CPUs of their "
+                f"{here} processes of {self.threads} thread(s) need {self.threads * here} CPUs of their "
                 f"own; this process may use {len(cpus)}",
             )
         rank_job = dataclasses.replace(job, settings=dataclasses.replace(job.settings, threads=self.threads))
-        self.ports = tuple(free_ports(1 + self.procs))  # the coordinator's, then one per rank (TensorFlow's servers)
         self._folder = Path(tempfile.mkdtemp(prefix="fwbench-ranks-"))
+        self.node_of = [node for node, share in enumerate(shares) for _ in share]  # each rank's node
+        hosts: tuple[str, ...] = ()
         try:
-            for rank in range(self.procs):
-                info = RankInfo(rank, self.procs, LOOPBACK, self.ports, str(self._folder / "rendezvous"))
+            if cluster is None or len(shares) == 1:
+                self.address, rendezvous = LOOPBACK, str(self._folder / "rendezvous")
+                self.ports = tuple(free_ports(1 + self.procs))  # the coordinator's, then one per rank (TensorFlow's)
+            else:
+                self.address, rendezvous = cluster.address, None
+                hosts, self.ports = self._cluster_ports(cluster, shares, job.settings.timeout_s)
+            self.hosts = hosts or (self.address,) * self.procs
+            infos = [
+                RankInfo(rank, self.procs, self.address, self.ports, rendezvous, hosts, rank - share.start)
+                for share in shares
+                for rank in share
+            ]
+            gloo = gloo_interface(self.address) if len(shares) > 1 else {}  # across machines: the master's interface
+            for rank in shares[0]:
                 pinned = cpus[rank * self.threads : (rank + 1) * self.threads]
-                self.ranks.append(WorkerProcess(rank_job, cpus=pinned, env=info.environ()))
+                self.ranks.append(WorkerProcess(rank_job, cpus=pinned, env={**gloo, **infos[rank].environ()}))
+            if cluster is not None and len(shares) > 1:
+                for link, share in zip(cluster.links, shares[1:], strict=True):
+                    envs = {rank: infos[rank].environ() for rank in share}
+                    self.ranks.extend(link.spawn(self._set_id, rank_job, self.threads, envs))
         except BaseException:  # no rank started so far may outlive a set that could not start
             self.close()
             raise
+
+    def _cluster_ports(
+        self, cluster: nodes.Cluster, shares: Sequence[range], timeout_s: float
+    ) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """Every rank's host and the ports of a set across machines: the coordinator's and node 0's ranks' free at
+        the master address, every other node's chosen free on its machine."""
+        self._set_id = cluster.new_set_id()
+        own = free_ports(1 + len(shares[0]), cluster.address)
+        hosts, ports = [cluster.address] * len(shares[0]), list(own)
+        for link, share in zip(cluster.links, shares[1:], strict=True):
+            host, theirs = link.request_ports(self._set_id, len(share), timeout_s)
+            hosts += [host] * len(share)
+            ports += theirs
+        return tuple(hosts), tuple(ports)
 
     def __enter__(self) -> RankSet:
         return self
@@ -81,7 +120,13 @@ class RankSet:
 
     @property
     def pids(self) -> tuple[int, ...]:
-        return tuple(rank.pid for rank in self.ranks)
+        """The ranks' process ids on this machine (not another node's)."""
+        return tuple(pid for rank in self.ranks for pid in rank.pids)
+
+    def _name(self, rank: int) -> str:
+        """``rank 1 of 2``, with its node and host in a set across machines."""
+        where = f" (node {self.node_of[rank]}, {self.hosts[rank]})" if self.node_of[-1] else ""
+        return f"rank {rank} of {self.procs}{where}"
 
     @property
     def stage(self) -> str:
@@ -112,14 +157,32 @@ class RankSet:
             self.kill()
             raise WorkerFailure(
                 str(ended.get("status") or "error"),
-                f"rank {rank} of {self.procs}: {ended.get('reason') or 'it ended before the others'}",
+                f"{self._name(rank)}: {ended.get('reason') or 'it ended before the others'}",
             )
         for message in messages:
             message.pop("type")
-        combined = combine(kind, messages)
         if kind == "result":
-            combined["rendezvous"] = {"address": LOOPBACK, "ports": list(self.ports), "store": "file"}
-        return combined
+            combined = combine_results(messages, self.node_of)
+            combined["rendezvous"] = self.rendezvous()
+            return combined
+        return combine(kind, messages, self.node_of)
+
+    def rendezvous(self) -> dict[str, Any]:
+        """Where the ranks met: the master address, the ports, torch's store (a file on one machine, TCP across
+        machines) and each node's host and ranks."""
+        return {
+            "address": self.address,
+            "ports": list(self.ports),
+            "store": "tcp" if self.node_of[-1] else "file",
+            "nodes": [
+                {
+                    "node": node,
+                    "host": self.hosts[self.node_of.index(node)],
+                    "ranks": [r for r, n in enumerate(self.node_of) if n == node],
+                }
+                for node in sorted(set(self.node_of))
+            ],
+        }
 
     def _gather(self, kinds: set[str], timeout_s: float) -> list[dict[str, Any]]:
         limit = self.job.settings.memory_limit_bytes
@@ -143,15 +206,15 @@ class RankSet:
                 if message is not None:
                     answers[index] = message
             if time.monotonic() > deadline:
-                waiting = [str(i) for i in range(self.procs) if i not in answers]
+                waiting = [self._name(i) for i in range(self.procs) if i not in answers]
                 self.kill()
                 raise WorkerFailure(
                     "timeout",
                     f"exceeded --timeout {self.job.settings.timeout_s:g} s during {self.stage} "
-                    f"(waiting for rank {', '.join(waiting)} of {self.procs})",
+                    f"(waiting for {', '.join(waiting)})",
                 )
             if limit is not None:
-                peaks = [peak_rss_bytes(rank.pid) for rank in self.ranks]
+                peaks = [rank.peak_rss_bytes() for rank in self.ranks]
                 total = sum(peak for peak in peaks if peak is not None)
                 if total > limit:
                     self.kill()
@@ -179,11 +242,11 @@ class RankSet:
 
         def cause_order(item: tuple[int, WorkerFailure]) -> tuple[int, int]:
             number, found = item
-            died = found.status in ("oom", "timeout") or "killed by" in found.reason
+            died = found.status in ("oom", "timeout") or "killed by" in found.reason or nodes.GONE in found.reason
             return (0 if died else 1, number)
 
         first, cause = min(failures.items(), key=cause_order)
-        return WorkerFailure(cause.status, f"rank {first} of {self.procs}: {cause.reason}")
+        return WorkerFailure(cause.status, f"{self._name(first)}: {cause.reason}")
 
     def _calibrate(self, timeout_s: float) -> dict[str, Any]:
         """The calls per block, chosen for the whole set by the timer's rule (hf2019: 3) on blocks every rank
@@ -228,27 +291,33 @@ class _SetTimer:
         return float(self.ranks.await_message({"block"}, self.timeout_s)["seconds"])
 
 
-def combine(kind: str, messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def combine(kind: str, messages: Sequence[dict[str, Any]], node_of: Sequence[int] | None = None) -> dict[str, Any]:
     """Every rank's message of ``kind`` as one: a ``block`` lasts as long as its slowest rank (each rank's seconds
-    kept), ``ready``'s resident peak is the sum, a ``result`` is :func:`combine_results`; others are rank 0's."""
+    kept; it started when the first rank on this machine started it, ``node_of`` giving each rank's node, as other
+    machines' clocks are not this one's), ``ready``'s resident peak is the sum, a ``result`` is
+    :func:`combine_results`; others are rank 0's."""
     first = dict(messages[0])
     if kind == "block":
+        here = [m for m, node in zip(messages, node_of or [0] * len(messages), strict=True) if node == 0]
         first["seconds"] = max(float(m["seconds"]) for m in messages)
-        first["start_unix_s"] = min(float(m["start_unix_s"]) for m in messages)
+        first["start_unix_s"] = min(float(m["start_unix_s"]) for m in here)
         first["rank_seconds"] = [float(m["seconds"]) for m in messages]
     elif kind == "ready":
         first["peak_memory_bytes"] = _sum(m.get("peak_memory_bytes") for m in messages)
     elif kind == "calibrated":
         first["block_s"] = max(float(m["block_s"]) for m in messages)
     elif kind == "result":
-        return combine_results(messages)
+        return combine_results(messages, node_of)
     return first
 
 
-def combine_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def combine_results(results: Sequence[dict[str, Any]], node_of: Sequence[int] | None = None) -> dict[str, Any]:
     """The cell's result from every rank's: rank 0's, with the first rank's failure if any failed (its reason
-    naming the rank), the resident figures summed over ranks, the CPUs and thread lists of all, and ``ranks``:
-    each rank's own figures."""
+    naming the rank), the resident figures summed over ranks, the CPUs and thread lists of the ranks on this
+    machine (``node_of``: each rank's node, 0 being this one; default all), and ``ranks``: each rank's own
+    figures."""
+    rank_nodes = list(node_of) if node_of is not None else [0] * len(results)
+    here = [result for result, node in zip(results, rank_nodes, strict=True) if node == 0]
     combined = dict(results[0])
     failed = next((rank for rank, result in enumerate(results) if result.get("status") != "ok"), None)
     if failed is not None:
@@ -256,11 +325,12 @@ def combine_results(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         combined.update(status=result.get("status"), reason=f"rank {failed} of {len(results)}: {result.get('reason')}")
     for name in SUMMED_FIELDS:
         combined[name] = _sum(result.get(name) for result in results)
-    combined["cpus"] = sorted({cpu for result in results for cpu in result.get("cpus") or []})
-    combined["thread_cpu_lists"] = [lists for result in results for lists in result.get("thread_cpu_lists") or []]
+    combined["cpus"] = sorted({cpu for result in here for cpu in result.get("cpus") or []})
+    combined["thread_cpu_lists"] = [lists for result in here for lists in result.get("thread_cpu_lists") or []]
     combined["ranks"] = [
         {
             "rank": rank,
+            "node": rank_nodes[rank],
             "cpus": result.get("cpus"),
             "threads_effective": result.get("threads_effective"),
             "peak_memory_bytes": result.get("peak_memory_bytes"),

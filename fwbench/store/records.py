@@ -397,6 +397,11 @@ class ResultRecord:
         return self.batch_size * self.procs if self.procs is not None and self.scaling == "weak" else self.batch_size
 
     @property
+    def nodes(self) -> int:
+        """Machines a distributed cell's processes ran on (``fwbench run --nnodes``); 1 for every other cell."""
+        return max(1, len(_dict(self.details.get("rendezvous")).get("nodes") or []))
+
+    @property
     def exported(self) -> bool:
         """Whether the cell ran an exported artefact: its compile report has the export's seconds."""
         return _float(_dict(self.details.get("compile_report")).get("export_s")) is not None

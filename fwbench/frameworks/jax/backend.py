@@ -238,6 +238,13 @@ class JaxBackend(Backend):
 
         return distributed.allreduce_seconds(elements, repeats)
 
+    def barrier(self) -> None:
+        if self.mode != "distributed":
+            super().barrier()
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("fwbench-block")
+
     def model_arrays(self, model: Any) -> list[np.ndarray]:
         """The floating arrays of a built model, in the order :meth:`parameter_arrays` gives a trained one's:
         the training parameters, then the training state."""

@@ -5,7 +5,8 @@ are gloo (``jax_cpu_collectives_implementation``). On one machine the coordinato
 (``coordinator_bind_address``; by default it binds every interface) and gloo's sockets are created on 127.0.0.1:
 jaxlib's gloo factory takes the address (``make_gloo_tcp_collectives(hostname=...)``), which no public option sets,
 so fwbench passes it by wrapping that private factory before the CPU backend starts (without it gloo binds whatever
-the host name resolves to).
+the host name resolves to, often 127.0.1.1, which another machine cannot reach). Across machines the address given
+is the process's own machine's, as node 0 reaches it (``RankInfo.host``); the coordinator binds every interface.
 
 The step is a *sharded jit* (GSPMD), not an explicit ``psum``: one mesh axis ``data`` over every process's device,
 the global batch an array sharded along it (each process gives its rows:
@@ -35,10 +36,9 @@ def initialize() -> RankInfo:
     info = RankInfo.current()
     if info is None:
         raise RuntimeError("jax:distributed runs as one process of a distributed cell (fwbench run --procs N)")
-    if info.loopback:
-        from jax._src.lib import _jax  # the only place gloo's address can be given (see the module docstring)
+    from jax._src.lib import _jax  # the only place gloo's address can be given (see the module docstring)
 
-        _jax.make_gloo_tcp_collectives = functools.partial(_jax.make_gloo_tcp_collectives, hostname=info.master_addr)
+    _jax.make_gloo_tcp_collectives = functools.partial(_jax.make_gloo_tcp_collectives, hostname=info.host(info.rank))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     address = f"{info.master_addr}:{info.master_port}"
     jax.distributed.initialize(

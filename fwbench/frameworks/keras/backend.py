@@ -244,6 +244,9 @@ class KerasBackend(Backend):
     def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
         return self._native.allreduce_seconds(elements, repeats)
 
+    def barrier(self) -> None:
+        self._native.barrier()
+
     def make_train_step(self, inputs: Sequence[Any], targets: Sequence[Any]) -> Callable[[], object]:
         """``model.train_on_batch(x, labels, sample_weight=label_weights)`` of the arch's training model (the
         same layers and variables, the training logits as its one output) after ``model.compile(optimizer,

@@ -236,6 +236,13 @@ class TensorFlowBackend(Backend):
 
         return distributed.allreduce_seconds(self._strategy, elements, repeats)
 
+    def barrier(self) -> None:
+        if self.mode != "multiworker":
+            super().barrier()
+        from fwbench.frameworks.tensorflow import distributed
+
+        distributed.barrier(self._strategy)
+
     def compile_counters(self) -> dict[str, int]:
         if self.mode in ("eager", "savedmodel"):  # the reloaded signature is a concrete function: it cannot trace
             return {}

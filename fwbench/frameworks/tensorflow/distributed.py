@@ -1,8 +1,8 @@
 """tensorflow:multiworker: one of N workers of a data-parallel training step under
 ``tf.distribute.MultiWorkerMirroredStrategy``.
 
-fwbench builds ``TF_CONFIG`` from the rank's identity (fwbench.ranks.RankInfo): worker r at 127.0.0.1 and the r-th
-of the free ports the manager chose. The strategy uses RING collectives (``CommunicationOptions``); it is created
+fwbench builds ``TF_CONFIG`` from the rank's identity (fwbench.ranks.RankInfo): worker r at its host (127.0.0.1 on
+one machine) and the port fwbench chose free there. The strategy uses RING collectives (``CommunicationOptions``); it is created
 right after the thread settings, before any other TensorFlow op, as TensorFlow requires. TensorFlow's gRPC server
 binds every interface (``0.0.0.0``, hard-coded in grpc_server_lib.cc; the host in TF_CONFIG is only dialled), so
 unlike the other runtimes a multiworker cell listens off loopback while it runs.
@@ -32,7 +32,7 @@ def create_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
     info = RankInfo.current()
     if info is None:
         raise RuntimeError("tensorflow:multiworker runs as one worker of a distributed cell (fwbench run --procs N)")
-    workers = [f"{info.master_addr}:{port}" for port in info.ports[1 : 1 + info.world_size]]
+    workers = [info.rank_address(rank) for rank in range(info.world_size)]
     os.environ["TF_CONFIG"] = json.dumps(
         {"cluster": {"worker": workers}, "task": {"type": "worker", "index": info.rank}}
     )
@@ -84,6 +84,21 @@ def make_train_step(
 
     step.traced = compiled  # type: ignore[attr-defined]  # what compile_counters counts the traces of
     return step
+
+
+_BARRIERS: dict[int, Callable[[], tf.Tensor]] = {}
+
+
+def barrier(strategy: tf.distribute.Strategy) -> None:
+    """Return once every worker got here: a one-number all-reduce (RING), traced once per strategy."""
+    if id(strategy) not in _BARRIERS:
+        one = tf.ones([1], tf.float32)
+
+        def reduce() -> tf.Tensor:
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(one))
+
+        _BARRIERS[id(strategy)] = tf.function(lambda: strategy.experimental_local_results(strategy.run(reduce))[0])
+    _BARRIERS[id(strategy)]().numpy()
 
 
 def allreduce_seconds(strategy: tf.distribute.Strategy, elements: int, repeats: int) -> list[float]:

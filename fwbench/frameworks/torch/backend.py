@@ -264,6 +264,13 @@ class TorchBackend(Backend):
 
         return distributed.allreduce_seconds(elements, repeats, self.device)
 
+    def barrier(self) -> None:
+        if self.mode not in ("ddp", "ddp-compile"):
+            super().barrier()
+        import torch.distributed as dist
+
+        dist.barrier()
+
     def compile_counters(self) -> dict[str, int]:
         if self.mode not in ("compile", "ddp-compile"):  # eager runs no compiler; script and export compile earlier
             return {}
