@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -23,7 +24,7 @@ from fwbench.frameworks import distributed_runtimes, get_runtime
 from fwbench.models import get_model
 from fwbench.ranks import ENV_PREFIX, rank_rows
 from fwbench.runner.rankset import combine, combine_results
-from fwbench.runner.scheduler import run_group
+from fwbench.runner.scheduler import run_group, start_order
 from fwbench.runner.verify import TrainingCheck, distributed_parity_unsupported, verify_training
 from fwbench.spec import Case, Settings, SpecError, group_key
 from fwbench.store import Store
@@ -110,6 +111,33 @@ def test_cases_read_the_batch_by_their_scaling_and_share_a_group_across_process_
     with pytest.raises(SpecError, match="both a process count and a scaling"):
         Case("mlp", "torch:ddp", "training", procs=2)
     assert [rank_rows(r, 2, 8) for r in (0, 1)] == [slice(0, 4), slice(4, 8)]
+
+
+def test_a_rounds_start_order_keeps_each_runtimes_process_counts_together() -> None:
+    """A split of the round for memory cuts the start order: a runtime's 1- and 2-process cells are adjacent in it,
+    whatever the seed, so they are measured in one sub-group and their blocks pair."""
+    runtimes = ["torch:ddp", "jax:distributed", "tensorflow:multiworker"]
+    cases = [Case("bert-tiny", r, "training", 8, 16, procs=n, scaling="weak") for r in runtimes for n in (1, 2)]
+    orders = set()
+    for seed in range(20):
+        order = [case.runtime for case in start_order(cases, np.random.default_rng(seed))]
+        assert all(order[i] == order[i + 1] for i in (0, 2, 4)), order
+        orders.add(tuple(order[::2]))
+    assert len(orders) > 1  # the runtimes' order is still the seed's
+    single = [Case("mlp", r, "inference", 1) for r in ("torch:eager", "jax:jit", "tensorflow:function")]
+    assert sorted(c.runtime for c in start_order(single, np.random.default_rng(0))) == sorted(c.runtime for c in single)
+
+
+def test_another_worker_fits_by_its_own_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live 2-process cell's peak is its processes' sum: what a 1-process cell needs next is one process's share
+    of it (× the headroom), what a 2-process cell needs is the sum."""
+    from fwbench.runner import scheduler
+
+    two = Case("bert-base", "torch:ddp", "training", 8, 128, procs=2, scaling="weak")
+    live = [scheduler._Live(two, None, 1, 1.0, 8 * 2**30)]  # type: ignore[arg-type]
+    monkeypatch.setattr(scheduler, "memory_available_bytes", lambda: 11 * 2**30)
+    assert scheduler._fits_another(live, Settings(), procs=1)  # 1.5 × 4 GiB < 11 GiB
+    assert not scheduler._fits_another(live, Settings(), procs=2)  # 1.5 × 8 GiB > 11 GiB
 
 
 def test_a_rank_set_answers_as_its_slowest_rank_and_sums_memory() -> None:

@@ -170,18 +170,32 @@ def _cycles(live: Sequence[_Live], settings: Settings) -> int:
     return max(MIN_CYCLES, min(MAX_CYCLES, int(budget / max(slowest, 1e-9))))
 
 
-def _fits_another(live: Sequence[_Live], settings: Settings) -> bool:
-    """Whether one more worker fits in memory next to ``live``: free memory above MEMORY_HEADROOM × the largest
-    peak so far (or the memory limit, when one is set and larger)."""
+def _fits_another(live: Sequence[_Live], settings: Settings, procs: int = 1) -> bool:
+    """Whether one more worker of ``procs`` processes fits in memory next to ``live``: free memory above
+    MEMORY_HEADROOM × the largest peak of one process so far × ``procs`` (a rank set's peak is its processes' sum),
+    or the memory limit, when one is set and larger."""
     if not live:
         return True
     available = memory_available_bytes()
     if available is None:
         return True
-    largest = max(item.peak_bytes for item in live)
+    largest = max(item.peak_bytes / (item.case.procs or 1) for item in live) * procs
     if settings.memory_limit_bytes is not None:
         largest = max(largest, settings.memory_limit_bytes)
     return available > MEMORY_HEADROOM * largest
+
+
+def start_order(active: Sequence[Case], rng: np.random.Generator) -> list[Case]:
+    """The order a round starts ``active``'s workers in (a split for memory cuts this list): seeded random; in a
+    group of distributed cells, a runtime's process counts one after another (runtimes in the seeded order of their
+    first cell, each runtime's cells in theirs), so a split rarely parts the cells scaling efficiency pairs."""
+    order = [active[int(i)] for i in rng.permutation(len(active))]
+    if any(case.procs is not None for case in active):
+        first: dict[str, int] = {}
+        for position, case in enumerate(order):
+            first.setdefault(case.runtime, position)
+        order.sort(key=lambda case: first[case.runtime])
+    return order
 
 
 def _interleaved_round(
@@ -197,12 +211,12 @@ def _interleaved_round(
     """One round of ``active`` in as many sub-groups as memory requires; returns the next free cycle number and
     the number of sub-groups. Workers start (import, build, compile, first call, warm up) one at a time, then
     calibrate their blocks one after another, each alone on the machine."""
-    pending = [active[int(i)] for i in rng.permutation(len(active))]
+    pending = start_order(active, rng)
     subgroup = 0
     while pending:
         live: list[_Live] = []
         try:
-            while pending and _fits_another(live, settings):
+            while pending and _fits_another(live, settings, pending[0].procs or 1):
                 case, pending = pending[0], pending[1:]
                 worker = _start(case, cells[case.key], settings, checks[case.key], weights_path, round_index)
                 if worker is not None:
