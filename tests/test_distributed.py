@@ -138,6 +138,13 @@ def test_another_worker_fits_by_its_own_process_count(monkeypatch: pytest.Monkey
     monkeypatch.setattr(scheduler, "memory_available_bytes", lambda: 11 * 2**30)
     assert scheduler._fits_another(live, Settings(), procs=1)  # 1.5 × 4 GiB < 11 GiB
     assert not scheduler._fits_another(live, Settings(), procs=2)  # 1.5 × 8 GiB > 11 GiB
+    # a runtime's cells start in one sub-group or the next: memory for all of them before its first one starts
+    jax = [Case("bert-base", "jax:distributed", "training", 8, 128, procs=n, scaling="weak") for n in (1, 2)]
+    assert scheduler._processes_needed(jax, live, Settings()) == 3
+    started = [*live, scheduler._Live(jax[0], None, 1, 1.0, 4 * 2**30)]  # type: ignore[arg-type]
+    assert scheduler._processes_needed(jax[1:], started, Settings()) == 2
+    single = [Case("mlp", "torch:eager", "inference", 1)]
+    assert scheduler._processes_needed(single, [], Settings()) == 1
 
 
 def test_a_rank_set_answers_as_its_slowest_rank_and_sums_memory() -> None:
@@ -328,6 +335,8 @@ def test_every_distributed_runtime_is_timed_beside_its_one_process_cell(runtime:
         assert outcome.details["parity"]["ok"] is True
         assert outcome.details["distributed"]["procs"] == outcome.case.procs
         assert len(outcome.details["distributed"]["allreduce_s"]) == 10
+        # the barrier before each block traces/compiles once (JAX), before the timed loop's counters
+        assert outcome.details["compile_health"]["recompiled_in_timed_loop"] is False, outcome.details["compile_health"]
     assert len(outcomes[1].details["ranks"]) == 2 and outcomes[1].fields["schedule"] == "interleaved"
 
 

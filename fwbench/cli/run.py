@@ -615,19 +615,20 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     execute(store, run_id, plan, hears)
                 else:
                     execute_on_ray(store, run_id, plan, hears, executor)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, nodes.NodeLost) as stop:
+            lost = isinstance(stop, nodes.NodeLost)
             nodes_flags = ""
             if cluster is not None:
-                cluster.close("was interrupted", ok=False)
+                cluster.close(f"stopped the sweep: {stop}" if lost else "was interrupted", ok=False)
                 nodes_flags = (
                     f" --master-addr {args.master_addr} --master-port {args.master_port} (and the other nodes)"
                 )
             print(
-                f"fwbench: interrupted; finished cells are stored; continue with "
-                f"`fwbench run --resume {run_id} --db {args.db}{nodes_flags}`",
+                f"fwbench: {f'{stop}; the sweep stops' if lost else 'interrupted'}; finished cells are stored; "
+                f"continue with `fwbench run --resume {run_id} --db {args.db}{nodes_flags}`",
                 file=sys.stderr,
             )
-            return 130
+            return 1 if lost else 130
         store.finish_run(run_id)
         results = store.results([run_id])
         print_results(results, make_console(), title="fwbench results", peak=latest_peak(store))

@@ -176,6 +176,8 @@ class Cell:
         self.result["warmup_call_s"] = warmup_s
         if self.job.profile_to is not None:
             return len(warmup_s), self.profile_calls(backend, step, Path(self.job.profile_to))
+        if (self.job.case.procs or 1) > 1:
+            backend.barrier()  # its first call may trace and compile (JAX): before the counters' window, every rank
         counters_before = backend.compile_counters()
 
         self.stage("timing")

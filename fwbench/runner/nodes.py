@@ -10,7 +10,9 @@ share: the node chooses free ports on its machine, starts the ranks as workers p
 processes that die with that node's manager), relays node 0's commands to them, and sends back every message, a
 rank's failure (its status and last line) and the ranks' resident peaks. On node 0 a remote rank is a
 :class:`RemoteRank`, which answers like a local :class:`~fwbench.runner.process.WorkerProcess`; so a block still
-lasts as long as the slowest rank of every machine, and a rank that dies anywhere ends the cell.
+lasts as long as the slowest rank of every machine, and a rank that dies anywhere ends the cell. A node whose
+connection is lost raises :class:`NodeLost` instead: the sweep stops, nothing of the group in progress is stored,
+and ``--resume`` runs it again once the node is back.
 
 The frameworks meet through their own launcher conventions, built from the rank's identity
 (:class:`fwbench.ranks.RankInfo`): torchrun's variables with a TCP store at the master address, ``TF_CONFIG`` with
@@ -44,8 +46,9 @@ CONNECT_RETRY_S = 0.5  # a node retries the master this often until it listens
 MEMORY_REPORT_S = 0.5  # how often a node sends its ranks' resident peaks
 RECEIVE_BYTES = 1 << 16
 MESSAGE_KINDS = {"stage", "ready", "calibrated", "block", "result"}
-KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 5  # a silent dead peer is noticed in ~15 s
-KEEPALIVE_GIVE_UP_S = 20  # unacknowledged data: the peer is gone
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 5, 2, 5  # probes after 5 s of silence, every 2 s
+KEEPALIVE_GIVE_UP_S = 15  # unanswered probes or unacknowledged data for this long: the peer is gone
+HELLO_TIMEOUT_S = 10.0  # how long node 0 waits for a new connection's hello before dropping it
 CLOSE_DRAIN_S = 2.0  # on closing, how long to read what the peer still sends (so the last message is not reset)
 
 
@@ -54,6 +57,12 @@ GONE = " is gone: "  # in a failure's reason: a whole node was lost (a cause, no
 
 class ClusterError(Exception):
     """The nodes could not be joined into one cluster (one line: which node, why)."""
+
+
+class NodeLost(Exception):
+    """A node's connection is gone mid-sweep (its reason names the node). Not a cell's failure: the sweep stops
+    (the cells of the group in progress are not stored) so that ``--resume`` runs them again once the node is back;
+    every later cell of several processes would fail the same way."""
 
 
 def _keep_alive(sock: socket.socket) -> None:
@@ -80,6 +89,7 @@ class _Channel:
         self.peer = peer
         self.lost: str | None = None  # why the connection ended, once it has
         self._buffer = b""
+        self._pending: collections.deque[dict[str, Any]] = collections.deque()  # read, not yet handed out
 
     def send(self, kind: str, **fields: Any) -> None:
         """Send one message; a connection that is gone is marked :attr:`lost` (the next receive says so)."""
@@ -91,7 +101,12 @@ class _Channel:
             self.lost = f"{self.peer}{GONE}connection lost ({exc.strerror or exc})"
 
     def receive(self, wait_s: float) -> list[dict[str, Any]]:
-        """The whole messages that arrive within ``wait_s`` seconds (none: an empty list)."""
+        """The whole messages that arrive within ``wait_s`` seconds (none: an empty list); first those read
+        earlier and not handed out."""
+        if self._pending:
+            pending = list(self._pending)
+            self._pending.clear()
+            return pending
         if self.lost is not None:
             return []
         try:
@@ -121,8 +136,10 @@ class _Channel:
         """The next message of ``kind`` (others are dropped) within ``timeout_s``; ClusterError otherwise."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for message in self.receive(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic()))):
+            messages = self.receive(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+            for index, message in enumerate(messages):
                 if message["type"] in (kind, "refused"):
+                    self._pending.extend(messages[index + 1 :])  # what came with it is the next receive's
                     return message
             if self.lost is not None:
                 raise ClusterError(self.lost)
@@ -187,10 +204,10 @@ class NodeLink:
         while set_id not in self.replies:
             self.pump(POLL_INTERVAL_S)
             if self.channel.lost is not None:
-                raise WorkerFailure("error", self.channel.lost)
-            if time.monotonic() > deadline:  # a node that does not answer is given up: later cells fail at once
+                raise NodeLost(self.channel.lost)
+            if time.monotonic() > deadline:  # a node that does not answer is given up
                 self.channel.lost = f"{self.name}{GONE}it chose no ports within {timeout_s:g} s"
-                raise WorkerFailure("timeout", self.channel.lost)
+                raise NodeLost(self.channel.lost)
         reply = self.replies.pop(set_id)
         return str(reply["host"]), [int(port) for port in reply["ports"]]
 
@@ -251,7 +268,7 @@ class RemoteRank:
             elif kind == "result":
                 raise ended_early(message, self.stage)
         if self.link.channel.lost is not None:
-            raise WorkerFailure("error", self.link.channel.lost)
+            raise NodeLost(self.link.channel.lost)
         return None
 
     def check_alive(self) -> None:
@@ -263,7 +280,7 @@ class RemoteRank:
             inbox.remove(failure)
             raise WorkerFailure(str(failure["status"]), str(failure["reason"]))
         if self.link.channel.lost is not None:
-            raise WorkerFailure("error", self.link.channel.lost)
+            raise NodeLost(self.link.channel.lost)
 
     def wait_exit(self, timeout_s: float = 10.0) -> None:
         self.link.channel.send("wait_exit", set=self.set_id, rank=self.rank, timeout_s=timeout_s)
@@ -288,6 +305,10 @@ class Cluster:
     rank sets of this process use, :func:`active`; the nodes are told to finish on exit)."""
 
     def __init__(self, address: str, port: int, nodes: int, timeout_s: float, plan: Plan, version: str) -> None:
+        try:  # a host name once, to the IPv4 address every rank is given (gloo binds what it is given)
+            address = socket.gethostbyname(address)
+        except OSError as exc:
+            raise ClusterError(f"--master-addr {address}: cannot resolve it ({exc.strerror or exc})") from None
         self.address = address
         self.port = port
         self.nodes = nodes
@@ -324,7 +345,7 @@ class Cluster:
                 sock, peer = listener.accept()
                 channel = _Channel(sock, f"node at {peer[0]}")
                 try:
-                    hello = channel.await_reply("hello", timeout_s=max(1.0, deadline - time.monotonic()))
+                    hello = channel.await_reply("hello", timeout_s=HELLO_TIMEOUT_S)
                 except ClusterError:
                     channel.close()
                     continue  # not a node (a port scan, a node that gave up): keep listening
@@ -388,8 +409,9 @@ class Cluster:
     def close(self, why: str = "stopped", ok: bool = False) -> None:
         """Tell every node the sweep is over (``why``; ``ok``: it ended normally) and close the connections; a
         second call does nothing."""
-        for link in self.links:
+        for link in self.links:  # every node told first, then each connection closed
             link.channel.send("bye", why=why, ok=ok)
+        for link in self.links:
             link.channel.close()
         self.links = []
 
@@ -407,7 +429,11 @@ def _connect(address: str, port: int, timeout_s: float) -> socket.socket:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return socket.create_connection((address, port), timeout=max(1.0, deadline - time.monotonic()))
+            sock = socket.create_connection((address, port), timeout=max(1.0, deadline - time.monotonic()))
+            if sock.getsockname() == sock.getpeername():  # the kernel connected a retry to itself: not node 0
+                sock.close()
+                raise ConnectionRefusedError(111, "Connection refused")
+            return sock
         except OSError as exc:
             if time.monotonic() >= deadline:
                 raise ClusterError(

@@ -242,7 +242,7 @@ class RankSet:
 
         def cause_order(item: tuple[int, WorkerFailure]) -> tuple[int, int]:
             number, found = item
-            died = found.status in ("oom", "timeout") or "killed by" in found.reason or nodes.GONE in found.reason
+            died = found.status in ("oom", "timeout") or "killed by" in found.reason
             return (0 if died else 1, number)
 
         first, cause = min(failures.items(), key=cause_order)

@@ -46,7 +46,7 @@ from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_fr
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import WorkerFailure, WorkerProcess
 from fwbench.runner.rankset import RankSet, start_worker
-from fwbench.spec import Case, Settings, group_key
+from fwbench.spec import Case, Settings, group_key, node_procs
 
 MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
 MAX_CYCLES = 400
@@ -171,9 +171,9 @@ def _cycles(live: Sequence[_Live], settings: Settings) -> int:
 
 
 def _fits_another(live: Sequence[_Live], settings: Settings, procs: int = 1) -> bool:
-    """Whether one more worker of ``procs`` processes fits in memory next to ``live``: free memory above
-    MEMORY_HEADROOM × the largest peak of one process so far × ``procs`` (a rank set's peak is its processes' sum),
-    or the memory limit, when one is set and larger."""
+    """Whether one more worker of ``procs`` processes on this machine fits in memory next to ``live``: free memory
+    above MEMORY_HEADROOM × the largest peak of one process so far × ``procs`` (a rank set's peak is its processes'
+    sum), or the memory limit, when one is set and larger."""
     if not live:
         return True
     available = memory_available_bytes()
@@ -183,6 +183,16 @@ def _fits_another(live: Sequence[_Live], settings: Settings, procs: int = 1) -> 
     if settings.memory_limit_bytes is not None:
         largest = max(largest, settings.memory_limit_bytes)
     return available > MEMORY_HEADROOM * largest
+
+
+def _processes_needed(pending: Sequence[Case], live: Sequence[_Live], settings: Settings) -> int:
+    """Processes on this machine the next start must find memory for: the next cell's, or, when it is the first of
+    its runtime's cells in this sub-group, those of all its runtime's pending cells (its process counts, adjacent
+    in :func:`start_order`), so a split for memory does not part them when it can start them together later."""
+    runtime = pending[0].runtime
+    if any(item.case.runtime == runtime for item in live):
+        return node_procs(pending[0], settings)
+    return sum(node_procs(case, settings) for case in pending if case.runtime == runtime)
 
 
 def start_order(active: Sequence[Case], rng: np.random.Generator) -> list[Case]:
@@ -216,11 +226,15 @@ def _interleaved_round(
     while pending:
         live: list[_Live] = []
         try:
-            while pending and _fits_another(live, settings, pending[0].procs or 1):
+            while pending and _fits_another(live, settings, _processes_needed(pending, live, settings)):
                 case, pending = pending[0], pending[1:]
                 worker = _start(case, cells[case.key], settings, checks[case.key], weights_path, round_index)
                 if worker is not None:
-                    ready = _await_ready(case, worker, cells[case.key], settings, round_index)
+                    try:
+                        ready = _await_ready(case, worker, cells[case.key], settings, round_index)
+                    except BaseException:  # interrupted, a node lost: not yet live, closed here
+                        worker.close()
+                        raise
                     if ready is not None:
                         live.append(ready)
             for item in live:

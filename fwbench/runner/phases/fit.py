@@ -15,6 +15,7 @@ import inspect
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,10 @@ class EpochBlocks:
     ``block``; then it waits for the manager's next command, ``block`` (the next epoch runs) or, after the last
     epoch, ``finish``. The waiting happens between two epochs' clocks, never inside one."""
 
-    def __init__(self, cell: Cell, epochs: int) -> None:
-        self.cell, self.epochs = cell, epochs
+    def __init__(self, cell: Cell, epochs: int, barrier: Callable[[], None] | None = None) -> None:
+        """``barrier``: a distributed fit's, before each epoch the manager asks for (every process starts it
+        together, outside its clock)."""
+        self.cell, self.epochs, self.barrier = cell, epochs, barrier
         self.done = 0
         self.first_s = 0.0
         self.start_unix_s = 0.0
@@ -62,6 +65,8 @@ class EpochBlocks:
             command = self.cell.await_command()
         if command["command"] != expected:
             raise RuntimeError(f"after epoch {self.done} of {self.epochs} the manager sent {command['command']!r}")
+        if expected == "block" and self.barrier is not None:
+            self.barrier()
         self.start_unix_s = time.time()
         self.waited_s += time.perf_counter() - entered
 
@@ -134,7 +139,8 @@ class Fit(Phase):
         cell.stage("fit")
         cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
         cell.result["loadavg_before_timing"] = os.getloadavg()
-        blocks = EpochBlocks(cell, settings.epochs) if cell.job.interleaved else None
+        together = backend.barrier if (case.procs or 1) > 1 else None  # a distributed fit's processes
+        blocks = EpochBlocks(cell, settings.epochs, together) if cell.job.interleaved else None
         if "epoch_end" in inspect.signature(fit).parameters:
             epoch_end: EpochEnd = blocks if blocks is not None else no_pause
             outcome = fit(backend, dataset, settings.epochs, case.rank_batch, epoch_end, **reads)
