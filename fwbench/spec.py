@@ -365,17 +365,21 @@ def cell_threads(case: Case, settings: Settings) -> int:
 
 
 def node_procs(case: Case, settings: Settings) -> int:
-    """Processes of ``case`` on each machine: ``procs / nodes`` for a cell of several processes across
-    ``settings.nodes`` machines (SpecError when they do not divide), else all of them (1 for a one-worker cell)."""
-    procs = case.procs or 1
-    if procs == 1 or settings.nodes == 1:
+    """Processes of ``case`` on each machine it runs on (:func:`processes_per_node` over ``settings.nodes``)."""
+    return processes_per_node(case.procs or 1, settings.nodes)
+
+
+def processes_per_node(procs: int, nodes: int) -> int:
+    """Processes on each machine of a cell of ``procs`` over ``nodes`` machines: ``procs / nodes`` for a cell of
+    several processes (SpecError when they do not divide), else all of them (a cell of one process runs on node 0)."""
+    if procs == 1 or nodes == 1:
         return procs
-    if procs % settings.nodes:
+    if procs % nodes:
         raise SpecError(
-            f"--procs {procs} spreads over --nnodes {settings.nodes} machines evenly: give a multiple of "
-            f"{settings.nodes} (or 1, which runs on node 0)"
+            f"--procs {procs} spreads over --nnodes {nodes} machines evenly: give a multiple of "
+            f"{nodes} (or 1, which runs on node 0)"
         )
-    return procs // settings.nodes
+    return procs // nodes
 
 
 def node_threads(case: Case, settings: Settings) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 from collections import Counter
@@ -598,7 +599,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 file=sys.stderr,
             )
     terminate_on_sigterm()
-    with store, nodes.joined(cluster):
+    with store, cluster if cluster is not None else contextlib.nullcontext():
         done = store.done_keys(run_id)
         remaining = plan.size - len(done)
         todo = [case for case in plan.cases if case.key not in done]

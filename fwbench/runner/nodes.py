@@ -33,14 +33,13 @@ import select
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fwbench.ranks import free_ports, gloo_interface
 from fwbench.runner.messages import Job
 from fwbench.runner.process import POLL_INTERVAL_S, WorkerFailure, WorkerProcess, ended_early, worker_cpus
-from fwbench.spec import Plan
+from fwbench.spec import Plan, processes_per_node
 
 CONNECT_RETRY_S = 0.5  # a node retries the master this often until it listens
 MEMORY_REPORT_S = 0.5  # how often a node sends its ranks' resident peaks
@@ -609,16 +608,6 @@ def _report_memory(channel: _Channel, sets: Mapping[int, _Served]) -> None:
                 channel.send("memory", set=set_id, rank=rank, peak=peak)
 
 
-@contextmanager
-def joined(cluster: Cluster | None) -> Iterator[None]:
-    """``with`` the cluster when there is one (rank sets span its nodes), else nothing."""
-    if cluster is None:
-        yield
-        return
-    with cluster:
-        yield
-
-
 def plan_fingerprint(plan: Plan) -> str:
     """What every node's plan flags must agree on: the SHA-256 (hex) of the cells and the settings but the thread
     count, whose default is each machine's own core count (node 0's settings are the ones its jobs carry)."""
@@ -628,9 +617,7 @@ def plan_fingerprint(plan: Plan) -> str:
 
 
 def node_shares(procs: int, nodes: int) -> Sequence[range]:
-    """The ranks each node runs of a cell of ``procs`` processes over ``nodes`` machines (all on node 0 when the
-    cell is one process)."""
-    if procs == 1 or nodes == 1:
-        return [range(procs)]
-    per_node = procs // nodes
-    return [range(node * per_node, (node + 1) * per_node) for node in range(nodes)]
+    """The ranks each node runs of a cell of ``procs`` processes over ``nodes`` machines, consecutive blocks of
+    :func:`~fwbench.spec.processes_per_node` (all on node 0 when the cell is one process)."""
+    per_node = processes_per_node(procs, nodes)
+    return [range(start, start + per_node) for start in range(0, procs, per_node)]
