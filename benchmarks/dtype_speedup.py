@@ -16,8 +16,8 @@ import argparse
 from collections.abc import Sequence
 
 from fwbench.measure.rounds import unpaired_ratio
-from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord, Store
+from fwbench.units import format_seconds
 
 Key = tuple[str, str, str, int, int | None]
 
@@ -43,7 +43,7 @@ def rows_table(results: Sequence[ResultRecord]) -> list[str]:
         ratio = unpaired_ratio(fp32.round_samples, bf16.round_samples)
         ci = f" ({ratio.ci_low:.2f}–{ratio.ci_high:.2f})" if ratio and ratio.ci_low and ratio.ci_high else ""
         error = bf16.parity.worst_rel_l2 if bf16.parity is not None and bf16.parity.ok is not None else None
-        units = bf16.details.get("cpu_bf16_units")
+        units = bf16.cpu_units.bf16 if bf16.cpu_units is not None else None
         model, runtime, phase, batch, seq = cell
         shape = f"b{batch}" + (f" s{seq}" if seq is not None else "")
         lines.append(

@@ -3,7 +3,8 @@
 :func:`local_cluster` runs this file as its own process (``python benchmarks/ray_cluster.py TEMP_DIR NODES``), which
 starts a head node without fwbench's resource (it runs no group) and NODES nodes with ``fwbench_node: 1`` and one CPU
 each, node i pinned to CPU i (``FWBENCH_NODE_CPUS``) so that two nodes never share a core; everything on 127.0.0.1,
-no dashboard, Ray's files under TEMP_DIR and its token under a temporary HOME. The process prints ``address
+no dashboard, Ray's files under TEMP_DIR (``RAY_TMPDIR``, for the helper and for what runs with
+:attr:`LocalCluster.env`: nothing goes to /tmp/ray) and its token under a temporary HOME. The process prints ``address
 HOST:PORT`` when ready, then obeys one command per line on stdin: ``remove I`` (node I, 1-based, dies as a lost
 machine would; answers ``removed I``). End of input shuts the cluster down.
 """
@@ -59,7 +60,7 @@ def local_cluster(nodes: int) -> Iterator[LocalCluster]:
     """A head and ``nodes`` fwbench nodes in a helper process; everything it started ends when the block does."""
     temp = tempfile.mkdtemp(prefix="fwray-", dir="/tmp")  # short: Ray's socket paths must stay under 107 bytes
     home = tempfile.mkdtemp(prefix="fwray-home-")  # Ray's token and caches, never the user's HOME
-    env = {**os.environ, "HOME": home, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "HOME": home, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": temp}
     helper = subprocess.Popen(
         [sys.executable, __file__, temp, str(nodes)],
         stdin=subprocess.PIPE,
@@ -89,9 +90,13 @@ def local_cluster(nodes: int) -> Iterator[LocalCluster]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def serve(temp_dir: str, count: int) -> None:
+def serve(temp: str, count: int) -> None:
     """The helper process: start the cluster, print its address, obey stdin, shut down at its end."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback addresses stay loopback
+    # Ray's default folder is $RAY_TMPDIR/ray (else $TMPDIR/ray, else /tmp/ray): Cluster.add_node writes the head's
+    # address there (ray_current_cluster) whatever temp_dir it is given, and fails where that folder does not exist.
+    # Made the cluster's own folder, for this process and every node process it starts.
+    os.environ["RAY_TMPDIR"] = temp
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -100,7 +105,7 @@ def serve(temp_dir: str, count: int) -> None:
             "num_cpus": 0,
             "include_dashboard": False,
             "node_ip_address": "127.0.0.1",
-            "temp_dir": temp_dir,
+            "temp_dir": os.path.join(temp, "ray"),  # the default folder above: Ray creates it for the head
         },
     )
     cpus = sorted(os.sched_getaffinity(0))

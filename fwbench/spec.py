@@ -30,16 +30,10 @@ FitSource = Literal["memory", "input"]  # phase fit: the seeded in-memory datase
 # it); strong scaling, the batch size is the global batch, split evenly over the processes.
 Scaling = Literal["weak", "strong"]
 
+# Every phase's facts (its dtypes, whether its cells run as several processes or have a model, its FLOPs) are the
+# phase's own: fwbench.runner.phases. bf16 is one mixed-precision policy in every framework (fwbench.precision;
+# docs/precision.md); int8 the deployment engines that quantise.
 PHASES: tuple[str, ...] = get_args(Phase)
-# What the workers can run today; the other phases come with their backends. bf16 is one mixed-precision policy
-# in every framework (fwbench.precision; docs/precision.md).
-RUNNABLE_PHASES: tuple[str, ...] = ("inference", "training", "fit", "data")
-RUNNABLE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "int8")  # int8: the deployment engines that quantise
-# Phase training: bf16 is the same policy, float32 master weights and update. Phase fit: fp32.
-TRAINING_DTYPES: tuple[str, ...] = ("fp32", "bf16")
-FIT_DTYPES: tuple[str, ...] = ("fp32",)
-# Phase data: the loaders hand the models float32 images.
-DATA_DTYPES: tuple[str, ...] = ("fp32",)
 # Largest batch size, sequence length or count accepted (fits every store column and framework index).
 MAX_COUNT = 2**31 - 1
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -52,7 +46,6 @@ TRANSFORMS: tuple[str, ...] = get_args(Transform)
 DATA_SOURCES: tuple[str, ...] = get_args(DataSource)
 FIT_SOURCES: tuple[str, ...] = get_args(FitSource)
 SCALINGS: tuple[str, ...] = get_args(Scaling)
-DISTRIBUTED_PHASES: tuple[str, ...] = ("training", "fit")  # the phases a cell of several processes (--procs) runs
 
 
 class SpecError(ValueError):
@@ -74,7 +67,9 @@ class Case:
     """One cell of a sweep. ``seq_len`` is None for models without a sequence axis. Phase data: ``model`` is the
     dataset's name (e.g. ``images-256``), ``runtime`` the loader and ``workers`` its worker count (None in every
     other phase). A distributed cell (a data-parallel runtime, ``--procs``) runs as ``procs`` cooperating processes
-    and says how ``batch_size`` is read (``scaling``: see :data:`Scaling`); both are None for every other cell."""
+    and says how ``batch_size`` is read (``scaling``: see :data:`Scaling`); both are None for every other cell.
+    Which phases take a process count or a worker count is the phase's (``fwbench.runner.phases.check_case``, which
+    the planner applies to every cell)."""
 
     model: str
     runtime: str
@@ -94,17 +89,11 @@ class Case:
         if self.procs is not None:
             _check_positive_int("process count", self.procs)
             _check_choice("scaling", self.scaling, SCALINGS)  # type: ignore[arg-type]
-            if self.phase not in DISTRIBUTED_PHASES:
-                raise SpecError(
-                    f"--procs runs phases {' and '.join(DISTRIBUTED_PHASES)} as several processes, not phase {self.phase}"
-                )
             if self.scaling == "strong" and self.batch_size % self.procs:
                 raise SpecError(
                     f"strong scaling splits the global batch {self.batch_size} evenly: {self.procs} processes "
                     "do not divide it"
                 )
-        if (self.phase == "data") != (self.workers is not None):
-            raise SpecError("a worker count belongs to phase data cells, and every phase data cell has one")
         if self.workers is not None and (
             not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 0 <= self.workers <= MAX_COUNT
         ):
@@ -155,6 +144,11 @@ class Case:
         """``b=8 s=128``, ``b=32 w=2``, ``b=8 s=128 p=2 weak``: the batch size, then the sequence length or worker
         count where set, then a distributed cell's process count and scaling."""
         return shape_text(self.batch_size, self.seq_len, self.workers, self.procs, self.scaling)
+
+
+# The fields that name a cell, in Case's order: a stored row has each as a column, and every key that matches rows
+# (fwbench.report.summary.KEY_FIELDS, compare's, the by-machine view's) is made of them.
+CASE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Case))
 
 
 def shape_text(

@@ -109,12 +109,12 @@ def _jax(seen: list[tuple[str, str]]) -> Iterator[None]:
         return bind_recorded
 
     for primitive, bind in zip(primitives, saved):
-        primitive.bind = recording(primitive, bind)  # type: ignore[method-assign]
+        primitive.bind = recording(primitive, bind)
     try:
         yield
     finally:
         for primitive, bind in zip(primitives, saved):
-            primitive.bind = bind  # type: ignore[method-assign]
+            primitive.bind = bind
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@ pytest-xdist process pinned to its own core; ``FWBENCH_TEST_ISA=avx2`` caps ever
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -124,10 +126,10 @@ def _name_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
 def plugin_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Load the test-only fake runtimes here and in every worker."""
     _name_plugin(monkeypatch, "fwbench_test_plugin")
-    import fwbench.frameworks as registry
+    import fwbench.plugins
 
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
-    registry.load_plugins()
+    monkeypatch.setattr(fwbench.plugins, "_loaded", False)
+    fwbench.plugins.load_plugins()
     return dict(os.environ)
 
 
@@ -146,15 +148,33 @@ def loaded_model_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterato
     afterwards) and named for every subprocess; yields the environment a subprocess gets."""
     import fwbench.frameworks as registry
     import fwbench.models as models
+    import fwbench.plugins
 
     _name_plugin(monkeypatch, module)
     monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
     monkeypatch.setattr(registry, "_RUNTIMES", dict(registry._RUNTIMES))
-    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    monkeypatch.setattr(fwbench.plugins, "_loaded", False)
     _forget_model_plugins()
-    registry.load_plugins()
+    fwbench.plugins.load_plugins()
     yield dict(os.environ)
     _forget_model_plugins()
+
+
+def require(module: str) -> ModuleType:
+    """``module`` imported, for a test of an optional framework (``pytest.importorskip`` that tells a broken install
+    from a missing one): the test is skipped when the module's package is not installed (its fwbench extra was left
+    out), and fails with the import error when the package is there but does not import, where importorskip would
+    skip it silently."""
+    try:
+        found = importlib.util.find_spec(module.partition(".")[0]) is not None  # the package, without importing it
+    except ValueError:  # in sys.modules without a spec (a stand-in a test put there): there to import
+        found = True
+    if not found:
+        pytest.skip(f"{module} is not installed (an optional extra of fwbench)")
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:
+        pytest.fail(f"{module} is installed but does not import: {type(exc).__name__}: {exc}")
 
 
 @pytest.fixture
@@ -185,6 +205,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300)
     return subprocess.run(
         [sys.executable, "-m", "fwbench", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO_DIR
     )
+
+
+def run_args(
+    *flags: str, db: Path | str, rounds: int = 1, threads: int | None = 1, max_time: float | None = None
+) -> list[str]:
+    """The arguments of ``fwbench run FLAGS`` as most tests give them (for ``run_cli(*run_args(...))`` or
+    ``main(run_args(...))``): ``--rounds 1`` (one worker per cell: a test not about the statistics), ``--threads 1``
+    (None: left to the default), ``--max-time`` when given, and the database ``db``."""
+    args = ["run", *flags, "--rounds", str(rounds)]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    if max_time is not None:
+        args += ["--max-time", str(max_time)]
+    return [*args, "--db", str(db)]
 
 
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")

@@ -74,16 +74,20 @@ class FakeBackend(Backend):
             raise MemoryError("fake allocation failure")
         if self.mode != "slowsync":
             time.sleep(self.delay)
-        outputs = self.description.reference_forward(self.weights, dict(zip(self.names, inputs)))
+        description = self.description
+        assert description is not None, "build() first"
+        outputs = description.reference_forward(self.weights, dict(zip(self.names, inputs)))
+        assert outputs is not None, f"{description.name} has no numpy reference"
         if self.mode == "wrong":
             outputs = {name: value + 1.0 for name, value in outputs.items()}
-        return tuple(outputs[name] for name in self.description.output_names)
+        return tuple(outputs[name] for name in description.output_names)
 
     def sync(self, outputs: Any) -> None:
         if self.mode == "slowsync":
             time.sleep(self.delay)
 
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
+        assert self.description is not None, "build() first"
         return dict(zip(self.description.output_names, outputs))
 
     def versions(self) -> dict[str, str]:

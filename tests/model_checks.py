@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fwbench.models import text
@@ -12,6 +14,15 @@ AMPLIFY = 40.0
 # With amplified weights a GELU swap moves the outputs by ~3e-5 (the two GELUs never differ by more
 # than ~5e-4); float32 implementations land near 3e-7. A test at this tolerance sees a swap.
 GELU_TOLERANCE = 5e-6
+
+
+def reference_outputs(
+    description: ModelDescription, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """``description``'s float64 reference outputs; fails the test of a model that has no reference."""
+    outputs = description.reference_forward(weights, inputs)
+    assert outputs is not None, f"{description.name} has no float64 reference"
+    return outputs
 
 
 def amplified_weights(description: ModelDescription, seed: int = 0) -> dict[str, np.ndarray]:
@@ -28,16 +39,16 @@ def gelu_swap_error(
     """Relative L2 change of the first output when the reference's GELU is swapped for the other one:
     a parity test at a tolerance well below this would catch an implementation using the wrong GELU."""
     name = description.output_names[0]
-    right = description.reference_forward(weights, inputs)[name]
+    right = reference_outputs(description, weights, inputs)[name]
     saved_erf, saved_tanh = text.gelu_erf, text.gelu_tanh
-    module = __import__(type(description).__module__, fromlist=["_"])
+    module: Any = __import__(type(description).__module__, fromlist=["_"])  # a models module: its GELUs swapped
     saved = getattr(module, "gelu_erf", None), getattr(module, "gelu_tanh", None)
     try:
         if saved[0] is not None:
             module.gelu_erf = saved_tanh
         if saved[1] is not None:
             module.gelu_tanh = saved_erf
-        wrong = description.reference_forward(weights, inputs)[name]
+        wrong = reference_outputs(description, weights, inputs)[name]
     finally:
         if saved[0] is not None:
             module.gelu_erf = saved[0]

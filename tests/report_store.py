@@ -39,7 +39,7 @@ class Cell:
 CYCLES_PER_ROUND = 1000  # cycle numbers of round r start at r × this (the scheduler numbers them on through a run)
 
 
-def blocks_of(samples: Sequence[float], rounds: int, calls: int) -> list[Block]:
+def blocks_of(samples: Sequence[float] | np.ndarray, rounds: int, calls: int) -> list[Block]:
     """``samples`` (seconds per call) split into ``rounds`` consecutive rounds of interleaved blocks."""
     split = np.array_split(np.asarray(samples, dtype=float), rounds)
     return [

@@ -12,22 +12,24 @@ observations' ability to fail are checked in test_precision.py.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
+from conftest import require
 from fwbench.frameworks import create_backend
-from fwbench.frameworks.base import Backend, UnsupportedDtype
+from fwbench.frameworks.base import Backend
 from fwbench.measure.environment import cpu_simd_flags
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
 from fwbench.precision import policy_mismatches
 from fwbench.runner.cell import parity
+from fwbench.runner.phases import get_phase
 from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, parity_tolerance
-from fwbench.spec import RUNNABLE_DTYPES, Case, Settings
+from fwbench.spec import DTYPES, Case, Settings
+from model_checks import reference_outputs
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
 DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny"), get_model("resnet-tiny")]
@@ -58,7 +60,7 @@ def run_bf16(runtime: str, description: ModelDescription) -> tuple[dict[str, Any
             backend._inference_mode.__exit__(None, None, None)
     assert all(a.dtype == np.float32 for a in got.values())  # to_numpy converts, whatever the compute dtype
     raw_dtypes = [str(getattr(o, "dtype", type(o))) for o in outputs]
-    return parity(got, description.reference_forward(weights, arrays), "bf16", description.name), raw_dtypes, backend
+    return parity(got, reference_outputs(description, weights, arrays), "bf16", description.name), raw_dtypes, backend
 
 
 def assert_bf16_parity(check: dict[str, Any], description: ModelDescription) -> None:
@@ -72,7 +74,7 @@ def assert_bf16_parity(check: dict[str, Any], description: ModelDescription) -> 
 def test_bf16_is_runnable_and_selectable() -> None:
     from fwbench.cli import UsageError, build_parser, plan_from_args
 
-    assert "bf16" in RUNNABLE_DTYPES
+    assert "bf16" in DTYPES and get_phase("inference").dtype_unsupported("bf16") is None
     args = build_parser().parse_args(
         ["run", "--models", "mlp", "--runtimes", "torch:eager", "--dtype", "bf16", "--threads", "1"]
     )
@@ -86,51 +88,16 @@ def test_bf16_is_runnable_and_selectable() -> None:
         build_parser().parse_args(["run", "--models", "mlp", "--runtimes", "torch:eager", "--dtype", "fp16"])
 
 
-class _Fp32Only(Backend):
-    """A backend that declares no dtypes: fp32 only (the base class default)."""
-
-    framework = "fp32only"
-    modes = ("eager",)
-
-    def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
-        return {}
-
-    def configure_precision(self) -> dict[str, object]:
-        return {}
-
-    def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
-        return tuple(arrays.values())
-
-    def compile(self, inputs: Sequence[Any]) -> None:
-        pass
-
-    def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple(inputs)
-
-    def sync(self, outputs: Any) -> None:
-        pass
-
-    def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
-        return {}
-
-    def versions(self) -> dict[str, str]:
-        return {}
-
-
-def test_a_backend_refuses_a_dtype_it_does_not_declare() -> None:
-    assert _Fp32Only("eager", "cpu", Settings()).dtype == "fp32"
-    with pytest.raises(UnsupportedDtype, match="fp32only:eager cannot compute in bf16; allowed: fp32"):
-        _Fp32Only("eager", "cpu", Settings(), dtype="bf16")
-
-
 # -- torch: autocast ----------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["eager", "script"])
 @pytest.mark.parametrize("description", DESCRIPTIONS, ids=by_name)
 def test_torch_bf16_autocast(description: ModelDescription, mode: str) -> None:
-    torch = pytest.importorskip("torch")
-    seen: list[torch.dtype] = []  # output dtypes of every nn.Linear / nn.Conv2d call (eager only)
+    torch = require("torch")
+    from fwbench.frameworks.torch.backend import TorchBackend
 
-    def record(module: torch.nn.Module, args: Any, output: Any) -> None:
+    seen: list[object] = []  # output dtypes (torch.dtype) of every nn.Linear / nn.Conv2d call (eager only)
+
+    def record(module: object, args: Any, output: Any) -> None:
         if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)):
             seen.append(output.dtype)
 
@@ -139,6 +106,7 @@ def test_torch_bf16_autocast(description: ModelDescription, mode: str) -> None:
         check, _, backend = run_bf16(f"torch:{mode}", description)
     finally:
         handle.remove()
+    assert isinstance(backend, TorchBackend)
     assert_bf16_parity(check, description)
     # Autocast leaves some outputs float32 (e.g. BERT's residual stream), but every matmul is bfloat16:
     if mode == "eager":
@@ -154,21 +122,26 @@ def test_torch_bf16_autocast(description: ModelDescription, mode: str) -> None:
 @pytest.mark.parametrize("mode", ["compile", "export"])
 def test_torch_compiled_bf16_autocast(mode: str) -> None:
     """torch.compile and torch.export (AOTInductor) keep the autocast region: bf16 in the compiled code."""
-    pytest.importorskip("torch")
+    require("torch")
     check, raw_dtypes, _ = run_bf16(f"torch:{mode}", get_model("mlp"))
     assert_bf16_parity(check, get_model("mlp"))
     assert raw_dtypes == ["torch.bfloat16"]  # the last nn.Linear's output, computed in bfloat16
 
 
 def test_torch_fp32_is_unchanged_by_the_dtype_argument() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
+    from fwbench.frameworks.torch.backend import TorchBackend
+
     description = get_model("mlp")
     backend = create_backend("torch:eager", "cpu", Settings(threads=1))
+    assert isinstance(backend, TorchBackend)
     settings = backend.configure_precision()
     assert backend.dtype == "fp32" and "bf16_mechanism" not in settings
     # ATen's kernel ISA is stored with the cell (make test-avx2 caps it with ATEN_CPU_CAPABILITY=avx2)
-    assert settings["cpu_capability"] == os.environ.get("ATEN_CPU_CAPABILITY", settings["cpu_capability"]).upper()
-    assert settings["cpu_capability"] in {"DEFAULT", "AVX2", "AVX512"}
+    capability = settings["cpu_capability"]
+    assert isinstance(capability, str)
+    assert capability == os.environ.get("ATEN_CPU_CAPABILITY", capability).upper()
+    assert capability in {"DEFAULT", "AVX2", "AVX512"}
     backend.build(description, description.canonical_weights(0))
     inputs = backend.make_inputs(description.make_inputs(2, None, 0))
     try:
@@ -216,9 +189,9 @@ def test_bf16_policy_is_what_each_graph_computes(runtime: str, description: Mode
     layer norm, softmax and batch-norm statistic float32 in the framework's own graph (jaxpr, traced tf graph,
     ops dispatched under autocast); under fp32 everything is float32. The weights stay float32 (the master copy)."""
     if runtime.startswith("tensorflow"):
-        pytest.importorskip("tensorflow")
+        require("tensorflow")
     elif runtime.startswith("jax"):
-        pytest.importorskip("jax")
+        require("jax")
     seen, backend = observed(runtime, description, "bf16")
     assert seen["matmul"] == ["bfloat16"], seen
     expected = {
@@ -242,7 +215,7 @@ def test_bf16_policy_is_what_each_graph_computes(runtime: str, description: Mode
 def test_bf16_parity_within_the_model_limit(runtime: str, description: ModelDescription) -> None:
     """The mixed policy's outputs against the float64 reference: within the model's bf16 limit, and above the
     fp32 tolerance (bfloat16 really computed)."""
-    pytest.importorskip(runtime.split(":")[0])
+    require(runtime.split(":")[0])
     check, _, backend = run_bf16(runtime, description)
     assert_bf16_parity(check, description)
     settings = backend.configure_precision()
@@ -256,8 +229,8 @@ def test_bf16_parity_within_the_model_limit(runtime: str, description: ModelDesc
 
 def test_bf16_inputs_stay_as_made() -> None:
     """Float inputs stay float32 and token ids int32 in every framework: the model code casts at its matmuls."""
-    pytest.importorskip("tensorflow")
-    pytest.importorskip("jax")
+    require("tensorflow")
+    require("jax")
     for runtime in ("tensorflow:eager", "jax:jit"):
         backend = create_backend(runtime, "cpu", Settings(), dtype="bf16")
         tokens = backend.make_inputs(get_model("gpt2-tiny").make_inputs(2, 8, 0))
@@ -330,7 +303,7 @@ def test_verify_runs_bf16(plugin_env: dict[str, str], tmp_path: Any) -> None:
     assert "skipped: fake:sleep cannot compute in bf16 (it computes in fp32)" in text, text
     description = get_model("mlp")
     with np.load(tmp_path / "mlp" / "inputs.npz") as inputs:
-        reference = description.reference_forward(description.canonical_weights(0), {"x": inputs["x"]})["logits"]
+        reference = reference_outputs(description, description.canonical_weights(0), {"x": inputs["x"]})["logits"]
     for name in ("torch_eager", "jax_jit"):
         with np.load(tmp_path / "mlp" / f"{name}.npz") as outputs:
             error = float(np.linalg.norm(outputs["logits"] - reference) / np.linalg.norm(reference))

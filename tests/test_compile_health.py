@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import require, run_args, run_cli
 from fwbench.runner.cell import compile_health
 from fwbench.runner.manager import run_worker
 from fwbench.spec import Case, Settings
@@ -48,7 +48,7 @@ def test_a_fixed_signature_never_retraces_while_timed(runtime: str) -> None:
 
 
 def test_torch_compile_counters_read_dynamo() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from fwbench.frameworks.torch.backend import TorchBackend
 
     backend = TorchBackend("compile", "cpu", Settings(threads=1))
@@ -64,21 +64,7 @@ def test_torch_compile_counters_read_dynamo() -> None:
 
 def test_report_flags_a_cell_that_recompiled(plugin_env: dict[str, str], db_path: Path) -> None:
     result = run_cli(
-        "run",
-        "--rounds",
-        "1",  # one worker per cell: this test is not about the statistics
-        "--models",
-        "mlp",
-        "--runtimes",
-        "retrace:jax",
-        "--batch-sizes",
-        "2",
-        "--threads",
-        "1",
-        "--max-time",
-        "0.3",
-        "--db",
-        str(db_path),
+        *run_args("--models", "mlp", "--runtimes", "retrace:jax", "--batch-sizes", "2", db=db_path, max_time=0.3),
         env=plugin_env,
     )
     assert result.returncode == 0, result.stderr

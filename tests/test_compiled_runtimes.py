@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import require, run_args, run_cli
 from fwbench.cli import main
 from fwbench.runner.manager import run_worker
-from fwbench.spec import Case, Settings, SpecError
+from fwbench.spec import Case, CompileMode, Settings, SpecError
 from fwbench.store import Store
 
 
@@ -88,38 +88,31 @@ def test_compile_mode_is_stored_with_the_run(plugin_env: dict[str, str], tmp_pat
     db = tmp_path / "run.db"
     for extra, _expected in (([], "default"), (["--compile-mode", "max-autotune"], "max-autotune")):
         result = run_cli(
-            "run",
-            "--rounds",
-            "1",  # one worker per cell: this test is not about the statistics
-            "--models",
-            "mlp",
-            "--runtimes",
-            "fake:sleep",
-            "--max-time",
-            "0.1",
-            "--threads",
-            "1",
-            "--db",
-            str(db),
-            *extra,
-            env=plugin_env,
+            *run_args("--models", "mlp", "--runtimes", "fake:sleep", *extra, db=db, max_time=0.1), env=plugin_env
         )
         assert result.returncode == 0, result.stderr
     with Store.open(db, create=False) as store:
-        stored = [store.get_run(i).settings["compile_mode"] for i in (1, 2)]  # type: ignore[union-attr]
-    assert stored == ["default", "max-autotune"]
+        runs = [store.get_run(i) for i in (1, 2)]
+    assert [run.settings["compile_mode"] if run else None for run in runs] == ["default", "max-autotune"]
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
-def test_compile_mode_reaches_torch_compile(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+def test_compile_mode_reaches_torch_compile(monkeypatch: pytest.MonkeyPatch, mode: CompileMode) -> None:
     """The setting is what torch.compile gets (captured, nothing compiled)."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from fwbench.frameworks import create_backend
+    from fwbench.frameworks.torch.backend import TorchBackend
     from fwbench.models import get_model
 
     calls: list[dict[str, object]] = []
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
-    backend = create_backend("torch:compile", "cpu", Settings(compile_mode=mode))  # type: ignore[arg-type]
+
+    def record_compile(model: object, **kwargs: object) -> object:
+        calls.append(kwargs)
+        return model
+
+    monkeypatch.setattr(torch, "compile", record_compile)
+    backend = create_backend("torch:compile", "cpu", Settings(compile_mode=mode))
+    assert isinstance(backend, TorchBackend)
     description = get_model("mlp")
     backend.build(description, description.canonical_weights(0))
     try:

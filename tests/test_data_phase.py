@@ -10,15 +10,17 @@ import shutil
 import sqlite3
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import run_cli
+from conftest import run_args, run_cli
 from fwbench.datasets import images
+from fwbench.runner.phases import check_case
 from fwbench.runner.planner import PlanChoices, resolve_plan, suite_plan
-from fwbench.spec import Case, SpecError
+from fwbench.spec import Case, Settings, SpecError
 from fwbench.suites import load_suite
 
 LOADERS = ("torch:dataloader", "tensorflow:data", "grain:dataloader")
@@ -42,10 +44,10 @@ def test_a_data_case_has_a_worker_count_and_only_a_data_case() -> None:
     case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
     assert case.key.endswith("|w2") and "w=2" in case.label()
     assert Case("mlp", "torch:eager").key == "mlp|torch:eager|inference|1|-|fp32|cpu"  # other keys unchanged
-    with pytest.raises(SpecError):
-        Case("images-256", "torch:dataloader", "data", 32)
-    with pytest.raises(SpecError):
-        Case("mlp", "torch:eager", workers=1)
+    with pytest.raises(SpecError, match="^a worker count belongs to phase data cells, and every one of them has one$"):
+        check_case(Case("images-256", "torch:dataloader", "data", 32), Settings())
+    with pytest.raises(SpecError, match="^a worker count belongs to phase data cells"):
+        check_case(Case("mlp", "torch:eager", workers=1), Settings())
     with pytest.raises(SpecError):
         Case("images-256", "torch:dataloader", "data", 32, workers=-1)
 
@@ -181,9 +183,11 @@ def test_a_killed_data_cell_leaves_no_loader_process(tmp_path: Path, dataset: Pa
     marker = uuid.uuid4().hex
     env = {**os.environ, "FWBENCH_TEST_MARKER": marker}  # every process the run starts inherits it
     done = run_cli(
-        "run", "--phase", "data", "--runtimes", loader, "--workers", "2", "--input", str(dataset),
-        "--crop", "16", "--batch-sizes", "4", "--rounds", "1", "--data-batches", "100000000",
-        "--max-time", "1", "--timeout", "8", "--db", str(tmp_path / "k.db"),
+        *run_args(
+            "--phase", "data", "--runtimes", loader, "--workers", "2", "--input", str(dataset),
+            "--crop", "16", "--batch-sizes", "4", "--data-batches", "100000000", "--timeout", "8",
+            db=tmp_path / "k.db", threads=None, max_time=1,
+        ),
         env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -204,13 +208,15 @@ def test_a_killed_data_cell_leaves_no_loader_process(tmp_path: Path, dataset: Pa
     assert left == []
 
 
-def _fit_from_images(tmp_path: Path, dataset: Path, runtimes: dict[str, str | None], models: str) -> dict:
+def _fit_from_images(tmp_path: Path, dataset: Path, runtimes: Mapping[str, str | None], models: str) -> dict:
     """Run ``--phase fit --input`` for ``runtimes`` (runtime → the loader its fit reads, None: skipped) and check
     each fit's record; returns the rows by (model, runtime)."""
     db = tmp_path / "f.db"
     done = run_cli(
-        "run", "--phase", "fit", "--input", str(dataset), "--models", models, "--runtimes", ",".join(runtimes),
-        "--batch-sizes", "4", "--epochs", "2", "--rounds", "1", "--threads", "1", "--db", str(db),
+        *run_args(
+            "--phase", "fit", "--input", str(dataset), "--models", models, "--runtimes", ",".join(runtimes),
+            "--batch-sizes", "4", "--epochs", "2", db=db,
+        )
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {(row["model"], row["runtime"]): row for row in _rows(db)}

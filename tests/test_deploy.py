@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import fwbench.models as models
-from conftest import loaded_model_plugin, run_cli
+from conftest import loaded_model_plugin, require, run_args, run_cli
 from fwbench.frameworks import get_runtime
 from fwbench.runner.verify import verify_model
 from fwbench.spec import Case, Settings
+from model_checks import reference_outputs
 
 EXPORTED_RUNTIMES = ("onnxruntime:torch", "onnxruntime:tensorflow", "openvino:torch", "litert:tensorflow")
 DEPLOYMENT_RUNTIMES = (*EXPORTED_RUNTIMES, "tensorflow:savedmodel")
@@ -38,7 +39,7 @@ EXPORTERS = {"torch": "torch.onnx.export(dynamo=True)", "tensorflow": "tf2onnx.c
     "model", ["bert-tiny", *(pytest.param(model, marks=pytest.mark.matrix) for model in ("gpt2-tiny", "resnet-tiny"))]
 )
 def test_every_tiny_model_matches_the_reference_after_export(model: str) -> None:
-    pytest.importorskip("onnxruntime")
+    require("onnxruntime")
     checks = verify_model(model, DEPLOYMENT_RUNTIMES, Settings(threads=1, timeout_s=300))
     assert {c.runtime for c in checks} == set(DEPLOYMENT_RUNTIMES)
     failed = [(c.runtime, c.output, c.status, c.reason, c.rel_l2_vs_reference) for c in checks if not c.passed]
@@ -119,7 +120,7 @@ def test_openvino_computes_float32_only_because_it_is_told_to(tmp_path: Path) ->
     """The backend's compile settings make the compiled model report f32. Without the precision hint, a CPU with
     bf16 units (OpenVINO's BF16 capability) compiles the same float32 model to bf16: the hint is what keeps it
     float32 there (that half needs such a CPU)."""
-    pytest.importorskip("openvino")
+    require("openvino")
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
@@ -157,8 +158,11 @@ def test_a_model_the_exporter_cannot_express_is_an_error_and_the_sweep_goes_on(
     from fwbench.store import Store
 
     done = run_cli(
-        "run", "--models", "gelu-mlp,mlp", "--runtimes", "onnxruntime:tensorflow", "--batch-sizes", "2",
-        "--threads", "1", "--max-time", "0.2", "--rounds", "1", "--db", str(db_path), env=gelu_model_env,
+        *run_args(
+            "--models", "gelu-mlp,mlp", "--runtimes", "onnxruntime:tensorflow", "--batch-sizes", "2",
+            db=db_path, max_time=0.2,
+        ),
+        env=gelu_model_env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     with Store.open(db_path, readonly=True) as store:
@@ -196,7 +200,7 @@ def test_deployment_engines_refuse_cuda_with_the_reason(runtime: str) -> None:
     from fwbench.frameworks import create_backend
 
     info = get_runtime(runtime)
-    pytest.importorskip(info.requires[0])
+    require(info.requires[0])
     with pytest.raises(NotImplementedError, match=f"{runtime} on cuda: .*(onnxruntime-gpu|not CUDA)"):
         create_backend(runtime, "cuda", Settings())
     # fp32, and int8 where the engine quantises (tests/test_int8.py); never bf16
@@ -227,7 +231,7 @@ def _engine_outputs(runtime: str, path: Path, inputs: list[np.ndarray]) -> list[
 def test_export_writes_an_artefact_the_engine_alone_runs(runtime: str, tmp_path: Path) -> None:
     """``fwbench export`` writes one file and one line; the file, loaded here by the engine without any framework,
     computes the float64 reference's outputs at the exported shape; nothing else is left beside it."""
-    pytest.importorskip(runtime.split(":")[0].replace("litert", "ai_edge_litert"))
+    require(runtime.split(":")[0].replace("litert", "ai_edge_litert"))
     out = tmp_path / "mlp.model"
     done = run_cli("export", "mlp", "--runtime", runtime, "--out", str(out), "--batch-size", "3", "--threads", "1")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -237,7 +241,7 @@ def test_export_writes_an_artefact_the_engine_alone_runs(runtime: str, tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.model"]
     description = models.get_model("mlp")
     arrays = description.make_inputs(3, None, 0)
-    reference = description.reference_forward(description.canonical_weights(0), arrays)["logits"]
+    reference = reference_outputs(description, description.canonical_weights(0), arrays)["logits"]
     (got,) = _engine_outputs(runtime, out, list(arrays.values()))
     assert got.shape == (3, 10)
     assert np.linalg.norm(got - reference) / np.linalg.norm(reference) < PARITY_TOLERANCE
@@ -286,15 +290,14 @@ def test_export_refuses_an_existing_path_or_a_missing_folder(
 def test_a_group_exports_once_and_the_engines_share_the_file(tmp_path: Path) -> None:
     """onnxruntime:torch and openvino:torch run the same ONNX file: the group's export cache makes it once; the
     cell that loaded it stores that export's seconds with cached: true and counts them in its time to first result."""
-    pytest.importorskip("openvino")
+    require("openvino")
     from fwbench.cli import main
     from fwbench.frameworks.base import EXPORT_CACHE_ENV
     from fwbench.store import Store
 
     db = tmp_path / "r.db"
     runtimes = "onnxruntime:torch,openvino:torch"
-    args = ["run", "--models", "mlp", "--runtimes", runtimes, "--threads", "1", "--rounds", "1", "--max-time", "0.2"]
-    assert main([*args, "--db", str(db)]) == 0
+    assert main(run_args("--models", "mlp", "--runtimes", runtimes, db=db, max_time=0.2)) == 0
     assert EXPORT_CACHE_ENV not in os.environ  # the manager's cache lived as long as the group
     with Store.open(db, readonly=True) as store:
         rows = store.results()

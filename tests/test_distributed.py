@@ -19,14 +19,14 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import REPO_DIR, listening_off_loopback, run_cli
+from conftest import REPO_DIR, listening_off_loopback, run_args, run_cli
 from fwbench.frameworks import distributed_runtimes, get_runtime
 from fwbench.models import get_model
 from fwbench.ranks import ENV_PREFIX, rank_rows
 from fwbench.runner.rankset import combine, combine_results
 from fwbench.runner.scheduler import run_group, start_order
 from fwbench.runner.verify import TrainingCheck, distributed_parity_unsupported, verify_training
-from fwbench.spec import Case, Settings, SpecError, group_key
+from fwbench.spec import Case, Scaling, Settings, SpecError, group_key
 from fwbench.store import Store
 
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks on two different CPUs")
@@ -134,6 +134,7 @@ def test_another_worker_fits_by_its_own_process_count(monkeypatch: pytest.Monkey
     from fwbench.runner import scheduler
 
     two = Case("bert-base", "torch:ddp", "training", 8, 128, procs=2, scaling="weak")
+    # no worker process (None): what fits reads only a live cell's case and peak
     live = [scheduler._Live(two, None, 1, 1.0, 8 * 2**30)]  # type: ignore[arg-type]
     monkeypatch.setattr(scheduler, "memory_available_bytes", lambda: 11 * 2**30)
     assert scheduler._fits_another(live, Settings(), procs=1)  # 1.5 × 4 GiB < 11 GiB
@@ -252,9 +253,11 @@ def test_a_fit_of_two_processes_is_the_fit_of_one_and_keras_fit_is_skipped_with_
     is stored skipped with keras-team/keras#20585's reason."""
     db = tmp_path / "fit.db"
     result = run_cli(
-        "run", "--phase", "fit", "--models", "mlp", "--runtimes", "torch:ddp,keras:tensorflow", "--procs", "1,2",
-        "--scaling", "strong", "--rank-threads", "1", "--batch-sizes", "32", "--rounds", "1", "--epochs", "2",
-        "--fit-samples", "256", "--db", str(db),
+        *run_args(
+            "--phase", "fit", "--models", "mlp", "--runtimes", "torch:ddp,keras:tensorflow", "--procs", "1,2",
+            "--scaling", "strong", "--rank-threads", "1", "--batch-sizes", "32", "--epochs", "2",
+            "--fit-samples", "256", db=db, threads=None,
+        )
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     with Store.open(db, readonly=True) as store:
@@ -350,8 +353,8 @@ def test_reports_keep_process_counts_apart_and_show_scaling(tmp_path: Path) -> N
     from fwbench.report.throughput import throughput
     from report_store import Cell, add_run, timed
 
-    def cell(procs: int, scaling: str, seconds: float) -> Cell:
-        case = Case("mlp", "torch:ddp", "training", 8, procs=procs, scaling=scaling)  # type: ignore[arg-type]
+    def cell(procs: int, scaling: Scaling, seconds: float) -> Cell:
+        case = Case("mlp", "torch:ddp", "training", 8, procs=procs, scaling=scaling)
         return Cell(case, timed(seconds, seed=procs), details={"distributed": {"allreduce_median_s": 0.001}})
 
     cells = [cell(1, "weak", 0.010), cell(2, "weak", 0.0125), cell(1, "strong", 0.010), cell(2, "strong", 0.0100)]
@@ -361,8 +364,9 @@ def test_reports_keep_process_counts_apart_and_show_scaling(tmp_path: Path) -> N
         rows = store.results([first])
         later = store.results([second])
     by_key = {(row.procs, row.scaling): row for row in rows}
-    assert throughput(by_key[(2, "weak")])[0] == pytest.approx(16 / by_key[(2, "weak")].median_s)
-    assert throughput(by_key[(2, "strong")])[0] == pytest.approx(8 / by_key[(2, "strong")].median_s)
+    weak, strong = by_key[(2, "weak")], by_key[(2, "strong")]
+    assert weak.median_s is not None and throughput(weak)[0] == pytest.approx(16 / weak.median_s)
+    assert strong.median_s is not None and throughput(strong)[0] == pytest.approx(8 / strong.median_s)
     scaled = {item.row.scaling: item for item in scaling_rows(rows)}
     assert set(scaled) == {"weak", "strong"}
     assert scaled["weak"].efficiency is not None and scaled["weak"].efficiency[0] == pytest.approx(0.8, rel=0.02)

@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import run_args
 from fwbench.spec import Settings, SpecError
 from fwbench.store import FitDetails, ResultRecord
+from model_checks import reference_outputs
 
 FIT_RUNTIMES = (
     "torch:eager",
@@ -63,7 +65,7 @@ def test_resnet_tiny_fit_dataset_is_labelled_in_chunks_and_resnet50_is_refused(m
     monkeypatch.setattr(fit_module, "TEACHER_CHUNK", 16)
     dataset = fit_module.make_fit_dataset(resnet, 40, 0)  # chunks of 16, 16, 8
     assert dataset.inputs["pixel_values"].shape == (40, 3, 64, 64) and dataset.labels.shape == (40,)
-    logits = resnet.reference_forward(resnet.canonical_weights(1), dataset.inputs)["logits"]  # in one piece
+    logits = reference_outputs(resnet, resnet.canonical_weights(1), dataset.inputs)["logits"]  # in one piece
     assert np.array_equal(dataset.labels, (logits - logits.mean(axis=0)).argmax(-1))  # centred per class
     assert len(np.unique(dataset.labels)) >= 5  # centred: not one class for most samples, as the raw teacher
     with pytest.raises(NotImplementedError, match="resnet50 has no fit phase"):
@@ -188,21 +190,11 @@ def test_fit_logging_must_be_a_directory(capsys: pytest.CaptureFixture[str], tmp
     a_file = tmp_path / "file"
     a_file.write_text("x")
     code = main(
-        [
-            "run",
-            "--rounds",
-            "1",  # one worker per cell: this test is not about the statistics
-            "--phase",
-            "fit",
-            "--models",
-            "mlp",
-            "--runtimes",
-            "torch:lightning",
-            "--fit-logging",
-            str(a_file),
-            "--db",
-            str(tmp_path / "x.db"),
-        ]
+        run_args(
+            *("--phase", "fit", "--models", "mlp", "--runtimes", "torch:lightning", "--fit-logging", str(a_file)),
+            db=tmp_path / "x.db",
+            threads=None,
+        )
     )
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "is not a directory" in err, err
@@ -219,27 +211,11 @@ def fit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as patch:  # the workers' working directory: where Lightning would write
         patch.chdir(db.parent)
         code = main(
-            [
-                "run",
-                "--rounds",
-                "1",  # one worker per cell: this test is not about the statistics
-                "--phase",
-                "fit",
-                "--models",
-                "mlp",
-                "--runtimes",
-                ",".join(FIT_RUNTIMES),
-                "--batch-sizes",
-                str(BATCH),
-                "--epochs",
-                str(EPOCHS),
-                "--fit-samples",
-                str(SAMPLES),
-                "--threads",
-                "1",
-                "--db",
-                str(db),
-            ]
+            run_args(
+                *("--phase", "fit", "--models", "mlp", "--runtimes", ",".join(FIT_RUNTIMES)),
+                *("--batch-sizes", str(BATCH), "--epochs", str(EPOCHS), "--fit-samples", str(SAMPLES)),
+                db=db,
+            )
         )
     assert code == 0
     return db
@@ -255,31 +231,13 @@ def resnet_fit(
     root = tmp_path_factory.mktemp(f"resnet_fit_{request.param}")
     db, logs = root / "fit.db", root / "lightning"
     code = main(
-        [
-            "run",
-            "--rounds",
-            "1",  # one worker per cell: this test is not about the statistics
-            "--interleave",
-            "off",  # the sequential path (the MLP's run is interleaved)
-            "--phase",
-            "fit",
-            "--models",
-            "resnet-tiny",
-            "--runtimes",
-            ",".join(RESNET_FIT_RUNTIMES[request.param]),
-            "--batch-sizes",
-            str(RESNET_BATCH),
-            "--epochs",
-            str(RESNET_EPOCHS),
-            "--fit-samples",
-            str(RESNET_SAMPLES),
-            "--threads",
-            "1",
-            "--fit-logging",
-            str(logs),
-            "--db",
-            str(db),
-        ]
+        run_args(
+            *("--interleave", "off"),  # the sequential path (the MLP's run is interleaved)
+            *("--phase", "fit", "--models", "resnet-tiny", "--runtimes", ",".join(RESNET_FIT_RUNTIMES[request.param])),
+            *("--batch-sizes", str(RESNET_BATCH), "--epochs", str(RESNET_EPOCHS), "--fit-samples", str(RESNET_SAMPLES)),
+            *("--fit-logging", str(logs)),
+            db=db,
+        )
     )
     assert code == 0
     return db, logs, RESNET_FIT_RUNTIMES[request.param]
@@ -333,7 +291,7 @@ def test_fit_loops_agree_on_the_mlp(fit_db: Path) -> None:
 def test_fit_cells_take_turns_epoch_by_epoch(fit_db: Path) -> None:
     """Interleaved: each epoch after the first is one block of one call, the very epoch the loop timed; every
     runtime's epoch of one cycle ran before any runtime's epoch of the next, and no two ran at once."""
-    spans = []
+    spans: list[tuple[float, float, int]] = []
     for runtime, row in _results(fit_db).items():
         assert row.schedule == "interleaved" and row.rounds == 1, runtime
         assert [(b.round, b.index, b.cycle, b.calls) for b in row.blocks] == [
@@ -343,7 +301,11 @@ def test_fit_cells_take_turns_epoch_by_epoch(fit_db: Path) -> None:
         fit = _fit(row)  # its own time excludes the turns it waited for
         assert fit.extra["waited_between_epochs_s"] > 0 and fit.total_s is not None, runtime
         assert fit.total_s >= sum(fit.epoch_s), runtime
-        spans += [(b.start_unix_s, b.start_unix_s + b.seconds, b.cycle) for b in row.blocks if b.start_unix_s]
+        spans += [
+            (b.start_unix_s, b.start_unix_s + b.seconds, b.cycle)
+            for b in row.blocks
+            if b.start_unix_s and b.cycle is not None
+        ]
     assert len(spans) == len(FIT_RUNTIMES) * (EPOCHS - 1)
     spans.sort()
     assert all(end <= following for (_, end, _), (following, _, _) in zip(spans, spans[1:]))
@@ -354,7 +316,8 @@ class _ManagerSide:
     """What EpochBlocks talks to in a worker (its Cell), with the manager's commands scripted."""
 
     def __init__(self, commands: list[str]) -> None:
-        self.commands, self.sent = list(commands), []
+        self.commands = list(commands)
+        self.sent: list[tuple[str, dict[str, object]]] = []
 
     def send(self, kind: str, **fields: object) -> None:
         self.sent.append((kind, fields))

@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import require
 from fwbench.models import MODELS, get_model
 from fwbench.models.gemm import GEMM, Gemm, GemmConfig
-from fwbench.report.units import format_gflops
 from fwbench.spec import Settings
+from fwbench.units import format_gflops
 
 SMALL = Gemm(GemmConfig(n=96), name="gemm-small")
 PARITY_TOLERANCE = 1e-5  # float32 lands near 3e-7 at n = 3072; a transposed weight gives ~1.4
@@ -29,7 +30,7 @@ def test_description() -> None:
     assert MODELS["gemm"] is GEMM and get_model("gemm").arch == "gemm"
     n = GEMM.n
     assert [(p.name, p.shape) for p in GEMM.param_schema()] == [("weight", (n, n))]
-    assert GEMM.flops(7, None) == 2 * 7 * n * n and GEMM.flops(7, None, "training") == 3 * GEMM.flops(7, None)
+    assert GEMM.forward_flops(7, None) == 2 * 7 * n * n
     weights = SMALL.canonical_weights(0)
     assert np.array_equal(weights["weight"], SMALL.canonical_weights(0)["weight"])
     assert not np.array_equal(weights["weight"], SMALL.canonical_weights(1)["weight"])
@@ -78,7 +79,7 @@ RUNNERS: dict[str, Callable[[Gemm, dict[str, np.ndarray], np.ndarray], np.ndarra
 @pytest.mark.parametrize("description", [SMALL, GEMM], ids=lambda d: d.name)
 @pytest.mark.parametrize("framework", list(RUNNERS))
 def test_matches_the_float64_reference(framework: str, description: Gemm) -> None:
-    pytest.importorskip(framework)
+    require(framework)
     weights = description.canonical_weights(0)
     inputs = description.make_inputs(*description.parity_shape(), 0)
     reference = description.reference_forward(weights, inputs)["y"]
@@ -89,7 +90,7 @@ def test_matches_the_float64_reference(framework: str, description: Gemm) -> Non
 
 @pytest.mark.parametrize("framework", list(RUNNERS))
 def test_weight_map_errors_name_the_tensor(framework: str) -> None:
-    pytest.importorskip(framework)
+    require(framework)
     build = importlib.import_module(f"fwbench.frameworks.{framework}.gemm").build_model
     weights = SMALL.canonical_weights(0)
     with pytest.raises(ValueError, match="weight"):
@@ -118,7 +119,7 @@ def test_env_peak_end_to_end_for_one_framework(
 ) -> None:
     """`env --peak` with torch only: one stored run of suite peak, the table, the peak line, and a report
     of the same database that shows GFLOP/s and % peak (100% for the peak's own cell)."""
-    pytest.importorskip("torch")
+    require("torch")
     import fwbench.cli as cli
     import fwbench.cli.peak as peak
     from fwbench.store import Store

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require, run_args
 from fwbench.cli import main
 from fwbench.frameworks import get_runtime
 from fwbench.report.dtypes import dtype_comparisons
@@ -44,7 +45,7 @@ def test_int8_is_inference_only(tmp_path: Path, capsys: pytest.CaptureFixture[st
     "model", ["mlp", *(pytest.param(model, marks=pytest.mark.matrix) for model in ("bert-tiny", "resnet-tiny"))]
 )
 def test_int8_engines_stay_within_the_int8_limit_and_really_quantise(model: str) -> None:
-    pytest.importorskip("onnxruntime")
+    require("onnxruntime")
     checks = verify_model(model, INT8_RUNTIMES, Settings(threads=1, timeout_s=300), dtype="int8")
     assert {c.runtime for c in checks} == set(INT8_RUNTIMES)
     failed = [(c.runtime, c.output, c.status, c.reason, c.rel_l2_vs_reference) for c in checks if not c.passed]
@@ -89,11 +90,11 @@ def test_the_report_sets_reduced_precision_beside_the_same_runtimes_fp32(
 
 @pytest.mark.slow
 def test_an_int8_cell_stores_what_was_quantised_and_the_cpus_int8_units(db_path: Path) -> None:
-    pytest.importorskip("onnxruntime")
+    require("onnxruntime")
     from fwbench.measure.environment import cpu_int8_units
 
-    args = ["run", "--models", "mlp", "--runtimes", "onnxruntime:torch,litert:tensorflow", "--dtype", "int8"]
-    assert main([*args, "--threads", "1", "--rounds", "1", "--max-time", "0.2", "--db", str(db_path)]) == 0
+    flags = ("--models", "mlp", "--runtimes", "onnxruntime:torch,litert:tensorflow", "--dtype", "int8")
+    assert main(run_args(*flags, db=db_path, max_time=0.2)) == 0
     with Store.open(db_path, readonly=True) as store:
         rows = {row.runtime: row for row in store.results()}
     assert all(row.status == "ok" for row in rows.values())

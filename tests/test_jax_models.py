@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,13 +21,20 @@ from fwbench.frameworks.jax import bert as jax_bert
 from fwbench.frameworks.jax import gpt2 as jax_gpt2
 from fwbench.frameworks.jax import mlp as jax_mlp
 from fwbench.models import get_model
+from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
+from fwbench.models.mlp import MLP
 from fwbench.spec import Settings
+from model_checks import reference_outputs
 
 jax_backend = import_jax_backend()  # its worker XLA variables kept out of this process's environment
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
-JAX_BUILDERS = {"mlp": jax_mlp.build_model, "bert": jax_bert.build_model, "gpt2": jax_gpt2.build_model}
+JAX_BUILDERS: dict[str, Callable[..., Any]] = {
+    "mlp": jax_mlp.build_model,
+    "bert": jax_bert.build_model,
+    "gpt2": jax_gpt2.build_model,
+}
 DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")]
 # float32 lands near 3e-7 here; tanh GELU in place of BERT's erf GELU gives 4e-6 (the small
 # seeded weights keep activations where the two nearly agree), so 1e-5 alone would not catch it.
@@ -36,12 +45,17 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
 
 
+def compiled_programs(jitted: Any) -> int:
+    """How many programs ``jax.jit`` compiled for ``jitted`` (its private ``_cache_size``, not in jax's types)."""
+    return int(jitted._cache_size())
+
+
 @pytest.mark.parametrize("description", DESCRIPTIONS, ids=lambda d: d.name)
-def test_jax_matches_the_float64_reference(description) -> None:  # type: ignore[no-untyped-def]
+def test_jax_matches_the_float64_reference(description: ModelDescription) -> None:
     weights = description.canonical_weights(0)
     batch, seq = description.parity_shape()
     inputs = description.make_inputs(batch, seq, 0)
-    reference = description.reference_forward(weights, inputs)
+    reference = reference_outputs(description, weights, inputs)
     model = JAX_BUILDERS[description.arch](description, weights, "cpu")
     outputs = jax.jit(model.apply)(model.params, *(jnp.asarray(v) for v in inputs.values()))
     assert len(outputs) == len(description.output_names)
@@ -51,7 +65,7 @@ def test_jax_matches_the_float64_reference(description) -> None:  # type: ignore
 
 
 @pytest.mark.parametrize("description", DESCRIPTIONS, ids=lambda d: d.name)
-def test_weight_map_errors_are_clear(description) -> None:  # type: ignore[no-untyped-def]
+def test_weight_map_errors_are_clear(description: ModelDescription) -> None:
     build = JAX_BUILDERS[description.arch]
     weights = description.canonical_weights(0)
     last = list(weights)[-1]
@@ -66,6 +80,7 @@ def test_weight_map_errors_are_clear(description) -> None:  # type: ignore[no-un
 
 def test_every_tensor_lands_in_the_pytree_once() -> None:
     description = get_model("bert-tiny")
+    assert isinstance(description, Bert)
     weights = description.canonical_weights(0)
     leaves = jax.tree.leaves(jax_bert.build_model(description, weights, "cpu").params)
     assert len(leaves) == len(weights)
@@ -74,6 +89,7 @@ def test_every_tensor_lands_in_the_pytree_once() -> None:
 
 def test_weights_are_arguments_of_the_compiled_program_not_constants() -> None:
     description = get_model("mlp")
+    assert isinstance(description, MLP)
     model = jax_mlp.build_model(description, description.canonical_weights(0), "cpu")
     forward = jax.jit(model.apply)
     x = jnp.asarray(description.make_inputs(4, None, 0)["x"])
@@ -82,7 +98,7 @@ def test_weights_are_arguments_of_the_compiled_program_not_constants() -> None:
     shifted["layers"][-1]["bias"] = shifted["layers"][-1]["bias"] + 1.0
     (logits_shifted,) = forward(shifted, x)
     np.testing.assert_allclose(np.asarray(logits_shifted), np.asarray(logits) + 1.0, rtol=1e-6, atol=1e-6)
-    assert forward._cache_size() == 1  # same shapes: no retrace for new parameter values
+    assert compiled_programs(forward) == 1  # same shapes: no retrace for new parameter values
 
 
 def test_backend_in_process() -> None:
@@ -92,7 +108,8 @@ def test_backend_in_process() -> None:
     threads = backend.configure_threads(1, 1)
     assert threads["intra_op"] == len(os.sched_getaffinity(0)) and threads["inter_op"] == 1
     assert threads["platform"] == "cpu"
-    before = jax.config.jax_default_matmul_precision
+    config: Any = jax.config  # its options are attributes made at run time, not in jax's types
+    before = config.jax_default_matmul_precision
     try:
         assert backend.configure_precision() == {"jax_default_matmul_precision": "highest"}
         backend.build(description, description.canonical_weights(0))
@@ -104,7 +121,7 @@ def test_backend_in_process() -> None:
         outputs = backend.infer(inputs)
         backend.sync(outputs)
         assert all(leaf.is_ready() for leaf in jax.tree.leaves(outputs))
-        reference = description.reference_forward(description.canonical_weights(0), arrays)
+        reference = reference_outputs(description, description.canonical_weights(0), arrays)
         got = backend.to_numpy(outputs)
         assert set(got) == set(description.output_names)
         assert all(rel_l2(got[name], reference[name]) < PARITY_TOLERANCE for name in got)
@@ -112,7 +129,7 @@ def test_backend_in_process() -> None:
         step = backend.make_step(inputs)
         stepped = step()
         assert all(leaf.is_ready() for leaf in jax.tree.leaves(stepped))
-        assert backend._forward._cache_size() == 1  # the timed calls reuse the first call's program
+        assert compiled_programs(backend._forward) == 1  # the timed calls reuse the first call's program
     finally:
         jax.config.update("jax_default_matmul_precision", before)
     assert backend.memory_stats() == {"allocator_peak_bytes": None}
@@ -191,18 +208,14 @@ def test_jax_jit_runs_in_a_worker_with_parity() -> None:
 
 
 @pytest.mark.parametrize("description", DESCRIPTIONS[1:], ids=lambda d: d.name)
-def test_jax_uses_the_right_gelu(description) -> None:  # type: ignore[no-untyped-def]
+def test_jax_uses_the_right_gelu(description: ModelDescription) -> None:
     from model_checks import GELU_TOLERANCE, amplified_weights, gelu_swap_error
 
     weights = amplified_weights(description)
     inputs = description.make_inputs(*description.parity_shape(), 0)
     assert gelu_swap_error(description, weights, inputs) > 4 * GELU_TOLERANCE
-    reference = description.reference_forward(weights, inputs)
+    reference = reference_outputs(description, weights, inputs)
     model = JAX_BUILDERS[description.arch](description, weights, "cpu")
     outputs = jax.jit(model.apply)(model.params, *(jnp.asarray(v) for v in inputs.values()))
     for name, output in zip(description.output_names, outputs):
         assert rel_l2(np.asarray(output), reference[name]) < GELU_TOLERANCE, name
-
-
-def test_the_registry_dtypes_are_the_jax_backends() -> None:
-    assert registry.get_runtime("jax:jit").dtypes == jax_backend.JaxBackend.dtypes_of("jit")

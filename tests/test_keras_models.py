@@ -33,6 +33,7 @@ OUTPUTS = {
 }
 REPORT_TIMEOUT_S = 300
 CHECKED_ONCE = "torch"  # the backend whose subprocess also checks weight-map errors and the one-backend rule
+Reports = dict[str, dict[str, Any]]  # report()'s JSON for each Keras backend
 
 
 # -- the subprocess side ------------------------------------------------------------------------
@@ -127,8 +128,10 @@ def _mapping_errors() -> dict[str, str]:
     from fwbench.frameworks.keras.mlp import mlp_model
     from fwbench.frameworks.keras.weights import load_canonical
     from fwbench.models import get_model
+    from fwbench.models.mlp import MLP
 
     description = get_model("mlp")
+    assert isinstance(description, MLP)
     weights = description.canonical_weights(0)
     model = mlp_model(description)
     full = {
@@ -232,7 +235,7 @@ def _environment(keras_home: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def reports(tmp_path_factory: pytest.TempPathFactory) -> Reports:
     """One report per Keras backend; the three subprocesses run side by side."""
     env = _environment(tmp_path_factory.mktemp("keras_home"))
     procs = {
@@ -258,7 +261,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_keras_is_imported_late_and_settings_reported(reports, backend: str) -> None:  # type: ignore[no-untyped-def]
+def test_keras_is_imported_late_and_settings_reported(reports: Reports, backend: str) -> None:
     r = reports[backend]
     assert r["loaded_by_module_import"] == []  # keras is imported only once KERAS_BACKEND is set
     assert r["keras_backend"] == backend
@@ -282,7 +285,7 @@ def test_keras_is_imported_late_and_settings_reported(reports, backend: str) -> 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("model", MODEL_NAMES)
-def test_outputs_match_the_float64_reference(reports, backend: str, model: str) -> None:  # type: ignore[no-untyped-def]
+def test_outputs_match_the_float64_reference(reports: Reports, backend: str, model: str) -> None:
     cell = reports[backend]["models"][model]
     assert cell["outputs"] == OUTPUTS[model] and cell["shapes_ok"] and cell["dtypes"] == ["float32"]
     assert all(error < PARITY_TOLERANCE for error in cell["rel_l2"].values()), cell["rel_l2"]
@@ -296,7 +299,7 @@ def test_outputs_match_the_float64_reference(reports, backend: str, model: str) 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("model", MODEL_NAMES)
-def test_bf16_is_the_mixed_bfloat16_policy(reports, backend: str, model: str) -> None:  # type: ignore[no-untyped-def]
+def test_bf16_is_the_mixed_bfloat16_policy(reports: Reports, backend: str, model: str) -> None:
     """bf16: Keras' mixed_bfloat16 policy (with fwbench's float32 layer norms and residual stream), set before
     building: float32 variables, parity within the bf16 tolerance yet above the fp32 one (so it really computed
     in bfloat16)."""
@@ -330,7 +333,7 @@ def test_bf16_is_the_mixed_bfloat16_policy(reports, backend: str, model: str) ->
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("model", TEXT)
-def test_the_right_gelu(reports, backend: str, model: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_right_gelu(reports: Reports, backend: str, model: str) -> None:
     """With amplified FFN weights a swapped GELU moves the outputs by more than 4x the tolerance;
     each backend stays within it."""
     cell = reports[backend]["models"][model]
@@ -339,7 +342,7 @@ def test_the_right_gelu(reports, backend: str, model: str) -> None:  # type: ign
 
 
 @pytest.mark.parametrize("model", MODEL_NAMES)
-def test_weight_map_errors_are_clear(reports, model: str) -> None:  # type: ignore[no-untyped-def]
+def test_weight_map_errors_are_clear(reports: Reports, model: str) -> None:
     errors = reports[CHECKED_ONCE]["weight_errors"][model]
     first, last = errors["first"], errors["last"]
     assert f"tensors missing ['{last}']" in errors["missing"]
@@ -348,14 +351,14 @@ def test_weight_map_errors_are_clear(reports, model: str) -> None:  # type: igno
         assert errors[case].startswith(f"{name} -> ") and ": shape (3, 3)" in errors[case], errors[case]
 
 
-def test_load_canonical_refuses_incomplete_maps(reports) -> None:  # type: ignore[no-untyped-def]
+def test_load_canonical_refuses_incomplete_maps(reports: Reports) -> None:
     errors = reports[CHECKED_ONCE]["mapping_errors"]
     assert "variables unset ['fc1/bias']" in errors["unset"]
     assert "unknown ['fc9/bias']" in errors["unknown"] and "variables unset ['fc1/bias']" in errors["unknown"]
     assert "a variable is the target of more than one tensor" in errors["twice"]
 
 
-def test_one_keras_backend_per_process(reports) -> None:  # type: ignore[no-untyped-def]
+def test_one_keras_backend_per_process(reports: Reports) -> None:
     message = reports[CHECKED_ONCE]["other_backend"]
     assert "keras:tensorflow needs Keras' tensorflow backend" in message and "torch backend" in message
     assert not reports[CHECKED_ONCE]["other_framework_loaded"]  # refused before importing tensorflow

@@ -3,6 +3,9 @@ and oracles nobody here wrote (Hugging Face transformers, test environment only)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 import pytest
 import torch
@@ -12,17 +15,27 @@ from fwbench.frameworks.torch import bert as torch_bert
 from fwbench.frameworks.torch import gpt2 as torch_gpt2
 from fwbench.frameworks.torch import mlp as torch_mlp
 from fwbench.models import MODELS, get_model
+from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
+from fwbench.models.gpt2 import GPT2
+from model_checks import reference_outputs
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
-TORCH_BUILDERS = {"mlp": torch_mlp.build_model, "bert": torch_bert.build_model, "gpt2": torch_gpt2.build_model}
+TORCH_BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
+    "mlp": torch_mlp.build_model,
+    "bert": torch_bert.build_model,
+    "gpt2": torch_gpt2.build_model,
+}
+Module = TypeVar("Module", bound=torch.nn.Module)
 
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
 
 
-def run_torch(description, weights, inputs):  # type: ignore[no-untyped-def]
+def run_torch(
+    description: ModelDescription, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     module = TORCH_BUILDERS[description.arch](description, weights, "cpu")
     with torch.inference_mode():
         outputs = module(*(torch.from_numpy(v) for v in inputs.values()))
@@ -72,11 +85,11 @@ def test_text_inputs_pad_part_of_a_row() -> None:
 @pytest.mark.parametrize(
     "description", [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")], ids=lambda d: d.name
 )
-def test_torch_matches_the_float64_reference(description) -> None:  # type: ignore[no-untyped-def]
+def test_torch_matches_the_float64_reference(description: ModelDescription) -> None:
     weights = description.canonical_weights(0)
     batch, seq = description.parity_shape()
     inputs = description.make_inputs(batch, seq, 0)
-    reference = description.reference_forward(weights, inputs)
+    reference = reference_outputs(description, weights, inputs)
     outputs = run_torch(description, weights, inputs)
     for name in description.output_names:
         assert rel_l2(outputs[name], reference[name]) < 1e-5, name
@@ -86,7 +99,7 @@ def _hf_inputs(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v.astype(np.int64)) for k, v in inputs.items()}
 
 
-def _load_hf(model: torch.nn.Module, weights: dict[str, np.ndarray], prefix: str = "") -> torch.nn.Module:
+def _load_hf(model: Module, weights: dict[str, np.ndarray], prefix: str = "") -> Module:
     missing, unexpected = model.load_state_dict(
         {prefix + k: torch.from_numpy(v) for k, v in weights.items()}, strict=False
     )
@@ -96,6 +109,7 @@ def _load_hf(model: torch.nn.Module, weights: dict[str, np.ndarray], prefix: str
 
 def test_oracle_bert_is_transformers_bertmodel() -> None:
     d = get_model("bert-tiny")
+    assert isinstance(d, Bert)
     c = d.config
     hf = _load_hf(
         transformers.BertModel(
@@ -138,6 +152,7 @@ def test_oracle_distilbert_is_transformers_distilbertmodel() -> None:
 
 def test_oracle_gpt2_is_transformers_gpt2lmheadmodel() -> None:
     d = get_model("gpt2-tiny")
+    assert isinstance(d, GPT2)
     c = d.config
     hf = _load_hf(
         transformers.GPT2LMHeadModel(
@@ -160,7 +175,7 @@ def test_oracle_gpt2_is_transformers_gpt2lmheadmodel() -> None:
 @pytest.mark.parametrize(
     "description", [get_model("mlp"), get_model("bert-tiny"), get_model("gpt2-tiny")], ids=lambda d: d.name
 )
-def test_weight_map_errors_are_clear(description) -> None:  # type: ignore[no-untyped-def]
+def test_weight_map_errors_are_clear(description: ModelDescription) -> None:
     weights = description.canonical_weights(0)
     first = next(iter(weights))
     missing = {k: v for k, v in weights.items() if k != first}
@@ -180,21 +195,26 @@ def test_flops() -> None:
     gpt2 = get_model("gpt2")
     # 2·params·tokens for the matmuls (embeddings excluded), plus attention and the LM head
     assert (
-        gpt2.flops(1, 128) == 12 * (8 * 128 * 768**2 + 4 * 128 * 768 * 3072 + 4 * 128**2 * 768) + 2 * 128 * 768 * 50257
+        gpt2.forward_flops(1, 128)
+        == 12 * (8 * 128 * 768**2 + 4 * 128 * 768 * 3072 + 4 * 128**2 * 768) + 2 * 128 * 768 * 50257
     )
-    assert gpt2.flops(8, 128, "training") == 3 * 8 * gpt2.flops(1, 128)
+    assert gpt2.training_forward_flops(8, 128) == 8 * gpt2.forward_flops(1, 128)  # it trains through its LM head
+    bert = get_model("bert-base")
+    encoder = 12 * (8 * 128 * 768**2 + 4 * 128 * 768 * 3072 + 4 * 128**2 * 768)
+    assert bert.forward_flops(1, 128) == encoder + 2 * 768**2  # + the pooler
+    assert bert.training_forward_flops(1, 128) == encoder + 2 * 128 * 768 * 30522  # + the tied MLM logits, no pooler
 
 
 @pytest.mark.parametrize(
     "description", [get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")], ids=lambda d: d.name
 )
-def test_torch_uses_the_right_gelu(description) -> None:  # type: ignore[no-untyped-def]
+def test_torch_uses_the_right_gelu(description: ModelDescription) -> None:
     from model_checks import GELU_TOLERANCE, amplified_weights, gelu_swap_error
 
     weights = amplified_weights(description)
     inputs = description.make_inputs(*description.parity_shape(), 0)
     assert gelu_swap_error(description, weights, inputs) > 4 * GELU_TOLERANCE  # the check below can see a swap
-    reference = description.reference_forward(weights, inputs)
+    reference = reference_outputs(description, weights, inputs)
     outputs = run_torch(description, weights, inputs)
     for name in description.output_names:
         assert rel_l2(outputs[name], reference[name]) < GELU_TOLERANCE, name
@@ -218,28 +238,22 @@ def test_the_registry_states_each_runtimes_capabilities() -> None:
     assert get_runtime("keras:jax").install_hint == "pip install 'fwbench[keras,jax]'"
     assert get_runtime("tensorflow:xla").install_hint == "pip install 'fwbench[tensorflow]'"
     eager = get_runtime("torch:eager")
-    assert dtype_unsupported(eager, "inference", "bf16") is None
-    assert dtype_unsupported(eager, "training", "bf16") is None
-    assert dtype_unsupported(eager, "fit", "bf16") == "phase fit computes in fp32 only, not bf16"
-    assert (
-        dtype_unsupported(eager, "inference", "int8")
-        == "torch:eager cannot compute in int8 (it computes in fp32, bf16)"
-    )
+    assert dtype_unsupported(eager, "bf16") is None
+    assert dtype_unsupported(eager, "int8") == "torch:eager cannot compute in int8 (it computes in fp32, bf16)"
     compile_s = {name: info.compile_s for name, info in runtimes().items() if info.framework != "fake"}
     assert compile_s["torch:compile"] > compile_s["tensorflow:xla"] > compile_s["jax:jit"] > compile_s["torch:eager"]
     assert get_runtime("tensorflow:eager").startup_s > get_runtime("torch:eager").startup_s
 
 
-def test_the_registry_dtypes_are_the_torch_and_keras_backends() -> None:
-    """The planner's dtypes (the registry's) are what the backends accept (keras: importing its backend module
-    imports no framework). tests/test_jax_models.py and test_tensorflow_models.py check theirs."""
-    from fwbench.frameworks import get_runtime
-    from fwbench.frameworks.keras.backend import KerasBackend
-    from fwbench.frameworks.torch.backend import TorchBackend
+def test_a_backend_is_refused_a_dtype_its_registry_record_does_not_list() -> None:
+    """The registry record is the one place a runtime's dtypes are decided: create_backend refuses any other before
+    the backend module (and its framework) is imported."""
+    from fwbench.frameworks import create_backend
+    from fwbench.frameworks.base import UnsupportedDtype
+    from fwbench.spec import Settings
 
-    for backend in (TorchBackend, KerasBackend):
-        for mode in backend.modes:
-            assert get_runtime(f"{backend.framework}:{mode}").dtypes == backend.dtypes_of(mode), mode
+    with pytest.raises(UnsupportedDtype, match=r"^openvino:torch cannot compute in bf16 \(it computes in fp32\)$"):
+        create_backend("openvino:torch", "cpu", Settings(), dtype="bf16")
 
 
 def test_the_frozen_tensors_are_the_descriptions_found_through_the_weight_map() -> None:
@@ -249,6 +263,7 @@ def test_the_frozen_tensors_are_the_descriptions_found_through_the_weight_map() 
     from fwbench.frameworks.torch.weights import variable_names
 
     description = get_model("bert-tiny")
+    assert isinstance(description, Bert)
     module = bert.build_model(description, description.canonical_weights(0), "cpu")
     assert variable_names(module, description.frozen_in_training()) == {"pooler.weight", "pooler.bias"}
     with pytest.raises(ValueError, match="not in its weight map"):

@@ -35,12 +35,20 @@ def node_flags(rank: int, port: int, join_timeout: float = 60) -> list[str]:
 
 @contextmanager
 def fwbench_process(args: list[str], cpu: int | None = None) -> Iterator[subprocess.Popen[str]]:
-    """``python -m fwbench ARGS`` started in a session of its own (pinned to ``cpu``); killed whole on the way out,
-    also when the test fails."""
+    """``python -m fwbench ARGS`` started in a session of its own (pinned to ``cpu``), Ctrl-C (SIGINT) reaching it as
+    at a terminal; killed whole on the way out, also when the test fails."""
+
+    def prepare() -> None:
+        # An ignored signal stays ignored across exec, and Python then turns no SIGINT into KeyboardInterrupt: where
+        # the tests run in the background without job control (`make test &` in a script, some CI runners), SIGINT
+        # is ignored here and a node would go on to finish its cell.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+
     process = subprocess.Popen(
         [sys.executable, "-m", "fwbench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=REPO_DIR, start_new_session=True,
-        preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
+        cwd=REPO_DIR, start_new_session=True, preexec_fn=prepare,
     )  # fmt: skip
     try:
         yield process
@@ -252,6 +260,9 @@ def test_an_interrupted_node_0_stops_the_other_nodes_with_status_1(tmp_path: Pat
             time.sleep(0.2)
         remote = rank_pids(node1.pid)
         assert list(remote) == [1], remote
+        # The cell's ranks have only just started: timing alone takes at least 20 s (--max-time 30: up to 400
+        # blocks of at least 50 ms, or 5 longer ones), so node 0 is still running it when the signal lands.
+        assert node0.poll() is None, node0.communicate()[1]
         os.kill(node0.pid, signal.SIGINT)  # Ctrl-C on node 0
         _, err0 = node0.communicate(timeout=60)
         _, err1 = node1.communicate(timeout=60)

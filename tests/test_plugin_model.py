@@ -16,7 +16,7 @@ import pytest
 
 import fwbench.frameworks as registry
 import fwbench.models as models
-from conftest import loaded_model_plugin, run_cli
+from conftest import loaded_model_plugin, run_args, run_cli
 from fwbench.frameworks.base import (
     ArchModule,
     ModelFileError,
@@ -62,7 +62,7 @@ def test_the_plugin_model_is_registered_and_its_files_are_found_without_importin
     assert registry.missing_implementation(plugin_runtime, "mlp") == "no pluginfw implementation of mlp yet"
     assert not {f"{PLUGIN}.torch.plugin_mlp", f"{PLUGIN}.jax.plugin_mlp"} & set(sys.modules)
     assert (
-        registry.dtype_unsupported(plugin_runtime, "inference", "bf16")
+        registry.dtype_unsupported(plugin_runtime, "bf16")
         == "pluginfw:torch cannot compute in bf16 (it computes in fp32)"
     )
 
@@ -79,13 +79,12 @@ def test_a_model_file_that_breaks_the_contract_is_named_with_what_it_lacks() -> 
     module = types.ModuleType("somewhere.torch.brokenarch")
     with pytest.raises(ModelFileError, match=r"somewhere.torch.brokenarch does not provide build_model \(ArchModule"):
         as_arch(module)
-    module.build_model = lambda description, weights, device: None  # type: ignore[attr-defined]
+    vars(module).update(build_model=lambda description, weights, device: None)
     require(module, ArchModule)
     with pytest.raises(ModelFileError, match=r"does not provide training_logits \(TrainingArch: The training forward"):
         as_training_arch(module)
     assert layout_of(module) is None
-    module.LAYOUT = "NCHW"  # type: ignore[attr-defined]
-    module.training_logits = lambda model, *inputs: None  # type: ignore[attr-defined]
+    vars(module).update(LAYOUT="NCHW", training_logits=lambda model, *inputs: None)
     require(module, TrainingArch)
     assert layout_of(module) == "NCHW"
 
@@ -120,21 +119,12 @@ def test_the_plugin_model_trains_alike_in_torch_and_jax(plugin_model_env: dict[s
 @pytest.mark.slow
 def test_the_plugin_model_runs_end_to_end_with_parity(plugin_model_env: dict[str, str], db_path: Path) -> None:
     result = run_cli(
-        "run",
-        "--rounds",
-        "1",  # one worker per cell: this test is not about the statistics
-        "--models",
-        "plugin-mlp",
-        "--runtimes",
-        ",".join((*RUNTIMES, "tensorflow:function")),
-        "--batch-sizes",
-        "2",
-        "--threads",
-        "1",
-        "--max-time",
-        "0.3",
-        "--db",
-        str(db_path),
+        *run_args(
+            *("--models", "plugin-mlp", "--runtimes", ",".join((*RUNTIMES, "tensorflow:function"))),
+            *("--batch-sizes", "2"),
+            db=db_path,
+            max_time=0.3,
+        ),
         env=plugin_model_env,
     )
     assert result.returncode == 0, result.stderr

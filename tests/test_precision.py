@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from conftest import import_jax_backend
+from conftest import import_jax_backend, require
 from fwbench.frameworks import create_backend
 from fwbench.models import get_model
 from fwbench.precision import BF16_RULES, EXPECTED_DTYPES, OBSERVED_OPS, policy_mismatches
 from fwbench.report.flags import precision_flags
 from fwbench.runner.cell import parity
 from fwbench.spec import Settings
+from model_checks import reference_outputs
 from test_report import row
 
 
@@ -43,13 +44,13 @@ def bf16_parity(runtime: str, pure: bool = False) -> tuple[dict[str, Any], dict[
     finally:
         if hasattr(backend, "_inference_mode"):  # torch's compile entered it for the process
             backend._inference_mode.__exit__(None, None, None)
-    return parity(got, description.reference_forward(weights, arrays), "bf16", description.name), seen
+    return parity(got, reference_outputs(description, weights, arrays), "bf16", description.name), seen
 
 
 @pytest.fixture(scope="module")
 def quiet_xla() -> None:
     """fwbench.frameworks.jax.backend imported without leaving its XLA variables in this environment."""
-    pytest.importorskip("jax")
+    require("jax")
     import_jax_backend()
 
 
@@ -101,8 +102,8 @@ def test_an_op_class_off_the_policy_is_flagged_and_the_record_reads_back() -> No
 def test_the_observations_catch_a_layer_norm_on_a_bfloat16_stream() -> None:
     """The layer-norm observation reads the stream entering the norm, so it can fail: torch with its weights in
     bfloat16 (model.to), and TF's layer norm traced on a bfloat16 tensor, both show it."""
-    torch = pytest.importorskip("torch")
-    tf = pytest.importorskip("tensorflow")
+    torch = require("torch")
+    tf = require("tensorflow")
     description = get_model("bert-tiny")
     backend = create_backend("torch:eager", "cpu", Settings(threads=1))
     backend.build(description, description.canonical_weights(0))

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import require, run_cli
 from fwbench.cli import main
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
 from fwbench.profile.summary import OpRow, ProfileSummary
 from fwbench.spec import Case, Plan, Settings
-from fwbench.store import Store
+from fwbench.store import ProfileRecord, Store
 from headless_chromium import chromium_path, inspect_page
 
 # Per framework, one runtime in the default run; the rest of the matrix (torch:compile, tensorflow:xla, Keras on
@@ -25,7 +25,7 @@ XLA_RUNTIMES = {"tensorflow:xla", "jax:jit", "keras:jax"}  # one compiled progra
 CLOCK_SLACK_S = 1e-4  # the profiler's clock against the worker's perf_counter, per call
 
 
-def profile(tmp_path: Path, runtimes: tuple[str, ...], models: str = "mlp,bert-tiny") -> list:  # type: ignore[type-arg]
+def profile(tmp_path: Path, runtimes: tuple[str, ...], models: str = "mlp,bert-tiny") -> list[ProfileRecord]:
     db, out = tmp_path / "p.db", tmp_path / "traces"
     result = run_cli(
         "profile",
@@ -43,7 +43,7 @@ def profile(tmp_path: Path, runtimes: tuple[str, ...], models: str = "mlp,bert-t
         return store.profiles([run.id])
 
 
-def check_profiles(records: list, runtimes: tuple[str, ...], tmp_path: Path) -> None:  # type: ignore[type-arg]
+def check_profiles(records: list[ProfileRecord], runtimes: tuple[str, ...], tmp_path: Path) -> None:
     assert {(r.model, r.runtime) for r in records} == {(m, rt) for m in ("mlp", "bert-tiny") for rt in runtimes}
     for record in records:
         assert record.status == "ok", (record.runtime, record.model, record.reason)
@@ -84,7 +84,7 @@ def test_compiled_and_keras_runtimes_profile_too(tmp_path: Path) -> None:
 
 
 def test_a_runtime_without_a_profiler_is_an_error_and_the_sweep_goes_on(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime")
+    require("onnxruntime")
     records = profile(tmp_path, ("onnxruntime:torch", "torch:eager"), models="mlp")
     by_runtime = {record.runtime: record for record in records}
     assert by_runtime["onnxruntime:torch"].status == "error"
@@ -98,7 +98,7 @@ def stored_profile_run(path: Path, matmul_s: float = 3e-4) -> ProfiledCell:
     ops = [OpRow("aten::addmm", "matmul/conv", 2.0, matmul_s), OpRow("MyOp", "other", 1.0, 1e-5)]
     categories = dict.fromkeys(CATEGORIES, 0.0) | {"matmul/conv": matmul_s, "other": 1e-5}
     busy = matmul_s + 1e-5
-    summary = ProfileSummary(2, busy + 1.9e-4, busy, 0.0, 1.9e-4, categories, ops, ["MyOp"])  # type: ignore[arg-type]
+    summary = ProfileSummary(2, busy + 1.9e-4, busy, 0.0, 1.9e-4, categories, ops, ["MyOp"])
     cell = ProfiledCell(summary, "/t/trace.json", "torch.profiler", 4e-4, 5e-4, "by op")
     case = Case("mlp", "torch:eager", batch_size=2)
     with Store.open(path) as store:
@@ -137,14 +137,15 @@ def test_report_profile_prints_and_its_page_renders(tmp_path: Path, capsys: pyte
 
 
 def test_compare_profile_runs_category_by_category(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    db = tmp_path / "s.db"
+    db = tmp_path / ("a-folder-with-a-long-name-" * 6) / "s.db"  # longer than any console is wide, whatever TMPDIR
     stored_profile_run(db)  # run 1
     stored_profile_run(db, matmul_s=6e-4)  # run 2: twice the matmul time
     assert main(["compare", "--profile", "1", "latest", "--db", str(db)]) == 0
     text = capsys.readouterr().out
     assert "mlp inference fp32 cpu, batch 2" in text and "torch:eager" in text
     assert "300 µs → 600 µs (2.00×)" in text  # matmul/conv
-    assert "not compared, in run 1" in text and "jax:jit (timeout)" in text  # no profile in either run
+    # no profile in either run: one line, never broken where the database's path happens to end
+    assert f"not compared, in run 1 of {db}: mlp inference fp32 cpu, batch 2: jax:jit (timeout)\n" in text
     assert "no CI" in text
     assert main(["compare", "--profile", "1", "2", "--db", str(db), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fwbench.profile.categories import CATEGORIES, TABLES, categorize
+from fwbench.profile.categories import CATEGORIES, TABLES, Vocabulary, categorize
 from fwbench.profile.summary import OpEvent, self_times_s, summarize, union_s
 from fwbench.profile.trace import OP_RULES, op_events, read_chrome_trace
 
@@ -98,8 +98,8 @@ def test_summary_per_call_with_overlap_overhead_and_other() -> None:
         ("xla", "not-an-hlo-op", "other"),
     ],
 )
-def test_category_tables(vocabulary: str, op: str, category: str) -> None:
-    assert categorize(vocabulary, op) == category  # type: ignore[arg-type]
+def test_category_tables(vocabulary: Vocabulary, op: str, category: str) -> None:
+    assert categorize(vocabulary, op) == category
 
 
 def test_every_table_uses_only_the_common_categories() -> None:

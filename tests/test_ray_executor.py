@@ -1,4 +1,4 @@
-"""`fwbench run --executor ray` on a real local Ray cluster (tests/ray_cluster.py: a head and one-CPU nodes, node i
+"""`fwbench run --executor ray` on a real local Ray cluster (benchmarks/ray_cluster.py: a head and one-CPU nodes, node i
 pinned to CPU i, everything on 127.0.0.1): groups spread over the nodes, a node lost mid-group, the driver killed
 and resumed, nothing listening off loopback, and the one-line refusals. The cluster tests need the machine's cores
 to themselves (serial)."""
@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -26,11 +27,24 @@ WORKER = "fwbench.runner.worker"
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two nodes pinned to two different CPUs")
 
 
-def _wait_gone(text: str, seconds: float) -> list[psutil.Process]:
-    """Processes whose command line mentions ``text`` still alive after up to ``seconds`` (zombies do not count)."""
+def cluster_workers(cluster: LocalCluster) -> list[psutil.Process]:
+    """The fwbench workers of ``cluster``'s groups (their environment names its folder, as every process of the
+    cluster's does), not those of other fwbench runs on the machine."""
+    found = []
+    for process in processes_mentioning(WORKER):
+        try:
+            if process.environ().get("RAY_TMPDIR") == cluster.temp:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _wait_gone(cluster: LocalCluster, seconds: float) -> list[psutil.Process]:
+    """``cluster``'s workers still alive after up to ``seconds`` (zombies do not count)."""
     deadline = time.monotonic() + seconds
     while True:
-        alive = [p for p in processes_mentioning(text) if _running(p)]
+        alive = [p for p in cluster_workers(cluster) if _running(p)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.5)
@@ -74,6 +88,20 @@ def rows(db: Path) -> list[ResultRecord]:
         return []
 
 
+def _default_ray_folder() -> Path:
+    """Where Ray puts its files when given no folder (ray._common.utils.get_default_ray_temp_dir)."""
+    return Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp") / "ray"
+
+
+@pytest.fixture
+def no_default_ray_folder() -> Iterator[None]:
+    """The cluster keeps every file in its own folder: Ray's default one (/tmp/ray) is neither needed nor made."""
+    folder = _default_ray_folder()
+    existed = folder.exists()
+    yield
+    assert existed or not folder.exists(), f"{folder} was created"
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -85,6 +113,7 @@ def _tree(pid: int) -> list[psutil.Process]:
 @pytest.mark.slow
 @pytest.mark.serial
 @TWO_CPUS
+@pytest.mark.usefixtures("no_default_ray_folder")
 def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tmp_path: Path) -> None:
     with local_cluster(2) as cluster:
         db = tmp_path / "ray.db"
@@ -113,7 +142,7 @@ def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tm
         driver.wait()
         before = {r.case_key: r.id for r in rows(db)}
         assert 0 < len(before) < 6
-        assert _wait_gone(WORKER, 30) == []  # the dead driver's groups ended on the nodes, workers included
+        assert _wait_gone(cluster, 30) == []  # the dead driver's groups ended on the nodes, workers included
         resumed = subprocess.run(
             [sys.executable, "-m", "fwbench", "run", "--resume", "1", "--db", str(db), "--executor", "ray",
              "--ray-address", cluster.address],
@@ -128,6 +157,7 @@ def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tm
 @pytest.mark.slow
 @pytest.mark.serial
 @TWO_CPUS
+@pytest.mark.usefixtures("no_default_ray_folder")
 def test_a_group_on_a_lost_node_is_retried_on_another_of_the_same_hardware_and_no_node_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -137,7 +167,7 @@ def test_a_group_on_a_lost_node_is_retried_on_another_of_the_same_hardware_and_n
         node_cpu = sorted(os.sched_getaffinity(0))[1 % len(os.sched_getaffinity(0))]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and driver.poll() is None:  # node 2's group has a worker: kill the node
-            workers = processes_mentioning(WORKER)
+            workers = cluster_workers(cluster)
             if any(p.info["cmdline"][p.info["cmdline"].index("--cpus") + 1] == str(node_cpu) for p in workers):
                 break
             time.sleep(0.2)
@@ -148,7 +178,7 @@ def test_a_group_on_a_lost_node_is_retried_on_another_of_the_same_hardware_and_n
         assert len(stored) == 2 and all(r.status == "ok" for r in stored), [(r.status, r.reason) for r in stored]
         assert sorted(r.details["ray"]["attempt"] for r in stored) == [1, 2]  # one group ran again
         assert len({r.details["ray"]["node_id"] for r in stored}) == 1  # both on the node that is left
-        assert _wait_gone(WORKER, 30) == []
+        assert _wait_gone(cluster, 30) == []
 
         cluster.remove(1)  # no fwbench node left: refused before anything is written
         db = tmp_path / "none.db"

@@ -13,9 +13,9 @@ from rich.console import Console
 from fwbench.cli import main
 from fwbench.report.export import CSV_COLUMNS, spreadsheet_tables, to_csv, to_json, write_csv_dir
 from fwbench.report.table import PIPE_WIDTH, markdown_report, print_results
-from fwbench.report.units import format_bytes, format_seconds, format_seconds_noise, parse_bytes, significant_digits
 from fwbench.spec import Case
 from fwbench.store import ResultRecord, Store
+from fwbench.units import format_bytes, format_seconds, format_seconds_noise, parse_bytes, significant_digits
 from report_store import Cell, add_run, timed
 
 

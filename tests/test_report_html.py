@@ -6,6 +6,7 @@ import base64
 import html.parser
 import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,12 @@ import pytest
 from fwbench.cli import main
 from fwbench.report import html as report_html
 from fwbench.report.html import to_html
-from fwbench.report.summary import compare_cells, grouped_pairs, split_groups
+from fwbench.report.summary import GroupedPair, compare_cells, grouped_pairs, split_groups
 from fwbench.runner.scheduler import group_key
 from fwbench.spec import Case, Plan, Settings
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 from headless_chromium import chromium_path, inspect_page
-from report_store import blocks_of
+from report_store import Cell, add_run, blocks_of, timed
 
 HOSTILE_MODEL = 'bert<&>"x'
 SCRIPT_REASON = "<script>alert(1)</script> & more"
@@ -199,7 +200,7 @@ def test_page_has_no_network_references(store_path: Path) -> None:
         assert (attrs.get("src") or "data:").startswith("data:"), (tag, attrs)
         assert (attrs.get("href") or "#").startswith("#"), (tag, attrs)
     csp = [a["content"] for t, a in tags_of(page) if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
-    assert csp == [report_html.CSP] and "default-src 'none'" in csp[0]
+    assert csp == [report_html.CSP] and "default-src 'none'" in report_html.CSP
 
 
 def test_plots_are_inline_png_data(store_path: Path) -> None:
@@ -263,9 +264,12 @@ def test_page_comparisons_are_the_summary_modules(store_path: Path, monkeypatch:
     assert any(c.ci_low is not None for pair in pairs for c in pair.cells)
     seen: list[str] = []
     real = report_html.grouped_pairs
-    monkeypatch.setattr(
-        report_html, "grouped_pairs", lambda rows, baseline: (seen.append(baseline), real(rows, baseline))[1]
-    )
+
+    def spied(rows: Sequence[ResultRecord], baseline: str) -> list[GroupedPair]:
+        seen.append(baseline)
+        return real(rows, baseline)
+
+    monkeypatch.setattr(report_html, "grouped_pairs", spied)
     page_of(store_path)
     assert seen == ["torch:eager"]
 
@@ -289,6 +293,81 @@ def test_cli_html(store_path: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
         assert main(["report", "--db", str(store_path), "--html", str(bad)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"--html {bad}" in err[0] and fragment in err[0], err
+
+
+# -- the line plots' legends --------------------------------------------------------------------
+LONG_RUNTIMES = (
+    "torch:eager",
+    "torch:compile",
+    "torch:export",
+    "tensorflow:eager",
+    "tensorflow:function",
+    "tensorflow:xla",
+    "jax:jit",
+    "keras:tensorflow",
+    "keras:jax",
+    "keras:torch",
+    "onnxruntime:torch",
+    "onnxruntime:tensorflow",
+    "openvino:torch",
+    "litert:tensorflow",
+    "tensorflow:savedmodel",
+)
+PLUGIN_RUNTIME = "someones-plugin:an-exported-graph-with-a-very-long-name-that-one-legend-column-cannot-hold"
+
+
+def figures_of(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every matplotlib figure the page of the store at ``path`` shows, in page order (saved as the page saves them)."""
+    figures: list[Any] = []
+    real = report_html._png
+
+    def kept(fig: Any, alt: str) -> str:
+        figures.append(fig)
+        return real(fig, alt)
+
+    monkeypatch.setattr(report_html, "_png", kept)
+    page_of(path)
+    return figures
+
+
+@pytest.mark.parametrize(
+    ("runtimes", "shapes"),
+    [
+        (LONG_RUNTIMES[:11], [(1, 128)]),  # one panel: the narrowest figure, which cut the names off
+        (LONG_RUNTIMES, [(b, s) for b in (1, 8) for s in (16, 128, 512)]),
+        (LONG_RUNTIMES[:3], [(b, s) for b in (1, 2, 4, 8, 16, 32, 64, 128) for s in (16, 32, 64, 128, 256, 512)]),
+        ((*LONG_RUNTIMES[:4], PLUGIN_RUNTIME), [(1, 128)]),  # wider than the figure even in one column
+    ],
+    ids=["11-runtimes-1-cell", "15-runtimes-6-cells", "3-runtimes-48-cells", "long-name"],
+)
+def test_legends_lie_inside_their_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtimes: tuple[str, ...], shapes: list[tuple[int, int]]
+) -> None:
+    """Each line plot's legend names every runtime once and lies inside its figure, below the x-axis labels,
+    whatever the number of runtimes and the length of their names; no two runtimes' lines look alike."""
+    cells = [
+        Cell(Case("bert-base", runtime, batch_size=b, seq_len=s), timed(1e-3 * (i + 1) * b, 9, seed=i))
+        for i, runtime in enumerate(runtimes)
+        for b, s in shapes
+    ]
+    with Store.open(tmp_path / "long.db") as store:
+        add_run(store, cells)
+    figures = figures_of(tmp_path / "long.db", monkeypatch)
+    assert len(figures) == 2 and not figures[0].legends and len(figures[1].legends) == 1  # heat maps, lines
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        page = fig.bbox
+        for legend in fig.legends:
+            assert [t.get_text() for t in legend.get_texts()] == list(runtimes)
+            box = legend.get_window_extent(renderer)
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (
+                box.bounds,
+                page.bounds,
+            )
+            labels_bottom = min(ax.get_tightbbox(renderer).y0 for ax in fig.axes if ax.get_visible())
+            assert box.y1 <= labels_bottom, (box.bounds, labels_bottom)  # below the axes and their labels
+            looks = [(line.get_color(), line.get_linestyle(), line.get_marker()) for line in legend.get_lines()]
+            assert len(set(looks)) == len(looks), looks
 
 
 # -- a real browser ---------------------------------------------------------------------------

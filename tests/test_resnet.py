@@ -72,16 +72,16 @@ def test_v15_strides_and_sizes() -> None:
 
 def test_flops() -> None:
     # torchvision: resnet50 is ~4.09 GMACs at 224x224 -> ~8.18 GFLOP
-    assert abs(RESNET50.flops(1, None) - 8.2e9) / 8.2e9 < 0.02
-    assert RESNET50.flops(4, None) == 4 * RESNET50.flops(1, None)
-    assert RESNET50.flops(2, None, "training") == 3 * RESNET50.flops(2, None)
+    assert abs(RESNET50.forward_flops(1, None) - 8.2e9) / 8.2e9 < 0.02
+    assert RESNET50.forward_flops(4, None) == 4 * RESNET50.forward_flops(1, None)
+    assert RESNET50.training_forward_flops(2, None) == RESNET50.forward_flops(2, None)
     # resnet-tiny by hand, out_h·out_w·out_c·in_c·k² per conv: stem, layer1..4 (conv1-3, downsample), fc
     stem = 32 * 32 * 16 * 3 * 49
     layer1 = 16 * 16 * (16 * 16 + 16 * 16 * 9 + 64 * 16 + 64 * 16)
     later = 3 * (16 * 16 * 32 * 64 + 8 * 8 * (32 * 32 * 9 + 128 * 32 + 128 * 64))  # layer2..4 cost the same
-    assert RESNET_TINY.flops(1, None) == 2 * (stem + layer1 + later + 512 * 10)
+    assert RESNET_TINY.forward_flops(1, None) == 2 * (stem + layer1 + later + 512 * 10)
     wider = ResNet("w", ResNetConfig(blocks=(1, 1, 1, 1), width=32, image_size=64, num_classes=10))
-    assert wider.flops(1, None) > 3 * RESNET_TINY.flops(1, None)  # counted from the config
+    assert wider.forward_flops(1, None) > 3 * RESNET_TINY.forward_flops(1, None)  # counted from the config
 
 
 def test_config_validation() -> None:

@@ -19,8 +19,15 @@ from fwbench.models.resnet import ResNet
 from fwbench.runner.manager import run_worker
 from fwbench.spec import Case, Settings
 
-TINY = get_model("resnet-tiny")
-assert isinstance(TINY, ResNet)
+
+def resnet(name: str) -> ResNet:
+    """The registered ResNet description ``name``."""
+    description = get_model(name)
+    assert isinstance(description, ResNet)
+    return description
+
+
+TINY = resnet("resnet-tiny")
 TOLERANCE = 1e-5
 BUILDERS: dict[str, Callable[..., Any]] = {"tensorflow": tf_resnet.build_model, "jax": jax_resnet.build_model}
 
@@ -60,21 +67,25 @@ def run_jax(weights: dict[str, np.ndarray], pixel_values: np.ndarray) -> np.ndar
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-def test_tensorflow_matches_the_float64_reference(weights, case, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_tensorflow_matches_the_float64_reference(
+    weights: dict[str, np.ndarray], case: tuple[np.ndarray, np.ndarray], mode: str
+) -> None:
     pixel_values, reference = case
     logits = run_tf(weights, pixel_values, mode)
     assert logits.shape == reference.shape == (2, 10)
     assert rel_l2(logits, reference) < TOLERANCE
 
 
-def test_jax_matches_the_float64_reference(weights, case) -> None:  # type: ignore[no-untyped-def]
+def test_jax_matches_the_float64_reference(weights: dict[str, np.ndarray], case: tuple[np.ndarray, np.ndarray]) -> None:
     pixel_values, reference = case
     logits = run_jax(weights, pixel_values)
     assert logits.shape == reference.shape == (2, 10)
     assert rel_l2(logits, reference) < TOLERANCE
 
 
-def test_the_tolerance_sees_a_wrong_running_statistic(weights, case) -> None:  # type: ignore[no-untyped-def]
+def test_the_tolerance_sees_a_wrong_running_statistic(
+    weights: dict[str, np.ndarray], case: tuple[np.ndarray, np.ndarray]
+) -> None:
     """Every tensor matters: one reversed running mean moves both frameworks' logits past the tolerance."""
     pixel_values, reference = case
     swapped = {**weights, "layer3.0.bn2.running_mean": weights["layer3.0.bn2.running_mean"][::-1].copy()}
@@ -82,7 +93,7 @@ def test_the_tolerance_sees_a_wrong_running_statistic(weights, case) -> None:  #
     assert rel_l2(run_jax(swapped, pixel_values), reference) > 10 * TOLERANCE
 
 
-def test_every_tensor_is_mapped_once(weights) -> None:  # type: ignore[no-untyped-def]
+def test_every_tensor_is_mapped_once(weights: dict[str, np.ndarray]) -> None:
     """Each conv keeps a kernel and its BN's (scale, shift); fc a kernel and a bias; nothing else."""
     expected = 3 * len(TINY.convs) + 2
     module = tf_resnet.build_model(TINY, weights, "cpu")
@@ -97,7 +108,7 @@ def test_every_tensor_is_mapped_once(weights) -> None:  # type: ignore[no-untype
 
 
 @pytest.mark.parametrize("framework", ["tensorflow", "jax"])
-def test_weight_map_errors_are_clear(weights, framework: str) -> None:  # type: ignore[no-untyped-def]
+def test_weight_map_errors_are_clear(weights: dict[str, np.ndarray], framework: str) -> None:
     build = BUILDERS[framework]
     for name in ("conv1.weight", "layer2.0.downsample.1.running_var", "fc.bias"):
         with pytest.raises(ValueError, match=rf"tensor {name} missing"):
@@ -125,7 +136,7 @@ def test_resnet_in_a_worker_passes_parity(runtime: str) -> None:
 @pytest.mark.slow
 def test_resnet50_matches_the_float64_reference() -> None:
     """The full-size layout (16 blocks, 224x224, stride-2 convs on odd and even sizes) in all three modes."""
-    description = get_model("resnet50")
+    description = resnet("resnet50")
     weights = description.canonical_weights(0)
     inputs = description.make_inputs(*description.parity_shape(), 0)
     reference = description.reference_forward(weights, inputs)["logits"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_DIR, run_cli
+from conftest import REPO_DIR, run_args, run_cli
 from fwbench.measure.environment import cpus_one_per_core
 from fwbench.runner.manager import execute, run_worker
 from fwbench.spec import Case, Plan, Settings
@@ -43,10 +43,11 @@ def test_crash_is_an_error_with_the_signal(plugin_env: dict[str, str]) -> None:
 
 def test_hang_is_a_timeout(plugin_env: dict[str, str]) -> None:
     start = time.monotonic()
-    outcome = run_worker(cell("hang"), Settings(threads=1, max_time_s=1, timeout_s=3))
+    # The fake backend hangs in build; the timeout leaves a loaded machine time to start the worker before it.
+    outcome = run_worker(cell("hang"), Settings(threads=1, max_time_s=1, timeout_s=10))
     assert outcome.status == "timeout"
-    assert outcome.reason == "exceeded --timeout 3 s during build"
-    assert time.monotonic() - start < 20
+    assert outcome.reason == "exceeded --timeout 10 s during build"
+    assert time.monotonic() - start < 40
 
 
 def test_memory_over_the_limit_is_oom(plugin_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,7 +114,7 @@ def test_sweep_goes_on_after_failures_and_stores_everything(plugin_env: dict[str
     assert statuses["fake:oom"][0] == "oom"
     assert statuses["fake:sleep"] == ("ok", None)
     assert statuses["missing:eager"][0] == "skipped"
-    assert "fwbench_no_such_framework is not installed" in statuses["missing:eager"][1]
+    assert "fwbench_no_such_framework is not installed" in (statuses["missing:eager"][1] or "")
 
 
 def test_parity_is_checked_once_per_pair_and_a_failure_stops_the_pair(
@@ -150,23 +151,9 @@ def _worker_pids(marker: str) -> list[int]:
 def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path) -> None:
     marker = f"FWBENCH_TEST_MARKER={os.getpid()}-{time.time_ns()}"
     env = {**plugin_env, "FAKE_SLEEP_S": "0.01", marker.split("=")[0]: marker.split("=")[1]}
-    args = [
-        "run",
-        "--models",
-        "mlp",
-        "--runtimes",
-        "fake:sleep",
-        "--batch-sizes",
-        "1,2,3,4,5,6,7,8",
-        "--rounds",
-        "1",
-        "--max-time",
-        "0.3",
-        "--threads",
-        "1",
-        "--db",
-        str(db_path),
-    ]
+    args = run_args(
+        "--models", "mlp", "--runtimes", "fake:sleep", "--batch-sizes", "1,2,3,4,5,6,7,8", db=db_path, max_time=0.3
+    )
     manager = subprocess.Popen(
         [sys.executable, "-m", "fwbench", *args],
         env=env,
@@ -194,7 +181,8 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
         assert store.integrity_ok()
         before = len(store.results())
         assert 2 <= before < 8
-        assert store.get_run(1).finished is None  # type: ignore[union-attr]
+        run = store.get_run(1)
+        assert run is not None and run.finished is None
 
     resumed = run_cli("run", "--resume", "1", "--db", str(db_path), env=env)
     assert resumed.returncode == 0, resumed.stderr
@@ -203,7 +191,8 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
         rows = store.results()
         assert sorted(r.batch_size for r in rows) == list(range(1, 9))
         assert all(r.status == "ok" for r in rows)
-        assert store.get_run(1).finished is not None  # type: ignore[union-attr]
+        run = store.get_run(1)
+        assert run is not None and run.finished is not None
         assert len(store.runs()) == 1
 
     again = run_cli("run", "--resume", "1", "--db", str(db_path), env=env)
@@ -212,10 +201,10 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
 
 def test_each_phase_is_found_by_name_in_its_own_module() -> None:
     from fwbench.runner.phases import PHASES, get_phase
-    from fwbench.spec import RUNNABLE_PHASES
+    from fwbench.spec import PHASES as NAMES
 
-    assert set(PHASES) == set(RUNNABLE_PHASES)
-    for name in RUNNABLE_PHASES:
+    assert tuple(PHASES) == NAMES  # every name of spec.Phase has its phase object, in the same order
+    for name in NAMES:
         phase = get_phase(name)
         assert phase.name == name
         assert type(phase).__module__ == f"fwbench.runner.phases.{name}"
@@ -236,7 +225,7 @@ def test_a_fit_sample_counts_the_flops_of_one_epoch() -> None:
 
     settings = Settings(fit_samples=64)
     description = get_model("mlp")
-    step = description.flops(8, None, "fit")
+    step = 3 * description.forward_flops(8, None)  # forward + backward of the MLP (it trains what it infers with)
     assert get_phase("fit").flops_per_call(description, Case("mlp", "torch:eager", "fit", 8), settings) == 8 * step
     training = Case("mlp", "torch:eager", "training", 8)
     assert get_phase("training").flops_per_call(description, training, settings) == step

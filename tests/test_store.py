@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,7 +212,7 @@ FIT_DETAILS = {
 }
 
 
-def _stored(db_path: Path, details: dict[str, object], case: Case = PLAN.cases[0]) -> ResultRecord:
+def _stored(db_path: Path, details: dict[str, Any], case: Case = PLAN.cases[0]) -> ResultRecord:
     with Store.open(db_path) as store:
         run_id = store.create_run(PLAN, "fwbench run", {}, "0")
         store.add_result(run_id, case, {"status": "ok", "median_s": 1e-3, "calls_per_sample": 4}, [1e-3], details)

@@ -11,7 +11,8 @@ import pytest
 from fwbench.cli import build_parser, main, plan_from_args, suite_plan
 from fwbench.frameworks import get_runtime
 from fwbench.models import get_model
-from fwbench.runner.estimate import estimate_cell_s, estimate_plan_s, format_estimate
+from fwbench.runner.estimate import format_estimate
+from fwbench.runner.phases import estimate_s
 from fwbench.runner.planner import PlanChoices, resolve_plan
 from fwbench.spec import Case, Settings, SpecError
 from fwbench.suites import builtin_suites, load_settings_file, load_suite, parse_suite
@@ -50,7 +51,7 @@ def test_quick_suite_covers_every_framework_and_a_real_size_model() -> None:
     assert {"mlp", "bert-tiny", "bert-base"} <= {case.model for case in plan.cases}
     assert get_model("bert-base").parameter_count() > 100e6
     assert plan.settings.rounds == 3  # the fewest rounds that give a CI
-    assert estimate_plan_s(plan) < 480  # the main job with CIs: ≤ 8 minutes on 2 cores (issue 14)
+    assert estimate_s(plan.cases, plan.settings) < 480  # the main job with CIs: ≤ 8 minutes on 2 cores (issue 14)
 
 
 def test_runtimes_suite_is_every_builtin_runtime_on_bert_base_and_resnet50() -> None:
@@ -296,6 +297,10 @@ def test_resolve_plan_precedence_without_a_parser(tmp_path: Path) -> None:
     assert plan.suite is None and [(c.batch_size, c.phase, c.dtype) for c in plan.cases] == [(1, "inference", "fp32")]
     with pytest.raises(SpecError, match="give both --models and --runtimes"):
         resolve_plan(PlanChoices(models="mlp"))
+
+
+def estimate_cell_s(case: Case, settings: Settings) -> float:
+    return estimate_s([case], settings)
 
 
 def test_estimates_grow_with_the_work() -> None:

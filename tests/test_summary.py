@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from fwbench.report.summary import (
     row_ratio,
 )
 from fwbench.spec import Case
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 from report_store import Cell, add_run, timed
 
 
@@ -60,7 +59,7 @@ def bert(runtime: str, batch: int, seq: int = 8) -> Case:
     return Case("bert-tiny", runtime, batch_size=batch, seq_len=seq)
 
 
-def fixture_rows(store: Store) -> tuple[int, list[dict[str, Any]]]:
+def fixture_rows(store: Store) -> tuple[int, list[ResultRecord]]:
     """torch:eager against jax:jit: 2× faster, a tie, 1.5× slower, baseline oom, runtime error, and a cell only
     the baseline has; tensorflow:function skipped everywhere."""
     cells = [
@@ -105,12 +104,13 @@ def test_cells_match_by_shape_and_only_ok_cells_get_a_ratio(store: Store) -> Non
         assert (by_batch[batch].rounds, by_batch[batch].pairs) == (3, 30)
     assert by_batch[1].ratio == pytest.approx(2.0, rel=0.02) and by_batch[1].significant
     assert by_batch[4].ratio == pytest.approx(2 / 3, rel=0.02) and by_batch[4].significant
-    assert not by_batch[2].significant and by_batch[2].ci_low < 1 < by_batch[2].ci_high  # type: ignore[operator]
+    low, high = by_batch[2].ci_low, by_batch[2].ci_high
+    assert not by_batch[2].significant and low is not None and high is not None and low < 1 < high
     assert by_batch[8].ratio is None and by_batch[8].baseline_status == "oom" and not by_batch[8].comparable
     assert by_batch[16].ratio is None and by_batch[16].runtime_reason == "boom"
     # Holm over the three comparable cells, in their order
-    raw = [by_batch[b].p_value for b in (1, 2, 4)]
-    assert [by_batch[b].p_adjusted for b in (1, 2, 4)] == pytest.approx(holm(raw))  # type: ignore[arg-type]
+    raw = [p for p in (by_batch[b].p_value for b in (1, 2, 4)) if p is not None]
+    assert len(raw) == 3 and [by_batch[b].p_adjusted for b in (1, 2, 4)] == pytest.approx(holm(raw))
     assert all(c.significant == (c.p_adjusted is not None and c.p_adjusted < ALPHA) for c in cells)
 
 
@@ -131,7 +131,7 @@ def test_pair_summary_is_a_geometric_mean_over_common_ok_cells_with_failure_coun
         rt: sum(np.median(r.samples) for r in rows if r.runtime == rt and r.batch_size in both)
         for rt in ("torch:eager", "jax:jit")
     }
-    assert seconds["torch:eager"] / seconds["jax:jit"] < 1 < jax.geomean_ratio  # type: ignore[operator]
+    assert jax.geomean_ratio is not None and seconds["torch:eager"] / seconds["jax:jit"] < 1 < jax.geomean_ratio
     tf = summaries["tensorflow:function"]
     assert tf.n_common == 0 and tf.geomean_ratio is None and tf.ci_low is None
     assert tf.failed_runtime == {"skipped": 3} and tf.failed_baseline == {}
@@ -182,7 +182,8 @@ def test_rows_from_two_runs_or_before_rounds_are_not_paired(store: Store) -> Non
     expected = unpaired_ratio(one.round_samples, two.round_samples)
     assert across is not None and expected is not None and not across.paired
     assert (across.ratio, across.ci_low, across.p_value) == (expected.value, expected.ci_low, expected.p_value)
-    assert across.ratio == pytest.approx(2.0, rel=0.02) and across.ci_low is not None and across.p_value < ALPHA  # type: ignore[operator]
+    assert across.ratio == pytest.approx(2.0, rel=0.02) and across.ci_low is not None
+    assert across.p_value is not None and across.p_value < ALPHA
     assert legacy_base.blocks == () and legacy_base.round_count == 1
     (cell,) = compare_cells([legacy_base, legacy_other], "torch:eager", "jax:jit")
     assert cell.ratio == pytest.approx(2.0, rel=0.02)
@@ -200,7 +201,8 @@ def test_paired_blocks_cancel_drift_that_unpaired_statistics_count(store: Store)
     assert paired is not None and paired.paired and unpaired is not None
     assert (paired.ratio, paired.ci_low, paired.ci_high) == pytest.approx((2.0, 2.0, 2.0), rel=1e-12)
     assert unpaired.value == pytest.approx(2.0, rel=1e-12)
-    assert unpaired.ci_low < 1.6 and unpaired.ci_high > 2.5  # type: ignore[operator]
+    assert unpaired.ci_low is not None and unpaired.ci_high is not None
+    assert unpaired.ci_low < 1.6 and unpaired.ci_high > 2.5
 
 
 def test_baseline_resolution(store: Store) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import run_args, run_cli
 from fwbench.spec import Case
 from fwbench.store import Store
 from report_store import Cell, add_run, timed
@@ -43,25 +43,12 @@ def text(accumulator: Any, tag: str) -> str:
 def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     db, logdir = tmp_path / "r.db", tmp_path / "tb"
     done = run_cli(
-        "run",
-        "--rounds",
-        "1",  # one worker per cell: this test is not about the statistics
-        "--models",
-        "mlp",
-        "--runtimes",
-        "torch:eager",
-        "--phase",
-        "training",
-        "--batch-sizes",
-        "2",
-        "--max-time",
-        "0.3",
-        "--threads",
-        "1",
-        "--db",
-        str(db),
-        "--tensorboard",
-        str(logdir),
+        *run_args(
+            *("--models", "mlp", "--runtimes", "torch:eager", "--phase", "training", "--batch-sizes", "2"),
+            *("--tensorboard", str(logdir)),
+            db=db,
+            max_time=0.3,
+        )
     )
     assert done.returncode == 0, done.stderr
     with Store.open(db, readonly=True) as store:
@@ -93,9 +80,9 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     )
     steps, values = scalars(accumulator, tag.format("loss"))
     assert steps == list(range(len(losses)))
-    np.testing.assert_array_equal(values, np.float32(losses))  # event files hold float32
+    np.testing.assert_array_equal(values, np.asarray(losses, dtype=np.float32))  # event files hold float32
     steps, seconds = scalars(accumulator, tag.format("step_time_s"))
-    np.testing.assert_array_equal(seconds, np.float32([b.per_call_s for b in first_round]))
+    np.testing.assert_array_equal(seconds, np.asarray([b.per_call_s for b in first_round], dtype=np.float32))
     start = parts.first_call + parts.warmup + parts.calibration
     assert steps[0] == start + row.calls_per_sample - 1 and steps[-1] == len(losses) - 1
     _, rates = scalars(accumulator, tag.format("samples_per_s"))
@@ -118,7 +105,7 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
         assert done.returncode == 0 and done.stdout == "", done.stderr
     assert len(list((again / "mlp" / "torch_eager").iterdir())) == 1
     _, values = scalars(read_run(again / "mlp" / "torch_eager"), tag.format("loss"))
-    np.testing.assert_array_equal(values, np.float32(losses))
+    np.testing.assert_array_equal(values, np.asarray(losses, dtype=np.float32))
 
     shown = run_cli("report", "--db", str(db), "--format", "json")
     (result,) = json.loads(shown.stdout)["results"]

@@ -14,6 +14,7 @@ from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
 from fwbench.runner.manager import run_worker
 from fwbench.spec import Case, Settings
+from model_checks import reference_outputs
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
 DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")]
@@ -51,14 +52,16 @@ def check_outputs(
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-def test_outputs_match_the_reference(built, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_outputs_match_the_reference(
+    built: tuple[ModelDescription, dict[str, np.ndarray], tf.Module], mode: str
+) -> None:
     description, weights, module = built
     arrays = description.make_inputs(*description.parity_shape(), seed=0)
     inputs = [tf.constant(a) for a in arrays.values()]
     call = module.__call__
     if mode == "function":  # what tensorflow:function does: one signature with this cell's fixed shapes
         call = tf.function(call, input_signature=[tf.TensorSpec(t.shape, t.dtype) for t in inputs])
-    check_outputs(description, call(*inputs), description.reference_forward(weights, arrays))
+    check_outputs(description, call(*inputs), reference_outputs(description, weights, arrays))
 
 
 @pytest.mark.parametrize("description", [get_model("bert-tiny"), get_model("gpt2-tiny")], ids=by_name)
@@ -73,7 +76,7 @@ def test_shapes_are_not_hard_coded(description: ModelDescription) -> None:
         check_outputs(
             description,
             call(*(tf.constant(a) for a in arrays.values())),
-            description.reference_forward(weights, arrays),
+            reference_outputs(description, weights, arrays),
         )
     assert call.experimental_get_tracing_count() == 1
 
@@ -89,7 +92,7 @@ def test_masked_keys_are_ignored(description: ModelDescription) -> None:
     changed = {k: v.copy() for k, v in arrays.items()}
     changed["input_ids"][:, 2:4] = (changed["input_ids"][:, 2:4] + 1) % 100
     outputs = module(*(tf.constant(v) for v in arrays.values()))
-    check_outputs(description, outputs, description.reference_forward(weights, arrays))
+    check_outputs(description, outputs, reference_outputs(description, weights, arrays))
     a = outputs[0].numpy()
     b = module(*(tf.constant(v) for v in changed.values()))[0].numpy()
     others = [0, 1, 4, 5, 6, 7]
@@ -104,7 +107,7 @@ def test_tensorflow_uses_the_right_gelu(description: ModelDescription) -> None:
     weights = amplified_weights(description)
     arrays = description.make_inputs(*description.parity_shape(), 0)
     assert gelu_swap_error(description, weights, arrays) > 4 * GELU_TOLERANCE  # the check below can see a swap
-    reference = description.reference_forward(weights, arrays)
+    reference = reference_outputs(description, weights, arrays)
     outputs = build(description, weights)(*(tf.constant(a) for a in arrays.values()))
     for name, output in zip(description.output_names, outputs):
         assert rel_l2(output.numpy(), reference[name]) < GELU_TOLERANCE, name
@@ -150,11 +153,3 @@ def test_bert_in_a_worker_passes_parity() -> None:
     assert outcome.status == "ok", outcome.reason
     assert outcome.details["parity"]["ok"] is True
     assert outcome.samples and outcome.fields["median_s"] > 0
-
-
-def test_the_registry_dtypes_are_the_tensorflow_backends() -> None:
-    from fwbench.frameworks import get_runtime
-    from fwbench.frameworks.tensorflow.backend import TensorFlowBackend
-
-    for mode in TensorFlowBackend.modes:
-        assert get_runtime(f"tensorflow:{mode}").dtypes == TensorFlowBackend.dtypes_of(mode), mode

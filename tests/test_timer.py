@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from fwbench.measure import timer
 
 
-def busy(seconds: float):
+def busy(seconds: float) -> Callable[[], None]:
     """A step that spins for ``seconds`` (steadier than sleep)."""
 
     def step() -> None:

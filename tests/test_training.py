@@ -16,12 +16,15 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 from compute_dtypes import recorded_compute_dtypes  # tests/ is on sys.path, as the script's own folder too
+
+if TYPE_CHECKING:
+    from fwbench.spec import OptimizerKind
 
 OPTIMIZER_PARITY_STEPS = 2
 OPTIMIZER_PARITY_TOLERANCE = 1e-5  # relative L2 error of each MLP parameter after two steps, against torch's
@@ -69,7 +72,7 @@ def _pooler_weight(backend: Any) -> Any:
 
 
 def _train(
-    runtime: str, model: str, optimizer: str, steps: int, dtype: str = "fp32"
+    runtime: str, model: str, optimizer: OptimizerKind, steps: int, dtype: str = "fp32"
 ) -> tuple[Any, Any, list[float], float]:
     """A backend that has taken ``steps`` training steps in ``dtype`` at the model's parity shape, its step, the
     losses the steps returned, and the float64 reference loss of the canonical weights on that batch."""
@@ -88,7 +91,9 @@ def _train(
     backend.build(description, weights)
     step = backend.make_train_step(backend.make_inputs(arrays), backend.make_targets(targets))
     losses = [backend.loss_value(step()) for _ in range(steps)]
-    return backend, step, losses, float(description.reference_loss(weights, arrays, targets))
+    reference = description.reference_loss(weights, arrays, targets)
+    assert reference is not None, f"{model} has no reference loss"
+    return backend, step, losses, float(reference)
 
 
 def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
@@ -141,7 +146,8 @@ def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
         record_mlp("sgd", backend, step, losses)
     out["bf16_loss"] = {}
     for model in models:
-        optimizer = "sgd" if model == "mlp" else "adamw"  # the MLP's bf16 run is also the SGD master-weight check
+        # the MLP's bf16 run is also the SGD master-weight check
+        optimizer: OptimizerKind = "sgd" if model == "mlp" else "adamw"
         with recorded_compute_dtypes(runtime) as seen:
             backend, _, losses, reference = _train(runtime, model, optimizer, OPTIMIZER_PARITY_STEPS, dtype="bf16")
         out["compute_dtypes"]["bf16"][model] = sorted(set(seen))
@@ -315,8 +321,10 @@ def test_batch_norm_trains_on_batch_statistics_and_updates_its_running_ones(runt
     the float64 training-mode forward: a framework whose BN is still in inference mode does not move them
     (and its first loss misses the training-mode reference, test_first_step_loss_matches_...)."""
     from fwbench.models import get_model
+    from fwbench.models.resnet import ResNet
 
     description = get_model("resnet-tiny")
+    assert isinstance(description, ResNet)
     got = runtime_report(runtime, resnet_part(runtime))["running_statistics"]["resnet-tiny"]
     assert set(got) == set(description.running_statistics())
     weights = description.canonical_weights(0)
@@ -408,9 +416,11 @@ def test_resnet_reference_loss_is_in_batch_norm_training_mode() -> None:
     batch's mean and biased variance, and its loss is not the inference-mode one; the running statistics after
     one step follow torch's rule (momentum 0.1, unbiased variance)."""
     from fwbench.models import get_model
+    from fwbench.models.resnet import ResNet
     from fwbench.models.training import reference_loss
 
     description = get_model("resnet-tiny")
+    assert isinstance(description, ResNet)
     weights, inputs = description.canonical_weights(0), description.make_inputs(2, None, 0)
     targets = description.make_targets(2, None, 0)
     statistics = description.reference_batch_statistics(weights, inputs)
@@ -519,6 +529,7 @@ def test_bad_training_flags_are_one_line_errors(
 def test_training_cell_end_to_end() -> None:
     from fwbench.models import get_model
     from fwbench.runner.manager import run_worker
+    from fwbench.runner.phases import get_phase
     from fwbench.spec import Case, Settings
 
     case = Case("mlp", "torch:eager", phase="training", batch_size=4)
@@ -532,7 +543,9 @@ def test_training_cell_end_to_end() -> None:
     assert training["optimizer"]["kind"] == "adamw"
     assert math.isfinite(training["final_loss"]) and training["final_loss"] < training["first_loss"]
     assert training["counted_steps_before_final"] > len(outcome.samples)
-    assert get_model("mlp").flops(4, None, "training") == 3 * get_model("mlp").flops(4, None)
+    assert get_phase("training").flops_per_call(get_model("mlp"), case, Settings()) == 3 * get_model(
+        "mlp"
+    ).forward_flops(4, None)
 
 
 if __name__ == "__main__":

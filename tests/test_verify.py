@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import run_cli
+from conftest import run_args, run_cli
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
+from model_checks import reference_outputs
 
 
 def test_weights_command_writes_the_canonical_set(tmp_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_verify_dumps_and_agrees(tmp_path: Path) -> None:
     assert result.stdout.count(" ok ") >= 2
     with np.load(tmp_path / "mlp" / "inputs.npz") as inputs:
         x = {"x": inputs["x"]}
-    reference = get_model("mlp").reference_forward(get_model("mlp").canonical_weights(0), x)["logits"]
+    reference = reference_outputs(get_model("mlp"), get_model("mlp").canonical_weights(0), x)["logits"]
     for name in ("torch_eager", "tensorflow_function"):
         with np.load(tmp_path / "mlp" / f"{name}.npz") as outputs:
             assert outputs.files == ["logits"]
@@ -118,28 +119,14 @@ def test_a_weights_file_is_really_used_by_verify_and_run(tmp_path: Path) -> None
         np.load(tmp_path / "file" / "mlp" / "inputs.npz") as inputs,
     ):
         description = get_model("mlp")
-        expected = description.reference_forward(description.canonical_weights(7), {"x": inputs["x"]})["logits"]
+        expected = reference_outputs(description, description.canonical_weights(7), {"x": inputs["x"]})["logits"]
         assert np.allclose(got["logits"], expected, rtol=1e-5, atol=1e-6)
         with np.load(tmp_path / "canonical" / "mlp" / "torch_eager.npz") as canonical:
             assert not np.allclose(got["logits"], canonical["logits"])
 
     db = tmp_path / "w.db"
     run = run_cli(
-        "run",
-        "--rounds",
-        "1",  # one worker per cell: this test is not about the statistics
-        "--models",
-        "mlp",
-        "--runtimes",
-        "torch:eager",
-        "--weights",
-        str(weights),
-        "--max-time",
-        "0.2",
-        "--threads",
-        "1",
-        "--db",
-        str(db),
+        *run_args("--models", "mlp", "--runtimes", "torch:eager", "--weights", str(weights), db=db, max_time=0.2)
     )
     assert run.returncode == 0, run.stderr
     report = run_cli("report", "--db", str(db), "--format", "json")

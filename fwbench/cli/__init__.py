@@ -16,6 +16,7 @@ from fwbench import __version__
 from fwbench.cli import compare, data, env, export, listing, merge, profile, report, run, verify, weights
 from fwbench.cli.common import EXIT_USAGE, Parser, UsageError
 from fwbench.cli.run import plan_from_args, tensorboard_listener
+from fwbench.diskfull import DiskFull
 from fwbench.runner.planner import suite_plan
 from fwbench.spec import SpecError
 from fwbench.store import StoreError
@@ -54,8 +55,9 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default: sys.argv[1:]); the exit status: 0, 1 (a command's own failure),
-    2 (bad input, one line on stderr, nothing written), 130 (interrupted)."""
+    """Run the command line ``argv`` (default: sys.argv[1:]); the exit status: 0, 1 (a command's own failure; a
+    full disk: one line on stderr, what was stored before kept), 2 (bad input, one line on stderr, nothing written),
+    130 (interrupted)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(arguments)
@@ -65,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc)
         print(message if message.startswith("fwbench") else f"fwbench: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    except DiskFull as exc:  # the command has said what was kept and how to go on
+        print(exc, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("fwbench: interrupted; finished cells are stored (resume with --resume RUN_ID)", file=sys.stderr)
         return 130

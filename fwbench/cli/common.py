@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from fwbench.report.units import parse_bytes
 from fwbench.spec import MAX_COUNT, SpecError
 from fwbench.store import DEFAULT_DB, RunRecord, Store
+from fwbench.units import parse_bytes
 
 EXIT_USAGE = 2
 DB_HELP = f"SQLite results database (default {DEFAULT_DB})"

@@ -85,7 +85,10 @@ def _compare_profiles(args: argparse.Namespace) -> int:
         return 0
     console = make_console()
     for item in profile_comparison_tables(comparison, f"run {run_a.id} of {args.db}", f"run {run_b.id} of {db_b}"):
-        console.print(item if isinstance(item, Table) else Text(item, style="dim"))
+        if isinstance(item, Table):
+            console.print(item)
+        else:  # one line however long (it names the databases): rich would break it at the console's width
+            console.print(Text(item, style="dim"), soft_wrap=True)
     return 0
 
 

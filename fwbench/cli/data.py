@@ -1,7 +1,8 @@
 """``fwbench data make images|text``: seeded datasets for the data phase, written into a new folder.
 
 The folder appears complete or not at all: it is written under a temporary name beside ``--out`` and renamed
-at the end, so an interrupted run leaves no half dataset where ``--input`` would find it.
+at the end, so an interrupted run, or one that finds the disk full (one line: DiskFull), leaves no half dataset
+where ``--input`` would find it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from fwbench.cli.common import Parser, non_negative_int, positive_int
 from fwbench.datasets import images, text
 from fwbench.datasets.manifest import Manifest, write_manifest
+from fwbench.diskfull import DiskFull, disk_full_report
 from fwbench.spec import SpecError
 
 DEFAULT_SHARDS = 8
@@ -103,6 +105,11 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if out.exists():
             out.rmdir()  # empty, checked above
         partial.rename(out)
+    except Exception as exc:  # Pillow, TensorFlow's and Grain's writers each raise their own on a full disk
+        full = disk_full_report(exc)
+        if full is None:
+            raise
+        raise DiskFull.from_report(full, out, f"no half dataset is left at {out}", partial=partial) from exc
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     total = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())

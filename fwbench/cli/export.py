@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.cli.common import positive_float, positive_int
+from fwbench.diskfull import DiskFull
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement, runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
-from fwbench.report.units import format_bytes, format_seconds
 from fwbench.runner.outcome import run_worker
 from fwbench.runner.planner import check_threads_fit
 from fwbench.spec import Case, Settings, SpecError
+from fwbench.units import format_bytes, format_seconds
 
 
 def exportable() -> list[str]:
@@ -36,8 +37,8 @@ def add_parser(commands: Any) -> None:
         description="Export MODEL with our weights as RUNTIME runs it (the same export the runtime's cells time), "
         "at one input shape, to --out; load it back with the runtime's engine and compare its outputs with the "
         "float64 reference. Prints one line (what was written, its size, export and load seconds, the parity "
-        "error); exit 1 if the export fails or the reloaded artefact computes something else (nothing is left "
-        "at --out then), 2 on bad input (nothing written).",
+        "error); exit 1 if the export fails, the disk is full, or the reloaded artefact computes something else "
+        "(nothing is left at --out then), 2 on bad input (nothing written).",
     )
     export.add_argument("model", help="model name (fwbench list)")
     export.add_argument(
@@ -121,6 +122,9 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             weights_path=str(args.weights) if args.weights else None,
         )
         if outcome.status != "ok":
+            if outcome.details.get("disk_full"):  # the worker's write (the artefact, a compiler's files) found no room
+                kept = f"nothing is left at {out}"
+                raise DiskFull.from_report(outcome.details["disk_full"], out, kept, "export again", partial=partial)
             print(f"fwbench export: {args.runtime} {args.model}: {outcome.status}: {outcome.reason}", file=sys.stderr)
             return 1
         try:

@@ -20,7 +20,8 @@ from fwbench.report.listing import (
     training_table,
 )
 from fwbench.report.table import make_console
-from fwbench.runner.estimate import NOMINAL_FLOPS_PER_S_PER_THREAD, estimate_plan_s, format_estimate
+from fwbench.runner.estimate import NOMINAL_FLOPS_PER_S_PER_THREAD, format_estimate
+from fwbench.runner.phases import estimate_s
 from fwbench.runner.planner import suite_plan
 from fwbench.spec import SpecError
 from fwbench.suites import builtin_suites, load_suite
@@ -45,7 +46,7 @@ def suite_rows(threads: int) -> list[SuiteRow]:
         except SpecError as exc:  # e.g. a runtime registered by a plugin that is not loaded here
             rows.append(SuiteRow(name, suite.size, suite.description, problem=str(exc)))
             continue
-        estimate = format_estimate(estimate_plan_s(plan))
+        estimate = format_estimate(estimate_s(plan.cases, plan.settings))
         rows.append(SuiteRow(name, plan.size, suite.description, len(plan.cases), estimate))
     return rows
 

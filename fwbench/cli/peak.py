@@ -18,12 +18,12 @@ from fwbench.report.export import to_json
 from fwbench.report.peak import PEAK_SUITE, Peak, achieved_gflops, best_cell
 from fwbench.report.peak_table import peak_table
 from fwbench.report.table import make_console
-from fwbench.report.units import format_gflops
 from fwbench.runner.manager import execute
 from fwbench.runner.planner import build_plan, check_threads_fit
 from fwbench.runner.progress import sweep_progress
 from fwbench.spec import Settings, SpecError
 from fwbench.store import DEFAULT_DB, Store
+from fwbench.units import format_gflops
 
 
 def peak_runtimes() -> tuple[str, ...]:

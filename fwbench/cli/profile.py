@@ -15,16 +15,18 @@ from rich.markup import escape
 from fwbench import __version__
 from fwbench.cli.common import DB_HELP, directory, positive_float, positive_int, terminate_on_sigterm
 from fwbench.cli.run import plan_choices
+from fwbench.diskfull import DiskFull, cells_kept, low_space_cause
 from fwbench.measure import environment
 from fwbench.profile.cells import profiled_cell
 from fwbench.report.profile_table import profile_groups, profile_tables
 from fwbench.report.table import make_console
 from fwbench.runner.outcome import run_worker
+from fwbench.runner.phases import phase_names
 from fwbench.runner.planner import resolve_plan
-from fwbench.spec import RUNNABLE_DTYPES, Case
+from fwbench.spec import DTYPES, Case
 from fwbench.store import DEFAULT_DB, Store
 
-PROFILE_PHASES = ("inference", "training")
+PROFILE_PHASES = phase_names(lambda phase: phase.profilable)
 DEFAULT_OUT = "results/profiles"
 DEFAULT_CALLS = 5
 
@@ -45,7 +47,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--batch-sizes", default="1", help="comma-separated positive integers (default 1)")
     parser.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a sequence")
     parser.add_argument("--phase", choices=PROFILE_PHASES, default="inference", help="default: inference")
-    parser.add_argument("--dtype", choices=RUNNABLE_DTYPES, default="fp32", help="default: fp32")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="default: fp32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
     parser.add_argument("--threads", type=positive_int, help="thread budget per cell (default: physical cores)")
     parser.add_argument(
@@ -79,20 +81,33 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run_id = store.create_run(
             plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__, kind="profile"
         )
-        for skipped in plan.skipped:
-            store.add_profile(run_id, skipped.case, "skipped", skipped.reason, None, {})
-        for index, case in enumerate(plan.cases, start=1):
-            outcome = run_worker(case, plan.settings, profile_to=str(trace_folder(out, case)), profile_calls=args.calls)
-            status, reason, cell = outcome.status, outcome.reason, None
-            if status == "ok":
-                try:
-                    cell = profiled_cell(outcome.details["profile"])
-                except (KeyError, ValueError, OSError) as exc:
-                    status, reason = "error", f"the profile could not be read: {exc}"
-            store.add_profile(run_id, case, status, reason, cell, outcome.details)
-            line = f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else "")
-            print(line, file=sys.stderr, flush=True)
-        store.finish_run(run_id)
+        profiled = 0
+        try:
+            for skipped in plan.skipped:
+                store.add_profile(run_id, skipped.case, "skipped", skipped.reason, None, {})
+            for index, case in enumerate(plan.cases, start=1):
+                folder = trace_folder(out, case)
+                outcome = run_worker(case, plan.settings, profile_to=str(folder), profile_calls=args.calls)
+                status, reason, cell = outcome.status, outcome.reason, None
+                if outcome.details.get("disk_full"):  # the trace, or another write of the worker, found no room
+                    raise DiskFull.from_report(outcome.details["disk_full"], folder)
+                if status == "ok":
+                    try:
+                        cell = profiled_cell(outcome.details["profile"])
+                    except (KeyError, ValueError, OSError) as exc:
+                        # torch.profiler only logs a trace it could not write: none, or half of one, is left
+                        cause = low_space_cause(folder, "no complete trace")
+                        if cause is not None:
+                            raise DiskFull(folder, cause) from exc
+                        status, reason = "error", f"the profile could not be read: {exc}"
+                store.add_profile(run_id, case, status, reason, cell, outcome.details)
+                profiled += 1
+                line = f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else "")
+                print(line, file=sys.stderr, flush=True)
+            store.finish_run(run_id)
+        except DiskFull as full:  # the profiles stored before stay, with their traces
+            kept = f"{cells_kept(profiled, 'profiled')} (profile run {run_id} of {args.db}, traces under {out})"
+            raise full.told(kept, "profile again") from full
         records = store.profiles([run_id])
     console = make_console()
     console.print(escape(f"profile run {run_id} in {args.db}; raw traces under {out}"))

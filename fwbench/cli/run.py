@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shlex
+import sqlite3
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -35,24 +36,26 @@ from fwbench.datasets.folders import (
     default_folder,
     ensure_default,
 )
+from fwbench.diskfull import DiskFull, cells_kept
 from fwbench.measure import environment
 from fwbench.report.peak import latest_peak
 from fwbench.report.table import make_console, print_results
 from fwbench.report.tensorboard import write_cell
 from fwbench.runner import nodes
-from fwbench.runner.estimate import estimate_cell_s, format_estimate
+from fwbench.runner.estimate import format_estimate
 from fwbench.runner.manager import CellOutcome, Listener, execute
+from fwbench.runner.phases import estimate_s
 from fwbench.runner.planner import PlanChoices, check_plan_fits, resolve_plan
 from fwbench.runner.progress import sweep_progress
 from fwbench.runner.ray_executor import START_LINE, RayExecutor, execute_on_ray
 from fwbench.spec import (
     COMPILE_MODES,
     DATA_SOURCES,
+    DTYPES,
     FIT_SOURCES,
     OPTIMIZER_KINDS,
     PHASES,
     PROTOCOLS,
-    RUNNABLE_DTYPES,
     TRANSFORMS,
     Plan,
     ShardSpec,
@@ -108,6 +111,16 @@ def add_parser(commands: Any) -> None:
         "worker process; every cell gets a terminal status (ok, oom, timeout, error, skipped, mismatch) "
         "committed to the database at once.",
     )
+    _grid_flags(run)
+    _measurement_flags(run)
+    _data_flags(run)
+    _limit_flags(run)
+    _cluster_flags(run)
+    _node_flags(run)
+
+
+def _grid_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for the grid: suite, models, runtimes, shapes, phase, dtype, device (flags override the suite)."""
     grid = run.add_argument_group("grid (flags override the suite)")
     grid.add_argument(
         "--suite",
@@ -145,7 +158,7 @@ def add_parser(commands: Any) -> None:
     )
     grid.add_argument(
         "--dtype",
-        choices=RUNNABLE_DTYPES,
+        choices=DTYPES,
         help="default: fp32; bf16: the one mixed-precision policy; int8 (inference): ONNX Runtime's dynamic "
         "quantisation and LiteRT's dynamic-range quantisation of the exported model (other runtimes: skipped); "
         "overrides the suite's and every [[grid]]'s own dtype",
@@ -153,6 +166,10 @@ def add_parser(commands: Any) -> None:
     grid.add_argument(
         "--device", choices=RUN_DEVICES, help="default: cpu; overrides the suite's and every [[grid]]'s own device"
     )
+
+
+def _measurement_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for how each cell is measured: protocol, rounds, threads, timing budgets, training and fit settings."""
     timing = run.add_argument_group("measurement")
     timing.add_argument(
         "--protocol",
@@ -245,6 +262,10 @@ def add_parser(commands: Any) -> None:
         "ModelCheckpoint (the last epoch's .ckpt in that version's checkpoints/); default: both off, "
         "nothing written",
     )
+
+
+def _data_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for phase data and phase fit from images."""
     data = run.add_argument_group(
         "--phase data (input pipelines) and --phase fit from images (--input, --fit-source); other phases ignore these"
     )
@@ -295,6 +316,10 @@ def add_parser(commands: Any) -> None:
         help="leave out images that do not decode (stored as details.data.corrupt_files) instead of failing the "
         "cell with the first one's name",
     )
+
+
+def _limit_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for per-cell limits, the settings file, the database and --resume."""
     limits = run.add_argument_group("limits (a cell over a limit is stored as timeout or oom)")
     limits.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
     limits.add_argument(
@@ -318,6 +343,10 @@ def add_parser(commands: Any) -> None:
         metavar="RUN_ID",
         help="run only the cells of that run's stored plan that have no status yet",
     )
+
+
+def _cluster_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for where the cells run: --executor, --ray-address, --shard."""
     cluster = run.add_argument_group("where the cells run")
     cluster.add_argument(
         "--executor",
@@ -341,6 +370,10 @@ def add_parser(commands: Any) -> None:
         "round-robin (disjoint shards that together cover the plan; a group is never split); the run stores the "
         "whole plan's hash and I/N, and `fwbench merge` reunites the shards' databases into one run",
     )
+
+
+def _node_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for one distributed cell across machines (--nnodes ...) and --tensorboard."""
     spread = run.add_argument_group(
         "one distributed cell across machines (start the same command on every machine, each with its --node-rank)"
     )
@@ -508,6 +541,14 @@ def check_node_flags(args: argparse.Namespace, count: int) -> None:
         )
 
 
+def resume_command(args: argparse.Namespace, run_id: int, spans_nodes: bool) -> str:
+    """The command that continues run ``run_id`` where it stopped (``spans_nodes``: with node 0's flags)."""
+    line = f"fwbench run --resume {run_id} --db {args.db}"
+    if spans_nodes:
+        line += f" --master-addr {args.master_addr} --master-port {args.master_port} (and the other nodes)"
+    return line
+
+
 def serve_node(args: argparse.Namespace) -> int:
     """Node 1..M-1: join node 0 and serve its ranks until it finishes the sweep. With plan flags, the plan they
     make must be node 0's (its digest is checked there)."""
@@ -603,7 +644,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         done = store.done_keys(run_id)
         remaining = plan.size - len(done)
         todo = [case for case in plan.cases if case.key not in done]
-        estimate = format_estimate(sum(estimate_cell_s(case, plan.settings) for case in todo))
+        estimate = format_estimate(estimate_s(todo, plan.settings))
         print(
             f"run {run_id}: {remaining} of {plan.size} cells to run (rough estimate {estimate}), database {args.db}",
             file=sys.stderr,
@@ -616,21 +657,22 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     execute(store, run_id, plan, hears)
                 else:
                     execute_on_ray(store, run_id, plan, hears, executor)
+            store.finish_run(run_id)
+        except DiskFull as full:  # a group's commit, or a worker's write, found no room: the group is not stored
+            kept = "the cells stored before are kept"
+            with contextlib.suppress(sqlite3.Error):  # a read needs no room; the line must come out all the same
+                kept = cells_kept(len(store.done_keys(run_id)), "stored")
+            raise full.told(kept, f"continue with `{resume_command(args, run_id, cluster is not None)}`") from full
         except (KeyboardInterrupt, nodes.NodeLost) as stop:
             lost = isinstance(stop, nodes.NodeLost)
-            nodes_flags = ""
             if cluster is not None:
                 cluster.close(f"stopped the sweep: {stop}" if lost else "was interrupted", ok=False)
-                nodes_flags = (
-                    f" --master-addr {args.master_addr} --master-port {args.master_port} (and the other nodes)"
-                )
             print(
                 f"fwbench: {f'{stop}; the sweep stops' if lost else 'interrupted'}; finished cells are stored; "
-                f"continue with `fwbench run --resume {run_id} --db {args.db}{nodes_flags}`",
+                f"continue with `{resume_command(args, run_id, cluster is not None)}`",
                 file=sys.stderr,
             )
             return 1 if lost else 130
-        store.finish_run(run_id)
         results = store.results([run_id])
         print_results(results, make_console(), title="fwbench results", peak=latest_peak(store))
         counts = Counter(row.status for row in results)

@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.cli.common import given, positive_float, positive_int, resolve_run, run_id
-from fwbench.frameworks import distributed_runtimes, get_runtime, phase_unsupported, runtimes
+from fwbench.frameworks import distributed_runtimes, get_runtime, runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.report.table import make_console
 from fwbench.report.verify_table import parity_table, training_table
+from fwbench.runner.phases import get_phase, phase_names
 from fwbench.runner.planner import check_threads_fit, parse_names
 from fwbench.runner.tolerances import TRAINING_TOLERANCE
 from fwbench.runner.verify import OutputCheck, TrainingCheck, verify_model, verify_training
-from fwbench.spec import OPTIMIZER_KINDS, RUNNABLE_DTYPES, TRAINING_DTYPES, Settings, SpecError
+from fwbench.spec import DTYPES, OPTIMIZER_KINDS, Settings, SpecError
 from fwbench.store import Store
 
 DEFAULT_STEPS = 20
@@ -59,7 +60,7 @@ def add_parser(commands: Any) -> None:
     verify.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
     verify.add_argument(
         "--dtype",
-        choices=RUNNABLE_DTYPES,
+        choices=DTYPES,
         default="fp32",
         help="fp32; bf16: the one mixed-precision policy in every framework (docs/precision.md); int8: the deployment "
         "engines' quantisation (others skipped); sets the tolerance (default: fp32)",
@@ -67,7 +68,7 @@ def add_parser(commands: Any) -> None:
     verify.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS", help="per runtime")
     verify.add_argument(
         "--phase",
-        choices=("inference", "training"),
+        choices=phase_names(lambda phase: phase.verifiable),
         default="inference",
         help="training: take --steps optimizer steps in each runtime from the same weights on the same "
         "fixed batch and compare the loss curves and trained parameters with the first runtime's "
@@ -107,10 +108,12 @@ def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: l
     else:
         if (args.db is None) != (args.run is None):
             raise SpecError("--db and --run go together: the run whose training cells a mismatch marks")
-        if args.dtype not in TRAINING_DTYPES:
-            raise SpecError(f"--phase training computes in {', '.join(TRAINING_DTYPES)} only, not {args.dtype}")
+        training = get_phase("training")
+        refused = training.dtype_unsupported(args.dtype)
+        if refused:
+            raise SpecError(f"--phase training: {refused}")
         for name in runtime_names:
-            lacking = phase_unsupported(get_runtime(name), "training")
+            lacking = training.runtime_unsupported(get_runtime(name), Settings())
             if lacking:
                 with_training = [n for n, r in runtimes().items() if "training" in r.phases]
                 raise SpecError(f"--phase training: {lacking}; runtimes with training: {', '.join(with_training)}")

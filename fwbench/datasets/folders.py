@@ -79,9 +79,10 @@ def ensure_default(folder: Path) -> None:
         "--n", str(DEFAULT_IMAGES), "--size", str(DEFAULT_SIZE), "--seed", str(DEFAULT_SEED), "--out", str(folder),
     ]  # fmt: skip
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
-    if done.returncode != 0:
+    if done.returncode != 0:  # the writer's one line (a full disk: where, and that no half dataset is left)
         lines = done.stderr.strip().splitlines()
-        raise DatasetError(f"writing the default dataset to {folder} failed: {lines[-1] if lines else done.returncode}")
+        last = lines[-1].removeprefix("fwbench: ") if lines else done.returncode
+        raise DatasetError(f"writing the default dataset to {folder} failed: {last}")
 
 
 @dataclass(frozen=True)

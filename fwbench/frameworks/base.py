@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 
+from fwbench.models import implementations
 from fwbench.models.base import ModelDescription
 from fwbench.models.fit import EpochEnd
 from fwbench.spec import Settings
@@ -40,7 +41,7 @@ class ArchModule(Protocol):
 
     def build_model(self, description: Any, weights: dict[str, np.ndarray], device: str) -> Any:
         """The model of ``description`` (a ModelDescription of this arch) holding the canonical ``weights``
-        (loaded through a name map checked by :func:`check_weight_map`, or the framework's equivalent),
+        (loaded through :mod:`fwbench.models.weightmap`: a checked name map or its ``WeightTaker``),
         on ``device`` ("cpu" or "cuda"); called with the description's inputs it returns its outputs in
         ``description.output_names`` order."""
 
@@ -217,8 +218,6 @@ def arch_module_name(package: str, arch: str) -> str:
     """The module implementing ``arch`` for the framework package ``package``: the module a registered model
     names for it (``ModelDescription.implementations``), else ``<package>.<arch>``. Nothing is imported
     but the model registry."""
-    from fwbench.models import implementations
-
     return implementations(arch).get(package, f"{package}.{arch}")
 
 
@@ -260,22 +259,6 @@ def as_tflite_exporter(module: ModuleType) -> TfliteExporter:
     return cast(TfliteExporter, module)
 
 
-def check_weight_map(targets: set[str], mapping: dict[str, str], weights: dict[str, np.ndarray]) -> None:
-    """Raise ValueError unless ``mapping`` (canonical name → framework variable) is a bijection between
-    ``weights`` and ``targets``: every tensor used, none missing, every variable set exactly once."""
-    unset = sorted(targets - set(mapping.values()))
-    unknown = sorted(set(mapping.values()) - targets)
-    unused = sorted(set(weights) - set(mapping))
-    missing = sorted(set(mapping) - set(weights))
-    if unset or unknown or unused or missing:
-        raise ValueError(
-            f"weight map: variables unset {unset}, unknown {unknown}, "
-            f"tensors unused {unused}, tensors missing {missing}"
-        )
-    if len(set(mapping.values())) != len(mapping):
-        raise ValueError("weight map: a variable is the target of more than one tensor")
-
-
 def export_report(exports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A ``compile_report`` from a backend's exports in order (one per input shape): the first, made for the timed
     shapes, with the later ones (the parity shape's) under ``reexports``; empty before any export."""
@@ -298,25 +281,14 @@ class Backend(ABC):
 
     framework: ClassVar[str]
     modes: ClassVar[tuple[str, ...]]
-    # The case dtypes (spec.Dtype) this backend computes in; a backend that does not say runs fp32 only.
-    dtypes: ClassVar[tuple[str, ...]] = ("fp32",)
-    # Modes that compute in fewer dtypes than ``dtypes`` (a deployment export in fp32 only, say).
-    mode_dtypes: ClassVar[dict[str, tuple[str, ...]]] = {}
-
-    @classmethod
-    def dtypes_of(cls, mode: str) -> tuple[str, ...]:
-        """The case dtypes ``mode`` computes in."""
-        return cls.mode_dtypes.get(mode, cls.dtypes)
 
     def __init__(
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
     ) -> None:
+        """The runtime's record decides the dtypes it computes in (``RuntimeInfo.dtypes``, checked by
+        ``frameworks.create_backend`` before this is called)."""
         if mode not in self.modes:
             raise UnsupportedMode(f"{self.framework} has no mode {mode!r}; allowed: {', '.join(self.modes)}")
-        if dtype not in self.dtypes_of(mode):
-            raise UnsupportedDtype(
-                f"{self.framework}:{mode} cannot compute in {dtype}; allowed: {', '.join(self.dtypes_of(mode))}"
-            )
         self.mode = mode
         self.device = device
         self.settings = settings

@@ -10,6 +10,7 @@ run one exporter's file, load it instead of exporting again: ``cached: true`` wi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,13 +19,14 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
 
 from fwbench import __version__
 from fwbench.frameworks import get_runtime
-from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, builtin_package, export_report, import_deploy
+from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, export_report, import_deploy
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
@@ -52,11 +54,15 @@ class ExportedBackend(Backend):
         super().__init__(mode, device, settings, dtype=dtype, phase=phase)
         if device != "cpu":
             raise NotImplementedError(f"{self.framework}:{mode} on {device}: {self.cuda_unavailable}")
-        self.package = builtin_package(mode)  # the exporting framework's model files
-        self.deploy = import_deploy(self.package)
         self.threads = 1
         self._signature: Signature | None = None
         self._exports: list[dict[str, Any]] = []
+
+    @functools.cached_property
+    def deploy(self) -> ModuleType:
+        """The exporting framework's ``deploy.py``, from the runtime record's package (``RuntimeInfo.package``, set
+        by ``frameworks.create_backend``), imported on first use (after creation, before build)."""
+        return import_deploy(self.package)
 
     # -- what each engine provides ---------------------------------------------------------------
     @abstractmethod

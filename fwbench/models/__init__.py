@@ -13,6 +13,7 @@ from fwbench.models.gemm import GEMM
 from fwbench.models.gpt2 import GPT2_SMALL, GPT2_TINY
 from fwbench.models.mlp import MLP
 from fwbench.models.resnet import RESNET50, RESNET_TINY
+from fwbench.plugins import load_plugins
 from fwbench.spec import SpecError
 
 MODELS: dict[str, ModelDescription] = {
@@ -29,15 +30,9 @@ def register_model(description: ModelDescription) -> None:
     MODELS[description.name] = description
 
 
-def _load_plugins() -> None:
-    from fwbench.frameworks import load_plugins  # the registry module imports no framework
-
-    load_plugins()
-
-
 def all_models() -> dict[str, ModelDescription]:
     """Every registered model, built-in first, by name (plugins loaded)."""
-    _load_plugins()
+    load_plugins()
     return dict(MODELS)
 
 
@@ -49,7 +44,7 @@ def model_names() -> tuple[str, ...]:
 def get_model(name: str) -> ModelDescription:
     """The description of model ``name``; SpecError listing the known models otherwise."""
     if name not in MODELS:
-        _load_plugins()
+        load_plugins()
     try:
         return MODELS[name]
     except KeyError:

@@ -14,8 +14,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from fwbench.spec import Phase
-
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -28,14 +26,6 @@ class ParamSpec:
 def tensor_rng(seed: int, name: str) -> np.random.Generator:
     """A generator seeded by (seed, tensor name), so one tensor's values never depend on another's."""
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
-
-
-TRAINING_FLOPS_FACTOR = 3  # forward + backward ≈ 3 forwards (the backward pass costs two matmuls per forward one)
-
-
-def phase_flops(forward: int, phase: Phase) -> int:
-    """FLOPs of one call in ``phase`` from the forward pass's: training counts forward + backward."""
-    return forward if phase == "inference" else TRAINING_FLOPS_FACTOR * forward  # fit: per optimizer step
 
 
 def normal_weights(schema: list[ParamSpec], seed: int, std: float = 0.02) -> dict[str, np.ndarray]:
@@ -98,8 +88,15 @@ class ModelDescription(ABC):
         """Seeded inputs for one call, by input name."""
 
     @abstractmethod
-    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
-        """Floating-point operations of one call (a multiply-add counts 2)."""
+    def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """Floating-point operations of one inference forward pass (a multiply-add counts 2) of ``batch_size``
+        samples; each phase counts its calls from this and :meth:`training_forward_flops`."""
+
+    def training_forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """FLOPs of the forward pass phase training runs: the training graph up to its loss, whose own matmuls
+        count (a language model's vocabulary projection); the same as :meth:`forward_flops` unless the model
+        trains through other layers than it infers with."""
+        return self.forward_flops(batch_size, seq_len)
 
     def reference_forward(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]

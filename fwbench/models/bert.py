@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, normal_weights, phase_flops
+from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
 from fwbench.models.text import (
     attention,
     gelu_erf,
@@ -32,7 +32,7 @@ from fwbench.models.text import (
     transformer_layer_flops,
 )
 from fwbench.models.training import tied_lm_reference_loss
-from fwbench.spec import Phase, SpecError
+from fwbench.spec import SpecError
 
 # role -> (BERT name, DistilBERT name); "{i}" is the layer index.
 _LAYER_ROLES: dict[str, tuple[str, str]] = {
@@ -146,12 +146,21 @@ class Bert(ModelDescription):
             raise SpecError(f"{self.name} needs a sequence length")
         return token_inputs(batch_size, seq_len, self.config.vocab_size, seed, self.has_token_types)
 
-    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
-        """Matmul FLOPs: per layer 8·S·H² (Q, K, V, output) + 4·S·H·I (FFN) + 4·S²·H (scores, context)."""
+    def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """Matmul FLOPs: per layer 8·S·H² (Q, K, V, output) + 4·S·H·I (FFN) + 4·S²·H (scores, context), plus
+        the pooler's 2·H² where the model has one."""
+        return batch_size * (self.encoder_flops(seq_len) + (2 * self.config.hidden**2 if self.has_pooler else 0))
+
+    def training_forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """The encoder, then the masked-LM loss's tied logits ``last_hidden_state @ word_embeddings.T``
+        (2·S·H·V per sample); the pooler is frozen in training and not run."""
         c, s = self.config, seq_len or 1
-        per_layer = transformer_layer_flops(s, c.hidden, c.intermediate)
-        forward = batch_size * (c.layers * per_layer + (2 * c.hidden**2 if self.has_pooler else 0))
-        return phase_flops(forward, phase)
+        return batch_size * (self.encoder_flops(seq_len) + 2 * s * c.hidden * c.vocab_size)
+
+    def encoder_flops(self, seq_len: int | None) -> int:
+        """Matmul FLOPs of the encoder layers for one sample of ``seq_len`` tokens."""
+        c = self.config
+        return c.layers * transformer_layer_flops(seq_len or 1, c.hidden, c.intermediate)
 
     def training_unsupported(self) -> str | None:
         return None

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
-from fwbench.spec import Phase, SpecError
+from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
+from fwbench.spec import SpecError
 
 GEMM_N = 3072
 
@@ -64,9 +64,9 @@ class Gemm(ModelDescription):
         rng = tensor_rng(seed, f"inputs/x/{batch_size}")
         return {"x": rng.standard_normal((batch_size, self.n)).astype(np.float32)}
 
-    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
-        """2·batch·n·n (one multiply-add per weight per row); training counts 3x that."""
-        return phase_flops(2 * batch_size * self.n * self.n, phase)
+    def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """2·batch·n·n (one multiply-add per weight per row)."""
+        return 2 * batch_size * self.n * self.n
 
     def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"y": inputs["x"].astype(np.float64) @ weights["weight"].astype(np.float64)}

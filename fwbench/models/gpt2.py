@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, normal_weights, phase_flops
+from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
 from fwbench.models.text import (
     attention,
     gelu_tanh,
@@ -24,7 +24,7 @@ from fwbench.models.text import (
     transformer_layer_flops,
 )
 from fwbench.models.training import tied_lm_reference_loss
-from fwbench.spec import Phase, SpecError
+from fwbench.spec import SpecError
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,12 @@ class GPT2(ModelDescription):
             raise SpecError(f"{self.name} needs a sequence length")
         return token_inputs(batch_size, seq_len, self.config.vocab_size, seed, token_types=False)
 
-    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
-        """Matmul FLOPs: per layer 8·S·H² + 4·S·H·I + 4·S²·H, plus the LM head 2·S·H·V."""
+    def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """Matmul FLOPs: per layer 8·S·H² + 4·S·H·I + 4·S²·H, plus the LM head 2·S·H·V (inference and training
+        both run it)."""
         c, s = self.config, seq_len or 1
         per_layer = transformer_layer_flops(s, c.hidden, c.intermediate)
-        forward = batch_size * (c.layers * per_layer + 2 * s * c.hidden * c.vocab_size)
-        return phase_flops(forward, phase)
+        return batch_size * (c.layers * per_layer + 2 * s * c.hidden * c.vocab_size)
 
     def training_unsupported(self) -> str | None:
         return None

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
+from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
 from fwbench.models.training import class_targets, reference_loss
-from fwbench.spec import Phase, SpecError
+from fwbench.spec import SpecError
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,9 @@ class MLP(ModelDescription):
         rng = tensor_rng(seed, f"inputs/x/{batch_size}")
         return {"x": rng.standard_normal((batch_size, self.config.in_features)).astype(np.float32)}
 
-    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
-        """2·batch·Σ(in·out) for the matmuls; training (forward + backward) counts 3x that."""
-        forward = 2 * batch_size * sum(fan_in * fan_out for _, fan_in, fan_out in self.layers)
-        return phase_flops(forward, phase)
+    def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """2·batch·Σ(in·out) for the matmuls."""
+        return 2 * batch_size * sum(fan_in * fan_out for _, fan_in, fan_out in self.layers)
 
     def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         h = inputs["x"].astype(np.float64)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
+from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
 from fwbench.models.training import class_targets, reference_loss
-from fwbench.spec import Phase, SpecError
+from fwbench.spec import SpecError
 
 EXPANSION = 4  # bottleneck output channels = 4 x its inner width
 BN_SUFFIXES = ("weight", "bias", "running_mean", "running_var")
@@ -249,16 +249,15 @@ class ResNet(ModelDescription):
             updated[f"{bn}.running_var"] = (1 - momentum) * running_var + momentum * var * count / (count - 1)
         return updated
 
-    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
-        """2·multiply-adds of every conv (out_h·out_w·out_c·in_c·k²) and of ``fc``; training counts 3x.
+    def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """2·multiply-adds of every conv (out_h·out_w·out_c·in_c·k²) and of ``fc``.
 
         BN, ReLU, pooling and the residual adds are not counted.
         """
         c = self.config
         macs = sum(v.out_size**2 * v.out_channels * v.in_channels * v.kernel**2 for v in self.convs)
         macs += c.features * c.num_classes
-        forward = 2 * batch_size * macs
-        return phase_flops(forward, phase)
+        return 2 * batch_size * macs
 
     def parity_shape(self) -> tuple[int, int | None]:
         return 2, None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fwbench.models.base import tensor_rng
 from fwbench.spec import OPTIMIZER_KINDS, OptimizerKind
 
 
@@ -86,8 +87,6 @@ def tied_lm_reference_loss(
 def class_targets(batch_size: int, num_classes: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded classification targets: labels (batch,) int32 class ids in [0, num_classes), label_weights
     (batch,) float32 all 1 (every sample counts)."""
-    from fwbench.models.base import tensor_rng
-
     rng = tensor_rng(seed, f"targets/labels/{batch_size}")
     labels = rng.integers(0, num_classes, size=batch_size, dtype=np.int64).astype(np.int32)
     return {"labels": labels, "label_weights": np.ones(batch_size, dtype=np.float32)}

@@ -30,10 +30,11 @@ from fwbench.report.summary import (
     sample_median,
 )
 from fwbench.report.table import TableData, plain, ratio_text
-from fwbench.report.units import format_seconds_noise, second_axis_text, short_id
+from fwbench.spec import CASE_FIELDS
 from fwbench.store import ResultRecord, RunRecord
+from fwbench.units import format_seconds_noise, second_axis_text, short_id
 
-COMPARE_KEY = ("model", "runtime", "phase", "batch_size", "seq_len", "dtype", "device", "workers", "procs", "scaling")
+COMPARE_KEY = CASE_FIELDS  # a cell of run A is the cell of run B with the same case (another run, maybe machine)
 DEFAULT_THRESHOLD = 0.05
 Verdict = Literal["regression", "improvement", "within threshold", "not significant", "broken", "fixed", "not ok"]
 SETTINGS_KEYS = (
@@ -267,14 +268,11 @@ def framework_versions(results: Sequence[ResultRecord]) -> dict[str, str]:
     return {key: " | ".join(sorted(values)) for key, values in sorted(seen.items())}
 
 
-def _dataset_facts(row: ResultRecord) -> dict[str, object]:
-    """The dataset facts a data cell (``details.data``) or a fit from images (``details.fit.input``) stored."""
-    data = row.details.get("data")
-    if isinstance(data, dict):
-        return data
-    fit = row.details.get("fit")
-    facts = fit.get("input") if isinstance(fit, dict) else None
-    return facts if isinstance(facts, dict) else {}
+def _dataset_digest(row: ResultRecord) -> str | None:
+    """The digest of the dataset a data cell (``details.data``) or a fit from images (``details.fit.input``) read."""
+    if row.data is not None:
+        return row.data.digest
+    return None if row.fit is None or row.fit.input is None else row.fit.input.digest
 
 
 def environment_record(run: RunRecord, results: Sequence[ResultRecord]) -> dict[str, str | None]:
@@ -287,7 +285,7 @@ def environment_record(run: RunRecord, results: Sequence[ResultRecord]) -> dict[
         record["settings.nodes"] = _text(run.settings["nodes"])
     if any(row.phase in ("data", "fit") for row in results):
         record.update({f"settings.{k}": _text(run.settings.get(k)) for k in DATA_SETTINGS_KEYS if k in run.settings})
-        digests = sorted({str(d["digest"]) for d in map(_dataset_facts, results) if d.get("digest")})
+        digests = sorted({digest for digest in map(_dataset_digest, results) if digest})
         if digests:
             record["data.digest"] = " | ".join(digests)
     threads = sorted({row.threads for row in results if row.threads is not None})

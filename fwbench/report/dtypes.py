@@ -13,8 +13,8 @@ from rich.markup import escape
 
 from fwbench.report.flags import parity_by_pair, parity_key
 from fwbench.report.summary import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
-from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord
+from fwbench.units import format_seconds
 
 NOT_CHECKED = float("nan")  # an error column without a parity check (None is a failed one, as in parity_by_pair)
 MATCH_FIELDS = ("runtime", *(name for name in KEY_FIELDS if name != "dtype"))  # the same cell in another dtype

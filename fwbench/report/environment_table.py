@@ -10,7 +10,7 @@ from rich.table import Table
 
 from fwbench.measure.noise import NoiseTotals, contention, other_cpu_cores, steal_fraction
 from fwbench.measure.probe import ProbeSpread
-from fwbench.report.units import format_seconds
+from fwbench.units import format_seconds
 
 
 def environment_table(record: Mapping[str, Any]) -> Table:

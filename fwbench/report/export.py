@@ -14,50 +14,28 @@ from typing import Any
 from fwbench.report.flags import compile_flags
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.throughput import throughput
-from fwbench.report.units import short_id
 from fwbench.store import ResultRecord, RunRecord
+from fwbench.store.records import COLUMN_NAMES
+from fwbench.units import short_id
 
-CSV_COLUMNS = (
-    "run_id",
-    "model",
-    "runtime",
-    "phase",
-    "batch_size",
-    "seq_len",
-    "workers",
-    "procs",
-    "scaling",
-    "dtype",
-    "device",
-    "status",
-    "reason",
-    "protocol",
-    "schedule",
-    "rounds",
-    "n_samples",
-    "calls_per_sample",
-    "median_s",
-    "ci_low_s",
-    "ci_high_s",
-    "mean_s",
-    "stdev_s",
-    "min_s",
-    "first_call_s",
-    "time_to_first_result_s",
-    "peak_memory_bytes",
-    "allocator_peak_bytes",
-    "threads",
-    "interop_threads",
-    "flops",
-    "achieved_gflops",
-    "peak_fraction",
-    "samples_per_s",
-    "tokens_per_s",
-    "wall_s",
-    "compile_flags",
-    "hostname",
-    "hardware_id",
-    "software_id",
+# The stored columns the CSV leaves out: the row's own id, its case key (the case's columns are there) and creation
+# time, and its comparison group (the case's columns say it).
+CSV_LEFT_OUT = frozenset({"id", "case_key", "created", "group_key"})
+# What the CSV adds, computed from a row, each after the stored column it follows (the raw samples come last).
+CSV_DERIVED_AFTER = {
+    "first_call_s": ("time_to_first_result_s",),
+    "flops": ("achieved_gflops", "peak_fraction", "samples_per_s", "tokens_per_s"),
+    "wall_s": ("compile_flags",),
+}
+# The CSV's header: the stored columns in their order (store.records.COLUMN_NAMES), less those left out, with the
+# derived ones in place, then ``samples``.
+CSV_COLUMNS: tuple[str, ...] = (
+    *(
+        name
+        for column in COLUMN_NAMES
+        if column not in CSV_LEFT_OUT
+        for name in (column, *CSV_DERIVED_AFTER.get(column, ()))
+    ),
     "samples",
 )
 

@@ -13,8 +13,8 @@ from rich.markup import escape
 
 from fwbench.frameworks import native_runtimes
 from fwbench.models.fit import FIT_ACCURACY_ATOL, FIT_LOSS_RTOL, agreement
-from fwbench.report.units import format_seconds
 from fwbench.store import FitDetails, ResultRecord
+from fwbench.units import format_seconds
 
 # The manual loop of each framework a high-level API runs on (its native runtime, from the registry, which
 # imports no framework); a keras:X runtime runs on framework X.

@@ -45,10 +45,8 @@ def cell_flags(row: ResultRecord) -> list[str]:
     while it was timed (fwbench.measure.noise), the sub-groups its comparison group was split into when its
     workers did not fit in memory together, then its compile-health flags."""
     contended = [CONTENDED] if row.status == "ok" and row.contended else []
-    subgroups = row.details.get("interleave_subgroups")
-    split = (
-        [f"interleaved in {max(subgroups)} sub-groups (memory)"] if isinstance(subgroups, list) and subgroups else []
-    )
+    most = row.interleaving.most_subgroups
+    split = [] if most is None else [f"interleaved in {most} sub-groups (memory)"]
     return ([NOISY] if is_noisy(row) else []) + contended + split + compile_flags(row) + bf16_units_flag(row)
 
 
@@ -56,10 +54,10 @@ def bf16_units_flag(row: ResultRecord) -> list[str]:
     """For a bf16 CPU cell, whether the CPU had native bfloat16 units (the worker stored ``cpu_bf16_units``):
     ``bf16 units: amx_bf16``, or ``bf16 emulated (no avx512_bf16/amx_bf16)``; nothing for other cells or rows
     stored before the units were recorded."""
-    units = row.details.get("cpu_bf16_units")
-    if row.dtype != "bf16" or not isinstance(units, list):
+    units = row.cpu_units.bf16
+    if row.dtype != "bf16" or units is None:
         return []
-    return [f"bf16 units: {','.join(map(str, units))}" if units else "bf16 emulated (no avx512_bf16/amx_bf16)"]
+    return [f"bf16 units: {','.join(units)}" if units else "bf16 emulated (no avx512_bf16/amx_bf16)"]
 
 
 def parity_key(row: ResultRecord) -> ParityKey:

@@ -56,7 +56,9 @@ from fwbench.report.summary import (
 )
 from fwbench.report.table import throughput_headers
 from fwbench.report.throughput import format_rate, throughput
-from fwbench.report.units import (
+from fwbench.spec import shape_text
+from fwbench.store import ResultRecord, RunRecord
+from fwbench.units import (
     format_bytes,
     format_fraction,
     format_gflops,
@@ -65,8 +67,6 @@ from fwbench.report.units import (
     procs_text,
     short_id,
 )
-from fwbench.spec import shape_text
-from fwbench.store import ResultRecord, RunRecord
 
 # one plot section per group (a distributed cell's processes and scaling: a section each)
 PLOT_GROUP_FIELDS = ("run_id", "hardware_id", "model", "phase", "dtype", "device", "procs", "scaling")
@@ -79,6 +79,7 @@ DPI = 80
 FAST_RC: dict[Any, Any] = {
     "axes.titley": 1.0
 }  # a fixed title position: matplotlib skips re-measuring every axes for it
+LINES_RC = {**FAST_RC, "axes.formatter.min_exponent": 3}  # the line plots': 1, 10, 100 on log axes, not 10⁰ ...
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 RUNTIME_COLOURS = (
     "#1f77b4",
@@ -92,6 +93,11 @@ RUNTIME_COLOURS = (
     "#bcbd22",
     "#17becf",
 )
+LINE_STYLES = ("-", "--", ":", "-.")  # past the tenth runtime, the colours again with the next line style ...
+LINE_MARKERS = ("o", "s", "^", "D")  # ... and marker
+LEGEND_COLUMNS = 5  # the most columns of a line plot's legend (fewer when the figure is too narrow for them)
+LEGEND_SIDE_IN = 0.1  # the least space between the legend and the figure's left and right edges, inches
+LEGEND_GAP_IN = 0.05  # space between the legend and the x-axis labels above it, inches
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;max-width:1280px;
 padding:0 1em;color:#1b1b1b}
@@ -245,10 +251,54 @@ def _pick(values: list[Any], limit: int) -> list[Any]:
     return [values[int(i)] for i in np.unique(np.round(np.linspace(0, len(values) - 1, limit)))]
 
 
-def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: str) -> tuple[str, str]:
-    """Latency (median, CI band) and peak RSS against the shape, one line per runtime; x is the axis with
-    more values (batch or sequence length), one panel per value of the other (at most MAX_LINE_PANELS).
-    Returns the ``<img>`` and a sentence saying which panels are shown."""
+def runtime_styles(runtimes: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each runtime's line style in the line plots (``color``, ``linestyle``, ``marker``): the colours in order,
+    then, past RUNTIME_COLOURS' ten, the same colours with another line style and marker, so that no two of up to
+    forty runtimes look alike."""
+    n = len(RUNTIME_COLOURS)
+    return {
+        runtime: {
+            "color": RUNTIME_COLOURS[i % n],
+            "linestyle": LINE_STYLES[(i // n) % len(LINE_STYLES)],
+            "marker": LINE_MARKERS[(i // n) % len(LINE_MARKERS)],
+        }
+        for i, runtime in enumerate(runtimes)
+    }
+
+
+def place_legend(fig: Figure, handles: Sequence[Any], labels: Sequence[str]) -> float:
+    """Put the runtimes' legend at the bottom centre of ``fig``, inside it whatever the labels' number and length:
+    as many columns (at most LEGEND_COLUMNS) as the figure's width holds, measured as rendered; one column that is
+    still too wide widens the figure. Returns the height of the band it takes at the bottom, in inches.
+
+    A legend wider than its figure is centred on it, so both its ends are cut off in the saved PNG: eleven
+    runtimes' names in five columns need about 8 inches, a one-panel figure is 6."""
+    canvas = fig.canvas
+    assert isinstance(canvas, FigureCanvasAgg)
+    renderer = canvas.get_renderer()
+    room = fig.get_figwidth() - 2 * LEGEND_SIDE_IN
+    for ncols in range(min(LEGEND_COLUMNS, len(labels)), 0, -1):
+        legend = fig.legend(handles, labels, loc="lower center", ncols=ncols, fontsize=8, frameon=False)
+        box = legend.get_window_extent(renderer)
+        if box.width / fig.dpi <= room or ncols == 1:
+            break
+        legend.remove()
+    if box.width / fig.dpi > room:
+        fig.set_figwidth(box.width / fig.dpi + 2 * LEGEND_SIDE_IN)
+    return box.y1 / fig.dpi + LEGEND_GAP_IN
+
+
+def lines_figure(rows: Sequence[ResultRecord], styles: dict[str, dict[str, str]], title: str) -> tuple[str, str]:
+    """:func:`lines_plot` as an ``<img>``, with the sentence saying which panels are shown."""
+    fig, note = lines_plot(rows, styles, title)
+    with matplotlib.rc_context(LINES_RC):  # the tick labels are formatted as it is drawn
+        return _png(fig, f"latency and peak RSS against shape: {title}"), note
+
+
+def lines_plot(rows: Sequence[ResultRecord], styles: dict[str, dict[str, str]], title: str) -> tuple[Figure, str]:
+    """Latency (median, CI band) and peak RSS against the shape, one line per runtime (``styles``: see
+    :func:`runtime_styles`); x is the axis with more values (batch or sequence length), one panel per value of the
+    other (at most MAX_LINE_PANELS). Returns the figure and a sentence saying which panels are shown."""
     second, second_label = _second_axis(rows)
     batches, seqs = _axis_values(rows, "batch_size"), _axis_values(rows, second)
     x_key, panel_key = ("batch_size", second) if len(batches) >= len(seqs) else (second, "batch_size")
@@ -265,18 +315,9 @@ def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: s
         )
     )
     runtimes = runtimes_in(rows)
-    legend_rows = math.ceil(len(runtimes) / 5)
-    width, height = min(15.0, max(6.0, 1.4 + 2.6 * len(shown))), 5.0 + 0.2 * legend_rows
-    with matplotlib.rc_context({**FAST_RC, "axes.formatter.min_exponent": 3}):
+    width, height = min(15.0, max(6.0, 1.4 + 2.6 * len(shown))), 5.0  # the height without the legend's band
+    with matplotlib.rc_context(LINES_RC):
         fig = _figure(width, height, layout=None)  # fixed margins: a constrained layout doubles the time
-        fig.subplots_adjust(
-            left=0.85 / width,
-            right=1 - 0.15 / width,
-            top=1 - 0.55 / height,
-            bottom=(0.75 + 0.2 * legend_rows) / height,
-            wspace=0.08,
-            hspace=0.1,
-        )
         axes = fig.subplots(2, len(shown), squeeze=False, sharex="col", sharey="row")
         xs_all = sorted({x for r in rows if (x := getattr(r, x_key)) is not None})
         for column, value in enumerate(shown):
@@ -298,16 +339,9 @@ def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: s
                     continue
                 xs = [getattr(r, x_key) for r in points]
                 medians = [m for r in points if (m := r.median_s) is not None]  # every point has one
-                colour = colours[runtime]
-                top.plot(
-                    xs,
-                    [m * 1e3 for m in medians],
-                    marker="o",
-                    markersize=3,
-                    color=colour,
-                    label=mpl_text(runtime),
-                    linewidth=1.2,
-                )
+                style = styles[runtime]
+                colour = style["color"]
+                top.plot(xs, [m * 1e3 for m in medians], markersize=3, label=mpl_text(runtime), linewidth=1.2, **style)
                 low = [(m if r.ci_low_s is None else r.ci_low_s) * 1e3 for r, m in zip(points, medians)]
                 high = [(m if r.ci_high_s is None else r.ci_high_s) * 1e3 for r, m in zip(points, medians)]
                 top.fill_between(xs, low, high, color=colour, alpha=0.25, linewidth=0)
@@ -315,7 +349,7 @@ def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: s
                     (getattr(r, x_key), r.peak_memory_bytes / 2**20) for r in points if r.peak_memory_bytes is not None
                 ]
                 if memory:
-                    bottom.plot(*zip(*memory), marker="o", markersize=3, color=colour, linewidth=1.2)
+                    bottom.plot(*zip(*memory), markersize=3, linewidth=1.2, **style)
             if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 4:  # worker counts start at 0: linear
                 bottom.set_xscale("log", base=2)
             if xs_all and len(xs_all) <= MAX_TICKS:
@@ -336,10 +370,19 @@ def lines_figure(rows: Sequence[ResultRecord], colours: dict[str, str], title: s
                 if text not in labels:
                     handles.append(handle)
                     labels.append(text)
-        if handles:
-            fig.legend(handles, labels, loc="lower center", ncols=min(5, len(labels)), fontsize=8, frameon=False)
+        band = place_legend(fig, handles, labels) if handles else 0.0
+        width, height = fig.get_figwidth(), height + band
+        fig.set_figheight(height)
+        fig.subplots_adjust(
+            left=0.85 / width,
+            right=1 - 0.15 / width,
+            top=1 - 0.55 / height,
+            bottom=(0.75 + band) / height,
+            wspace=0.08,
+            hspace=0.1,
+        )
         fig.suptitle(mpl_text(title), fontsize=10)
-        return _png(fig, f"latency and peak RSS against shape: {title}"), note
+        return fig, note
 
 
 # -- HTML pieces ------------------------------------------------------------------------------
@@ -647,6 +690,80 @@ def environment_section(runs: Sequence[RunRecord]) -> str:
     return "\n".join(parts)
 
 
+def _speed_up_text(r: ResultRecord, ratios: dict[tuple[Any, ...], CellComparison], baseline: str | None) -> str:
+    """The row's speed-up against the baseline's cell (HTML): its ratio, n.s. when not significant."""
+    if r.runtime == baseline:
+        return "<i>baseline</i>"
+    cell = ratios.get((r.runtime, *cell_key(r)))
+    if cell is None:
+        return "—"
+    return _ratio(cell.ratio) + ("" if cell.ratio is None or cell.significant else " <i>n.s.</i>")
+
+
+# A column of the results table: header, whether its figures are numbers (right-aligned), the cell of a row (HTML).
+Column = tuple[str, bool, Callable[[ResultRecord], str]]
+
+
+def _result_columns(
+    results: Sequence[ResultRecord],
+    ratios: dict[tuple[Any, ...], CellComparison],
+    baseline: str | None,
+    peak: Peak | None,
+) -> list[Column]:
+    """The results table's columns for these rows: optional ones (workers, processes, time to first result, % peak,
+    throughput) only where a row has them."""
+    rate_headers = throughput_headers(results)  # training cells: samples/s (tokens/s); none for inference only
+    precision = precision_flags(results)
+
+    def note(r: ResultRecord) -> str:
+        if r.status != "ok":
+            return esc(r.reason)
+        return esc("; ".join(cell_flags(r) + ([precision[precision_key(r)]] if precision_key(r) in precision else [])))
+
+    def ok_only(text: Callable[[ResultRecord], str]) -> Callable[[ResultRecord], str]:
+        return lambda r: text(r) if r.status == "ok" else "N/A"
+
+    def half_width(r: ResultRecord) -> str:
+        half = rel_half_width(r)
+        return "—" if half is None else f"±{half:.1%}"
+
+    columns: list[Column] = [
+        ("run", True, lambda r: esc(r.run_id)),
+        ("model", False, lambda r: esc(r.model)),
+        ("runtime", False, lambda r: esc(r.runtime)),
+        ("phase", False, lambda r: esc(r.phase)),
+        ("batch", True, lambda r: esc(r.batch_size)),
+        ("seq", True, lambda r: esc(r.seq_len)),
+    ]
+    if any(r.workers is not None for r in results):  # phase data: the loaders' worker count
+        columns.append(("workers", True, lambda r: esc(r.workers)))
+    if any(r.procs is not None for r in results):  # distributed cells: processes and scaling
+        columns.append(("procs", True, lambda r: esc(procs_text(r.procs, r.scaling, r.nodes))))
+    columns += [
+        ("dtype", False, lambda r: esc(r.dtype)),
+        ("device", False, lambda r: esc(r.device)),
+        ("status", False, lambda r: esc(r.status) if r.status == "ok" else f"<b>{esc(r.status)}</b>"),
+        ("median", True, ok_only(lambda r: esc(format_seconds_noise(r.median_s, r.ci_low_s, r.ci_high_s)))),
+        ("±95% CI", True, half_width),
+        (f"speed-up vs {esc(baseline)}", True, lambda r: _speed_up_text(r, ratios, baseline)),
+        ("first call", True, lambda r: esc(format_seconds(r.first_call_s))),
+    ]
+    if any(r.exported for r in results):  # deployment runtimes: export and load before the first call
+        columns.append(("to first result", True, lambda r: esc(format_seconds(r.time_to_first_result_s))))
+    columns += [
+        ("peak RSS", True, lambda r: esc(format_bytes(r.peak_memory_bytes))),
+        ("GFLOP/s", True, lambda r: esc(format_gflops(achieved_gflops(r)))),
+    ]
+    if peak is not None:
+        columns.append(("% peak", True, lambda r: esc(format_fraction(peak_fraction(r, peak)))))
+
+    def rate(index: int) -> Callable[[ResultRecord], str]:
+        return lambda r: esc(format_rate(throughput(r)[index]))
+
+    columns += [(header, True, rate(index)) for index, header in enumerate(rate_headers)]
+    return [*columns, ("samples", True, lambda r: esc(samples_text(r))), ("note", False, note)]
+
+
 def results_section(
     results: Sequence[ResultRecord],
     ratios: dict[tuple[Any, ...], CellComparison],
@@ -654,79 +771,13 @@ def results_section(
     peak: Peak | None,
 ) -> str:
     """Every stored cell, one row each, in stored order."""
-    rate_headers = throughput_headers(results)  # training cells: samples/s (tokens/s); none for inference only
-    first_result = any(r.exported for r in results)  # deployment runtimes: export and load before the first call
-    precision = precision_flags(results)
-    workers = any(r.workers is not None for r in results)  # phase data: the loaders' worker count
-    procs = any(r.procs is not None for r in results)  # distributed cells: processes and scaling
-    headers = [
-        "run",
-        "model",
-        "runtime",
-        "phase",
-        "batch",
-        "seq",
-        *(["workers"] if workers else []),
-        *(["procs"] if procs else []),
-        "dtype",
-        "device",
-        "status",
-        "median",
-        "±95% CI",
-        f"speed-up vs {esc(baseline)}",
-        "first call",
-        *(["to first result"] if first_result else []),
-        "peak RSS",
-        "GFLOP/s",
-        *(["% peak"] if peak else []),
-        *rate_headers,
-        "samples",
-        "note",
+    columns = _result_columns(results, ratios, baseline, peak)
+    headers = [header for header, _, _ in columns]
+    rows = [[cell(r) for _, _, cell in columns] for r in results]
+    classes = [
+        "" if r.status == "ok" and not is_noisy(r) else ("noisy" if r.status == "ok" else "bad") for r in results
     ]
-    rows, classes = [], []
-    for r in results:
-        ok = r.status == "ok"
-        half = rel_half_width(r)
-        if r.runtime == baseline:
-            speed = "<i>baseline</i>"
-        else:
-            cell = ratios.get((r.runtime, *cell_key(r)))
-            speed = (
-                "—"
-                if cell is None
-                else _ratio(cell.ratio) + ("" if cell.ratio is None or cell.significant else " <i>n.s.</i>")
-            )
-        flags = cell_flags(r) + ([precision[precision_key(r)]] if precision_key(r) in precision else [])
-        note = esc(r.reason) if not ok else esc("; ".join(flags))
-        rows.append(
-            [
-                esc(r.run_id),
-                esc(r.model),
-                esc(r.runtime),
-                esc(r.phase),
-                esc(r.batch_size),
-                esc(r.seq_len),
-                *([esc(r.workers)] if workers else []),
-                *([esc(procs_text(r.procs, r.scaling, r.nodes))] if procs else []),
-                esc(r.dtype),
-                esc(r.device),
-                esc(r.status) if ok else f"<b>{esc(r.status)}</b>",
-                esc(format_seconds_noise(r.median_s, r.ci_low_s, r.ci_high_s)) if ok else "N/A",
-                "—" if half is None else f"±{half:.1%}",
-                speed,
-                esc(format_seconds(r.first_call_s)),
-                *([esc(format_seconds(r.time_to_first_result_s))] if first_result else []),
-                esc(format_bytes(r.peak_memory_bytes)),
-                esc(format_gflops(achieved_gflops(r))),
-                *([esc(format_fraction(peak_fraction(r, peak)))] if peak else []),
-                *(esc(format_rate(rate)) for rate in throughput(r)[: len(rate_headers)]),
-                esc(samples_text(r)),
-                note,
-            ]
-        )
-        classes.append("" if ok and not is_noisy(r) else ("noisy" if ok else "bad"))
-    extra = int(workers) + int(procs)  # the workers and procs columns shift the ones after them
-    numeric = [0, 4, 5, *range(6, 6 + extra), *range(9 + extra, len(headers) - 1)]  # from the median on, but the note
+    numeric = [index for index, (_, number, _) in enumerate(columns) if number]
     peak_note = (
         ""
         if peak is None
@@ -810,7 +861,7 @@ def scaling_section(results: Sequence[ResultRecord]) -> str:
 def models_section(results: Sequence[ResultRecord], comparisons: Sequence[GroupedPair], baseline: str | None) -> str:
     """Per (run, model, phase, dtype, device): the model's pair summary, heat maps and line plots."""
     groups = split_groups(results, PLOT_GROUP_FIELDS)
-    colours = {rt: RUNTIME_COLOURS[i % len(RUNTIME_COLOURS)] for i, rt in enumerate(runtimes_in(results))}
+    styles = runtime_styles(runtimes_in(results))
     by_pair: dict[tuple[Any, ...], list[CellComparison]] = {}
     for pair in comparisons:
         for cell in pair.cells:
@@ -852,7 +903,7 @@ def models_section(results: Sequence[ResultRecord], comparisons: Sequence[Groupe
             )
         else:
             parts.append(f"<p class=small>No heat map: {esc(baseline)} has no cells in this group to compare.</p>")
-        image, note = lines_figure(rows, colours, title)
+        image, note = lines_figure(rows, styles, title)
         parts.append(image)
         parts.append(
             f"<p class=small>Median per call with its 95% CI (band) and peak RSS, ok cells only. {esc(note)}</p>"

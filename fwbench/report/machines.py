@@ -13,10 +13,11 @@ from rich.markup import escape
 from fwbench.report.summary import cell_key, machine_labels
 from fwbench.report.table import RIGHT_COLUMNS, TableData, median_cell
 from fwbench.report.throughput import format_rate, rates
-from fwbench.report.units import second_axis_text, short_id
+from fwbench.spec import CASE_FIELDS
 from fwbench.store import ResultRecord
+from fwbench.units import second_axis_text, short_id
 
-CELL_FIELDS = ("model", "runtime", "phase", "batch_size", "seq_len", "workers", "dtype", "device", "procs", "scaling")
+CELL_FIELDS = CASE_FIELDS  # one cell across machines: the same case (model first: tables are per model)
 
 
 def _order(cell: tuple[Any, ...], runtimes: dict[str, int]) -> tuple[Any, ...]:

@@ -9,15 +9,15 @@ from rich.table import Table
 
 from fwbench.models.gemm import GEMM
 from fwbench.report.peak import achieved_gflops
-from fwbench.report.units import format_gflops, format_seconds
 from fwbench.store.records import ResultRecord
+from fwbench.units import format_gflops, format_seconds
 
 PEAK_COLUMNS = ("runtime", "status", "median", "GFLOP/s", "GFLOP/s 95% CI", "samples", "note")
 
 
 def peak_table(results: Sequence[ResultRecord], threads: int) -> Table:
     """One row per runtime of a peak run: median seconds per call, GFLOP/s with its 95% CI (from the time's)."""
-    flops = GEMM.flops(GEMM.n, None)
+    flops = GEMM.forward_flops(GEMM.n, None)
     table = Table(
         title=f"fp32 matmul peak: gemm x ({GEMM.n}×{GEMM.n}) @ W ({GEMM.n}×{GEMM.n}), "
         f"{flops / 1e9:.1f} GFLOP per call, threads {threads}"

@@ -18,8 +18,8 @@ from rich.table import Table
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
 from fwbench.report.profile_table import NEGLIGIBLE_S, group_title
-from fwbench.report.units import format_seconds
 from fwbench.store import ProfileRecord
+from fwbench.units import format_seconds
 
 LEGEND = (
     "per profiled call: self time of the category's ops (busy: their union; overhead: wall − busy); B/A above 1: "

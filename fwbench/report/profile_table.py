@@ -12,8 +12,8 @@ from rich.table import Table
 
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
-from fwbench.report.units import format_seconds
 from fwbench.store import ProfileRecord
+from fwbench.units import format_seconds
 
 TOP_OPS = 10
 NEGLIGIBLE_S = 1e-9  # below a nanosecond per call: shown as none (float sums leave residues such as 7e-18 s)

@@ -20,8 +20,8 @@ from rich.markup import escape
 from fwbench.report.dtypes import median_text
 from fwbench.report.summary import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
 from fwbench.report.throughput import format_rate, rates
-from fwbench.report.units import format_seconds
 from fwbench.store import ResultRecord
+from fwbench.units import format_seconds
 
 MATCH_FIELDS = ("runtime", *(name for name in KEY_FIELDS if name != "procs"))  # the same cell in 1 process
 HEADERS = [
@@ -68,19 +68,17 @@ def scaling_rows(results: Sequence[ResultRecord]) -> list[ScalingRow]:
                 None if low is None else low * factor,
                 None if high is None else high * factor,
             )
-        distributed = row.details.get("distributed")
-        allreduce = distributed.get("allreduce_median_s") if isinstance(distributed, dict) else None
-        out.append(ScalingRow(row, single, speedup, efficiency, allreduce if isinstance(allreduce, float) else None))
+        allreduce = None if row.distributed is None else row.distributed.allreduce_median_s
+        out.append(ScalingRow(row, single, speedup, efficiency, allreduce))
     return out
 
 
 def _samples_per_s(row: ResultRecord, median: float | None) -> float | None:
     """Samples per second at ``median`` seconds per call: the global batch per step, or (phase fit) the dataset's
     samples per epoch."""
-    fit = row.details.get("fit")
     if row.phase == "fit":
-        samples = fit.get("samples") if isinstance(fit, dict) else None
-        return None if not isinstance(samples, int) or not median else samples / median
+        samples = None if row.fit is None else row.fit.samples
+        return None if samples is None or not median else samples / median
     return rates(row, median)[0]
 
 

@@ -31,15 +31,15 @@ import numpy as np
 
 from fwbench.measure.environment import hardware_label
 from fwbench.measure.rounds import paired_log_ratios, paired_speedup, unpaired_ratio
+from fwbench.spec import CASE_FIELDS
 from fwbench.store import ResultRecord
 
 ALPHA = 0.05  # family-wise error rate of the per-pair significance claims
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-KEY_FIELDS = (
-    "run_id", "hardware_id", "model", "phase", "batch_size", "seq_len", "dtype", "device", "workers", "procs", "scaling",
-)  # fmt: skip
+# A cell's key across runtimes: its run, machine and case but the runtime (spec.CASE_FIELDS).
+KEY_FIELDS = ("run_id", "hardware_id", *(name for name in CASE_FIELDS if name != "runtime"))
 # A pair summary never pools across these; nothing is ever compared across two machines (hardware fingerprints).
 GROUP_FIELDS = ("run_id", "hardware_id", "phase", "dtype", "device")
 DEFAULT_BASELINE = "torch:eager"

@@ -51,7 +51,8 @@ from fwbench.report.summary import (
     runtimes_in,
 )
 from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
-from fwbench.report.units import (
+from fwbench.store import ResultRecord
+from fwbench.units import (
     decimals_for,
     format_bytes,
     format_fraction,
@@ -62,7 +63,6 @@ from fwbench.report.units import (
     short_id,
     significant_digits,
 )
-from fwbench.store import ResultRecord
 
 PIPE_WIDTH = 160  # rich would wrap at 80 columns when stdout is not a terminal
 # Shown as a column where they vary, else in the table's title (the machine: a column only where it varies).
@@ -92,14 +92,14 @@ def median_cell(row: ResultRecord) -> str:
 def _loader_cells(row: ResultRecord) -> list[str]:
     """A phase data row's loader figures: the peak PSS of its process and workers (the workers' share in
     parentheses) and the cores they kept busy while timed; dashes for other rows."""
-    data = row.details.get("data")
-    if not isinstance(data, dict):
+    data = row.data
+    if data is None:
         return ["—", "—"]
-    pss = data.get("pss_peak_bytes")
-    total, workers = (pss.get("total"), pss.get("workers")) if isinstance(pss, dict) else (None, None)
+    pss = data.pss_peak_bytes
+    total, workers = (None, None) if pss is None else (pss.total, pss.workers)
     memory = "—" if total is None else format_bytes(total) + (f" ({format_bytes(workers)})" if workers else "")
-    busy = data.get("cpu_cores_busy")
-    return [memory, "—" if not isinstance(busy, (int, float)) else f"{busy:.2f}"]
+    busy = data.cpu_cores_busy
+    return [memory, "—" if busy is None else f"{busy:.2f}"]
 
 
 def _note(row: ResultRecord, precision: dict[PrecisionKey, str]) -> str:

@@ -21,7 +21,6 @@ each chart overlays the runtimes of one model at one shape:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
 from collections.abc import Sequence
@@ -30,9 +29,9 @@ from typing import Any
 
 from fwbench.report.peak import achieved_gflops
 from fwbench.report.throughput import rates
-from fwbench.report.units import format_bytes, format_seconds
-from fwbench.spec import Case
+from fwbench.spec import CASE_FIELDS
 from fwbench.store import ResultRecord
+from fwbench.units import format_bytes, format_seconds
 
 # Phases where one timed call processes one batch (throughput = batch / seconds); a fit sample is an epoch.
 RATED_PHASES = ("inference", "training", "data")
@@ -110,7 +109,7 @@ def _table(pairs: Sequence[tuple[str, Any]]) -> str:
 def settings_text(row: ResultRecord, settings: dict[str, Any]) -> str:
     """Markdown: the case, the cell's figures, the run's settings, each a two-column table."""
     samples_s, tokens_s = rates(row, row.median_s)
-    case = [(key, getattr(row, key)) for key in ("run_id", *(f.name for f in dataclasses.fields(Case)), "case_key")]
+    case = [(key, getattr(row, key)) for key in ("run_id", *CASE_FIELDS, "case_key")]
     gflops = achieved_gflops(row)
     figures: list[tuple[str, Any]] = [
         ("median per call", format_seconds(row.median_s)),

@@ -21,10 +21,12 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from fwbench.diskfull import disk_full_report
 from fwbench.measure import environment, memory, noise, timer
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.precision import policy_mismatches
+from fwbench.runner.launchers import launcher_for
 from fwbench.runner.messages import Job, message, stage_message
 from fwbench.runner.tolerances import parity_tolerance, relative_errors
 
@@ -89,6 +91,7 @@ class Cell:
         self.channel = channel
         self.commands = commands
         self.backend: Backend | None = None  # once created: failure() asks it whether an error is an OOM
+        self.launcher = launcher_for(job)  # how this process carries out the phase (one process, a rank, profiled)
         self.result: dict[str, Any] = {"stage_seconds": {}}
         self._stage_started = time.perf_counter()
         self._stage = "start"
@@ -160,24 +163,25 @@ class Cell:
             self.fail_check(f"computes off the {dtype} policy: " + "; ".join(record["mismatches"]))
 
     def time_calls(self, backend: Backend, step: Callable[[], object]) -> tuple[int, timer.TimingResult]:
-        """Stages first_call, warmup and timing of ``step`` (one synchronised call) under the job's timing
-        protocol, recorded in ``result`` with the memory peaks and compile health around the timed loop and
-        status ``ok``; returns the number of warm-up calls and the timing (seconds per call)."""
+        """Stages first_call, warmup and timing of ``step`` (one synchronised call) as the job's launcher carries
+        them out (:mod:`fwbench.runner.launchers`: the timed window of :meth:`timed_window`, or the profiler's
+        calls), recorded in ``result``; returns the number of warm-up calls and the timing (seconds per call)."""
         settings = self.job.settings
         self.stage("first_call")
         self.result["first_call_s"] = timer.time_first_call(step)
 
         self.stage("warmup")
-        if self.job.case.procs is None:
-            warmup_s = timer.warm_up(step, settings.warmup_calls, settings.max_time_s, backend.compile_counters)
-        else:  # a distributed cell's processes step together: each takes exactly as many warm-up steps
-            warmup_s = timer.warm_up(step, settings.warmup_calls)
+        warmup_s = self.launcher.warm_up(step, settings, backend.compile_counters)
         self.result["warmup_calls"] = len(warmup_s)
         self.result["warmup_call_s"] = warmup_s
-        if self.job.profile_to is not None:
-            return len(warmup_s), self.profile_calls(backend, step, Path(self.job.profile_to))
-        if (self.job.case.procs or 1) > 1:
-            backend.barrier()  # its first call may trace and compile (JAX): before the counters' window, every rank
+        return len(warmup_s), self.launcher.measure(self, backend, step)
+
+    def timed_window(self, backend: Backend, step: Callable[[], object]) -> timer.TimingResult:
+        """Stage timing after warm-up: the timed samples of ``step`` (the manager's blocks when interleaved, else
+        the job's protocol), recorded in ``result`` with the memory peaks and compile health around them and status
+        ``ok``; returns the timing."""
+        settings = self.job.settings
+        self.launcher.synchronise(backend)  # before the counters' window: a barrier's first call may compile
         counters_before = backend.compile_counters()
 
         self.stage("timing")
@@ -187,9 +191,7 @@ class Cell:
         self.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
         backend.reset_peak_memory()
         if self.job.interleaved:
-            timing = self.serve_blocks(step)  # the manager reads the machine's counters around the round
-        elif self.job.case.procs is not None:
-            raise RuntimeError("a distributed cell's ranks step together: the manager times its blocks (interleaved)")
+            timing = self.serve_blocks(step, backend)  # the manager reads the machine's counters around the round
         else:
             totals = noise.NoiseTotals()
             wall_origin = time.time()
@@ -211,7 +213,7 @@ class Cell:
             stop_reason=timing.stop_reason,
             timing_elapsed_s=timing.elapsed_s,
         )
-        return len(warmup_s), timing
+        return timing
 
     def profile_calls(self, backend: Backend, step: Callable[[], object], directory: Path) -> timer.TimingResult:
         """``fwbench profile``, after warm-up: ``job.profile_calls`` calls timed one by one without the profiler,
@@ -248,7 +250,7 @@ class Cell:
             elapsed_s=time.perf_counter() - started,
         )
 
-    def serve_blocks(self, step: Callable[[], object]) -> timer.TimingResult:
+    def serve_blocks(self, step: Callable[[], object], backend: Backend) -> timer.TimingResult:
         """Interleaved timing: say ``ready``, then serve the manager's commands until ``finish``: ``calibrate`` →
         the calls per block (``hf2019``: 3) → ``calibrated``; ``block`` → one timed block → ``block``."""
         settings = self.job.settings
@@ -272,8 +274,7 @@ class Cell:
                 started = time.perf_counter()
                 continue
             calls = int(command.get("calls") or number)
-            if (self.job.case.procs or 1) > 1 and self.backend is not None:
-                self.backend.barrier()  # every rank starts the block together (untimed)
+            self.launcher.synchronise(backend)  # a rank set's ranks start the block together (untimed)
             start_unix = time.time()
             seconds = timed.timeit(calls)
             if not command.get("calibration"):  # a rank set's calibration blocks are not samples
@@ -304,7 +305,9 @@ class Cell:
         return description.canonical_weights(self.job.settings.seed)
 
     def failure(self, exc: BaseException) -> dict[str, Any]:
-        """The result for a cell that raised: ``oom`` for allocation failures, else ``error``."""
+        """The result for a cell that raised: ``oom`` for allocation failures, else ``error``; a write that found
+        no room (an export, a trace, a cache) also reports ``disk_full`` (its cause and path), so the manager stops
+        and says so instead of failing every cell after it."""
         is_oom = isinstance(exc, MemoryError) or (self.backend is not None and self.backend.is_oom(exc))
         lines = [line for line in str(exc).strip().splitlines() if line.strip()]
         detail = lines[-1] if lines else ""
@@ -313,4 +316,7 @@ class Cell:
             reason=f"{type(exc).__name__} during {self._stage}: {detail}".rstrip(": "),
             traceback="".join(traceback.format_exception(exc)),
         )
+        full = disk_full_report(exc)
+        if full is not None:
+            self.result["disk_full"] = full
         return self.result

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from fwbench.diskfull import DiskFull
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.frameworks.base import EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
@@ -167,6 +168,11 @@ class Recorder:
         self.outcomes: list[CellOutcome] = []
 
     def record(self, settled: Settled, machine: dict[str, Any] | None) -> None:
+        """Store a group's outcomes in one transaction; DiskFull (nothing of the group stored, ``--resume`` runs it
+        again) when a worker's write found no room (its export cache, a trace, ...) or the database's did."""
+        for outcome, _ in settled:
+            if outcome.details.get("disk_full"):
+                raise DiskFull.from_report(outcome.details["disk_full"], f"the files of {outcome.case.label()}")
         with self.store.transaction():
             for outcome, wall_s in settled:
                 store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine)

@@ -17,25 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.datasets.folders import DatasetError, default_folder, default_name, image_dataset
-from fwbench.frameworks import (
-    distributed_runtimes,
-    dtype_unsupported,
-    fit_input_unsupported,
-    get_runtime,
-    phase_unsupported,
-)
+from fwbench.frameworks import RuntimeInfo, distributed_runtimes, dtype_unsupported, get_runtime
 from fwbench.frameworks import runtimes as registered_runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
+from fwbench.runner.phases import check_case, get_phase, phase_names
 from fwbench.spec import (
-    DATA_DTYPES,
-    FIT_DTYPES,
+    DTYPES,
     MAX_COUNT,
-    RUNNABLE_DTYPES,
-    RUNNABLE_PHASES,
     SCALINGS,
-    TRAINING_DTYPES,
     Case,
     Plan,
     Settings,
@@ -137,30 +128,25 @@ def build_grids_plan(
 def _check_cell_settings(grid: Grid, settings: Settings) -> None:
     """Refuse a phase or dtype the workers cannot run, the pair together, or (phase fit) a batch size that
     does not divide the fit samples."""
-    phase, dtype = grid.phase, grid.dtype
-    if phase not in RUNNABLE_PHASES:
-        raise SpecError(f"phase {phase!r} cannot be run yet; runnable: {', '.join(RUNNABLE_PHASES)}")
-    if dtype not in RUNNABLE_DTYPES:
-        raise SpecError(f"dtype {dtype!r} cannot be run yet; runnable: {', '.join(RUNNABLE_DTYPES)}")
-    allowed = {"training": TRAINING_DTYPES, "fit": FIT_DTYPES, "data": DATA_DTYPES}.get(phase, RUNNABLE_DTYPES)
-    if dtype not in allowed:
+    if grid.phase not in phase_names():
+        raise SpecError(f"phase {grid.phase!r} cannot be run yet; runnable: {', '.join(phase_names())}")
+    if grid.dtype not in DTYPES:
+        raise SpecError(f"dtype {grid.dtype!r} cannot be run yet; runnable: {', '.join(DTYPES)}")
+    phase, dtype = get_phase(str(grid.phase)), str(grid.dtype)
+    if phase.dtype_unsupported(dtype):
         raise SpecError(
-            f"phase {phase} with dtype {dtype!r} cannot be run yet; phase {phase} dtypes: {', '.join(allowed)}"
+            f"phase {phase.name} with dtype {dtype!r} cannot be run yet; phase {phase.name} dtypes: "
+            f"{', '.join(phase.dtypes)}"
         )
-    if grid.workers and phase != "data":
-        raise SpecError(f"--workers (loader worker processes) is for phase data, not phase {phase}")
+    if grid.workers and phase.uses_model:
+        loaders = ", ".join(phase_names(lambda p: not p.uses_model))
+        raise SpecError(f"--workers (loader worker processes) is for phase {loaders}, not phase {phase.name}")
     for scaling in grid.scaling:
         if scaling not in SCALINGS:
             raise SpecError(f"unknown scaling {scaling!r}; allowed: {', '.join(SCALINGS)}")
     if grid.scaling and not grid.procs:
         raise SpecError("--scaling is for data-parallel cells: give --procs too")
-    if phase == "fit" and settings.fit_source == "memory":
-        uneven = [b for b in grid.batch_sizes if settings.fit_samples % b]
-        if uneven:
-            raise SpecError(
-                f"phase fit: batch size {uneven[0]} does not divide the {settings.fit_samples} fit "
-                "samples (--fit-samples must be a multiple of every batch size)"
-            )
+    phase.check_grid(list(grid.batch_sizes), settings)
 
 
 def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | None]]:
@@ -171,13 +157,16 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         _check_cell_settings(grid, settings)
     except SpecError as exc:
         raise SpecError(f"{grid.where}: {exc}" if grid.where else str(exc)) from None
-    phase, dtype = str(grid.phase), str(grid.dtype)
+    phase, dtype = get_phase(str(grid.phase)), str(grid.dtype)
     for name in grid.runtimes:
         get_runtime(name)
     if not grid.models or not grid.runtimes or not grid.batch_sizes:
         raise SpecError("a plan needs at least one model, one runtime and one batch size")
-    if phase == "data":
-        yield from _data_cells(grid)
+    if not phase.uses_model:
+        for case in _loader_cells(grid):
+            check_case(case, settings)
+            reason = phase.runtime_unsupported(get_runtime(case.runtime), settings)
+            yield case, reason or dtype_unsupported(get_runtime(case.runtime), dtype)
         return
     for name in grid.models:
         get_model(name)
@@ -189,24 +178,23 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         info = get_runtime(runtime)
         if info.unavailable:
             raise SpecError(f"runtime {runtime} is not available: {info.unavailable}")
-        unsupported = phase_unsupported(info, phase) or dtype_unsupported(info, phase, dtype)
-        if unsupported is None and phase == "training":
-            unsupported = model.training_unsupported()
-        if unsupported is None and phase == "fit":
-            unsupported = model.fit_unsupported()
-        if unsupported is None and phase == "fit" and settings.fit_source == "input":
-            unsupported = fit_input_unsupported(info) or _image_model_unsupported(model_name)
+        unsupported = (
+            phase.runtime_unsupported(info, settings)
+            or dtype_unsupported(info, dtype)
+            or phase.unsupported(model, settings)
+        )
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
-        several = bool(info.distributed) or bool(grid.procs and phase == "fit" and info.procs_unsupported)
+        several = bool(info.distributed) or bool(grid.procs and _skipped_under_procs(grid, info))
         if several and not info.distributed:
             unsupported = unsupported or info.procs_unsupported
         for seq_len, (procs, scaling) in itertools.product(lengths, _process_counts(grid, several)):
             case = Case(
-                model_name, runtime, phase, batch, seq_len, grid.dtype, grid.device,  # type: ignore[arg-type]
+                model_name, runtime, grid.phase, batch, seq_len, grid.dtype, grid.device,  # type: ignore[arg-type]
                 procs=procs, scaling=scaling,  # type: ignore[arg-type]
             )  # fmt: skip
+            check_case(case, settings)
             if procs is not None:
                 _check_processes_fit(case, settings)
             yield case, unsupported or model.supports_seq_len(seq_len)
@@ -217,7 +205,7 @@ def _check_distributed(grid: Grid) -> None:
     single = [
         name
         for name in _unique(grid.runtimes)
-        if not get_runtime(name).distributed and not (grid.phase == "fit" and get_runtime(name).procs_unsupported)
+        if not get_runtime(name).distributed and not _skipped_under_procs(grid, get_runtime(name))
     ]
     several = [name for name in _unique(grid.runtimes) if get_runtime(name).distributed]
     if grid.procs and single:
@@ -232,6 +220,12 @@ def _check_distributed(grid: Grid) -> None:
         )
 
 
+def _skipped_under_procs(grid: Grid, info: RuntimeInfo) -> bool:
+    """Whether ``info``'s runtime, of one process, has its --procs cells stored as skipped (with
+    ``RuntimeInfo.procs_unsupported``: a fit loop users would run as several processes) rather than refused."""
+    return bool(info.procs_unsupported) and grid.phase == "fit"
+
+
 def _process_counts(grid: Grid, distributed: bool) -> list[tuple[int | None, str | None]]:
     """(process count, scaling) of each cell of a runtime: every --procs × --scaling (default weak) for a
     data-parallel runtime, (None, None) for one of one process."""
@@ -242,15 +236,7 @@ def _process_counts(grid: Grid, distributed: bool) -> list[tuple[int | None, str
 
 def _check_processes_fit(case: Case, settings: Settings) -> None:
     """Refuse a distributed cell whose processes' threads (each on cores of its own) exceed the CPUs this process
-    may use, or whose thread budget its processes do not divide; a distributed fit that would read --input images or
-    whose global batch does not divide the fit samples."""
-    if case.phase == "fit" and settings.fit_source != "memory":
-        raise SpecError("--procs with --phase fit trains on the in-memory dataset (--fit-source memory), not --input")
-    if case.phase == "fit" and settings.fit_samples % case.global_batch:
-        raise SpecError(
-            f"phase fit: the global batch {case.global_batch} ({case.procs} processes) does not divide the "
-            f"{settings.fit_samples} fit samples"
-        )
+    may use, or whose thread budget its processes do not divide."""
     usable = len(os.sched_getaffinity(0))
     here = node_procs(case, settings)
     total = node_threads(case, settings)
@@ -262,21 +248,13 @@ def _check_processes_fit(case: Case, settings: Settings) -> None:
         )
 
 
-def _image_model_unsupported(model_name: str) -> str | None:
-    """None when ``model_name`` takes images (one ``pixel_values`` input: it can fit on --input images)."""
-    inputs = get_model(model_name).make_inputs(1, None, 0)
-    return None if set(inputs) == {"pixel_values"} else f"{model_name} does not take images (--input holds images)"
-
-
-def _data_cells(grid: Grid) -> Iterator[tuple[Case, str | None]]:
-    """The cells of a phase data grid: dataset (its ``models``, filled in by :func:`with_dataset`) × loader
-    runtimes × batch sizes × worker counts (default: 0, the loader's own process)."""
+def _loader_cells(grid: Grid) -> Iterator[Case]:
+    """The cells of a loader phase's grid (phase data): dataset (its ``models``, filled in by
+    :func:`with_dataset`) × loader runtimes × batch sizes × worker counts (default: 0, the loader's own process)."""
     for model_name, runtime, batch, workers in itertools.product(
         _unique(grid.models), _unique(grid.runtimes), _unique(grid.batch_sizes), _unique(grid.workers or [0])
     ):
-        info = get_runtime(runtime)
-        case = Case(model_name, runtime, "data", batch, None, grid.dtype, grid.device, workers)  # type: ignore[arg-type]
-        yield case, phase_unsupported(info, "data") or dtype_unsupported(info, "data", str(grid.dtype))
+        yield Case(model_name, runtime, grid.phase, batch, None, grid.dtype, grid.device, workers)  # type: ignore[arg-type]
 
 
 def dataset_of(settings: Settings) -> tuple[Path, str]:

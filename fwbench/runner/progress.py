@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fwbench.report.units import format_seconds
 from fwbench.runner.manager import CellOutcome, Listener
+from fwbench.units import format_seconds
 
 
 def describe(outcome: CellOutcome) -> str:

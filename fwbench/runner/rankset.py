@@ -33,10 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fwbench.details import RankDetail, Rendezvous, RendezvousNode, StageSeconds
 from fwbench.measure import timer
 from fwbench.ranks import LOOPBACK, RankInfo, free_ports, gloo_interface
 from fwbench.runner import nodes
-from fwbench.runner.messages import Job
+from fwbench.runner.messages import STAGES, Job
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import POLL_INTERVAL_S, WorkerFailure, WorkerProcess, worker_cpus
 from fwbench.spec import rank_threads
@@ -131,8 +132,6 @@ class RankSet:
     @property
     def stage(self) -> str:
         """The earliest stage any rank is in (where the set as a whole is)."""
-        from fwbench.runner.messages import STAGES
-
         return min((rank.stage for rank in self.ranks), key=lambda stage: STAGES.index(stage) if stage in STAGES else 0)
 
     def command(self, name: str, **fields: Any) -> None:
@@ -170,19 +169,19 @@ class RankSet:
     def rendezvous(self) -> dict[str, Any]:
         """Where the ranks met: the master address, the ports, torch's store (a file on one machine, TCP across
         machines) and each node's host and ranks."""
-        return {
-            "address": self.address,
-            "ports": list(self.ports),
-            "store": "tcp" if self.node_of[-1] else "file",
-            "nodes": [
-                {
-                    "node": node,
-                    "host": self.hosts[self.node_of.index(node)],
-                    "ranks": [r for r, n in enumerate(self.node_of) if n == node],
-                }
+        return Rendezvous(
+            address=self.address,
+            ports=tuple(self.ports),
+            store="tcp" if self.node_of[-1] else "file",
+            nodes=tuple(
+                RendezvousNode(
+                    node=node,
+                    host=self.hosts[self.node_of.index(node)],
+                    ranks=tuple(r for r, n in enumerate(self.node_of) if n == node),
+                )
                 for node in sorted(set(self.node_of))
-            ],
-        }
+            ),
+        ).to_dict()
 
     def _gather(self, kinds: set[str], timeout_s: float) -> list[dict[str, Any]]:
         limit = self.job.settings.memory_limit_bytes
@@ -328,16 +327,16 @@ def combine_results(results: Sequence[dict[str, Any]], node_of: Sequence[int] | 
     combined["cpus"] = sorted({cpu for result in here for cpu in result.get("cpus") or []})
     combined["thread_cpu_lists"] = [lists for result in here for lists in result.get("thread_cpu_lists") or []]
     combined["ranks"] = [
-        {
-            "rank": rank,
-            "node": rank_nodes[rank],
-            "cpus": result.get("cpus"),
-            "threads_effective": result.get("threads_effective"),
-            "peak_memory_bytes": result.get("peak_memory_bytes"),
-            "first_call_s": result.get("first_call_s"),
-            "stage_seconds": result.get("stage_seconds"),
-            "status": result.get("status"),
-        }
+        RankDetail(
+            rank=rank,
+            node=rank_nodes[rank],
+            cpus=None if result.get("cpus") is None else tuple(result["cpus"]),
+            threads_effective=result.get("threads_effective"),
+            peak_memory_bytes=result.get("peak_memory_bytes"),
+            first_call_s=result.get("first_call_s"),
+            stage_seconds=StageSeconds.parse(result.get("stage_seconds")),
+            status=result.get("status"),
+        ).to_dict()
         for rank, result in enumerate(results)
     ]
     return combined

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from fwbench.details import Interleaving, RoundDetail, StageSeconds
 from fwbench.measure import noise
 from fwbench.measure.environment import memory_available_bytes
 from fwbench.measure.noise import NoiseTotals
@@ -111,8 +112,9 @@ def run_group(
             _sequential_round(active, cells, settings, checks, weights_path, round_index, rng)
     outcomes = [merge_rounds(cells[case.key], key, "interleaved" if interleaved else "sequential") for case in cases]
     if any(count > 1 for count in subgroups):
+        split = Interleaving(subgroups=tuple(subgroups)).to_dict()
         for outcome in outcomes:  # the report says that not every pair of runtimes was measured together
-            outcome.details["interleave_subgroups"] = subgroups
+            outcome.details.update(split)
     return outcomes
 
 
@@ -400,13 +402,14 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
             median_s=estimate.value, ci_low_s=estimate.ci_low, ci_high_s=estimate.ci_high, **spread_fields(samples)
         )
     details = dict(first.details)
-    details["round_details"] = [
-        {
-            "first_call_s": o.fields.get("first_call_s"),
-            "calls_per_sample": o.fields.get("calls_per_sample"),
-            "peak_memory_bytes": o.fields.get("peak_memory_bytes"),
-            "stage_seconds": o.details.get("stage_seconds"),
-        }
+    rounds = tuple(
+        RoundDetail(
+            first_call_s=o.fields.get("first_call_s"),
+            calls_per_sample=o.fields.get("calls_per_sample"),
+            peak_memory_bytes=o.fields.get("peak_memory_bytes"),
+            stage_seconds=StageSeconds.parse(o.details.get("stage_seconds")),
+        )
         for o in cell.rounds
-    ]
+    )
+    details.update(Interleaving(rounds=rounds).to_dict())
     return CellOutcome(cell.case, "ok", first.reason, samples, fields, details, blocks)

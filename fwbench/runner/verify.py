@@ -23,17 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.frameworks import (
-    dtype_unsupported,
-    get_runtime,
-    missing_implementation,
-    missing_requirement,
-    phase_unsupported,
-)
+from fwbench.frameworks import dtype_unsupported, get_runtime, missing_implementation, missing_requirement
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.manager import run_worker
+from fwbench.runner.phases import get_phase
 from fwbench.runner.tolerances import TRAINING_TOLERANCE, TrainingTolerance, parity_tolerance, relative_errors
 from fwbench.spec import Case, Dtype, Settings
 
@@ -97,7 +92,8 @@ def verify_model(
             missing = (
                 missing_requirement(info)
                 or missing_implementation(info, description.arch)
-                or dtype_unsupported(info, "inference", dtype)
+                or get_phase("inference").runtime_unsupported(info, settings)
+                or dtype_unsupported(info, dtype)
             )
             if missing:
                 checks.append(OutputCheck(model, runtime, "skipped", missing))
@@ -254,7 +250,9 @@ def verify_training(
             missing = (
                 missing_requirement(info)
                 or missing_implementation(info, description.arch)
-                or phase_unsupported(info, "training")
+                or get_phase("training").runtime_unsupported(info, settings)
+                or get_phase("training").dtype_unsupported(dtype)
+                or dtype_unsupported(info, dtype)
             )
             if missing is None and count is not None and count > 1:
                 missing = None if info.global_batch_norm else distributed_parity_unsupported(description)

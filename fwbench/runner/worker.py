@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     with os.fdopen(args.result_fd, "w") as channel:
         cell = Cell(job, channel, sys.stdin)
         try:
-            result = get_phase(job.case.phase).run(cell)
+            result = cell.launcher.run(get_phase(job.case.phase), cell)
         except BaseException as exc:  # every failure becomes this cell's status, never a lost sweep
             result = cell.failure(exc)
         result["cpus"] = sorted(os.sched_getaffinity(0))

@@ -2,7 +2,9 @@
 
 Each finished comparison group's cells (with their timed blocks) are committed in one short transaction, so a
 manager killed at any moment loses no finished group. ``UNIQUE(run_id, case_key)`` makes a cell impossible to store twice.
-Times are stored in seconds and sizes in bytes; raw samples are kept as a JSON array.
+Times are stored in seconds and sizes in bytes; raw samples are kept as a JSON array. A write that finds the disk
+full raises :class:`~fwbench.diskfull.DiskFull` (one line with the path; SQLite has rolled the transaction back, what
+was committed before is kept).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fwbench.diskfull import DiskFull, disk_full_cause, low_space_cause
 from fwbench.measure.environment import machine_ids
 from fwbench.measure.rounds import Block
 from fwbench.profile.cells import ProfiledCell
 from fwbench.profile.summary import OpRow
-from fwbench.spec import Case, Plan, ShardSpec
+from fwbench.spec import CASE_FIELDS, Case, Plan, ShardSpec
 from fwbench.store.records import COLUMN_NAMES, ProfileRecord, ResultRecord, profile_record
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -210,21 +213,26 @@ def case_columns(run_id: int, case: Case) -> dict[str, Any]:
         "run_id": run_id,
         "case_key": case.key,
         "created": now_iso(),
-        "model": case.model,
-        "runtime": case.runtime,
-        "phase": case.phase,
-        "batch_size": case.batch_size,
-        "seq_len": case.seq_len,
-        "dtype": case.dtype,
-        "device": case.device,
-        "workers": case.workers,
-        "procs": case.procs,
-        "scaling": case.scaling,
+        **{name: getattr(case, name) for name in CASE_FIELDS},
     }
 
 
 class StoreError(Exception):
     """A database that cannot be used; the message is one line for the user."""
+
+
+def disk_full(exc: sqlite3.Error, path: Path) -> DiskFull | None:
+    """The :class:`DiskFull` of ``exc`` when it is a write to the database ``path`` that found no room (SQLite rolled
+    back the transaction it was in: what was committed before is kept); None for any other error.
+
+    SQLITE_FULL names it; an I/O error with next to no space left on ``path``'s file system is taken for it too
+    (opening a database in WAL mode grows its index file, ``-shm``: SQLite reports that failing as
+    SQLITE_IOERR_SHMSIZE, without the ENOSPC behind it)."""
+    cause = disk_full_cause(exc)
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    if cause is None and name.startswith("SQLITE_IOERR"):
+        cause = low_space_cause(path, name)
+    return None if cause is None else DiskFull(path, cause, "what it held before is kept")
 
 
 def now_iso() -> str:
@@ -296,7 +304,8 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGR
             conn.execute(f"PRAGMA user_version = {target}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite rolls back itself after some errors (a full disk): not twice
+                conn.execute("ROLLBACK")
             raise
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
@@ -324,7 +333,8 @@ def check_identity(conn: sqlite3.Connection, path: Path, *, readonly: bool, allo
         application_id = conn.execute("PRAGMA application_id").fetchone()[0]
         has_tables = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] > 0
     finally:
-        conn.execute("COMMIT")
+        if conn.in_transaction:  # a read that failed for a full disk has ended it: a COMMIT would hide why
+            conn.execute("COMMIT")
     if version == 0:
         if has_tables or application_id not in (0, APPLICATION_ID):
             raise StoreError(f"--db {path} is an SQLite database that fwbench did not create; refusing to touch it")
@@ -450,6 +460,9 @@ class Store:
                 if not defer_migration:
                     migrate(conn)
         except sqlite3.DatabaseError as exc:
+            full = disk_full(exc, db_path)
+            if full is not None:
+                raise full from exc
             raise StoreError(f"--db {db_path}: {exc}") from None
         return cls(conn, db_path)
 
@@ -495,14 +508,16 @@ class Store:
 
     def insert_row(self, table: str, columns: dict[str, Any]) -> int:
         """Insert one row of ``table`` from its column values (``fwbench merge`` copies rows this way); its id."""
-        cursor = self.conn.execute(
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
-            tuple(columns.values()),
-        )
+        with self.writing():
+            cursor = self.conn.execute(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+                tuple(columns.values()),
+            )
         return int(cursor.lastrowid or 0)
 
     def finish_run(self, run_id: int) -> None:
-        self.conn.execute("UPDATE runs SET finished = ? WHERE id = ?", (now_iso(), run_id))
+        with self.writing():
+            self.conn.execute("UPDATE runs SET finished = ? WHERE id = ?", (now_iso(), run_id))
 
     def _run_from_row(self, row: sqlite3.Row) -> RunRecord:
         return RunRecord(
@@ -595,15 +610,32 @@ class Store:
 
     # -- results ------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One write transaction around the block (committed at its end, rolled back on an exception)."""
-        self.conn.execute("BEGIN IMMEDIATE")
+    def writing(self) -> Iterator[None]:
+        """Around writes: a write that finds the disk full raises :class:`~fwbench.diskfull.DiskFull` (one line,
+        the database path) instead of SQLite's error; what was committed before is kept."""
         try:
             yield
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            full = disk_full(exc, self.path)
+            if full is None:
+                raise
+            raise full from exc
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction around the block (committed at its end, rolled back on an exception; DiskFull
+        when the disk is full, at a statement or at the commit)."""
+        with self.writing():
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self.conn.execute("COMMIT")
+            except BaseException:
+                # SQLite has rolled back itself after some errors (SQLITE_FULL, I/O errors), at a statement or at
+                # the COMMIT: a second ROLLBACK would fail and hide why ("cannot rollback - no transaction is active").
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
 
     def add_result(
         self,
@@ -650,7 +682,7 @@ class Store:
         phase (``fwbench verify --phase training --db --run``), only those of ``procs`` processes when given; the
         number of cells changed."""
         clause, params = ("", ()) if procs is None else (" AND procs = ?", (procs,))
-        with self.conn:
+        with self.writing(), self.conn:
             cursor = self.conn.execute(
                 "UPDATE results SET status = 'mismatch', reason = ? WHERE run_id = ? AND model = ? AND runtime = ? "
                 f"AND phase = ?{clause}",

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fwbench.diskfull import DiskFull
 from fwbench.spec import ShardSpec
-from fwbench.store.db import Store, StoreError, apply_pending_migrations, check_database_path
+from fwbench.store.db import Store, StoreError, apply_pending_migrations, check_database_path, disk_full
 
 
 @dataclass
@@ -117,6 +118,9 @@ def snapshot(path: Path, folder: Path) -> Iterator[Store]:
             target.close()
         store = Store.open(copy)
     except sqlite3.DatabaseError as exc:
+        full = disk_full(exc, copy)  # the copy, in the temporary folder, found no room
+        if full is not None:
+            raise full from exc
         raise StoreError(f"{path}: {exc}") from None
     try:
         try:
@@ -238,24 +242,29 @@ def merge_run(source: Store, label: str, run: Row, target: Store, summary: Merge
 def merge_stores(sources: Sequence[Path], into: Path) -> MergeSummary:
     """Merge the fwbench databases ``sources`` into ``into`` (created if absent) in one transaction; StoreError (one
     line, the target untouched) for a source that is missing, foreign, corrupt or the target itself, or for a shard
-    conflict. Every source is checked before the target is opened."""
+    conflict; DiskFull (one line, the target untouched) when the target or a source's copy finds no room. Every
+    source is checked before the target is opened."""
     check_database_path(into, create=True)
     for path in sources:
         if path.exists() and into.exists() and path.resolve() == into.resolve():
             raise StoreError(f"{path} is the --into database itself; name the others")
     created = not into.exists()
     summary = MergeSummary()
-    with tempfile.TemporaryDirectory(prefix="fwbench-merge-") as scratch, ExitStack() as stack:
-        snapshots = [(path, stack.enter_context(snapshot(path, Path(scratch)))) for path in sources]
-        try:
-            with Store.open(into, defer_migration=True) as target, target.transaction():
-                apply_pending_migrations(target.conn)  # in the merge's transaction: undone with it
-                for path, source in snapshots:
-                    for run in _rows(source, "SELECT * FROM runs ORDER BY id"):
-                        merge_run(source, str(path), run, target, summary)
-        except BaseException:
-            if created:  # nothing of a target this merge created survives its failure
-                for suffix in ("", "-wal", "-shm"):
-                    Path(f"{into}{suffix}").unlink(missing_ok=True)
-            raise
+    try:
+        with tempfile.TemporaryDirectory(prefix="fwbench-merge-") as scratch, ExitStack() as stack:
+            snapshots = [(path, stack.enter_context(snapshot(path, Path(scratch)))) for path in sources]
+            try:
+                with Store.open(into, defer_migration=True) as target, target.transaction():
+                    apply_pending_migrations(target.conn)  # in the merge's transaction: undone with it
+                    for path, source in snapshots:
+                        for run in _rows(source, "SELECT * FROM runs ORDER BY id"):
+                            merge_run(source, str(path), run, target, summary)
+            except BaseException:
+                if created:  # nothing of a target this merge created survives its failure
+                    for suffix in ("", "-wal", "-shm"):
+                        Path(f"{into}{suffix}").unlink(missing_ok=True)
+                raise
+    except DiskFull as full:  # writing the target, or a source's copy in the temporary folder
+        kept = f"{into} is as it was (nothing of the merge reached it), the sources untouched"
+        raise full.told(kept, "merge again") from full
     return summary

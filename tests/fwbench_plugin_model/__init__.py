@@ -22,9 +22,8 @@ import numpy as np
 from fwbench.frameworks import RuntimeInfo, register_runtime
 from fwbench.frameworks.base import builtin_package
 from fwbench.models import register_model
-from fwbench.models.base import ModelDescription, ParamSpec, phase_flops, tensor_rng
+from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
 from fwbench.models.training import class_targets, reference_loss
-from fwbench.spec import Phase
 
 PACKAGE = __name__
 ARCH = "plugin_mlp"
@@ -61,10 +60,10 @@ class PluginMLP(ModelDescription):
         rng = tensor_rng(seed, f"inputs/x/{batch_size}")
         return {"x": rng.standard_normal((batch_size, self.widths[0])).astype(np.float32)}
 
-    def flops(self, batch_size: int, seq_len: int | None, phase: Phase = "inference") -> int:
-        """2·batch·Σ(in·out) of the two matmuls (training: 3x)."""
+    def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """2·batch·Σ(in·out) of the two matmuls."""
         n_in, hidden, n_out = self.widths
-        return phase_flops(2 * batch_size * (n_in * hidden + hidden * n_out), phase)
+        return 2 * batch_size * (n_in * hidden + hidden * n_out)
 
     def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         w = {name: value.astype(np.float64) for name, value in weights.items()}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 MULTI_THREAD_EIGEN_FLAG = "--xla_cpu_multi_thread_eigen"
 
@@ -76,8 +76,8 @@ def compile_counters() -> dict[str, int]:
 
 class JaxBackend(Backend):
     framework = "jax"
-    modes = ("jit", "distributed")  # distributed: phase training as one of N processes (distributed.py)
-    dtypes = ("fp32", "bf16")
+    # distributed: phase training as one of N processes (distributed.py)
+    modes: ClassVar[tuple[str, ...]] = ("jit", "distributed")
 
     def __init__(
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fwbench.frameworks.jax import precision
-from fwbench.frameworks.jax.weights import CanonicalParams, transpose
+from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.bert import LAYER_ROLES, Bert, BertConfig
+from fwbench.models.weightmap import transpose
 
 Params = dict[str, Any]
 

@@ -13,8 +13,9 @@ import jax
 import numpy as np
 
 from fwbench.frameworks.jax import precision
-from fwbench.frameworks.jax.weights import CanonicalParams, transpose
+from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.mlp import MLP
+from fwbench.models.weightmap import transpose
 
 Params = dict[str, Any]  # {"layers": [{"kernel": (in, out), "bias": (out,)}, ...]}
 

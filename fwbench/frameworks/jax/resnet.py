@@ -36,8 +36,9 @@ import numpy as np
 from jax import lax
 
 from fwbench.frameworks.jax import precision
-from fwbench.frameworks.jax.weights import CanonicalParams, hwio, transpose
+from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
+from fwbench.models.weightmap import hwio, transpose
 
 LAYOUT = "NHWC inside the call (NCHW input transposed as its first op)"
 

@@ -57,6 +57,7 @@ import numpy as np
 
 from fwbench import frameworks as registry
 from fwbench.frameworks.base import Backend, as_keras_training_arch
+from fwbench.frameworks.tensorflow.tracing import tracing_counters
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
 
@@ -106,7 +107,6 @@ class KerasBackend(Backend):
     framework = "keras"
     # jax-dataparallel: phase training as one of N processes, keras.distribution.DataParallel on JAX
     modes = ("tensorflow", "jax", "torch", "jax-dataparallel")
-    dtypes = ("fp32", "bf16")
 
     def __init__(
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
@@ -305,8 +305,6 @@ class KerasBackend(Backend):
 
     def compile_counters(self) -> dict[str, int]:
         if self.keras_backend == "tensorflow":  # model.predict_function is a tf.function (reduce_retracing=True)
-            from fwbench.frameworks.tensorflow.backend import tracing_counters
-
             # Phase training: Keras keeps the train step's tf.function inside its train_function, out of reach.
             return tracing_counters(self._predict) if self._predict is not None else {}
         if self.keras_backend == "jax":  # every trace and XLA compilation of the process, as for jax:jit

@@ -16,8 +16,9 @@ import numpy as np
 from keras import layers, ops
 
 from fwbench.frameworks.keras import precision
-from fwbench.frameworks.keras.weights import OVERWRITTEN, Transform, keras_device, load_canonical, transpose
+from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
 from fwbench.models.bert import LAYER_ROLES, Bert
+from fwbench.models.weightmap import Transform, transpose
 
 _LINEAR_ROLES = ("query", "key", "value", "attention_out", "ffn_in", "ffn_out")
 _NORM_ROLES = ("attention_norm", "ffn_norm")

@@ -10,8 +10,9 @@ import keras
 import numpy as np
 from keras import layers
 
-from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical, transpose
+from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
 from fwbench.models.mlp import MLP
+from fwbench.models.weightmap import transpose
 
 
 def mlp_model(description: MLP) -> keras.Model:

@@ -24,15 +24,9 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from fwbench.frameworks.keras.weights import (
-    OVERWRITTEN,
-    Transform,
-    conv_kernel,
-    keras_device,
-    load_canonical,
-    transpose,
-)
+from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
 from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
+from fwbench.models.weightmap import Transform, hwio, transpose
 
 LAYOUT = "NHWC"  # Keras' image layout (channels_last): the backend transposes the NCHW pixel_values once
 
@@ -149,7 +143,7 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
         if block.downsample is not None:
             mapping[f"{block.downsample.name}.weight"] = f"{layer}/downsample_0/kernel"
             mapping.update({f"{block.downsample.bn}.{s}": f"{layer}/downsample_1/{_BN_NAMES[s]}" for s in BN_SUFFIXES})
-    transforms: dict[str, Transform] = {name: conv_kernel for name, path in mapping.items() if path.endswith("/kernel")}
+    transforms: dict[str, Transform] = {name: hwio for name, path in mapping.items() if path.endswith("/kernel")}
     mapping.update({"fc.weight": "fc/kernel", "fc.bias": "fc/bias"})
     transforms["fc.weight"] = transpose  # (classes, features) -> Dense (features, classes)
     load_canonical(model, weights, mapping, transforms)

@@ -9,30 +9,14 @@ for a ResNet) for values thrown away.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import keras
 import numpy as np
 
-from fwbench.frameworks.base import check_weight_map
-
-Transform = Callable[[np.ndarray], np.ndarray]
+from fwbench.models.weightmap import Transform, mapped_weights
 
 OVERWRITTEN = "zeros"  # initializer of kernels and embeddings that load_canonical overwrites
-
-
-def identity(value: np.ndarray) -> np.ndarray:
-    return value
-
-
-def transpose(value: np.ndarray) -> np.ndarray:
-    """(out, in) torch layout → (in, out) Dense kernel layout."""
-    return np.ascontiguousarray(value.T)
-
-
-def conv_kernel(value: np.ndarray) -> np.ndarray:
-    """(out, in, kh, kw) torchvision layout → (kh, kw, in, out) Conv2D kernel layout."""
-    return np.ascontiguousarray(value.transpose(2, 3, 1, 0))
 
 
 def load_canonical(
@@ -43,29 +27,17 @@ def load_canonical(
 ) -> None:
     """Assign ``transforms[canonical](weights[canonical])`` to the variable at path ``mapping[canonical]``.
 
-    Every canonical tensor must be used exactly once, every variable of ``model`` (trainable or not,
-    e.g. batch-norm moving statistics) set exactly once, and every shape equal after the transform
-    (no broadcasting); otherwise ValueError, before any variable is changed.
+    Checked by :func:`fwbench.models.weightmap.mapped_weights`: every canonical tensor used exactly once,
+    every variable of ``model`` (trainable or not, e.g. batch-norm moving statistics) set exactly once, and
+    every shape equal after the transform (no broadcasting); otherwise ValueError, before any variable is changed.
     """
-    transforms = transforms or {}
     variables = {v.path: v for v in model.weights}
     if len(variables) != len(model.weights):
         raise ValueError("weight map: two variables of the model share a path")
-    check_weight_map(set(variables), mapping, weights)
-    values: dict[str, np.ndarray] = {}
-    for canonical, target in mapping.items():
-        original = weights[canonical]
-        expected = tuple(variables[target].shape)
-        try:
-            value = transforms.get(canonical, identity)(original)
-        except ValueError:  # e.g. a transpose whose axes do not fit a wrongly shaped tensor
-            value = None
-        if value is None or tuple(value.shape) != expected:
-            after = "" if value is None or value.shape == original.shape else f" ({value.shape} after mapping)"
-            raise ValueError(f"{canonical} -> {target}: shape {original.shape}{after}, variable shape {expected}")
-        values[target] = np.asarray(value, dtype=np.float32)
+    shapes = {path: tuple(variable.shape) for path, variable in variables.items()}
+    values = dict(mapped_weights(shapes, mapping, weights, transforms))
     for target, value in values.items():
-        variables[target].assign(value)
+        variables[target].assign(np.asarray(value, dtype=np.float32))
 
 
 def keras_device(device: str) -> str:

@@ -8,6 +8,7 @@ API has no in-place inputs; ORT and OpenVINO use the inputs in place).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
-from fwbench.frameworks.base import as_tflite_exporter
+from fwbench.frameworks.base import TfliteExporter, as_tflite_exporter
 from fwbench.frameworks.exported import ExportedBackend
 from fwbench.spec import Settings
 
@@ -25,7 +26,6 @@ SIGNATURE = "serving_default"
 class LiteRtBackend(ExportedBackend):
     framework = "litert"
     modes = ("tensorflow",)
-    dtypes = ("fp32", "int8")
     suffix = ".tflite"
     cuda_unavailable = "LiteRT's GPU delegate runs on mobile GPUs, not CUDA"
 
@@ -33,10 +33,14 @@ class LiteRtBackend(ExportedBackend):
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
     ) -> None:
         super().__init__(mode, device, settings, dtype=dtype, phase=phase)
-        self.exporter = as_tflite_exporter(self.deploy)
         self._interpreter: Interpreter | None = None
         self._runner: Any = None
         self._outputs: list[str] = []
+
+    @functools.cached_property
+    def exporter(self) -> TfliteExporter:
+        """The exporting framework's ``deploy.py`` in its exporter role."""
+        return as_tflite_exporter(self.deploy)
 
     def engine_threads(self) -> dict[str, Any]:
         return {"num_threads": self.threads}

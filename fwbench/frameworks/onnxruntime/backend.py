@@ -12,6 +12,7 @@ int8``: the float32 file dynamically quantised (:data:`QUANTIZATION`), then run 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from importlib.metadata import version
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from fwbench.frameworks.base import as_onnx_exporter
+from fwbench.frameworks.base import OnnxExporter, as_onnx_exporter
 from fwbench.frameworks.exported import ExportedBackend
 from fwbench.spec import Settings
 
@@ -35,7 +36,6 @@ QUANTIZATION = (
 class OnnxRuntimeBackend(ExportedBackend):
     framework = "onnxruntime"
     modes = ("torch", "tensorflow")
-    dtypes = ("fp32", "int8")
     suffix = ".onnx"
     shares_export = True  # fp32: the exporter's ONNX file as it is (onnxruntime:torch and openvino:torch share it)
     cuda_unavailable = "the CUDA provider needs onnxruntime-gpu, which is not installed"
@@ -44,9 +44,13 @@ class OnnxRuntimeBackend(ExportedBackend):
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
     ) -> None:
         super().__init__(mode, device, settings, dtype=dtype, phase=phase)
-        self.exporter = as_onnx_exporter(self.deploy)
         self._session: ort.InferenceSession | None = None
         self._input_names: list[str] = []
+
+    @functools.cached_property
+    def exporter(self) -> OnnxExporter:
+        """The exporting framework's ``deploy.py`` in its exporter role."""
+        return as_onnx_exporter(self.deploy)
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()

@@ -11,6 +11,7 @@ bf16. What the compiled model reports for each is stored (``details.compile_repo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import openvino as ov
 import openvino.properties as props
 import openvino.properties.hint as hints
 
-from fwbench.frameworks.base import as_onnx_exporter
+from fwbench.frameworks.base import OnnxExporter, as_onnx_exporter
 from fwbench.frameworks.exported import ExportedBackend
 from fwbench.spec import Settings
 
@@ -48,7 +49,6 @@ def plain(value: Any) -> bool | int | float | str:
 class OpenVinoBackend(ExportedBackend):
     framework = "openvino"
     modes = ("torch",)
-    dtypes = ("fp32",)
     suffix = ".onnx"
     shares_export = True  # fp32: the exporter's ONNX file as it is (onnxruntime:torch and openvino:torch share it)
     cuda_unavailable = "OpenVINO runs on Intel GPUs, not CUDA"
@@ -57,9 +57,13 @@ class OpenVinoBackend(ExportedBackend):
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
     ) -> None:
         super().__init__(mode, device, settings, dtype=dtype, phase=phase)
-        self.exporter = as_onnx_exporter(self.deploy)
         self.core = ov.Core()
         self._request: ov.InferRequest | None = None
+
+    @functools.cached_property
+    def exporter(self) -> OnnxExporter:
+        """The exporting framework's ``deploy.py`` in its exporter role."""
+        return as_onnx_exporter(self.deploy)
 
     def config(self) -> dict[str, Any]:
         """What ``compile_model`` is given."""

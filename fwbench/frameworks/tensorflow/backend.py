@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -26,21 +26,16 @@ from tensorflow.python.util import _pywrap_util_port  # IsMklEnabled: whether TF
 
 from fwbench.frameworks import get_runtime
 from fwbench.frameworks.base import Backend, as_training_arch
+from fwbench.frameworks.keras.backend import import_keras
 from fwbench.frameworks.tensorflow import precision
+from fwbench.frameworks.tensorflow.tracing import tracing_counters
 from fwbench.spec import Settings
-
-
-def tracing_counters(function: Any) -> dict[str, int]:
-    """``traces``: how many times the tf.function ``function`` has traced (0 before its first call)."""
-    return {"traces": int(function.experimental_get_tracing_count())}
 
 
 class TensorFlowBackend(Backend):
     framework = "tensorflow"
     # multiworker: phase training as one of N workers (distributed.py)
-    modes = ("eager", "function", "xla", "savedmodel", "multiworker")
-    dtypes = ("fp32", "bf16")
-    mode_dtypes = {"savedmodel": ("fp32",)}
+    modes: ClassVar[tuple[str, ...]] = ("eager", "function", "xla", "savedmodel", "multiworker")
     _strategy: Any = None  # multiworker: the MultiWorkerMirroredStrategy, created with the thread settings
     _saved: dict[str, Any] | None = None  # savedmodel: what the export and reload cost (compile_report)
 
@@ -177,8 +172,6 @@ class TensorFlowBackend(Backend):
         conv), the loss is taken of float32 logits, and the gradients, float32 through the casts, are applied to
         the float32 variables."""
         assert self.description is not None
-        from fwbench.frameworks.keras.backend import import_keras
-
         import_keras("tensorflow", self.device)  # Keras 3's optimizers, on its tensorflow backend
         from fwbench.frameworks.keras.training import make_optimizer
         from fwbench.frameworks.tensorflow import training

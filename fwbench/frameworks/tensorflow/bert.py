@@ -15,15 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
-from fwbench.frameworks.tensorflow.weights import (
-    MakeVariable,
-    Transform,
-    check_all_used,
-    identity,
-    tracked_variables,
-    transpose,
-)
+from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
 from fwbench.models.bert import Bert
+from fwbench.models.weightmap import Transform, identity, transpose
 
 MASKED = -1e9  # added to the scores of excluded keys: exp underflows to exactly 0
 
@@ -93,8 +87,8 @@ class BertModule(tf.Module):
         c = description.config
         self.with_token_types, self.with_pooler = description.has_token_types, description.has_pooler
         self.eps = c.layer_norm_eps
-        used: set[str] = set()
-        variable = tracked_variables(weights, used)
+        canonical = CanonicalVariables(weights)
+        variable = canonical.take
 
         def param(
             role: str, shape: tuple[int, ...], kind: str = "weight", transform: Transform = identity
@@ -112,7 +106,7 @@ class BertModule(tf.Module):
                 param("pooler", (c.hidden, c.hidden), transform=transpose),
                 param("pooler", (c.hidden,), "bias"),
             )
-        check_all_used(weights, used)
+        canonical.check_all_used()
 
     def __call__(
         self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor | None = None

@@ -10,16 +10,17 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
-from fwbench.frameworks.tensorflow.weights import check_all_used, identity, tracked_variables
+from fwbench.frameworks.tensorflow.weights import CanonicalVariables
 from fwbench.models.gemm import Gemm
+from fwbench.models.weightmap import identity
 
 
 class GemmModule(tf.Module):
     def __init__(self, description: Gemm, weights: dict[str, np.ndarray]) -> None:
         super().__init__(name="gemm")
-        used: set[str] = set()
-        self.kernel = tracked_variables(weights, used)("weight", (description.n, description.n), identity)
-        check_all_used(weights, used)
+        canonical = CanonicalVariables(weights)
+        self.kernel = canonical.take("weight", (description.n, description.n), identity)
+        canonical.check_all_used()
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
         return (precision.matmul(x, self.kernel),)

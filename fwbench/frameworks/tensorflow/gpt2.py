@@ -13,8 +13,9 @@ import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.bert import MASKED, dense, dims, layer_norm
-from fwbench.frameworks.tensorflow.weights import MakeVariable, check_all_used, identity, tracked_variables
+from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
+from fwbench.models.weightmap import identity
 
 
 def gelu_tanh(x: tf.Tensor) -> tf.Tensor:
@@ -61,14 +62,14 @@ class GPT2Module(tf.Module):
         super().__init__(name=description.arch)
         c = description.config
         self.eps = c.layer_norm_eps
-        used: set[str] = set()
-        variable = tracked_variables(weights, used)
+        canonical = CanonicalVariables(weights)
+        variable = canonical.take
 
         self.wte = variable("wte.weight", (c.vocab_size, c.hidden), identity)
         self.wpe = variable("wpe.weight", (c.max_positions, c.hidden), identity)
         self.layers = [DecoderLayer(description, i, variable) for i in range(c.layers)]
         self.ln_f = variable("ln_f.weight", (c.hidden,), identity), variable("ln_f.bias", (c.hidden,), identity)
-        check_all_used(weights, used)
+        canonical.check_all_used()
 
     def __call__(self, input_ids: tf.Tensor, attention_mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         b, s = dims(input_ids)

@@ -10,8 +10,9 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
-from fwbench.frameworks.tensorflow.weights import check_all_used, identity, tracked_variables, transpose
+from fwbench.frameworks.tensorflow.weights import CanonicalVariables
 from fwbench.models.mlp import MLP
+from fwbench.models.weightmap import identity, transpose
 
 
 class MLPModule(tf.Module):
@@ -19,12 +20,12 @@ class MLPModule(tf.Module):
         super().__init__(name="mlp")
         self.kernels: list[tf.Variable] = []
         self.biases: list[tf.Variable] = []
-        used: set[str] = set()
-        variable = tracked_variables(weights, used)
+        canonical = CanonicalVariables(weights)
+        variable = canonical.take
         for prefix, fan_in, fan_out in description.layers:
             self.kernels.append(variable(f"{prefix}.weight", (fan_in, fan_out), transpose))
             self.biases.append(variable(f"{prefix}.bias", (fan_out,), identity))
-        check_all_used(weights, used)
+        canonical.check_all_used()
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
         last = len(self.kernels) - 1

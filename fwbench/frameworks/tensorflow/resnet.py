@@ -28,15 +28,9 @@ import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.bert import dense
-from fwbench.frameworks.tensorflow.weights import (
-    MakeVariable,
-    check_all_used,
-    hwio,
-    identity,
-    tracked_variables,
-    transpose,
-)
+from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
 from fwbench.models.resnet import BN_MOMENTUM, Block, Conv, ResNet
+from fwbench.models.weightmap import hwio, identity, transpose
 
 LAYOUT = "NHWC inside the call (NCHW input transposed as its first op)"
 
@@ -121,8 +115,8 @@ class ResNetModule(tf.Module):
     def __init__(self, description: ResNet, weights: dict[str, np.ndarray]) -> None:
         super().__init__(name=description.arch)
         c = description.config
-        used: set[str] = set()
-        variable = tracked_variables(weights, used)
+        canonical = CanonicalVariables(weights)
+        variable = canonical.take
         self.conv1 = ConvBN(description.stem, c.bn_eps, variable)  # conv1 + bn1
         # layer1.0, ..., layerN.{last}: one flat list, in torchvision's order
         self.blocks = [Bottleneck(b, c.bn_eps, variable) for b in description.blocks]
@@ -130,7 +124,7 @@ class ResNetModule(tf.Module):
             variable("fc.weight", (c.features, c.num_classes), transpose),
             variable("fc.bias", (c.num_classes,), identity),
         )
-        check_all_used(weights, used)
+        canonical.check_all_used()
 
     def __call__(self, pixel_values: tf.Tensor) -> tuple[tf.Tensor]:
         return (self.forward(pixel_values, training=False),)

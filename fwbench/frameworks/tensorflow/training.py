@@ -16,5 +16,5 @@ def weighted_cross_entropy(logits: tf.Tensor, labels: tf.Tensor, weights: tf.Ten
 
 
 def variable_name(canonical: str) -> str:
-    """The tf.Variable name (without ``:0``) a canonical tensor was loaded into (weights.canonical_variable)."""
+    """The tf.Variable name (without ``:0``) a canonical tensor was loaded into (weights.CanonicalVariables.take)."""
     return canonical.replace(".", "_")

@@ -53,7 +53,6 @@ class TorchBackend(Backend):
     framework = "torch"
     # lightning: phase fit only (fit.py); ddp, ddp-compile: phase training as one of N ranks (distributed.py)
     modes = ("eager", "script", "compile", "export", "lightning", "ddp", "ddp-compile")
-    dtypes = ("fp32", "bf16")
     _export_signature: tuple[tuple[tuple[int, ...], str, str], ...] | None = None  # shapes the runner is for
     _export_log: tuple[dict[str, Any], ...] = ()  # one entry per export + AOT compile, in order
 

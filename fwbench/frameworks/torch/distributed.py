@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from fwbench.frameworks.base import Backend, TrainingArch
+from fwbench.frameworks.torch.training import make_optimizer, train_epochs
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult
 from fwbench.models.training import OptimizerSpec
 from fwbench.ranks import RankInfo
@@ -132,9 +133,6 @@ def fit(
     ``[k·N·b, (k+1)·N·b)``, the 1-process batch of N·b; DDP's gradient average of the per-process mean losses is the
     mean over that global batch. An epoch's loss is the mean over every process's batches (all-reduced)."""
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-    from fwbench.frameworks.torch.fit import train_epochs
-    from fwbench.frameworks.torch.training import make_optimizer
 
     info = init_process_group(backend.device, backend.settings.timeout_s)
     device, on_cuda = backend.device, backend.device == "cuda"

@@ -17,7 +17,6 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend, as_training_arch
 from fwbench.frameworks.torch import data as torch_data
-from fwbench.frameworks.torch.training import make_optimizer
+from fwbench.frameworks.torch import distributed
+from fwbench.frameworks.torch.training import make_optimizer, train_epochs
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
 
@@ -80,8 +80,6 @@ def fit(
     if backend.mode == "ddp":
         if loader is not None:
             raise NotImplementedError("torch:ddp's fit loop reads the in-memory dataset only")
-        from fwbench.frameworks.torch import distributed
-
         return distributed.fit(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end)
     if backend.mode == "lightning":
         return _lightning(backend, arch, model, spec, dataset, epochs, batch_size, epoch_end, loader)
@@ -112,46 +110,74 @@ def _manual(
     return FitResult(loop, epoch_s, epoch_loss, _logits(backend, dataset), total_s, extra)
 
 
-def train_epochs(
+def _lightning_module(L: Any, arch: Any, model: torch.nn.Module, spec: Any, log_steps: bool) -> Any:
+    """The LightningModule around ``model``: the manual loop's step (forward + F.cross_entropy), its losses kept for
+    the epoch's mean, logged only when ``log_steps`` (self.log costs time in every step)."""
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.losses: list[torch.Tensor] = []
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            *xs, y = batch
+            loss = F.cross_entropy(arch.training_logits(self.model, *xs), y)
+            self.losses.append(loss.detach())
+            if log_steps:
+                self.log("train_loss", loss, on_step=True, on_epoch=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return make_optimizer(spec, self.model.parameters())
+
+    return Module()
+
+
+def _lightning_callbacks(
+    L: Any,
     backend: Backend,
-    arch: Any,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    loader: Any,
-    epochs: int,
     epoch_end: EpochEnd,
-    clock: WaitClock | None = None,
-    epoch_mean: Callable[[torch.Tensor, int], float] = lambda total, batches: float(total) / batches,
-) -> tuple[list[float], list[float]]:
-    """The manual loop's epochs: for each batch of ``loader`` (inputs..., labels) zero_grad, forward through
-    ``model`` (anything ``training_logits`` calls: the module, or DDP's view of it) + F.cross_entropy, backward,
-    optimizer step; ``epoch_end`` after each epoch's clock stops. Returns each epoch's seconds and mean loss
-    (``epoch_mean`` of the summed batch losses and the batch count; reading it waits for the epoch's work)."""
-    device, on_cuda = backend.device, backend.device == "cuda"
-    epoch_s: list[float] = []
-    epoch_loss: list[float] = []
-    for _ in range(epochs):
-        epoch_start = time.perf_counter()
-        total, batches = torch.zeros((), device=device), 0
-        if clock is not None:
+    epoch_s: list[float],
+    epoch_loss: list[float],
+    waits: WaitClock | None,
+) -> list[Any]:
+    """Lightning callbacks that append each epoch's wall time and mean loss to ``epoch_s`` / ``epoch_loss`` (and call
+    ``epoch_end``), and with ``waits`` (a fit from images) time the loop's wait for each batch, from one batch-end
+    hook to the next batch-start."""
+
+    class EpochClock(L.Callback):
+        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+            module.losses.clear()
+            self.start = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            epoch_loss.append(float(torch.stack(module.losses).mean()))
+            if backend.device == "cuda":
+                torch.cuda.synchronize()
+            epoch_s.append(time.perf_counter() - self.start)
+            epoch_end(epoch_s[-1])
+
+    if waits is None:
+        return [EpochClock()]
+    clock = waits
+
+    class InputWaits(L.Callback):
+        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
             clock.start_epoch()
-        for *xs, y in clock.batches(loader) if clock is not None else loader:
-            xs, y = [x.to(device, non_blocking=True) for x in xs], y.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(arch.training_logits(model, *xs), y)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-            batches += 1
-        if clock is not None:
+
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            clock.batch_ready()
+
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if backend.device == "cuda":
+                torch.cuda.synchronize()
+            clock.step_done()
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
             clock.end_epoch()
-        mean = epoch_mean(total, batches)
-        if on_cuda:
-            torch.cuda.synchronize()
-        epoch_s.append(time.perf_counter() - epoch_start)
-        epoch_loss.append(mean)
-        epoch_end(epoch_s[-1])
-    return epoch_s, epoch_loss
+
+    return [InputWaits(), EpochClock()]
 
 
 def _lightning(
@@ -169,64 +195,13 @@ def _lightning(
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no "GPU available: ..." banners
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-            self.losses: list[torch.Tensor] = []
-
-        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-            *xs, y = batch
-            loss = F.cross_entropy(arch.training_logits(self.model, *xs), y)
-            self.losses.append(loss.detach())
-            if log_dir is not None:  # only when asked: self.log costs time in every step
-                self.log("train_loss", loss, on_step=True, on_epoch=True)
-            return loss
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return make_optimizer(spec, self.model.parameters())
-
     epoch_s: list[float] = []
     epoch_loss: list[float] = []
-
-    class EpochClock(L.Callback):
-        """Wall time and mean loss of each training epoch (Lightning's own hooks)."""
-
-        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
-            module.losses.clear()
-            self.start = time.perf_counter()
-
-        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
-            epoch_loss.append(float(torch.stack(module.losses).mean()))
-            if backend.device == "cuda":
-                torch.cuda.synchronize()
-            epoch_s.append(time.perf_counter() - self.start)
-            epoch_end(epoch_s[-1])
-
-    waits = WaitClock()
-
-    class InputWaits(L.Callback):
-        """A fit from images: the loop's wait for each batch, from one batch-end hook to the next batch-start."""
-
-        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
-            waits.start_epoch()
-
-        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
-            waits.batch_ready()
-
-        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            if backend.device == "cuda":
-                torch.cuda.synchronize()
-            waits.step_done()
-
-        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
-            waits.end_epoch()
-
+    waits = WaitClock() if source is not None else None
     log_dir = backend.settings.fit_logging
     started = time.perf_counter()
-    module = Module()
-    callbacks: list[Any] = [*([InputWaits()] if source is not None else []), EpochClock()]
+    module = _lightning_module(L, arch, model, spec, log_steps=log_dir is not None)
+    callbacks = _lightning_callbacks(L, backend, epoch_end, epoch_s, epoch_loss, waits)
     logger: Any = False
     if log_dir is not None:  # Settings.fit_logging: a CSVLogger and a ModelCheckpoint under it
         from lightning.pytorch.callbacks import ModelCheckpoint
@@ -255,7 +230,7 @@ def _lightning(
         "lightning": L.__version__,
         "logging": None,
     }
-    if source is not None:
+    if waits is not None:
         extra["input"] = waits.report(
             epoch_s,
             "torch:dataloader",

@@ -14,6 +14,7 @@ from torch import nn
 
 from fwbench.frameworks.torch.weights import load_canonical
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
+from fwbench.models.weightmap import Transform, transpose
 
 
 class DecoderLayer(nn.Module):
@@ -88,7 +89,7 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
         "ln_f.weight": "ln_f.weight",
         "ln_f.bias": "ln_f.bias",
     }
-    transforms = {}
+    transforms: dict[str, Transform] = {}
     for i in range(description.config.layers):
         for canonical, own in _SUFFIXES.items():
             mapping[f"h.{i}.{canonical}"] = f"layers.{i}.{own}"
@@ -97,7 +98,7 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
                 or canonical.endswith("c_proj.weight")
                 or canonical.endswith("c_fc.weight")
             ):
-                transforms[f"h.{i}.{canonical}"] = np.transpose
+                transforms[f"h.{i}.{canonical}"] = transpose  # Conv1D (in, out) -> nn.Linear (out, in)
     load_canonical(module, weights, mapping, transforms)
     return module.to(device).eval()
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from fwbench.frameworks.base import check_weight_map
+from fwbench.models.weightmap import Transform, mapped_weights
 
 # Buffers that are not part of any canonical weight set: BatchNorm's step counter (used only by a
 # momentum-less running average in training).
@@ -22,23 +22,20 @@ def load_canonical(
     module: nn.Module,
     weights: dict[str, np.ndarray],
     mapping: dict[str, str],
-    transforms: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
+    transforms: Mapping[str, Transform] | None = None,
 ) -> None:
     """Set each parameter or buffer ``mapping[canonical]`` of ``module`` to ``weights[canonical]``.
 
-    ``transforms`` changes a tensor's layout on the way (e.g. a transpose). Every canonical tensor
-    must be used, every parameter and buffer (but ``NOT_CANONICAL_BUFFERS``) set exactly once, and
-    every shape equal after the transform (no broadcasting); otherwise ValueError.
+    ``transforms`` changes a tensor's layout on the way (e.g. ``weightmap.transpose``). Checked by
+    :func:`fwbench.models.weightmap.mapped_weights`: every canonical tensor used, every parameter and
+    buffer (but ``NOT_CANONICAL_BUFFERS``) set exactly once, and every shape equal after the transform
+    (no broadcasting); otherwise ValueError.
     """
-    transforms = transforms or {}
     targets: dict[str, torch.Tensor] = dict(module.named_parameters())
     targets.update((n, b) for n, b in module.named_buffers() if not n.endswith(NOT_CANONICAL_BUFFERS))
-    check_weight_map(set(targets), mapping, weights)
+    shapes = {name: tuple(tensor.shape) for name, tensor in targets.items()}
     with torch.no_grad():
-        for canonical, target in mapping.items():
-            value = transforms.get(canonical, lambda a: a)(weights[canonical])
-            if tuple(targets[target].shape) != value.shape:
-                raise ValueError(f"{canonical} -> {target}: shape {value.shape} != {tuple(targets[target].shape)}")
+        for target, value in mapped_weights(shapes, mapping, weights, transforms):
             targets[target].copy_(torch.from_numpy(np.ascontiguousarray(value)))
     _WEIGHT_MAPS[module] = dict(mapping)
 

@@ -5,9 +5,12 @@ result being built, the shared stages). It checks the case (before any framework
 builds the backend — which gets the phase at creation — and then either measures (:meth:`Phase.measure`)
 or, for ``fwbench verify``, writes the job's outputs (:meth:`Phase.verify`).
 
-Profiling (``fwbench profile``) and multi-process runs (``--procs``) are strategies, not phases: a strategy
-will take the phase and the cell and decide how ``phase.run(cell)`` is carried out (under a profiler, as one of
-N ranks, ...), so every phase gets every strategy and no phase knows which one runs it.
+A phase also owns its facts, which the planner, the estimate, the registry's checks and the CLI ask it for
+(nothing else branches on a phase's name): the dtypes it computes in (:attr:`Phase.dtypes`), whether its cells
+have a model, run as several processes (``--procs``), can be verified or profiled, what it refuses of a model, a
+runtime or a grid (:meth:`Phase.unsupported`, :meth:`Phase.runtime_unsupported`, :meth:`Phase.check_grid`,
+:meth:`Phase.check_cell`), how its FLOPs are counted (:meth:`Phase.flops_per_call`) and what a cell costs
+(:meth:`Phase.estimate_cell_s`). Importing a phase imports no framework.
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from fwbench.frameworks import RuntimeInfo
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
+from fwbench.runner import estimate
 from fwbench.runner.cell import Cell
 from fwbench.spec import Case, Settings
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
+
+# Forward + backward ≈ 3 forwards: the backward pass runs two matmuls (input and weight gradients) per forward one.
+TRAINING_FLOPS_FACTOR = 3
 
 
 class Phase(ABC):
@@ -31,7 +39,31 @@ class Phase(ABC):
     name: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]  # the case dtypes (spec.Dtype) this phase runs
     interleavable: ClassVar[bool] = True  # its timed calls can be served in blocks on command (Cell.serve_blocks)
-    uses_model: ClassVar[bool] = True  # its cells' model is a zoo model (phase data: a dataset's name, no FLOPs)
+    # Its cells' model is a zoo model; a phase without one is a loader's (phase data): its cells' model is a
+    # dataset's name, each cell has a loader worker count (Case.workers, --workers), and there are no FLOPs.
+    uses_model: ClassVar[bool] = True
+    distributed: ClassVar[bool] = False  # its cells may run as several processes (--procs)
+    verifiable: ClassVar[bool] = False  # fwbench verify --phase takes it
+    profilable: ClassVar[bool] = False  # fwbench profile --phase takes it (its steps are timed by Cell.time_calls)
+
+    def dtype_unsupported(self, dtype: str) -> str | None:
+        """None when this phase computes in ``dtype``, else why not."""
+        if dtype in self.dtypes:
+            return None
+        return f"phase {self.name} computes in {', '.join(self.dtypes)} only, not {dtype}"
+
+    def check_grid(self, batch_sizes: list[int], settings: Settings) -> None:
+        """SpecError for a grid this phase cannot run under ``settings`` (before any cell is made)."""
+        return None
+
+    def check_cell(self, case: Case, settings: Settings) -> None:
+        """SpecError for a cell this phase cannot run under ``settings`` beyond what every phase checks
+        (:func:`fwbench.runner.phases.check_case`)."""
+        return None
+
+    def runtime_unsupported(self, info: RuntimeInfo, settings: Settings) -> str | None:
+        """Why ``info``'s runtime cannot run this phase under ``settings`` (None when it can); nothing imported."""
+        return None if self.name in info.phases else f"{info.name} has no {self.name} phase yet"
 
     def interleaves(self, settings: Settings) -> bool:
         """Whether this phase's cells may run interleaved under ``settings`` (the setting decides beyond that)."""
@@ -42,14 +74,31 @@ class Phase(ABC):
         round's share of ``max_time_s`` holds)."""
         return None
 
-    def unsupported(self, description: ModelDescription) -> str | None:
-        """Why ``description``'s model cannot run this phase (None when it can); nothing is imported."""
+    def unsupported(self, description: ModelDescription, settings: Settings) -> str | None:
+        """Why ``description``'s model cannot run this phase under ``settings`` (None when it can); nothing is
+        imported."""
         return None
 
     def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
-        """FLOPs of one timed call (the ``flops`` stored with a result): one forward, or one optimizer step; None
+        """FLOPs of one timed call (the ``flops`` stored with a result): one forward of the global batch; None
         when it cannot be known."""
-        return description.flops(case.global_batch, case.seq_len, case.phase)
+        return description.forward_flops(case.global_batch, case.seq_len)
+
+    def step_flops(self, description: ModelDescription, case: Case) -> int:
+        """FLOPs of one optimizer step on the global batch: forward + backward (TRAINING_FLOPS_FACTOR forwards) of
+        the training graph, the loss's own matmuls included (BERT's tied vocabulary projection)."""
+        return TRAINING_FLOPS_FACTOR * description.training_forward_flops(case.global_batch, case.seq_len)
+
+    def estimate_cell_s(self, case: Case, settings: Settings) -> float:
+        """Seconds one cell may take, worker start-up to stored result, over its rounds (an order of magnitude):
+        a fresh worker's start-up, build, compile (twice: once more at the parity shape) and warm-up per round, and
+        the timing budget (shared by the rounds; interleaved, the pauses between workers' blocks add to it)."""
+        call = estimate.call_s(self.flops_per_call(get_model(case.model), case, settings), settings)
+        timing = estimate.timing_s(call, settings)
+        fixed = estimate.setup_s(case) + (1 + max(2, settings.warmup_calls)) * call
+        if settings.interleave:
+            timing *= 1 + settings.settle_s / max(settings.min_block_s, call)
+        return settings.rounds * fixed + timing
 
     def run(self, cell: Cell) -> dict[str, Any]:
         """The cell from its start to ``done``: stage start (these checks) → import → build (shared, on ``cell``)
@@ -58,10 +107,11 @@ class Phase(ABC):
 
         NotImplementedError (the cell's status becomes ``error``) when the phase cannot run the case."""
         case = cell.job.case
-        if case.dtype not in self.dtypes:
-            raise NotImplementedError(f"phase {case.phase} with dtype {case.dtype} is not implemented yet")
+        refused = self.dtype_unsupported(case.dtype)
+        if refused:
+            raise NotImplementedError(refused)
         description = get_model(case.model)
-        unsupported = self.unsupported(description)
+        unsupported = self.unsupported(description, cell.job.settings)
         if unsupported:
             raise NotImplementedError(unsupported)
         backend = cell.build_backend(description)

@@ -17,6 +17,7 @@ cores) and share them.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import os
@@ -28,11 +29,14 @@ import numpy as np
 
 from fwbench.datasets.folders import changed_packed_files, corrupt_images, image_dataset
 from fwbench.datasets.images import LoaderInput
+from fwbench.details import CorruptFile, DataDetails, FirstBatch, PssPeak
+from fwbench.frameworks import get_runtime
 from fwbench.measure import memory, noise, processes
 from fwbench.models.base import ModelDescription
+from fwbench.runner import estimate
 from fwbench.runner.cell import Cell
 from fwbench.runner.phases.base import Phase
-from fwbench.spec import DATA_DTYPES, Settings
+from fwbench.spec import Case, Settings
 
 BLOCKS = 8  # timed blocks per round (fewer when data_batches is below it)
 WARMUP_MIN_S = 1.0  # warm-up lasts at least this long: tf.data's AUTOTUNE settles its parallelism and buffers
@@ -56,29 +60,34 @@ def warmup_batches(settings: Settings, workers: int) -> int:
     return max(settings.warmup_calls, 2 * workers)
 
 
-def _first_batch_facts(batch: Any) -> dict[str, Any]:
+def _first_batch_facts(batch: Any) -> FirstBatch:
     """The first batch's images: shape, dtype and a checksum (float64 sum), read once, outside any timing."""
     images = np.asarray(batch[0])
-    return {"shape": list(images.shape), "dtype": str(images.dtype), "sum": float(images.sum(dtype=np.float64))}
+    return FirstBatch(tuple(images.shape), str(images.dtype), float(images.sum(dtype=np.float64)))
 
 
 def check_dataset(folder: Path, settings: Settings, packed_folder: str | None) -> dict[str, Any]:
-    """The dataset's facts for ``details.data`` (``excluded``: the files to leave out); raises CorruptImages for
-    an image that does not decode (without --skip-corrupt) and ValueError for a changed packed file."""
+    """The dataset's facts as stored (:func:`dataset_facts`), with ``excluded``: the files to leave out."""
+    facts, excluded = dataset_facts(folder, settings, packed_folder)
+    return {**facts.to_dict(), "excluded": excluded}
+
+
+def dataset_facts(folder: Path, settings: Settings, packed_folder: str | None) -> tuple[DataDetails, list[str]]:
+    """The dataset's facts for ``details.data`` and the files to leave out; raises CorruptImages for an image that
+    does not decode (without --skip-corrupt) and ValueError for a changed packed file."""
     manifest = image_dataset(folder)
     packed = settings.data_source == "packed" and packed_folder is not None
-    details: dict[str, Any] = {
-        "dataset": manifest.name,
-        "digest": manifest.digest,
-        "folder": str(folder),
-        "images": int(manifest.arguments.get("n", 0)),
-        "source": packed_folder if packed else "files",
-        "transform": settings.transform,
-        "crop": settings.crop,
-        "pinning": f"the loader's workers share the cell's {settings.threads} pinned core(s) (inherited affinity)",
-        "corrupt_files": 0,
-        "excluded": [],
-    }
+    details = DataDetails(
+        dataset=manifest.name,
+        digest=manifest.digest,
+        folder=str(folder),
+        images=int(manifest.arguments.get("n", 0)),
+        source=packed_folder if packed else "files",
+        transform=settings.transform,
+        crop=settings.crop,
+        pinning=f"the loader's workers share the cell's {settings.threads} pinned core(s) (inherited affinity)",
+        corrupt_files=0,
+    )
     if packed:
         assert packed_folder is not None
         changed = changed_packed_files(folder, manifest, packed_folder)
@@ -87,7 +96,7 @@ def check_dataset(folder: Path, settings: Settings, packed_folder: str | None) -
                 f"{len(changed)} packed file(s) differ from the manifest, first {changed[0]}: rewrite the "
                 "dataset with fwbench data make"
             )
-        return details
+        return details, []
     corrupt = corrupt_images(folder, manifest)
     if corrupt and not settings.skip_corrupt:
         first = corrupt[0]
@@ -95,31 +104,40 @@ def check_dataset(folder: Path, settings: Settings, packed_folder: str | None) -
             f"{len(corrupt)} image(s) do not decode, first {folder / first.file} ({first.error}); "
             "--skip-corrupt leaves them out"
         )
-    details.update(
-        corrupt_files=len(corrupt),
-        corrupt=[{"file": c.file, "error": c.error} for c in corrupt[:20]],
-        excluded=[c.file for c in corrupt],
+    details = dataclasses.replace(
+        details, corrupt_files=len(corrupt), corrupt=tuple(CorruptFile(c.file, c.error) for c in corrupt[:20])
     )
-    return details
+    return details, [c.file for c in corrupt]
 
 
 class Data(Phase):
     """import → build (dataset checks) → first batch → warm-up → timed batches → the loader closed."""
 
     name = "data"
-    dtypes = DATA_DTYPES
+    dtypes = ("fp32",)  # the loaders hand the models float32 images
     interleavable: ClassVar[bool] = False
     uses_model: ClassVar[bool] = False
 
     def measure(self, cell: Cell, backend: Any, description: ModelDescription) -> None:
         raise NotImplementedError("phase data runs through Data.run")
 
-    def run(self, cell: Cell) -> dict[str, Any]:
-        from fwbench.frameworks import get_runtime
+    def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
+        return None  # a loader's batch: decoding and cropping, no model
 
+    def estimate_cell_s(self, case: Case, settings: Settings) -> float:
+        """Start-up, then the first, warm-up and timed batches at IMAGE_S per image (scaled by the crop's area) on
+        min(workers, threads) cores, each round."""
+        startup_s, _ = estimate.startup_and_compile_s(case.runtime)
+        parallel = max(1, min(case.workers or 0, settings.threads))
+        batch_s = case.batch_size * estimate.IMAGE_S * (settings.crop / 224) ** 2 / parallel
+        batches = 1 + max(settings.warmup_calls, 2 * (case.workers or 0)) + settings.data_batches
+        return settings.rounds * (startup_s + batches * batch_s)
+
+    def run(self, cell: Cell) -> dict[str, Any]:
         case, settings = cell.job.case, cell.job.settings
-        if case.dtype not in self.dtypes:
-            raise NotImplementedError(f"phase data hands out float32 images: dtype {case.dtype} is not one")
+        refused = self.dtype_unsupported(case.dtype)
+        if refused:
+            raise NotImplementedError(refused)
         if cell.job.verify_output is not None or cell.job.export_to is not None or cell.job.profile_to is not None:
             raise NotImplementedError("phase data is run by fwbench run only")
         if settings.data_input is None:
@@ -135,9 +153,9 @@ class Data(Phase):
         cell.result["layout"] = loader.LAYOUT
 
         cell.stage("build")
-        details = check_dataset(folder, settings, loader.PACKED)
-        cell.result["data"] = details
-        exclude = frozenset(details.pop("excluded"))
+        details, excluded = dataset_facts(folder, settings, loader.PACKED)
+        cell.result["data"] = details.to_dict()
+        exclude = frozenset(excluded)
 
         cell.stage("first_call")
         started = time.perf_counter()
@@ -146,27 +164,28 @@ class Data(Phase):
         try:
             first = next(stream)
             cell.result["first_call_s"] = time.perf_counter() - started
-            details["first_batch"] = _first_batch_facts(first)
+            details = dataclasses.replace(details, first_batch=_first_batch_facts(first))
+            cell.result["data"] = details.to_dict()
             del first
-            self.time_batches(cell, stream, case.workers)
+            details = self.time_batches(cell, stream, case.workers, details)
         finally:
             pids = [child.pid for child in processes.children()]
             stream.close()  # the generator's loader goes: its worker processes are told to stop
             del stream
             gc.collect()
             left = processes.wait_gone(pids, WORKER_EXIT_S)
-            details["worker_pids"] = pids
-            details["workers_left_running"] = len(left)
+            details = dataclasses.replace(details, worker_pids=tuple(pids), workers_left_running=len(left))
+            cell.result["data"] = details.to_dict()
         if left:
             raise RuntimeError(f"{len(left)} loader worker processes still ran {WORKER_EXIT_S:g} s after it closed")
         cell.stage("done")
         return cell.result
 
-    def time_batches(self, cell: Cell, stream: Any, workers: int) -> None:
+    def time_batches(self, cell: Cell, stream: Any, workers: int, details: DataDetails) -> DataDetails:
         """Warm-up and timed batches of ``stream`` (the first is out), recorded in ``cell.result``: seconds per
         batch by block, on one clock with nothing between blocks (a pause would let the loader prefetch); the CPU
         the process and its workers used while timed, their PSS just before and just after the timed batches, the
-        noise on the machine over them."""
+        noise on the machine over them (``details`` with the loader's figures, returned)."""
         settings = cell.job.settings
         cell.stage("warmup")
         warmup_s: list[float] = []
@@ -206,15 +225,18 @@ class Data(Phase):
         cell.result["peak_memory_bytes"] = memory.peak_rss_bytes()
         cell.result["noise"] = totals.to_dict()
         cell.result["block_starts_unix_s"] = starts
-        cell.result["data"].update(
+        details = dataclasses.replace(
+            details,
             warmup_batches=len(warmup_s),
             timed_batches=blocks * per_block,
-            pss_peak_bytes={"parent": peak.parent_bytes, "workers": peak.workers_bytes, "total": peak.total_bytes},
+            pss_peak_bytes=PssPeak(peak.parent_bytes, peak.workers_bytes, peak.total_bytes),
             pss_read="just before and just after the timed batches",
             worker_processes=max(memory_before.workers, memory_after.workers),
             cpu_s=cpu_s,
             cpu_cores_busy=cpu_s / elapsed if elapsed > 0 else None,
         )
+        cell.result["data"] = details.to_dict()
         cell.result.update(
             status="ok", samples_s=samples, calls_per_sample=per_block, stop_reason="batches", timing_elapsed_s=elapsed
         )
+        return details

@@ -20,13 +20,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fwbench.datasets.images import LoaderInput, read_labels
+from fwbench.frameworks import RuntimeInfo, fit_input_unsupported
 from fwbench.measure import memory, processes
+from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.fit import EpochEnd, FitDataset, evaluate, image_fit_dataset, make_fit_dataset, no_pause
 from fwbench.models.training import optimizer_spec
+from fwbench.runner import estimate
 from fwbench.runner.cell import Cell
 from fwbench.runner.phases.base import Phase
-from fwbench.spec import FIT_DTYPES, Case, Settings
+from fwbench.runner.phases.data import check_dataset  # the data phase's checks: manifest, corrupt files
+from fwbench.spec import Case, Settings, SpecError
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
@@ -76,11 +80,17 @@ class EpochBlocks:
             raise RuntimeError(f"{runtime}'s fit loop called epoch_end {self.done} times for {self.epochs} epochs")
 
 
+def takes_images(description: ModelDescription) -> bool:
+    """Whether the model's one input is ``pixel_values`` (it can fit on the data phase's --input images)."""
+    return set(description.make_inputs(1, None, 0)) == {"pixel_values"}
+
+
 class Fit(Phase):
     """build → fit (every epoch, the first one compiling) → evaluate; no timer of ours, no parity stage."""
 
     name = "fit"
-    dtypes = FIT_DTYPES
+    dtypes = ("fp32",)
+    distributed = True
 
     def interleaves(self, settings: Settings) -> bool:
         """Not from --input images: a loop waiting for its turn keeps its loader prefetching, and its next epoch
@@ -91,20 +101,68 @@ class Fit(Phase):
         """One block per epoch after the first (which compiles: the warm-up)."""
         return settings.epochs - 1
 
-    def unsupported(self, description: ModelDescription) -> str | None:
-        return description.fit_unsupported()
+    def unsupported(self, description: ModelDescription, settings: Settings) -> str | None:
+        """The model's own refusal, or (``--input`` images) a model that does not take images."""
+        refused = description.fit_unsupported()
+        if refused is None and settings.fit_source == "input" and not takes_images(description):
+            return f"{description.name} does not take images (--input holds images)"
+        return refused
+
+    def runtime_unsupported(self, info: RuntimeInfo, settings: Settings) -> str | None:
+        """A runtime without phase fit, or (``--input`` images) whose fit loop cannot read them."""
+        lacking = super().runtime_unsupported(info, settings)
+        if lacking is None and settings.fit_source == "input":
+            return fit_input_unsupported(info)
+        return lacking
+
+    def check_grid(self, batch_sizes: list[int], settings: Settings) -> None:
+        """Every batch size divides the in-memory fit samples (an epoch is whole batches)."""
+        uneven = [b for b in batch_sizes if settings.fit_samples % b] if settings.fit_source == "memory" else []
+        if uneven:
+            raise SpecError(
+                f"phase fit: batch size {uneven[0]} does not divide the {settings.fit_samples} fit "
+                "samples (--fit-samples must be a multiple of every batch size)"
+            )
+
+    def check_cell(self, case: Case, settings: Settings) -> None:
+        """A distributed fit trains on the in-memory dataset, and its global batch divides the fit samples."""
+        if case.procs is None:
+            return
+        if settings.fit_source != "memory":
+            raise SpecError(
+                "--procs with --phase fit trains on the in-memory dataset (--fit-source memory), not --input"
+            )
+        if settings.fit_samples % case.global_batch:
+            raise SpecError(
+                f"phase fit: the global batch {case.global_batch} ({case.procs} processes) does not divide the "
+                f"{settings.fit_samples} fit samples"
+            )
+
+    def samples(self, settings: Settings) -> int | None:
+        """The samples of one epoch: the in-memory dataset's, or the --input folder's images (None when it cannot
+        be read)."""
+        if settings.fit_source == "input" and settings.data_input is not None:
+            try:
+                return len(read_labels(Path(settings.data_input)))
+            except OSError:
+                return None
+        return settings.fit_samples
+
+    def estimate_cell_s(self, case: Case, settings: Settings) -> float:
+        """Each round: start-up, build, compile, and the epochs' steps (each its FLOPs plus a training loop's
+        per-step cost), plus decoding every image each epoch (1 core) when the fit reads --input images."""
+        samples = self.samples(settings) or settings.fit_samples
+        decode_s = samples * estimate.IMAGE_S if settings.fit_source == "input" else 0.0
+        call = estimate.call_s(self.step_flops(get_model(case.model), case), settings)
+        steps = settings.epochs * (samples // case.global_batch)
+        timing = steps * (call + estimate.FIT_STEP_OVERHEAD_S) + settings.epochs * decode_s
+        return settings.rounds * (estimate.setup_s(case) + timing)
 
     def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
         """One sample is an epoch: its optimizer steps' FLOPs (from images: the dataset's images // batch, None
         when the folder cannot be read)."""
-        samples = settings.fit_samples
-        if settings.fit_source == "input" and settings.data_input is not None:
-            try:
-                samples = len(read_labels(Path(settings.data_input)))
-            except OSError:
-                return None
-        step = super().flops_per_call(description, case, settings)
-        return None if step is None else step * (samples // case.global_batch)
+        samples = self.samples(settings)
+        return None if samples is None else self.step_flops(description, case) * (samples // case.global_batch)
 
     def dataset(self, cell: Cell, description: ModelDescription) -> tuple[FitDataset, LoaderInput | None]:
         """What the epochs read: the seeded in-memory dataset, or (``fit_source`` input) the data phase's images
@@ -113,12 +171,9 @@ class Fit(Phase):
         settings = cell.job.settings
         if settings.fit_source == "memory":
             return make_fit_dataset(description, settings.fit_samples, settings.seed), None
-        from fwbench.runner.phases.data import check_dataset  # the data phase's checks: manifest, corrupt files
-
-        shapes = {name: array.shape for name, array in description.make_inputs(1, None, settings.seed).items()}
-        if set(shapes) != {"pixel_values"}:
+        if not takes_images(description):
             raise NotImplementedError(f"phase fit from --input images needs an image model, not {description.name}")
-        crop = int(shapes["pixel_values"][-1])
+        crop = int(description.make_inputs(1, None, settings.seed)["pixel_values"].shape[-1])
         assert settings.data_input is not None  # the planner sets the folder with fit_source input
         folder = Path(settings.data_input)
         facts = check_dataset(folder, settings, None)
@@ -139,7 +194,7 @@ class Fit(Phase):
         cell.stage("fit")
         cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
         cell.result["loadavg_before_timing"] = os.getloadavg()
-        together = backend.barrier if (case.procs or 1) > 1 else None  # a distributed fit's processes
+        together = cell.launcher.together(backend)  # a distributed fit's processes start each epoch together
         blocks = EpochBlocks(cell, settings.epochs, together) if cell.job.interleaved else None
         if "epoch_end" in inspect.signature(fit).parameters:
             epoch_end: EpochEnd = blocks if blocks is not None else no_pause

@@ -12,7 +12,7 @@ import numpy as np
 from fwbench.models.base import ModelDescription
 from fwbench.runner.cell import Cell, parity
 from fwbench.runner.phases.base import Phase
-from fwbench.spec import RUNNABLE_DTYPES
+from fwbench.spec import DTYPES
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
@@ -32,7 +32,9 @@ class Inference(Phase):
     """build → compile → first call → warm-up → timed samples → parity."""
 
     name = "inference"
-    dtypes = RUNNABLE_DTYPES
+    dtypes = DTYPES  # int8: the deployment engines that quantise (the registry says which runtime computes in what)
+    verifiable = True
+    profilable = True
 
     def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
         case, settings = cell.job.case, cell.job.settings

@@ -14,47 +14,13 @@ import numpy as np
 from fwbench.frameworks import get_runtime
 from fwbench.models.base import ModelDescription
 from fwbench.models.training import optimizer_spec
-from fwbench.ranks import RankInfo, rank_rows
 from fwbench.runner.cell import Cell, recording
 from fwbench.runner.phases.base import Phase
 from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, relative_errors
-from fwbench.spec import TRAINING_DTYPES
+from fwbench.spec import Case, Settings
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend
-
-
-ALLREDUCE_REPEATS = 10  # bare all-reduces timed after a distributed cell's steps
-
-
-def rank_slice(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """This process's rows of a global batch (every array's first axis): all of them outside a distributed cell,
-    rows ``[r·b, (r+1)·b)`` of rank ``r``'s in one (fwbench.ranks)."""
-    rank = RankInfo.current()
-    if rank is None:
-        return arrays
-    return {name: array[rank_rows(rank.rank, rank.world_size, array.shape[0])] for name, array in arrays.items()}
-
-
-def record_collectives(cell: Cell, backend: Backend, description: ModelDescription) -> None:
-    """``result["distributed"]``: the processes, their batch rows, and ALLREDUCE_REPEATS bare all-reduces of the
-    trained parameters' size (float32, the gradients one step communicates) — the communication a report sets
-    against the step time. Untimed: after the timed steps, every rank in the same order."""
-    case = cell.job.case
-    rank = RankInfo.current()
-    elements = description.trained_element_count()
-    seconds = backend.allreduce_seconds(elements, ALLREDUCE_REPEATS)
-    cell.result["distributed"] = {
-        "procs": case.procs,
-        "scaling": case.scaling,
-        "global_batch": case.global_batch,
-        "rank_batch": case.rank_batch,
-        "rank": None if rank is None else rank.rank,
-        "allreduce_elements": elements,
-        "allreduce_bytes": 4 * elements,
-        "allreduce_s": seconds,
-        "allreduce_median_s": float(np.median(seconds)),
-    }
 
 
 def reference_loss(
@@ -65,16 +31,11 @@ def reference_loss(
     rows, weighted by their weight sums (exactly what N processes compute before any update)."""
     case = cell.job.case
     weights = cell.weights(description)
-    if (
-        case.procs is None
-        or case.procs == 1
-        or not description.running_statistics()
-        or get_runtime(case.runtime).global_batch_norm
-    ):
+    groups = cell.launcher.row_groups(case.global_batch)
+    if len(groups) == 1 or not description.running_statistics() or get_runtime(case.runtime).global_batch_norm:
         return description.reference_loss(weights, arrays, targets)
     total = count = 0.0
-    for rank in range(case.procs):
-        rows = rank_rows(rank, case.procs, case.global_batch)
+    for rows in groups:
         part = {name: array[rows] for name, array in targets.items()}
         loss = description.reference_loss(weights, {name: array[rows] for name, array in arrays.items()}, part)
         if loss is None:
@@ -88,24 +49,32 @@ class Training(Phase):
     """build → compile (the train step) → first call → warm-up → timed samples → loss parity."""
 
     name = "training"
-    dtypes = TRAINING_DTYPES
+    dtypes = ("fp32", "bf16")  # bf16: fwbench.precision's policy, float32 master weights and update
+    distributed = True
+    verifiable = True
+    profilable = True
 
-    def unsupported(self, description: ModelDescription) -> str | None:
+    def unsupported(self, description: ModelDescription, settings: Settings) -> str | None:
         return description.training_unsupported()
+
+    def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
+        """One optimizer step on the global batch (:meth:`Phase.step_flops`)."""
+        return self.step_flops(description, case)
 
     def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
         case, settings = cell.job.case, cell.job.settings
         arrays = description.make_inputs(case.global_batch, case.seq_len, settings.seed)
         targets = description.make_targets(case.global_batch, case.seq_len, settings.seed)
-        inputs = backend.make_inputs(rank_slice(arrays))
+        inputs = backend.make_inputs(cell.launcher.rows(arrays))
         cell.stage("compile")
-        untimed_step = backend.make_train_step(inputs, backend.make_targets(rank_slice(targets)))  # +loss_after's
+        untimed_step = backend.make_train_step(
+            inputs, backend.make_targets(cell.launcher.rows(targets))
+        )  # +loss_after's
         losses: list[object] = []  # every step's returned loss object, read after timing
         warmup_steps, timing = cell.time_calls(backend, recording(untimed_step, losses))
         step_losses = [backend.loss_value(loss) for loss in losses]
         del losses[:]  # the loss objects are not needed any more
-        if case.procs is not None:
-            record_collectives(cell, backend, description)
+        cell.launcher.after_steps(cell, backend, description)
         self.record(
             cell,
             description,
@@ -191,17 +160,16 @@ class Training(Phase):
         ``param/<canonical name>`` (canonical layout, float32)."""
         case, settings = cell.job.case, cell.job.settings
         inputs = backend.make_inputs(
-            rank_slice(description.make_inputs(case.global_batch, case.seq_len, settings.seed))
+            cell.launcher.rows(description.make_inputs(case.global_batch, case.seq_len, settings.seed))
         )
         cell.stage("compile")
         targets = description.make_targets(case.global_batch, case.seq_len, settings.seed)
-        step = backend.make_train_step(inputs, backend.make_targets(rank_slice(targets)))
+        step = backend.make_train_step(inputs, backend.make_targets(cell.launcher.rows(targets)))
         cell.stage("first_call")
         losses = np.array([backend.loss_value(step()) for _ in range(cell.job.train_steps)], dtype=np.float64)
         arrays: dict[str, Any] = {"losses": losses}
         arrays.update((f"param/{name}", value) for name, value in backend.trained_parameters().items())
-        rank = RankInfo.current()
-        if rank is None or rank.rank == 0:  # every rank holds the same parameters; rank 0 writes them
+        if cell.launcher.writes_outputs:  # every rank holds the same parameters; one of them writes them
             np.savez(output, **arrays)
         cell.result["status"] = "ok"
         cell.stage("done")

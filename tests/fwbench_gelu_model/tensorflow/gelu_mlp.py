@@ -10,7 +10,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from fwbench.frameworks.tensorflow.weights import check_all_used, identity, tracked_variables, transpose
+from fwbench.frameworks.tensorflow.weights import CanonicalVariables
+from fwbench.models.weightmap import identity, transpose
 from fwbench_gelu_model import GeluMLP
 
 
@@ -18,13 +19,13 @@ class GeluMLPModule(tf.Module):
     def __init__(self, description: GeluMLP, weights: dict[str, np.ndarray]) -> None:
         super().__init__(name="gelu_mlp")
         n_in, hidden, n_out = description.widths
-        used: set[str] = set()
-        variable = tracked_variables(weights, used)
+        canonical = CanonicalVariables(weights)
+        variable = canonical.take
         self.hidden_kernel = variable("hidden.weight", (n_in, hidden), transpose)
         self.hidden_bias = variable("hidden.bias", (hidden,), identity)
         self.out_kernel = variable("out.weight", (hidden, n_out), transpose)
         self.out_bias = variable("out.bias", (n_out,), identity)
-        check_all_used(weights, used)
+        canonical.check_all_used()
 
     def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
         pre = tf.matmul(x, self.hidden_kernel) + self.hidden_bias

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fwbench.frameworks.jax.weights import CanonicalParams, transpose
+from fwbench.frameworks.jax.weights import CanonicalParams
+from fwbench.models.weightmap import transpose
 from fwbench_plugin_model import PluginMLP
 
 Params = dict[str, Any]
