@@ -159,6 +159,18 @@ class PrecisionCheck:
     mismatches: tuple[str, ...] = ()
     error: str | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """As the worker stores it: ``observed`` null where the runtime could not be looked into, ``error`` only
+        when looking failed."""
+        out: dict[str, Any] = {
+            "policy": self.policy,
+            "observed": {op: list(dtypes) for op, dtypes in self.observed.items()} if self.observable else None,
+            "mismatches": list(self.mismatches),
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
     @classmethod
     def parse(cls, raw: Any) -> PrecisionCheck | None:
         """The check stored as ``raw``; None when there is none (not a JSON object)."""
@@ -253,6 +265,29 @@ class CompileHealth:
     during_timing: Mapping[str, int] = field(default_factory=dict)
     after_warmup: Mapping[str, int] = field(default_factory=dict)
     after_timing: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def measured(cls, before: Mapping[str, int], after: Mapping[str, int]) -> CompileHealth:
+        """The counters read just before and just after the timed loop, and the flags a report shows: any counter
+        that grew during the loop means it recompiled or retraced; graph breaks and eager fallbacks are flagged even
+        when they came before it."""
+        during = {key: after[key] - before.get(key, 0) for key in after}
+        flags = [f"{key.replace('_', ' ')} +{n} in timed loop" for key, n in during.items() if n > 0]
+        flags += [
+            f"{key.replace('_', ' ')} {after[key]}"
+            for key in ("graph_breaks", "eager_fallbacks")
+            if after.get(key, 0) > 0 and during.get(key, 0) == 0
+        ]
+        return cls(tuple(flags), any(n > 0 for n in during.values()), during, dict(before), dict(after))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "after_warmup": dict(self.after_warmup),
+            "after_timing": dict(self.after_timing),
+            "during_timing": dict(self.during_timing),
+            "recompiled_in_timed_loop": self.recompiled_in_timed_loop,
+            "flags": list(self.flags),
+        }
 
     @classmethod
     def parse(cls, raw: Any) -> CompileHealth:

@@ -104,6 +104,17 @@ def disk_full_report(exc: BaseException) -> dict[str, Any] | None:
     return {"cause": cause, "path": path}
 
 
+SHARED_MEMORY = Path("/dev/shm")  # a loader's shared memory: full there is the cell's limit, not the disk's
+
+
+def stops_the_sweep(report: dict[str, Any]) -> bool:
+    """Whether a worker's :func:`disk_full_report` is a full file system the sweep cannot go on writing to: a file
+    it names outside shared memory. A report without a path (a C library's text) or in ``/dev/shm`` (a DataLoader's
+    shared memory) is that cell's error, stored as such."""
+    path = report.get("path")
+    return bool(path) and not Path(str(path)).absolute().is_relative_to(SHARED_MEMORY)
+
+
 def free_bytes(path: str | os.PathLike[str]) -> int | None:
     """The bytes this process may still write on the file system of ``path`` (or of its nearest existing folder;
     root may use the reserved blocks too); None when it cannot be asked."""

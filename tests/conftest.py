@@ -160,15 +160,21 @@ def loaded_model_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterato
     _forget_model_plugins()
 
 
+NEED_EXTRAS_ENV = "FWBENCH_TESTS_NEED_EXTRAS"  # "all": make test installed every extra, so none may be missing
+
+
 def require(module: str) -> ModuleType:
     """``module`` imported, for a test of an optional framework (``pytest.importorskip`` that tells a broken install
     from a missing one): the test is skipped when the module's package is not installed (its fwbench extra was left
     out), and fails with the import error when the package is there but does not import, where importorskip would
-    skip it silently."""
+    skip it silently. Under ``make test`` (``FWBENCH_TESTS_NEED_EXTRAS=all``: it installs every extra) a package
+    that is not installed fails the test too: the install is broken."""
     try:
         found = importlib.util.find_spec(module.partition(".")[0]) is not None  # the package, without importing it
     except ValueError:  # in sys.modules without a spec (a stand-in a test put there): there to import
         found = True
+    if not found and os.environ.get(NEED_EXTRAS_ENV) == "all":
+        pytest.fail(f"{module} is not installed, but ${NEED_EXTRAS_ENV}=all: every extra should be (a broken install)")
     if not found:
         pytest.skip(f"{module} is not installed (an optional extra of fwbench)")
     try:

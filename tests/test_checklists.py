@@ -30,7 +30,8 @@ ENGINE = "fwbench_test_engine"
 @pytest.fixture
 def engine_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The throwaway engine's plugin loaded here (registries restored afterwards) and in every worker."""
-    require("onnxruntime")
+    for module in ("onnxruntime", "onnx", "onnxscript", "torch"):
+        require(module)
     yield from loaded_model_plugin(monkeypatch, ENGINE)
 
 

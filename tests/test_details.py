@@ -418,3 +418,17 @@ def test_the_csv_header_is_unchanged() -> None:
         "peak_fraction,samples_per_s,tokens_per_s,wall_s,compile_flags,hostname,hardware_id,software_id,samples"
     )
     assert ",".join(CSV_COLUMNS) == header and to_csv([row()]).splitlines()[0] == header
+
+
+def test_the_workers_precision_and_compile_records_round_trip() -> None:
+    """The worker writes these through the records' to_dict (runner/cell.py); the store parses them back."""
+    from fwbench.details import CompileHealth, PrecisionCheck
+
+    looked = PrecisionCheck("bf16", True, {"matmul": ("bfloat16",), "softmax": ("float32",)}, ("matmul: float32",))
+    assert PrecisionCheck.parse(json.loads(json.dumps(looked.to_dict()))) == looked
+    failed = PrecisionCheck("fp32", error="RuntimeError: no graph")
+    assert failed.to_dict() == {"policy": "fp32", "observed": None, "mismatches": [], "error": "RuntimeError: no graph"}
+    assert PrecisionCheck.parse(failed.to_dict()) == failed
+    health = CompileHealth.measured({"traces": 1, "graph_breaks": 2}, {"traces": 3, "graph_breaks": 2})
+    assert health.flags == ("traces +2 in timed loop", "graph breaks 2") and health.recompiled_in_timed_loop
+    assert CompileHealth.parse(json.loads(json.dumps(health.to_dict()))) == health

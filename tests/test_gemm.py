@@ -100,6 +100,7 @@ def test_weight_map_errors_name_the_tensor(framework: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # make test checks gemm's worker path in torch (env --peak) and every framework's gemm in-process
 def test_every_runtime_passes_parity_in_a_worker() -> None:
     """The worker path (`fwbench verify`): each runtime in its own process, Keras on all three backends."""
     from fwbench.runner.verify import verify_model

@@ -138,6 +138,9 @@ def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tm
         deadline = time.monotonic() + 240
         while not (db.exists() and rows(db)) and time.monotonic() < deadline and driver.poll() is None:
             time.sleep(0.5)
+        while not cluster_workers(cluster) and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.1)  # a later group's worker runs: the check below has one to see end
+        assert cluster_workers(cluster), "no worker of the cluster was seen running before the driver was killed"
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
         before = {r.case_key: r.id for r in rows(db)}
@@ -166,11 +169,14 @@ def test_a_group_on_a_lost_node_is_retried_on_another_of_the_same_hardware_and_n
         driver = fwbench(cluster, *GRID, "--batch-sizes", "1,2", "--max-time", "4", "--db", str(db))
         node_cpu = sorted(os.sched_getaffinity(0))[1 % len(os.sched_getaffinity(0))]
         deadline = time.monotonic() + 120
+        seen = False
         while time.monotonic() < deadline and driver.poll() is None:  # node 2's group has a worker: kill the node
             workers = cluster_workers(cluster)
-            if any(p.info["cmdline"][p.info["cmdline"].index("--cpus") + 1] == str(node_cpu) for p in workers):
+            seen = any(p.info["cmdline"][p.info["cmdline"].index("--cpus") + 1] == str(node_cpu) for p in workers)
+            if seen:
                 break
             time.sleep(0.2)
+        assert seen, "no worker ran on node 2 before it was to be removed"
         cluster.remove(2)
         code, err = finish(driver)
         assert code == 0, err

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require
+from conftest import NEED_EXTRAS_ENV, require
 
 
 def test_a_package_that_is_not_installed_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(NEED_EXTRAS_ENV, raising=False)  # a user's pytest with some extras left out
     with pytest.raises(pytest.skip.Exception, match="fwbench_no_such_package is not installed"):
         require("fwbench_no_such_package")
     with pytest.raises(pytest.skip.Exception, match="not installed"):
@@ -21,6 +22,12 @@ def test_a_package_that_is_not_installed_skips(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "colorsys", None)  # how a test hides an installed package
     with pytest.raises(pytest.skip.Exception, match="colorsys is not installed"):
         require("colorsys")
+
+
+def test_under_make_test_a_package_that_is_not_installed_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NEED_EXTRAS_ENV, "all")  # make test installed every extra
+    with pytest.raises(pytest.fail.Exception, match="fwbench_no_such_package is not installed, but"):
+        require("fwbench_no_such_package")
 
 
 def test_an_installed_package_that_does_not_import_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

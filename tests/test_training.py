@@ -178,9 +178,14 @@ RUNTIMES = (
     "keras:torch",
 )
 COMPILED_MLP_ONLY = ("torch:compile",)  # a cold inductor compile per model: the MLP only
+COMPILED_IN_MATRIX = [pytest.param(runtime, marks=pytest.mark.matrix) for runtime in COMPILED_MLP_ONLY]
 # (runtime, part) of every report part there is: the compiled-MLP-only runtimes have no matrix part.
+# torch:compile's training step (a cold inductor compile of forward and backward) runs in the matrix only: make test
+# checks torch:compile's inference elsewhere (tests/test_compiled_runtimes.py) and the training step in every
+# other runtime.
 RUNTIME_PARTS = [
-    *(pytest.param(runtime, "default", id=f"{runtime}-default") for runtime in RUNTIMES + COMPILED_MLP_ONLY),
+    *(pytest.param(runtime, "default", id=f"{runtime}-default") for runtime in RUNTIMES),
+    *(pytest.param(r, "default", id=f"{r}-default", marks=pytest.mark.matrix) for r in COMPILED_MLP_ONLY),
     *(pytest.param(runtime, "matrix", id=f"{runtime}-matrix", marks=pytest.mark.matrix) for runtime in RUNTIMES),
 ]
 
@@ -240,7 +245,7 @@ def test_first_step_loss_matches_the_float64_reference(runtime: str, part: str) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", [r for r in RUNTIMES + COMPILED_MLP_ONLY if r != "torch:eager"])
+@pytest.mark.parametrize("runtime", [*(r for r in RUNTIMES if r != "torch:eager"), *COMPILED_IN_MATRIX])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_optimizer_steps_give_torchs_parameters(runtime: str, optimizer: str) -> None:
     """Two steps of SGD (momentum) and of AdamW from the canonical weights: every MLP parameter equals
@@ -300,7 +305,7 @@ def test_bf16_training_computes_in_bfloat16_near_the_reference(runtime: str, par
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", RUNTIMES + COMPILED_MLP_ONLY)
+@pytest.mark.parametrize("runtime", [*RUNTIMES, *COMPILED_IN_MATRIX])
 def test_bf16_training_updates_float32_master_weights(runtime: str) -> None:
     from fwbench.models import get_model
 
@@ -340,7 +345,7 @@ COUNTED = ("torch:compile", "tensorflow:function", "tensorflow:xla", "jax:jit", 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", COUNTED)
+@pytest.mark.parametrize("runtime", [*(r for r in COUNTED if r not in COMPILED_MLP_ONLY), *COMPILED_IN_MATRIX])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_later_steps_compile_nothing(runtime: str, optimizer: str) -> None:
     """Once two steps have run (a compiled optimizer may specialise on its state made by the first), a

@@ -109,9 +109,8 @@ def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: l
         if (args.db is None) != (args.run is None):
             raise SpecError("--db and --run go together: the run whose training cells a mismatch marks")
         training = get_phase("training")
-        refused = training.dtype_unsupported(args.dtype)
-        if refused:
-            raise SpecError(f"--phase training: {refused}")
+        if training.dtype_unsupported(args.dtype):
+            raise SpecError(f"--phase training computes in {', '.join(training.dtypes)} only, not {args.dtype}")
         for name in runtime_names:
             lacking = training.runtime_unsupported(get_runtime(name), Settings())
             if lacking:

@@ -26,7 +26,7 @@ import numpy as np
 
 from fwbench import __version__
 from fwbench.frameworks import get_runtime
-from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, export_report, import_deploy
+from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, builtin_package, export_report, import_deploy
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
@@ -61,8 +61,11 @@ class ExportedBackend(Backend):
     @functools.cached_property
     def deploy(self) -> ModuleType:
         """The exporting framework's ``deploy.py``, from the runtime record's package (``RuntimeInfo.package``, set
-        by ``frameworks.create_backend``), imported on first use (after creation, before build)."""
-        return import_deploy(self.package)
+        by ``frameworks.create_backend``), imported on first use (after creation, before build). A record that names
+        no package (an engine's own package is no exporter's) falls back to the built-in framework its mode names
+        (``onnxruntime:torch`` → torch), as runtimes were found before records carried their exporter."""
+        own = builtin_package(self.framework)
+        return import_deploy(builtin_package(self.mode) if self.package == own else self.package)
 
     # -- what each engine provides ---------------------------------------------------------------
     @abstractmethod

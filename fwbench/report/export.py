@@ -14,6 +14,7 @@ from typing import Any
 from fwbench.report.flags import compile_flags
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.throughput import throughput
+from fwbench.report.walltime import wall_time
 from fwbench.store import ResultRecord, RunRecord
 from fwbench.store.records import COLUMN_NAMES
 from fwbench.units import short_id
@@ -60,8 +61,12 @@ def with_rates(row: ResultRecord, peak: Peak | None) -> dict[str, Any]:
 
 def to_json(runs: Sequence[RunRecord], results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     """``{"runs": [...], "results": [...]}`` (and ``"peak"`` when the database holds one); each result
-    carries every raw sample (seconds per call) and its achieved GFLOP/s."""
-    data: dict[str, Any] = {"runs": [r.to_dict() for r in runs], "results": [with_rates(r, peak) for r in results]}
+    carries every raw sample (seconds per call) and its achieved GFLOP/s, each run its ``wall_time``
+    (:mod:`fwbench.report.walltime`: how much of it the timed blocks measured)."""
+    runs_out = [
+        {**r.to_dict(), "wall_time": wall_time([row for row in results if row.run_id == r.id]).to_dict()} for r in runs
+    ]
+    data: dict[str, Any] = {"runs": runs_out, "results": [with_rates(r, peak) for r in results]}
     if peak is not None:
         data["peak"] = peak.to_dict()
     return json.dumps(data, indent=2, sort_keys=True)

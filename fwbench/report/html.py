@@ -56,6 +56,7 @@ from fwbench.report.summary import (
 )
 from fwbench.report.table import throughput_headers
 from fwbench.report.throughput import format_rate, throughput
+from fwbench.report.walltime import wall_time, wall_time_line
 from fwbench.spec import shape_text
 from fwbench.store import ResultRecord, RunRecord
 from fwbench.units import (
@@ -821,10 +822,13 @@ def _header(
             f"{esc(env.get('physical_cores'))} physical cores, {esc(env.get('cpu_simd_flags'))}; "
             f"threads {esc(settings.get('threads'))}, protocol {esc(settings.get('protocol'))}; {versions}.</p>"
         )
+    measured = wall_time_line(wall_time(results))
+    measured_html = f"<p class=small>{esc(measured[0].upper() + measured[1:])}.</p>" if measured else ""
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     return (
         f"<h1>fwbench report</h1><p class=scope>{len(results)} results ({status_text}) of run(s) {run_text}"
         f"{where}. Models: {models}. Runtimes: {runtimes}. Baseline: <b>{esc(baseline)}</b>.</p>{machine}"
+        f"{measured_html}"
         f'<nav class=small><a href="#summary">summary</a><a href="#flags">flags</a><a href="#models">per model</a>'
         f'<a href="#parity">parity</a><a href="#environment">environment</a><a href="#results">all results</a>'
         f"</nav><p class='small muted'>Generated {esc(generated)}; self-contained (no network references).</p>"

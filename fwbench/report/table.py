@@ -51,6 +51,7 @@ from fwbench.report.summary import (
     runtimes_in,
 )
 from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
+from fwbench.report.walltime import wall_time, wall_time_line
 from fwbench.store import ResultRecord
 from fwbench.units import (
     decimals_for,
@@ -509,6 +510,9 @@ def report_tables(
         )
     if fit:
         lines.append(FIT_LEGEND)
+    measured = wall_time_line(wall_time(results))
+    if measured:
+        lines.append(measured)
     return tables, lines
 
 

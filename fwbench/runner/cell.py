@@ -10,6 +10,8 @@ importing numpy starts BLAS threads that inherit whatever affinity the process h
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import time
@@ -21,12 +23,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from fwbench.details import CompileHealth, PrecisionCheck
 from fwbench.diskfull import disk_full_report
 from fwbench.measure import environment, memory, noise, timer
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.precision import policy_mismatches
-from fwbench.runner.launchers import launcher_for
+from fwbench.runner.launchers import SingleProcess, launcher_for
 from fwbench.runner.messages import Job, message, stage_message
 from fwbench.runner.tolerances import parity_tolerance, relative_errors
 
@@ -50,22 +53,8 @@ def parity(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], dty
 
 
 def compile_health(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
-    """Compile-health counters around the timed loop (read just before and just after it) and the
-    flags a report shows: any counter that grew during the loop means it recompiled or retraced."""
-    during = {key: after[key] - before.get(key, 0) for key in after}
-    flags = [f"{key.replace('_', ' ')} +{n} in timed loop" for key, n in during.items() if n > 0]
-    flags += [
-        f"{key.replace('_', ' ')} {after[key]}"
-        for key in ("graph_breaks", "eager_fallbacks")
-        if after.get(key, 0) > 0 and during.get(key, 0) == 0
-    ]
-    return {
-        "after_warmup": before,
-        "after_timing": after,
-        "during_timing": during,
-        "recompiled_in_timed_loop": any(n > 0 for n in during.values()),
-        "flags": flags,
-    }
+    """``details.compile_health`` of the counters read around the timed loop (:meth:`CompileHealth.measured`)."""
+    return CompileHealth.measured(before, after).to_dict()
 
 
 def recording(step: Callable[[], object], losses: list[object]) -> Callable[[], object]:
@@ -91,10 +80,15 @@ class Cell:
         self.channel = channel
         self.commands = commands
         self.backend: Backend | None = None  # once created: failure() asks it whether an error is an OOM
-        self.launcher = launcher_for(job)  # how this process carries out the phase (one process, a rank, profiled)
         self.result: dict[str, Any] = {"stage_seconds": {}}
         self._stage_started = time.perf_counter()
         self._stage = "start"
+
+    @functools.cached_property
+    def launcher(self) -> SingleProcess:
+        """How this process carries out the phase (one process, a rank of a --procs cell, profiled): made on first
+        use, inside the worker's guard, so a malformed rank environment is this cell's error."""
+        return launcher_for(self.job)
 
     def stage(self, name: str) -> None:
         """Enter stage ``name`` (messages.STAGES): the one left gets its seconds, the manager hears of it."""
@@ -149,18 +143,22 @@ class Cell:
         looking failed), with the op classes that break the policy (fwbench.precision). A runtime whose graph
         breaks the policy computes something else than the others: the cell becomes ``mismatch``."""
         dtype = self.job.case.dtype
-        record: dict[str, Any] = {"policy": dtype, "observed": None, "mismatches": []}
-        self.result["precision"] = record
+        check = PrecisionCheck(policy=dtype)
+        self.result["precision"] = check.to_dict()
         try:
             observed = backend.observe_precision(inputs)
         except Exception as exc:  # looking is a check, not the measurement: say why it failed, keep the cell
-            record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self.result["precision"] = dataclasses.replace(check, error=f"{type(exc).__name__}: {first}").to_dict()
             return
         if observed is None:
             return
-        record.update(observed=observed, mismatches=policy_mismatches(dtype, observed))
-        if record["mismatches"] and self.result.get("status") != "mismatch":
-            self.fail_check(f"computes off the {dtype} policy: " + "; ".join(record["mismatches"]))
+        mismatches = tuple(policy_mismatches(dtype, observed))
+        seen = {op: tuple(dtypes) for op, dtypes in observed.items()}
+        check = dataclasses.replace(check, observable=True, observed=seen, mismatches=mismatches)
+        self.result["precision"] = check.to_dict()
+        if mismatches and self.result.get("status") != "mismatch":
+            self.fail_check(f"computes off the {dtype} policy: " + "; ".join(mismatches))
 
     def time_calls(self, backend: Backend, step: Callable[[], object]) -> tuple[int, timer.TimingResult]:
         """Stages first_call, warmup and timing of ``step`` (one synchronised call) as the job's launcher carries

@@ -155,6 +155,8 @@ def launcher_for(job: Job) -> SingleProcess:
     """The launcher of ``job``: profiled (``profile_to``), one rank of a data-parallel cell (``case.procs``), or a
     single process."""
     if job.profile_to is not None:
+        if job.case.procs is not None:
+            raise NotImplementedError("fwbench profile runs cells of one process, not --procs cells")
         return Profiled(Path(job.profile_to))
     if job.case.procs is not None:
         return RankMember(job.case.procs, RankInfo.current())

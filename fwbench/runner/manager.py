@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from fwbench.diskfull import DiskFull
+from fwbench.diskfull import DiskFull, stops_the_sweep
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.frameworks.base import EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
@@ -171,7 +171,7 @@ class Recorder:
         """Store a group's outcomes in one transaction; DiskFull (nothing of the group stored, ``--resume`` runs it
         again) when a worker's write found no room (its export cache, a trace, ...) or the database's did."""
         for outcome, _ in settled:
-            if outcome.details.get("disk_full"):
+            if outcome.details.get("disk_full") and stops_the_sweep(outcome.details["disk_full"]):
                 raise DiskFull.from_report(outcome.details["disk_full"], f"the files of {outcome.case.label()}")
         with self.store.transaction():
             for outcome, wall_s in settled:

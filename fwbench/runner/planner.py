@@ -181,7 +181,7 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         unsupported = (
             phase.runtime_unsupported(info, settings)
             or dtype_unsupported(info, dtype)
-            or phase.unsupported(model, settings)
+            or phase.unsupported(model, info, settings)
         )
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:

@@ -6,7 +6,7 @@ builds the backend — which gets the phase at creation — and then either meas
 or, for ``fwbench verify``, writes the job's outputs (:meth:`Phase.verify`).
 
 A phase also owns its facts, which the planner, the estimate, the registry's checks and the CLI ask it for
-(nothing else branches on a phase's name): the dtypes it computes in (:attr:`Phase.dtypes`), whether its cells
+(they do not branch on its name): the dtypes it computes in (:attr:`Phase.dtypes`), whether its cells
 have a model, run as several processes (``--procs``), can be verified or profiled, what it refuses of a model, a
 runtime or a grid (:meth:`Phase.unsupported`, :meth:`Phase.runtime_unsupported`, :meth:`Phase.check_grid`,
 :meth:`Phase.check_cell`), how its FLOPs are counted (:meth:`Phase.flops_per_call`) and what a cell costs
@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from fwbench.frameworks import RuntimeInfo
+from fwbench.frameworks import RuntimeInfo, get_runtime
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.runner import estimate
@@ -74,8 +74,9 @@ class Phase(ABC):
         round's share of ``max_time_s`` holds)."""
         return None
 
-    def unsupported(self, description: ModelDescription, settings: Settings) -> str | None:
-        """Why ``description``'s model cannot run this phase under ``settings`` (None when it can); nothing is
+    def unsupported(self, description: ModelDescription, info: RuntimeInfo, settings: Settings) -> str | None:
+        """Why ``description``'s model cannot run this phase in ``info``'s runtime under ``settings`` (None when it
+        can), asked after the runtime's own refusals (:meth:`runtime_unsupported`, its dtypes); nothing is
         imported."""
         return None
 
@@ -111,7 +112,7 @@ class Phase(ABC):
         if refused:
             raise NotImplementedError(refused)
         description = get_model(case.model)
-        unsupported = self.unsupported(description, cell.job.settings)
+        unsupported = self.unsupported(description, get_runtime(case.runtime), cell.job.settings)
         if unsupported:
             raise NotImplementedError(unsupported)
         backend = cell.build_backend(description)

@@ -101,19 +101,15 @@ class Fit(Phase):
         """One block per epoch after the first (which compiles: the warm-up)."""
         return settings.epochs - 1
 
-    def unsupported(self, description: ModelDescription, settings: Settings) -> str | None:
-        """The model's own refusal, or (``--input`` images) a model that does not take images."""
+    def unsupported(self, description: ModelDescription, info: RuntimeInfo, settings: Settings) -> str | None:
+        """The model's own refusal; from ``--input`` images, a runtime whose fit loop cannot read them, or a model
+        that does not take images."""
         refused = description.fit_unsupported()
-        if refused is None and settings.fit_source == "input" and not takes_images(description):
-            return f"{description.name} does not take images (--input holds images)"
+        if refused is None and settings.fit_source == "input":
+            refused = fit_input_unsupported(info)
+            if refused is None and not takes_images(description):
+                refused = f"{description.name} does not take images (--input holds images)"
         return refused
-
-    def runtime_unsupported(self, info: RuntimeInfo, settings: Settings) -> str | None:
-        """A runtime without phase fit, or (``--input`` images) whose fit loop cannot read them."""
-        lacking = super().runtime_unsupported(info, settings)
-        if lacking is None and settings.fit_source == "input":
-            return fit_input_unsupported(info)
-        return lacking
 
     def check_grid(self, batch_sizes: list[int], settings: Settings) -> None:
         """Every batch size divides the in-memory fit samples (an epoch is whole batches)."""

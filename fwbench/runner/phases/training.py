@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fwbench.frameworks import get_runtime
+from fwbench.frameworks import RuntimeInfo, get_runtime
 from fwbench.models.base import ModelDescription
 from fwbench.models.training import optimizer_spec
 from fwbench.runner.cell import Cell, recording
@@ -54,7 +54,7 @@ class Training(Phase):
     verifiable = True
     profilable = True
 
-    def unsupported(self, description: ModelDescription, settings: Settings) -> str | None:
+    def unsupported(self, description: ModelDescription, info: RuntimeInfo, settings: Settings) -> str | None:
         return description.training_unsupported()
 
     def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
