@@ -73,15 +73,20 @@ def wall_time(results: Sequence[ResultRecord]) -> WallTime:
     return WallTime(sum(walls) if walls else None, measured, {k: v for k, v in stage_s.items() if v > 0})
 
 
+def _seconds(value: float) -> str:
+    """Seconds for this line: whole seconds from 100 s on (``1330 s``, not ``1.33e+03 s``)."""
+    return f"{value:.0f} s" if value >= 100 else format_seconds(value)
+
+
 def wall_time_line(wall: WallTime) -> str | None:
     """``measured 35.5 s of 380 s of wall time (9%) in timed blocks; worker-seconds by stage ...``; None without a
     wall time."""
     fraction = wall.measured_fraction
     if wall.wall_s is None or fraction is None:
         return None
-    stages = ", ".join(f"{name} {format_seconds(seconds)}" for name, seconds in wall.stage_s.items())
+    stages = ", ".join(f"{name} {_seconds(seconds)}" for name, seconds in wall.stage_s.items())
     line = (
-        f"measured {format_seconds(wall.measured_s)} of {format_seconds(wall.wall_s)} of the comparison groups' wall "
+        f"measured {_seconds(wall.measured_s)} of {_seconds(wall.wall_s)} of the comparison groups' wall "
         f"time ({fraction:.0%}) in timed blocks"
     )
     if stages:
