@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fwbench.cli import main
+from fwbench.frameworks import runtimes
 from fwbench.report import html as report_html
 from fwbench.report.html import to_html
 from fwbench.report.summary import GroupedPair, compare_cells, grouped_pairs, split_groups
@@ -296,23 +297,11 @@ def test_cli_html(store_path: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 # -- the line plots' legends --------------------------------------------------------------------
-LONG_RUNTIMES = (
-    "torch:eager",
-    "torch:compile",
-    "torch:export",
-    "tensorflow:eager",
-    "tensorflow:function",
-    "tensorflow:xla",
-    "jax:jit",
-    "keras:tensorflow",
-    "keras:jax",
-    "keras:torch",
-    "onnxruntime:torch",
-    "onnxruntime:tensorflow",
-    "openvino:torch",
-    "litert:tensorflow",
-    "tensorflow:savedmodel",
-)
+# The registry's inference runtimes (15 of them, the deployment engines' long names among them): every label a report
+# of one model's inference cells can carry.
+LONG_RUNTIMES = tuple(name for name, info in runtimes().items() if "inference" in info.phases and not info.unavailable)[
+    :15
+]
 PLUGIN_RUNTIME = "someones-plugin:an-exported-graph-with-a-very-long-name-that-one-legend-column-cannot-hold"
 
 
