@@ -228,19 +228,19 @@ def test_values_of_the_wrong_type_read_as_none() -> None:
 
 
 def test_phase_data_stores_the_dataset_facts_it_stored_before(tmp_path: Path) -> None:
-    from fwbench.runner.phases.data import check_dataset, dataset_facts
+    from fwbench.runner.phases.data import dataset_facts
 
     folder = tmp_path / "images-48"
     images.make_images(folder, n=6, size=48, seed=3)
     settings = Settings(crop=16)
-    facts = check_dataset(folder, settings, None)  # what phase fit stores under details.fit.input, less excluded
+    record, excluded = dataset_facts(folder, settings, None)  # what phase fit stores under details.fit.input
+    facts = record.to_dict()
     assert set(facts) == {
         "dataset", "digest", "folder", "images", "source", "transform", "crop", "pinning", "corrupt_files", "corrupt",
-        "excluded",
     }  # fmt: skip
-    assert facts["images"] == 6 and facts["source"] == "files" and facts["corrupt"] == [] and facts["excluded"] == []
-    record, excluded = dataset_facts(folder, settings, "packed-torch")  # files: the packed folder is only read
-    assert record.to_dict() == {k: v for k, v in facts.items() if k != "excluded"} and excluded == []
+    assert facts["images"] == 6 and facts["source"] == "files" and facts["corrupt"] == [] and excluded == []
+    packed, excluded = dataset_facts(folder, settings, "packed-torch")  # files: the packed folder is only read
+    assert packed.to_dict() == facts and excluded == []
     assert DataDetails.parse(json.loads(json.dumps(record.to_dict()))) == record
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.datasets.folders import DatasetError, default_folder, default_name, image_dataset
-from fwbench.frameworks import RuntimeInfo, distributed_runtimes, dtype_unsupported, get_runtime
+from fwbench.frameworks import RuntimeInfo, distributed_runtimes, get_runtime
 from fwbench.frameworks import runtimes as registered_runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
@@ -165,8 +165,7 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
     if not phase.uses_model:
         for case in _loader_cells(grid):
             check_case(case, settings)
-            reason = phase.runtime_unsupported(get_runtime(case.runtime), settings)
-            yield case, reason or dtype_unsupported(get_runtime(case.runtime), dtype)
+            yield case, phase.runtime_refusal(get_runtime(case.runtime), dtype, settings)
         return
     for name in grid.models:
         get_model(name)
@@ -178,11 +177,7 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         info = get_runtime(runtime)
         if info.unavailable:
             raise SpecError(f"runtime {runtime} is not available: {info.unavailable}")
-        unsupported = (
-            phase.runtime_unsupported(info, settings)
-            or dtype_unsupported(info, dtype)
-            or phase.unsupported(model, info, settings)
-        )
+        unsupported = phase.runtime_refusal(info, dtype, settings) or phase.unsupported(model, info, settings)
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")

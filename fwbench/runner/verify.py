@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.frameworks import dtype_unsupported, get_runtime, missing_implementation, missing_requirement
+from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
@@ -92,8 +92,7 @@ def verify_model(
             missing = (
                 missing_requirement(info)
                 or missing_implementation(info, description.arch)
-                or get_phase("inference").runtime_unsupported(info, settings)
-                or dtype_unsupported(info, dtype)
+                or get_phase("inference").runtime_refusal(info, dtype, settings)
             )
             if missing:
                 checks.append(OutputCheck(model, runtime, "skipped", missing))
@@ -250,9 +249,8 @@ def verify_training(
             missing = (
                 missing_requirement(info)
                 or missing_implementation(info, description.arch)
-                or get_phase("training").runtime_unsupported(info, settings)
+                or get_phase("training").runtime_refusal(info, dtype, settings)
                 or get_phase("training").dtype_unsupported(dtype)
-                or dtype_unsupported(info, dtype)
             )
             if missing is None and count is not None and count > 1:
                 missing = None if info.global_batch_norm else distributed_parity_unsupported(description)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fwbench.frameworks import RuntimeInfo, get_runtime
+from fwbench.frameworks import dtype_unsupported as runtime_dtype_unsupported
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.runner import estimate
@@ -64,6 +65,11 @@ class Phase(ABC):
     def runtime_unsupported(self, info: RuntimeInfo, settings: Settings) -> str | None:
         """Why ``info``'s runtime cannot run this phase under ``settings`` (None when it can); nothing imported."""
         return None if self.name in info.phases else f"{info.name} has no {self.name} phase yet"
+
+    def runtime_refusal(self, info: RuntimeInfo, dtype: str, settings: Settings) -> str | None:
+        """Why ``info``'s runtime cannot run this phase's cells in ``dtype``: the phase's refusal of the runtime,
+        then the runtime's dtypes (its record's); None when it can."""
+        return self.runtime_unsupported(info, settings) or runtime_dtype_unsupported(info, dtype)
 
     def interleaves(self, settings: Settings) -> bool:
         """Whether this phase's cells may run interleaved under ``settings`` (the setting decides beyond that)."""

@@ -66,12 +66,6 @@ def _first_batch_facts(batch: Any) -> FirstBatch:
     return FirstBatch(tuple(images.shape), str(images.dtype), float(images.sum(dtype=np.float64)))
 
 
-def check_dataset(folder: Path, settings: Settings, packed_folder: str | None) -> dict[str, Any]:
-    """The dataset's facts as stored (:func:`dataset_facts`), with ``excluded``: the files to leave out."""
-    facts, excluded = dataset_facts(folder, settings, packed_folder)
-    return {**facts.to_dict(), "excluded": excluded}
-
-
 def dataset_facts(folder: Path, settings: Settings, packed_folder: str | None) -> tuple[DataDetails, list[str]]:
     """The dataset's facts for ``details.data`` and the files to leave out; raises CorruptImages for an image that
     does not decode (without --skip-corrupt) and ValueError for a changed packed file."""
@@ -130,7 +124,7 @@ class Data(Phase):
         startup_s, _ = estimate.startup_and_compile_s(case.runtime)
         parallel = max(1, min(case.workers or 0, settings.threads))
         batch_s = case.batch_size * estimate.IMAGE_S * (settings.crop / 224) ** 2 / parallel
-        batches = 1 + max(settings.warmup_calls, 2 * (case.workers or 0)) + settings.data_batches
+        batches = 1 + warmup_batches(settings, case.workers or 0) + settings.data_batches
         return settings.rounds * (startup_s + batches * batch_s)
 
     def run(self, cell: Cell) -> dict[str, Any]:

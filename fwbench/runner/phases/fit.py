@@ -29,7 +29,7 @@ from fwbench.models.training import optimizer_spec
 from fwbench.runner import estimate
 from fwbench.runner.cell import Cell
 from fwbench.runner.phases.base import Phase
-from fwbench.runner.phases.data import check_dataset  # the data phase's checks: manifest, corrupt files
+from fwbench.runner.phases.data import dataset_facts  # the data phase's checks: manifest, corrupt files
 from fwbench.spec import Case, Settings, SpecError
 
 if TYPE_CHECKING:
@@ -172,10 +172,10 @@ class Fit(Phase):
         crop = int(description.make_inputs(1, None, settings.seed)["pixel_values"].shape[-1])
         assert settings.data_input is not None  # the planner sets the folder with fit_source input
         folder = Path(settings.data_input)
-        facts = check_dataset(folder, settings, None)
-        exclude = frozenset(facts.pop("excluded"))
+        facts, excluded = dataset_facts(folder, settings, None)
+        exclude = frozenset(excluded)
         loader = LoaderInput(folder, crop, settings.transform, settings.fit_workers, settings.seed, exclude)
-        cell.result["fit_input"] = {**facts, "crop": crop, "workers": settings.fit_workers}
+        cell.result["fit_input"] = {**facts.to_dict(), "crop": crop, "workers": settings.fit_workers}
         return image_fit_dataset(folder, crop, exclude), loader
 
     def measure(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
