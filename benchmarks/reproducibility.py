@@ -1,17 +1,23 @@
 """Do verdicts survive a rerun? Compares back-to-back runs of the same plan stored in one database.
 
-For each pair of runs (A, B), over the cells both ran ok, against the baseline runtime (torch:eager):
+For each pair of runs (A, B), over the cells both ran ok, against the baseline runtime (torch:eager), for each
+way of making the CIs (``moderated``: fwbench's, the round-level variances moderated over the run's cells;
+``own``: each cell's own rounds alone, Student t on R − 1 degrees of freedom, as before issue 34), from the same
+blocks:
 
 - each runtime's geometric-mean speed-up in A and in B, and how far apart they are (goal: within 3%);
-- the share of cells whose two speed-ups are consistent with their CIs:
-  |log r_B − log r_A| ≤ 1.96 · √(se_A² + se_B²) (goal: ≥ 90%; a CI that is too narrow fails it);
-- the median relative CI half-width of the per-cell speed-ups (goal: ≤ 5%, so the check is not passed by
-  inflating CIs).
+- the share of cells whose two speed-ups are consistent with their CIs,
+  |log r_B − log r_A| ≤ 1.96 · √(se_A² + se_B²), and agree within 10% (goal: ≥ 90%; a CI that is too narrow
+  fails it);
+- the median relative CI half-width of the per-cell speed-ups and of the cells' times (goal: ≤ 5% each, so the
+  check is not passed by inflating CIs).
 
-``se`` is a speed-up CI's half-width on the log scale over its quantile: the round-level CI fwbench prints
-(Student t, R − 1 degrees of freedom) for runs with ≥ 3 rounds; for runs of one round (``--interleave off
---rounds 1``, today's mode before rounds) the within-process percentile bootstrap of the ratio of medians that
-fwbench printed then (2000 seeded resamples, each side resampled independently).
+And per run: its wall time (created → finished) and the share of its comparison groups' wall time inside timed
+blocks (goals: ≤ 8 min, ≥ 40%).
+
+``se`` is a speed-up CI's half-width on the log scale over its t quantile (the CI's own degrees of freedom); for
+runs of one round (``--interleave off --rounds 1``, the mode before rounds) the within-process percentile
+bootstrap of the ratio of medians that fwbench printed then (2000 seeded resamples, each side independently).
 
     python benchmarks/reproducibility.py --db DB --pair 1 2 --pair 3 4
 """
@@ -19,14 +25,19 @@ fwbench printed then (2000 seeded resamples, each side resampled independently).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Sequence
+from datetime import datetime
 
 import numpy as np
 from scipy import stats
 
 from fwbench.report.summary import compare_cells, pair_summaries, runtimes_in
+from fwbench.report.walltime import wall_time
 from fwbench.store import ResultRecord, Store
+
+METHODS = ("moderated", "own")
 
 BASELINE = "torch:eager"
 
@@ -65,7 +76,7 @@ def speedups(rows: Sequence[ResultRecord]) -> dict[tuple[object, ...], Speedup]:
                 continue
             key = (runtime, cell.model, cell.phase, cell.batch_size, cell.seq_len, cell.dtype, cell.device)
             if cell.ci_low is not None and cell.ci_high is not None and cell.rounds and cell.rounds >= 3:
-                quantile = float(stats.t.ppf(0.975, cell.rounds - 1))
+                quantile = float(stats.t.ppf(0.975, cell.dof or cell.rounds - 1))
                 se: float | None = math.log(cell.ci_high / cell.ci_low) / (2 * quantile)
                 half: float | None = math.sqrt(cell.ci_high / cell.ci_low) - 1
             else:
@@ -76,9 +87,31 @@ def speedups(rows: Sequence[ResultRecord]) -> dict[tuple[object, ...], Speedup]:
     return out
 
 
-def compare_pair(store: Store, run_a: int, run_b: int) -> None:
+def own_intervals(rows: Sequence[ResultRecord]) -> list[ResultRecord]:
+    """``rows`` as before moderation: no priors, each cell's own interval."""
+    out = []
+    for row in rows:
+        row = dataclasses.replace(row, priors=None)
+        if row.interval is not None:
+            row = dataclasses.replace(row, ci_low_s=row.interval.own_low_s, ci_high_s=row.interval.own_high_s)
+        out.append(row)
+    return out
+
+
+def time_half_widths(rows: Sequence[ResultRecord]) -> list[float]:
+    """Each ok cell's relative time CI half-width."""
+    return [
+        (row.ci_high_s - row.ci_low_s) / 2 / row.median_s
+        for row in rows
+        if row.status == "ok" and row.median_s and row.ci_low_s is not None and row.ci_high_s is not None
+    ]
+
+
+def compare_pair(store: Store, run_a: int, run_b: int, method: str) -> None:
     rows_a, rows_b = store.results([run_a]), store.results([run_b])
-    print(f"runs {run_a} and {run_b}:")
+    if method == "own":
+        rows_a, rows_b = own_intervals(rows_a), own_intervals(rows_b)
+    print(f"runs {run_a} and {run_b}, {method} intervals:")
     geo_a = {s.runtime: s.geomean_ratio for s in pair_summaries(rows_a, BASELINE)}
     geo_b = {s.runtime: s.geomean_ratio for s in pair_summaries(rows_b, BASELINE)}
     worst = 0.0
@@ -92,16 +125,40 @@ def compare_pair(store: Store, run_a: int, run_b: int) -> None:
     print(f"  largest geomean gap: {worst:.1%} (goal ≤ 3%)")
     first, second = speedups(rows_a), speedups(rows_b)
     common = [key for key in first if key in second]
-    consistent, widths = 0, []
+    consistent, agreeing, widths = 0, 0, []
     for key in common:
         (r1, se1, half1), (r2, se2, half2) = first[key], second[key]
         if se1 is None or se2 is None or half1 is None or half2 is None:
             continue
-        consistent += abs(math.log(r2) - math.log(r1)) <= 1.96 * math.hypot(se1, se2)
+        within_ci = abs(math.log(r2) - math.log(r1)) <= 1.96 * math.hypot(se1, se2)
+        consistent += within_ci
+        agreeing += within_ci and abs(r2 / r1 - 1) <= 0.10
         widths += [half1, half2]
+    share = agreeing / max(1, len(common))
+    times = time_half_widths(rows_a) + time_half_widths(rows_b)
     print(
-        f"  cells with consistent CIs: {consistent} of {len(common)} ({consistent / max(1, len(common)):.0%}; goal ≥ 90%); "
-        f"median speed-up CI half-width ±{np.median(widths):.1%} (goal ≤ 5%)"
+        f"  cells consistent with their CIs: {consistent} of {len(common)}; consistent and within 10%: {agreeing} "
+        f"({share:.0%}; goal ≥ 90%); median CI half-width: speed-up ±{np.median(widths):.1%}, cell time "
+        f"±{np.median(times):.1%} (goals ≤ 5%)"
+    )
+
+
+def run_line(store: Store, run_id: int) -> str:
+    """A run's wall time and the share of its groups' wall time inside timed blocks."""
+    run = store.get_run(run_id)
+    if run is None:
+        return f"run {run_id}: not in the database"
+    wall = wall_time(store.results([run_id]))
+    total = (
+        (datetime.fromisoformat(run.finished) - datetime.fromisoformat(run.created)).total_seconds()
+        if run.finished
+        else None
+    )
+    fraction = wall.measured_fraction
+    return (
+        f"run {run_id}: {'unfinished' if total is None else f'{total / 60:.1f} min'} (goal ≤ 8), timed blocks "
+        f"{wall.measured_s:.0f} s of {wall.wall_s or 0:.0f} s of group wall time "
+        f"({'?' if fraction is None else f'{fraction:.0%}'}; goal ≥ 40%)"
     )
 
 
@@ -112,7 +169,10 @@ def main() -> None:
     args = parser.parse_args()
     with Store.open(args.db, readonly=True) as store:
         for run_a, run_b in args.pair:
-            compare_pair(store, run_a, run_b)
+            print(run_line(store, run_a))
+            print(run_line(store, run_b))
+            for method in METHODS:
+                compare_pair(store, run_a, run_b, method)
 
 
 if __name__ == "__main__":

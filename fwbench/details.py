@@ -721,12 +721,15 @@ class Rendezvous:
 @dataclass(frozen=True)
 class RoundDetail:
     """One round of a cell, in ``details.round_details`` (``runner.scheduler.merge_rounds``): its worker's first
-    call, calls per timed sample, resident peak and stage seconds."""
+    call, calls per timed sample, resident peak and stage seconds, and whether its worker started side by side
+    with the group's others (rounds after the first: its first call and stage seconds were then not measured with
+    the machine to itself)."""
 
     first_call_s: float | None = None
     calls_per_sample: int | None = None
     peak_memory_bytes: int | None = None
     stage_seconds: StageSeconds | None = None
+    started_together: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Every key, as the scheduler writes it."""
@@ -741,6 +744,7 @@ class RoundDetail:
             calls_per_sample=as_int(raw.get("calls_per_sample")),
             peak_memory_bytes=as_int(raw.get("peak_memory_bytes")),
             stage_seconds=StageSeconds.parse(raw.get("stage_seconds")),
+            started_together=raw.get("started_together") is True,
         )
 
 

@@ -208,7 +208,10 @@ class Settings:
     )
     settle_s: float = field(
         default=0.05,
-        metadata={"help": "interleaved: idle pause before a worker's block when another worker timed the last one"},
+        metadata={
+            "help": "interleaved: the longest idle pause before a worker's block when another worker timed the last "
+            "one; the pause ends once that worker's threads have not run for 2 ms"
+        },
     )
     warmup_calls: int = field(default=2, metadata={"help": "untimed calls after the first call"})
     timeout_s: float = field(default=600.0, metadata={"help": "wall-clock limit per cell, seconds"})

@@ -74,16 +74,18 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return shared[0] if shared else None
 
 
-# The files whose tests start framework subprocesses for minutes go first: xdist hands out work in collection
-# order, so the short tests fill the end of the run instead of one long group keeping a core busy alone.
+# The files whose tests (or shared fixtures) keep framework subprocesses busy longest go first (make test's single
+# longest tests, then the report groups that make test-matrix makes longest): xdist hands out work in collection
+# order, so the short tests fill the end of the run instead of one long test or group keeping a core busy alone.
 LONG_FILES = (
-    "test_training.py",
-    "test_keras_models.py",
-    "test_fit.py",
-    "test_compiled_runtimes.py",
     "test_end_to_end.py",
-    "test_deploy.py",
     "test_data_phase.py",
+    "test_training.py",
+    "test_fit.py",
+    "test_keras_models.py",
+    "test_deploy.py",
+    "test_compiled_runtimes.py",
+    "test_profile.py",
 )
 
 

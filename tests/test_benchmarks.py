@@ -33,6 +33,7 @@ SMOKE_TESTS = {
     "ray_sweep.py": "test_ray_sweep",
     "report_scale.py": "test_report_scale",
     "reproducibility.py": "test_reproducibility",
+    "settle_pause.py": "test_settle_pause",
     "zoo_speed.py": "test_zoo_speed_torch",
 }
 HELP_ONLY_BY_DEFAULT = ("bf16_products.py", "jpeg_decoders.py", "ray_sweep.py", "zoo_speed.py")  # runs: matrix
@@ -114,10 +115,22 @@ def test_reproducibility(tmp_path: Path) -> None:
                 ],
             )
     out = script("reproducibility.py", "--db", str(db), "--pair", "1", "2")
-    assert "runs 1 and 2:" in out
-    assert re.search(r"jax:jit +geomean speed-up 2\.\d+ → 2\.\d+ \(.+ apart\)", out), out
-    assert re.search(r"largest geomean gap: .+% \(goal ≤ 3%\)", out), out
-    assert re.search(r"cells with consistent CIs: \d of 3 .+median speed-up CI half-width ±.+% \(goal ≤ 5%\)", out), out
+    assert re.search(r"^run 1: \d+\.\d min \(goal ≤ 8\), timed blocks .+ \(.+; goal ≥ 40%\)$", out, re.M), out
+    for method in ("moderated", "own"):  # the same blocks, both ways of making the CIs
+        part = out.split(f"runs 1 and 2, {method} intervals:")[1].split("runs 1 and 2")[0]
+        assert re.search(r"jax:jit +geomean speed-up 2\.\d+ → 2\.\d+ \(.+ apart\)", part), out
+        assert re.search(r"largest geomean gap: .+% \(goal ≤ 3%\)", part), out
+        assert re.search(
+            r"consistent with their CIs: \d of 3; consistent and within 10%: \d \(\d+%; goal ≥ 90%\); median CI "
+            r"half-width: speed-up ±.+%, cell time ±.+% \(goals ≤ 5%\)",
+            part,
+        ), out
+
+
+def test_settle_pause() -> None:
+    out = script("settle_pause.py", "--frameworks", "torch", "--threads", "1", "--blocks", "1").splitlines()
+    assert out[0].startswith("| framework | threads |") and len(out) == 3, out
+    assert re.fullmatch(r"\| torch \| 1 \| [\d.]+ ms, [\d.]+ ms \| [\d.]+ ms, [\d.]+ ms \|", out[2]), out
 
 
 def test_report_scale(tmp_path: Path) -> None:

@@ -7,6 +7,11 @@ softmax / batch-norm statistics float32, weights float32). Each in-process parit
 worker does (build, inputs, compile, infer, to_numpy) and asserts the model's bf16 limit against the float64
 reference and an error above the fp32 tolerance (bfloat16 really computed); the consistency flag and the
 observations' ability to fail are checked in test_precision.py.
+
+``make test`` checks the policy and the in-process parity on mlp, bert-tiny and resnet-tiny, torch.compile's autocast,
+and one bf16 cell in a worker (torch:eager) besides ``fwbench verify --dtype bf16``; distilbert-tiny and gpt2-tiny
+there, torch.export's (AOTInductor) autocast and the worker cells of the other frameworks are the matrix's
+(``make test-matrix``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,17 @@ TF_ONEDNN_DEFAULT_FLAGS = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
 
 def by_name(description: ModelDescription) -> str:
     return description.name
+
+
+MATRIX_MODELS = ("distilbert-tiny", "gpt2-tiny")  # the in-process policy and parity checks of make test-matrix only
+
+
+def model_params() -> list[Any]:
+    """DESCRIPTIONS as test parameters, those in MATRIX_MODELS marked ``matrix``."""
+    return [
+        pytest.param(d, id=d.name, marks=pytest.mark.matrix) if d.name in MATRIX_MODELS else pytest.param(d, id=d.name)
+        for d in DESCRIPTIONS
+    ]
 
 
 def run_bf16(runtime: str, description: ModelDescription) -> tuple[dict[str, Any], list[str], Backend]:
@@ -119,7 +135,7 @@ def test_torch_bf16_autocast(description: ModelDescription, mode: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["compile", "export"])
+@pytest.mark.parametrize("mode", ["compile", pytest.param("export", marks=pytest.mark.matrix)])  # AOTInductor: matrix
 def test_torch_compiled_bf16_autocast(mode: str) -> None:
     """torch.compile and torch.export (AOTInductor) keep the autocast region: bf16 in the compiled code."""
     require("torch")
@@ -183,7 +199,7 @@ def weight_dtypes(backend: Backend) -> set[str]:
 
 
 @pytest.mark.parametrize("runtime", POLICY_RUNTIMES)
-@pytest.mark.parametrize("description", DESCRIPTIONS, ids=by_name)
+@pytest.mark.parametrize("description", model_params())
 def test_bf16_policy_is_what_each_graph_computes(runtime: str, description: ModelDescription) -> None:
     """By construction, on any CPU: under bf16 every matmul / conv / attention operand is bfloat16 and every
     layer norm, softmax and batch-norm statistic float32 in the framework's own graph (jaxpr, traced tf graph,
@@ -211,7 +227,7 @@ def test_bf16_policy_is_what_each_graph_computes(runtime: str, description: Mode
 
 
 @pytest.mark.parametrize("runtime", ["tensorflow:function", "jax:jit"])
-@pytest.mark.parametrize("description", DESCRIPTIONS, ids=by_name)
+@pytest.mark.parametrize("description", model_params())
 def test_bf16_parity_within_the_model_limit(runtime: str, description: ModelDescription) -> None:
     """The mixed policy's outputs against the float64 reference: within the model's bf16 limit, and above the
     fp32 tolerance (bfloat16 really computed)."""
@@ -263,6 +279,7 @@ def test_bf16_cell_in_a_worker() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # make test runs test_bf16_cell_in_a_worker, and jax:jit's bf16 worker in test_verify_runs_bf16
 @pytest.mark.parametrize(
     "model, runtime",
     [

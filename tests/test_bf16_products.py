@@ -3,8 +3,9 @@
 XLA's CPU backend runs a bfloat16 × bfloat16 → float32 dot on its bf16 kernels and only in one layout, and fails
 at run time on another ("Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"), so every product
 the zoo's models make is run here, jitted, forward and gradients, at batch 1 and 2 and sequence 1 and 16 (widths
-≥ 8, so that XLA sends them to that kernel), against the fp32 policy. Whether they are faster is a benchmark
-(benchmarks/bf16_products.py), not a test.
+≥ 8, so that XLA sends them to that kernel), against the fp32 policy: ``make test`` at (batch, sequence) (1, 1) in
+JAX and at (1, 1) and (2, 16) in TensorFlow, ``make test-matrix`` at every shape in both. Whether they are faster is a
+benchmark (benchmarks/bf16_products.py), not a test.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 from conftest import import_jax_backend
 
 HIDDEN, HEADS, VOCAB = 32, 2, 48
-SHAPES = [(1, 1), (1, 16), (2, 16)]  # (batch, sequence)
+SHAPES = [(1, 1), pytest.param(1, 16, marks=pytest.mark.matrix), (2, 16)]  # (batch, sequence)
+JAX_SHAPES = [(1, 1), *(pytest.param(*shape, marks=pytest.mark.matrix) for shape in ((1, 16), (2, 16)))]
 # bfloat16 keeps 8 bits of mantissa: a product's relative L2 error is ~3e-3 on random data; 3e-2 leaves 10x margin
 TOLERANCE = 3e-2
 
@@ -63,7 +65,7 @@ def _check(products: dict[str, Callable[[str], tuple[Any, Any]]]) -> None:
             assert _rel_l2(g16, g32) < TOLERANCE, (name, index, _rel_l2(g16, g32))
 
 
-@pytest.mark.parametrize(("batch", "seq"), SHAPES)
+@pytest.mark.parametrize(("batch", "seq"), JAX_SHAPES)
 def test_jax_products_run_and_match_fp32(batch: int, seq: int) -> None:
     import_jax_backend()
     import jax

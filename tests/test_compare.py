@@ -91,7 +91,10 @@ def test_statistics_of_the_comparison(db: Path) -> None:
     comparison = compare_results(a, b, 1, 3)
     assert len(comparison.cells) == 6 and not comparison.only_a and not comparison.only_b
     for cell, row_a, row_b in zip(comparison.cells, a, b):
-        estimate = unpaired_ratio(row_b.round_samples, row_a.round_samples)  # B/A: > 1 means B is slower
+        # B/A (> 1: B is slower), each side's variance moderated over its own run's six cells
+        assert row_a.priors is not None and row_b.priors is not None and row_a.priors.times is not None
+        priors = (row_b.priors.times, row_a.priors.times)
+        estimate = unpaired_ratio(row_b.round_samples, row_a.round_samples, priors)
         assert estimate is not None and (cell.ratio, cell.ci_low, cell.ci_high, cell.p_value) == (
             estimate.value,
             estimate.ci_low,

@@ -1,4 +1,6 @@
-"""Compile health: recompiles and retraces inside the timed loop are counted, stored and flagged."""
+"""Compile health: recompiles and retraces inside the timed loop are counted, stored and flagged. ``make test``
+forces a retrace in JAX and checks jax:jit's fixed signature; TensorFlow's forced retrace and the fixed signatures of
+tensorflow:function and Keras are the matrix's (``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def test_compile_health_flags_counters_that_grew_during_timing() -> None:
     assert compile_health({}, {})["flags"] == []
 
 
-@pytest.mark.parametrize("runtime", ["retrace:jax", "retrace:tensorflow"])
+@pytest.mark.parametrize("runtime", ["retrace:jax", pytest.param("retrace:tensorflow", marks=pytest.mark.matrix)])
 def test_a_forced_retrace_in_the_timed_loop_is_detected(plugin_env: dict[str, str], runtime: str) -> None:
     outcome = run_worker(Case("mlp", runtime, batch_size=2), Settings(threads=1, max_time_s=0.5))
     assert outcome.status == "ok", outcome.reason
@@ -36,7 +38,13 @@ def test_a_forced_retrace_in_the_timed_loop_is_detected(plugin_env: dict[str, st
     assert any(flag.startswith("traces +") for flag in health["flags"])
 
 
-@pytest.mark.parametrize("runtime", ["jax:jit", "tensorflow:function", "keras:jax", "keras:tensorflow"])
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        "jax:jit",
+        *(pytest.param(r, marks=pytest.mark.matrix) for r in ("tensorflow:function", "keras:jax", "keras:tensorflow")),
+    ],
+)
 def test_a_fixed_signature_never_retraces_while_timed(runtime: str) -> None:
     outcome = run_worker(Case("mlp", runtime, batch_size=2), Settings(threads=1, max_time_s=0.3))
     assert outcome.status == "ok", outcome.reason

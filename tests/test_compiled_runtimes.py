@@ -1,4 +1,9 @@
-"""The compiled modes: torch:script, torch:compile and tensorflow:xla compute the same function."""
+"""The compiled modes: torch:script, torch:compile, torch:export and tensorflow:xla compute the same function.
+
+``make test`` runs torch:script in a worker (torch's compiled modes; torch.compile's code path runs in-process in
+tests/test_bf16.py, and torch.compile gets the compile mode below); the tensorflow:xla worker cell, ``fwbench verify``
+of every compiled runtime (a cold inductor compile) and torch:export (AOTInductor: its worker cells, and its bf16
+autocast in tests/test_bf16.py) are the matrix's (``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from fwbench.spec import Case, CompileMode, Settings, SpecError
 from fwbench.store import Store
 
 
-@pytest.mark.parametrize("runtime", ["torch:script", "tensorflow:xla"])
+@pytest.mark.parametrize("runtime", ["torch:script", pytest.param("tensorflow:xla", marks=pytest.mark.matrix)])
 def test_compiled_runtime_in_a_worker(runtime: str) -> None:
     outcome = run_worker(Case("bert-tiny", runtime, batch_size=2, seq_len=32), Settings(threads=1, max_time_s=0.3))
     assert outcome.status == "ok", outcome.reason
@@ -22,7 +27,8 @@ def test_compiled_runtime_in_a_worker(runtime: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["mlp", pytest.param("resnet-tiny", marks=pytest.mark.matrix)])
+@pytest.mark.matrix
+@pytest.mark.parametrize("model", ["mlp", "resnet-tiny"])
 def test_verify_every_compiled_runtime(model: str) -> None:
     """torch:compile runs inductor (a cold compile takes tens of seconds on 2 cores)."""
     runtimes = ("torch:script", "torch:compile", "tensorflow:xla")
@@ -37,9 +43,9 @@ def test_list_says_torchscript_is_deprecated() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize(
-    ("model", "batch_size", "seq_len", "reexported"),
-    [("mlp", 3, None, True), pytest.param("bert-tiny", 2, 16, False, marks=pytest.mark.matrix)],
+    ("model", "batch_size", "seq_len", "reexported"), [("mlp", 3, None, True), ("bert-tiny", 2, 16, False)]
 )
 def test_export_runtime_in_a_worker(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str, batch_size: int, seq_len: int | None, reexported: bool

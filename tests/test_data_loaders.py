@@ -3,7 +3,9 @@
 With the deterministic ``center-crop`` transform every loader's batches must equal fwbench.datasets.transforms'
 numpy reference up to the JPEG decoders: Pillow and ``tf.io.decode_jpeg(dct_method="INTEGER_ACCURATE")`` both
 run libjpeg's exact integer IDCT (measured identical on this project's builds, docs/data.md), and the limit
-allows one uint8 level anywhere, the difference a decoder built otherwise may make.
+allows one uint8 level anywhere, the difference a decoder built otherwise may make. The torch DataLoader's and
+Grain's batches with 2 worker processes are the matrix's (``make test-matrix``); ``make test`` starts their workers
+in the random-transform checks.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def test_reference_resize_is_bilinear_without_antialiasing() -> None:
     assert transforms.central_square(5, 9) == (0, 2, 5) and transforms.central_square(9, 4) == (2, 0, 4)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.matrix)])
 def test_torch_dataloader_batches_are_the_reference(dataset: Path, workers: int) -> None:
     from fwbench.frameworks.torch import data
 
@@ -138,7 +140,9 @@ def _by_index(batches: list[Any]) -> dict[int, list[np.ndarray]]:
     return found
 
 
-@pytest.mark.parametrize(("workers", "source"), [(0, "files"), (2, "files"), (0, "arrayrecord")])
+@pytest.mark.parametrize(
+    ("workers", "source"), [(0, "files"), pytest.param(2, "files", marks=pytest.mark.matrix), (0, "arrayrecord")]
+)
 def test_grain_dataloader_images_are_the_reference(dataset: Path, workers: int, source: str) -> None:
     from fwbench.frameworks.grain import data
 

@@ -1,6 +1,8 @@
 """``fwbench run --phase data``: the plan (dataset as model, workers as a grid axis), bad input, the three loaders
-end to end in fresh workers (their batches, worker processes that end), corrupt images, and a killed cell whose
-loader workers die with it."""
+end to end in fresh workers (their batches, worker processes that end), corrupt images, a killed cell whose
+loader workers die with it, and fits that read the images through a loader. ``make test`` kills a DataLoader cell
+and fits through torch's loader; corrupt images, Grain's killed cell and the other frameworks' fits are the
+matrix's (``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -160,6 +162,7 @@ def test_the_three_loaders_run_end_to_end_and_their_workers_end(tmp_path: Path, 
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_a_corrupt_image_fails_the_cell_naming_it_unless_skipped(tmp_path: Path, dataset: Path) -> None:
     folder = tmp_path / "broken"
     shutil.copytree(dataset, folder)
@@ -178,7 +181,7 @@ def test_a_corrupt_image_fails_the_cell_naming_it_unless_skipped(tmp_path: Path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader", ["torch:dataloader", "grain:dataloader"])
+@pytest.mark.parametrize("loader", ["torch:dataloader", pytest.param("grain:dataloader", marks=pytest.mark.matrix)])
 def test_a_killed_data_cell_leaves_no_loader_process(tmp_path: Path, dataset: Path, loader: str) -> None:
     marker = uuid.uuid4().hex
     env = {**os.environ, "FWBENCH_TEST_MARKER": marker}  # every process the run starts inherits it
@@ -242,10 +245,21 @@ def _fit_from_images(tmp_path: Path, dataset: Path, runtimes: Mapping[str, str |
 
 
 @pytest.mark.slow
-def test_fit_reads_the_images_through_each_frameworks_loader(tmp_path: Path, dataset: Path) -> None:
+@pytest.mark.parametrize(
+    "loops",
+    [
+        {"torch:eager": "torch:dataloader"},
+        pytest.param(
+            {"tensorflow:function": "tensorflow:data", "jax:jit": "grain:dataloader"}, marks=pytest.mark.matrix
+        ),
+    ],
+    ids=["torch", "tensorflow-jax"],
+)
+def test_fit_reads_the_images_through_each_frameworks_loader(
+    tmp_path: Path, dataset: Path, loops: dict[str, str]
+) -> None:
     """resnet-tiny fits from the dataset's images (cropped to its 64 px) through DataLoader, tf.data and Grain
     in the manual loops, each saying how long it waited for data; a model that takes no images is skipped."""
-    loops = {"torch:eager": "torch:dataloader", "tensorflow:function": "tensorflow:data", "jax:jit": "grain:dataloader"}
     rows = _fit_from_images(tmp_path, dataset, loops, "resnet-tiny,mlp")
     assert {rows[("mlp", runtime)]["status"] for runtime in loops} == {"skipped"}
 

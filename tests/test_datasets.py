@@ -1,4 +1,6 @@
-"""``fwbench data make``: seeded datasets, byte for byte; their manifests; TFRecord shards tf.data reads back."""
+"""``fwbench data make``: seeded datasets, byte for byte; their manifests; TFRecord shards tf.data reads back (the
+CLI writing them: the matrix's, ``make test-matrix``; tests/test_data_loaders.py reads TFRecord shards in make
+test)."""
 
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ def test_text_lines_and_tokenizer(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_cli_writes_images_with_tfrecord_shards_tf_data_reads(tmp_path: Path) -> None:
     out = tmp_path / "new" / "images"  # its folder is created
     done = run_cli("data", "make", "images", "--n", "5", "--size", "16", "--shards", "2", "--out", str(out))

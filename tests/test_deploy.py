@@ -2,7 +2,12 @@
 ``litert:tensorflow``, ``tensorflow:savedmodel``): every tiny model matches the float64 reference through
 ``fwbench verify``'s worker path; a timed cell stores what its export cost and runs under the thread budget;
 OpenVINO computes in the float32 it is told to; a model an exporter cannot express is stored as ``error`` with
-the exporter's message while the sweep goes on; the planner refuses what they cannot compute."""
+the exporter's message while the sweep goes on; the planner refuses what they cannot compute.
+
+``make test`` runs a timed MLP cell of each engine (onnxruntime:torch, openvino:torch, litert:tensorflow,
+tensorflow:savedmodel: each checks its parity) and ``fwbench export``'s refusals; the matrix (``make test-matrix``)
+runs ``fwbench verify`` of every tiny model on every engine, the onnxruntime:tensorflow cell, ``fwbench export`` to
+ONNX and LiteRT, the export cache shared by a group's engines, and the model tf2onnx cannot convert."""
 
 from __future__ import annotations
 
@@ -35,9 +40,8 @@ EXPORTERS = {"torch": "torch.onnx.export(dynamo=True)", "tensorflow": "tf2onnx.c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(  # the MLP: the cells below check its parity
-    "model", ["bert-tiny", *(pytest.param(model, marks=pytest.mark.matrix) for model in ("gpt2-tiny", "resnet-tiny"))]
-)
+@pytest.mark.matrix  # the MLP: the cells below check its parity in make test
+@pytest.mark.parametrize("model", ["bert-tiny", "gpt2-tiny", "resnet-tiny"])
 def test_every_tiny_model_matches_the_reference_after_export(model: str) -> None:
     require("onnxruntime")
     checks = verify_model(model, DEPLOYMENT_RUNTIMES, Settings(threads=1, timeout_s=300))
@@ -48,7 +52,10 @@ def test_every_tiny_model_matches_the_reference_after_export(model: str) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", EXPORTED_RUNTIMES)
+@pytest.mark.parametrize(  # onnxruntime's engine once in make test (its tf2onnx export: the matrix's)
+    "runtime",
+    [pytest.param(r, marks=pytest.mark.matrix) if r == "onnxruntime:tensorflow" else r for r in EXPORTED_RUNTIMES],
+)
 def test_exported_cell_stores_its_exports_and_engine_settings(runtime: str) -> None:
     """Timed at batch 3, parity at the model's parity shape (batch 2): two exports, each with its seconds and
     size; the engine's thread settings as it reports them; every thread of the worker on its one CPU; OpenVINO's
@@ -150,6 +157,7 @@ def gelu_model_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # make test checks a failing cell and the sweep going on with tests/test_runner.py's fakes
 def test_a_model_the_exporter_cannot_express_is_an_error_and_the_sweep_goes_on(
     gelu_model_env: dict[str, str], db_path: Path
 ) -> None:
@@ -227,6 +235,7 @@ def _engine_outputs(runtime: str, path: Path, inputs: list[np.ndarray]) -> list[
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # make test: its refusals, below
 @pytest.mark.parametrize("runtime", ["onnxruntime:torch", "litert:tensorflow"])
 def test_export_writes_an_artefact_the_engine_alone_runs(runtime: str, tmp_path: Path) -> None:
     """``fwbench export`` writes one file and one line; the file, loaded here by the engine without any framework,
@@ -287,6 +296,7 @@ def test_export_refuses_an_existing_path_or_a_missing_folder(
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_a_group_exports_once_and_the_engines_share_the_file(tmp_path: Path) -> None:
     """onnxruntime:torch and openvino:torch run the same ONNX file: the group's export cache makes it once; the
     cell that loaded it stores that export's seconds with cached: true and counts them in its time to first result."""

@@ -140,6 +140,7 @@ def test_the_stored_shapes_are_those_the_writers_built_by_hand() -> None:
         "calls_per_sample": 4,
         "peak_memory_bytes": None,
         "stage_seconds": None,
+        "started_together": False,
     }
     assert COMPILE.to_dict() == {
         "export_s": 3.0,
@@ -309,10 +310,12 @@ def test_the_scheduler_stores_its_rounds_and_sub_groups_as_before() -> None:
     for index, first_call in enumerate((0.5, 0.25)):
         fields = {"first_call_s": first_call, "calls_per_sample": 4, "peak_memory_bytes": 100 + index}
         cell.rounds.append(CellOutcome(case, "ok", None, [1e-3], fields, {"stage_seconds": {"start": 0.1}}, []))
+    cell.started_together.add(1)  # round 2's workers started side by side
     merged = scheduler.merge_rounds(cell, "g", "interleaved")
+    stages = {"stage_seconds": {"start": 0.1}}
     assert merged.details["round_details"] == [
-        {"first_call_s": 0.5, "calls_per_sample": 4, "peak_memory_bytes": 100, "stage_seconds": {"start": 0.1}},
-        {"first_call_s": 0.25, "calls_per_sample": 4, "peak_memory_bytes": 101, "stage_seconds": {"start": 0.1}},
+        {"first_call_s": 0.5, "calls_per_sample": 4, "peak_memory_bytes": 100, **stages, "started_together": False},
+        {"first_call_s": 0.25, "calls_per_sample": 4, "peak_memory_bytes": 101, **stages, "started_together": True},
     ]
 
 
@@ -403,7 +406,9 @@ def test_the_case_keys_and_columns_come_from_one_declaration() -> None:
     assert KEY_FIELDS == ("run_id", "hardware_id", *(name for name in CASE_FIELDS if name != "runtime"))
     assert set(CASE_FIELDS) <= set(COLUMN_NAMES)
     decoded = {"samples", "details", "noise", "machine", "blocks", "versions"}
+    read_with_the_run = {"interval", "priors"}  # fwbench.store.moderation
     typed = {f.name for f in dataclasses.fields(ResultRecord) if f.name not in COLUMN_NAMES} - decoded
+    typed -= read_with_the_run
     assert typed == {
         "parity", "precision", "training", "fit", "compile_health", "compile_report", "stage_seconds", "cpu_units",
         "data", "distributed", "ranks", "rendezvous", "interleaving",

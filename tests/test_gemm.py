@@ -100,7 +100,7 @@ def test_weight_map_errors_name_the_tensor(framework: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.matrix  # make test checks gemm's worker path in torch (env --peak) and every framework's gemm in-process
+@pytest.mark.matrix  # make test checks every framework's gemm in-process (the worker path: env --peak, the matrix's)
 def test_every_runtime_passes_parity_in_a_worker() -> None:
     """The worker path (`fwbench verify`): each runtime in its own process, Keras on all three backends."""
     from fwbench.runner.verify import verify_model
@@ -115,6 +115,7 @@ def test_every_runtime_passes_parity_in_a_worker() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # make test checks every framework's gemm in-process
 def test_env_peak_end_to_end_for_one_framework(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,6 +1,8 @@
 """`--dtype int8`: ONNX Runtime's dynamic quantisation and LiteRT's dynamic-range quantisation of our exported
 models, checked against the float64 reference with int8's own limit; every other runtime skipped with the reason;
-the report's table of reduced precision against the same runtime's fp32 cell."""
+the report's table of reduced precision against the same runtime's fp32 cell. ``make test`` runs an int8 cell of the
+MLP on onnxruntime:torch (it checks its parity at the int8 limit); litert:tensorflow's cell and ``fwbench verify`` of
+every tiny model on the three quantising engines are the matrix's (``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -41,9 +43,8 @@ def test_int8_is_inference_only(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(  # the MLP in make test; the others in the matrix (make test-matrix)
-    "model", ["mlp", *(pytest.param(model, marks=pytest.mark.matrix) for model in ("bert-tiny", "resnet-tiny"))]
-)
+@pytest.mark.matrix  # make test: the MLP's int8 cell, test_an_int8_cell_stores_what_was_quantised_and_the_cpus_int8_units
+@pytest.mark.parametrize("model", ["mlp", "bert-tiny", "resnet-tiny"])
 def test_int8_engines_stay_within_the_int8_limit_and_really_quantise(model: str) -> None:
     require("onnxruntime")
     checks = verify_model(model, INT8_RUNTIMES, Settings(threads=1, timeout_s=300), dtype="int8")
@@ -89,16 +90,21 @@ def test_the_report_sets_reduced_precision_beside_the_same_runtimes_fp32(
 
 
 @pytest.mark.slow
-def test_an_int8_cell_stores_what_was_quantised_and_the_cpus_int8_units(db_path: Path) -> None:
+@pytest.mark.parametrize(  # ONNX Runtime's in make test, LiteRT's in the matrix (make test-matrix)
+    "runtime", ["onnxruntime:torch", pytest.param("litert:tensorflow", marks=pytest.mark.matrix)]
+)
+def test_an_int8_cell_stores_what_was_quantised_and_the_cpus_int8_units(db_path: Path, runtime: str) -> None:
     require("onnxruntime")
     from fwbench.measure.environment import cpu_int8_units
 
-    flags = ("--models", "mlp", "--runtimes", "onnxruntime:torch,litert:tensorflow", "--dtype", "int8")
+    flags = ("--models", "mlp", "--runtimes", runtime, "--dtype", "int8")
     assert main(run_args(*flags, db=db_path, max_time=0.2)) == 0
     with Store.open(db_path, readonly=True) as store:
         rows = {row.runtime: row for row in store.results()}
-    assert all(row.status == "ok" for row in rows.values())
-    ort = rows["onnxruntime:torch"].details["compile_report"]
-    assert ort["quantized_ops"].get("MatMulInteger", 0) >= 1 and "reduce_range=True" in ort["quantization"]
-    assert rows["litert:tensorflow"].details["compile_report"]["int8_tensors"] >= 1
+    assert set(rows) == {runtime} and all(row.status == "ok" for row in rows.values())
+    if runtime == "onnxruntime:torch":
+        ort = rows["onnxruntime:torch"].details["compile_report"]
+        assert ort["quantized_ops"].get("MatMulInteger", 0) >= 1 and "reduce_range=True" in ort["quantization"]
+    else:
+        assert rows["litert:tensorflow"].details["compile_report"]["int8_tensors"] >= 1
     assert all(row.details["cpu_int8_units"] == cpu_int8_units() for row in rows.values())

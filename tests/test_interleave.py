@@ -4,6 +4,7 @@ worker that dies mid-group, resuming an interleaved run, and the statistics stor
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import numpy as np
 import pytest
 
 from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
+from fwbench.measure.settle import QUIET_S, settle
 from fwbench.runner.manager import CellOutcome, execute
 from fwbench.runner.messages import Job
-from fwbench.runner.process import WorkerProcess
+from fwbench.runner.process import WorkerProcess, worker_cpus
 from fwbench.runner.scheduler import comparison_groups, group_key, order_generator
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store
@@ -41,7 +43,7 @@ def test_groups_are_cells_that_differ_only_by_runtime() -> None:
 
 def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(plugin_env: dict[str, str], db_path: Path) -> None:
     """Per round: the workers come up in a seeded order, then each cycle every worker times one block, in that
-    cycle's seeded order; no two blocks overlap, and a pause of ``settle_s`` separates blocks of two workers."""
+    cycle's seeded order; no two blocks overlap, and a quiet pause (:mod:`fwbench.measure.settle`) separates blocks of two workers."""
     cases = (fake("sleep"), fake("slowsync"), fake("spike"))
     run_id = run(db_path, Plan(cases, FAST))
     with Store.open(db_path, readonly=True) as store:
@@ -65,9 +67,12 @@ def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(plugin_env: d
         for (block, runtime), (following, next_runtime) in zip(blocks, blocks[1:]):
             assert block.start_unix_s is not None and following.start_unix_s is not None
             gap = following.start_unix_s - (block.start_unix_s + block.seconds)
-            assert gap >= (FAST.settle_s - 0.002 if runtime != next_runtime else 0.0), (gap, runtime, next_runtime)
+            # another worker's block: the manager first saw the last worker quiet for QUIET_S (at most settle_s)
+            assert gap >= (QUIET_S * 0.9 if runtime != next_runtime else 0.0), (gap, runtime, next_runtime)
     for row in rows.values():
         assert row.round_count == 2 and row.ci_low_s is None  # two rounds: an estimate, no CI
+        # round 1 started its workers one at a time; round 2, whose peaks round 1 measured, side by side
+        assert [r.started_together for r in row.interleaving.rounds] == [False, True]
         assert row.n_samples == len(row.blocks) and row.noise is not None and row.machine is not None
 
 
@@ -88,7 +93,7 @@ def test_idle_workers_use_no_cpu_while_a_peer_measures(plugin_env: dict[str, str
         for _ in range(6):
             for active in (0, 1):
                 idle = 1 - active
-                time.sleep(settings.settle_s)
+                settle(workers[idle].pids, settings.settle_s)  # the last block's worker, as the scheduler waits
                 before = workers[idle].cpu_seconds()
                 start = time.perf_counter()
                 workers[active].command("block", calls=calls[active])
@@ -194,3 +199,16 @@ def test_env_noise_probe_reports_each_probe_and_the_rounds_it_needs(capsys: pyte
     assert recommended_rounds(0.01) <= recommended_rounds(0.02) <= recommended_rounds(0.04)
     assert main(["env", "--rounds", "2"]) == 2  # --rounds without --noise: one clear line
     assert "only with env --noise" in capsys.readouterr().err
+
+
+def test_a_worker_started_beside_others_runs_every_thread_on_its_cells_cpus(plugin_env: dict[str, str]) -> None:
+    """A worker given start CPUs (every CPU of the machine) imports torch on them, then moves every thread (BLAS,
+    OpenMP and torch's own included) to the cell's CPU before the framework is configured: its result lists no
+    thread anywhere else."""
+    cell_cpus = worker_cpus(1)
+    every_cpu = sorted(range(os.cpu_count() or 1))
+    job = Job(Case("mlp", "torch:eager", batch_size=2), Settings(threads=1, max_time_s=0.1), check_parity=False)
+    with WorkerProcess(job, start_cpus=every_cpu) as worker:
+        result = worker.await_message({"result"}, 120)
+    assert result["status"] == "ok", result.get("reason")
+    assert result["cpus"] == list(cell_cpus) and result["thread_cpu_lists"] == [str(cell_cpus[0])], result

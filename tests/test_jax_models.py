@@ -1,5 +1,6 @@
 """The JAX models and the ``jax:jit`` backend: parity with the float64 references, weight-map errors,
-the backend called in-process (compile, infer, sync that really blocks), and the XLA flags it sets."""
+the backend called in-process (compile, infer, sync that really blocks), and the XLA flags it sets. distilbert-tiny's
+parity and GELU checks are the matrix's (``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model
 PARITY_TOLERANCE = 1e-6
 
 
+def matrix_if_distil(description: ModelDescription) -> Any:
+    """``description`` as a test parameter; distilbert-tiny (bert-tiny's code again) in the matrix (make test-matrix)."""
+    marks = pytest.mark.matrix if description is DISTIL_TINY else ()
+    return pytest.param(description, id=description.name, marks=marks)
+
+
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
 
@@ -50,7 +57,7 @@ def compiled_programs(jitted: Any) -> int:
     return int(jitted._cache_size())
 
 
-@pytest.mark.parametrize("description", DESCRIPTIONS, ids=lambda d: d.name)
+@pytest.mark.parametrize("description", [matrix_if_distil(d) for d in DESCRIPTIONS])
 def test_jax_matches_the_float64_reference(description: ModelDescription) -> None:
     weights = description.canonical_weights(0)
     batch, seq = description.parity_shape()
@@ -207,7 +214,7 @@ def test_jax_jit_runs_in_a_worker_with_parity() -> None:
     assert outcome.details["thread_cpu_lists"] == [str(outcome.details["cpus"][0])]
 
 
-@pytest.mark.parametrize("description", DESCRIPTIONS[1:], ids=lambda d: d.name)
+@pytest.mark.parametrize("description", [matrix_if_distil(d) for d in DESCRIPTIONS[1:]])
 def test_jax_uses_the_right_gelu(description: ModelDescription) -> None:
     from model_checks import GELU_TOLERANCE, amplified_weights, gelu_swap_error
 

@@ -3,9 +3,11 @@ Keras backend (the GELU-sensitive check included), the timed predict step, the N
 resolved jit_compile, weight-map errors, and one refusal to mix Keras backends in a process.
 
 A process holds one Keras backend (KERAS_BACKEND is read when keras is first imported), so each
-backend runs in its own subprocess: this file run as a script, ``python test_keras_models.py <backend>``,
-does everything for that backend and prints one JSON report; the tests assert on it. This pytest
-process never imports keras.
+backend runs in its own subprocess: this file run as a script, ``python test_keras_models.py <backend> <part>``,
+does everything for that backend and the part's models and prints one JSON report; the tests assert on it. This pytest
+process never imports keras. ``make test`` checks every model on the torch backend (each Keras model's code once)
+and the MLP on the others (DEFAULT_MODELS); the other models on tensorflow and jax are the matrix's
+(``make test-matrix``), as is the bert-tiny worker cell.
 """
 
 from __future__ import annotations
@@ -33,7 +35,24 @@ OUTPUTS = {
 }
 REPORT_TIMEOUT_S = 300
 CHECKED_ONCE = "torch"  # the backend whose subprocess also checks weight-map errors and the one-backend rule
-Reports = dict[str, dict[str, Any]]  # report()'s JSON for each Keras backend
+# The models of each backend's report in make test (its default part); its matrix part has the others.
+DEFAULT_MODELS = {"torch": MODEL_NAMES, "tensorflow": ("mlp",), "jax": ("mlp",)}
+
+
+def part_of(backend: str, model: str) -> str:
+    """The part of ``backend``'s report that checks ``model``: default (make test) or matrix (make test-matrix)."""
+    return "default" if model in DEFAULT_MODELS[backend] else "matrix"
+
+
+def cells(models: tuple[str, ...] = MODEL_NAMES) -> list[Any]:
+    """(backend, model) test parameters, marked ``matrix`` where the backend's matrix part checks the model."""
+    return [
+        pytest.param(backend, model, id=f"{model}-{backend}", marks=pytest.mark.matrix)
+        if part_of(backend, model) == "matrix"
+        else pytest.param(backend, model, id=f"{model}-{backend}")
+        for backend in BACKENDS
+        for model in models
+    ]
 
 
 # -- the subprocess side ------------------------------------------------------------------------
@@ -158,7 +177,15 @@ def _mapping_errors() -> dict[str, str]:
     return errors
 
 
-def report(backend_name: str) -> dict[str, Any]:
+def part_models(backend: str, part: str) -> tuple[str, ...]:
+    """The models ``part`` of ``backend``'s report checks."""
+    return tuple(model for model in MODEL_NAMES if part_of(backend, model) == part)
+
+
+def report(backend_name: str, part: str) -> dict[str, Any]:
+    """``backend_name``'s settings, and its fp32 and bf16 cells of the models of ``part``; in the default part of
+    CHECKED_ONCE also the backend-independent checks."""
+    models = part_models(backend_name, part)
     from fwbench.frameworks.keras import backend as keras_backend
 
     frameworks = ("keras", "tensorflow", "torch", "jax")
@@ -179,8 +206,9 @@ def report(backend_name: str) -> dict[str, Any]:
     def create() -> Any:
         return keras_backend.create_backend(backend_name, "cpu", settings)
 
+    descriptions = {name: d for name, d in _descriptions().items() if name in models}
     result["models"] = {}
-    for name, description in _descriptions().items():
+    for name, description in descriptions.items():
         timed_shape = (1, 8) if description.has_sequence else (1, None)
         cell = _run_cell(create, description, description.canonical_weights(0), timed_shape)
         if name in TEXT:  # weights that make erf and tanh GELU differ well above the tolerance
@@ -195,11 +223,11 @@ def report(backend_name: str) -> dict[str, Any]:
     result["bf16_precision"] = create_bf16().configure_precision()
     result["bf16"] = {
         name: _run_cell(create_bf16, description, description.canonical_weights(0), None)
-        for name, description in _descriptions().items()
+        for name, description in descriptions.items()
     }
     keras.config.set_dtype_policy("float32")  # back to the default for the checks below
 
-    if backend_name == CHECKED_ONCE:  # backend-independent checks, in the quickest subprocess
+    if backend_name == CHECKED_ONCE and part == "default":  # backend-independent checks, in the quickest subprocess
         result["weight_errors"] = {name: _weight_errors(d) for name, d in _descriptions().items()}
         result["mapping_errors"] = _mapping_errors()
         other = "tensorflow"  # which keras on torch does not import
@@ -234,15 +262,14 @@ def _environment(keras_home: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> Reports:
-    """One report per Keras backend; the three subprocesses run side by side."""
-    env = _environment(tmp_path_factory.mktemp("keras_home"))
+def _part_reports(env: dict[str, str], part: str) -> dict[str, dict[str, Any]]:
+    """report()'s JSON for each Keras backend with models in ``part``; the subprocesses run side by side."""
     procs = {
         b: subprocess.Popen(
-            [sys.executable, __file__, b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            [sys.executable, __file__, b, part], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         for b in BACKENDS
+        if part_models(b, part)
     }
     results: dict[str, dict[str, Any]] = {}
     failures = []
@@ -260,9 +287,47 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Reports:
     return results
 
 
+class Reports:
+    """The reports of each part (default, matrix), each computed when a test first asks for it: make test computes
+    the default part only, make test-matrix the matrix part only."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.parts: dict[str, dict[str, dict[str, Any]] | str] = {}  # a part's reports, or why they failed
+
+    def part(self, name: str) -> dict[str, dict[str, Any]]:
+        if name not in self.parts:
+            try:
+                self.parts[name] = _part_reports(self.env, name)
+            except AssertionError as exc:
+                self.parts[name] = str(exc)
+        done = self.parts[name]
+        if isinstance(done, str):
+            pytest.fail(done)
+        return done
+
+    def backend(self, backend: str) -> dict[str, Any]:
+        """``backend``'s report in the default part: its settings (every backend has a model there)."""
+        return self.part("default")[backend]
+
+    def of(self, backend: str, model: str) -> dict[str, Any]:
+        """``backend``'s report in the part that checks ``model``."""
+        return self.part(part_of(backend, model))[backend]
+
+    def checked_once(self) -> dict[str, Any]:
+        """The report with the backend-independent checks."""
+        return self.part("default")[CHECKED_ONCE]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> Reports:
+    """One report per Keras backend and part, computed on first use."""
+    return Reports(_environment(tmp_path_factory.mktemp("keras_home")))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_keras_is_imported_late_and_settings_reported(reports: Reports, backend: str) -> None:
-    r = reports[backend]
+    r = reports.backend(backend)
     assert r["loaded_by_module_import"] == []  # keras is imported only once KERAS_BACKEND is set
     assert r["keras_backend"] == backend
     threads = r["threads"]
@@ -283,10 +348,9 @@ def test_keras_is_imported_late_and_settings_reported(reports: Reports, backend:
     assert "keras" in r["versions"] and backend in r["versions"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize(("backend", "model"), cells())
 def test_outputs_match_the_float64_reference(reports: Reports, backend: str, model: str) -> None:
-    cell = reports[backend]["models"][model]
+    cell = reports.of(backend, model)["models"][model]
     assert cell["outputs"] == OUTPUTS[model] and cell["shapes_ok"] and cell["dtypes"] == ["float32"]
     assert all(error < PARITY_TOLERANCE for error in cell["rel_l2"].values()), cell["rel_l2"]
     assert cell["repeat_equal"]  # the timed steps recompute the same outputs (jax: the carried state)
@@ -297,8 +361,7 @@ def test_outputs_match_the_float64_reference(reports: Reports, backend: str, mod
         assert cell["input_shapes"] == [[2, 64, 64, 3]]  # NCHW (2, 3, 64, 64) given to Keras as NHWC
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("model", MODEL_NAMES)
+@pytest.mark.parametrize(("backend", "model"), cells())
 def test_bf16_is_the_mixed_bfloat16_policy(reports: Reports, backend: str, model: str) -> None:
     """bf16: Keras' mixed_bfloat16 policy (with fwbench's float32 layer norms and residual stream), set before
     building: float32 variables, parity within the bf16 tolerance yet above the fp32 one (so it really computed
@@ -306,11 +369,12 @@ def test_bf16_is_the_mixed_bfloat16_policy(reports: Reports, backend: str, model
     from fwbench.precision import policy_mismatches
     from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE
 
-    precision = reports[backend]["bf16_precision"]
+    part = reports.of(backend, model)
+    precision = part["bf16_precision"]
     assert precision["keras_dtype_policy"] == "mixed_bfloat16"
     assert "keras mixed_bfloat16 policy" in precision["bf16_mechanism"]
     assert "float32 embeddings, layer norms and residual stream" in precision["bf16_mechanism"]
-    cell = reports[backend]["bf16"][model]
+    cell = part["bf16"][model]
     assert cell["dtype_policy"] == "mixed_bfloat16" and cell["variable_dtypes"] == ["float32"]
     # Outputs of Dense layers are bfloat16; DistilBERT's one output is a float32 layer norm under the policy.
     assert ("bfloat16" in cell["raw_dtypes"]) != model.startswith("distilbert"), cell["raw_dtypes"]
@@ -322,28 +386,27 @@ def test_bf16_is_the_mixed_bfloat16_policy(reports: Reports, backend: str, model
         assert observed["layer_norm"] == ["float32"] and observed["attention"] == ["bfloat16"], observed
     if model.startswith("resnet"):
         assert observed["conv"] == ["bfloat16"], observed
-    fp32_observed = reports[backend]["models"][model]["observed"]
+    fp32_observed = part["models"][model]["observed"]
     assert fp32_observed["matmul"] == ["float32"] and policy_mismatches("fp32", fp32_observed) == [], fp32_observed
     errors = cell["rel_l2"].values()
     assert all(e <= PARITY_REL_L2_TOLERANCE["bf16"] for e in errors), cell["rel_l2"]
     assert max(errors) > PARITY_REL_L2_TOLERANCE["fp32"], cell["rel_l2"]  # float32 lands near 4e-7
-    fp32_cell = reports[backend]["models"][model]  # built before, under the default policy
+    fp32_cell = part["models"][model]  # built before, under the default policy
     assert fp32_cell["dtype_policy"] == "float32" and fp32_cell["raw_dtypes"] == ["float32"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("model", TEXT)
+@pytest.mark.parametrize(("backend", "model"), cells(TEXT))
 def test_the_right_gelu(reports: Reports, backend: str, model: str) -> None:
     """With amplified FFN weights a swapped GELU moves the outputs by more than 4x the tolerance;
     each backend stays within it."""
-    cell = reports[backend]["models"][model]
+    cell = reports.of(backend, model)["models"][model]
     assert _gelu_swap_error(model) > 4 * cell["gelu_tolerance"]
     assert all(error < cell["gelu_tolerance"] for error in cell["gelu_rel_l2"].values()), cell["gelu_rel_l2"]
 
 
 @pytest.mark.parametrize("model", MODEL_NAMES)
 def test_weight_map_errors_are_clear(reports: Reports, model: str) -> None:
-    errors = reports[CHECKED_ONCE]["weight_errors"][model]
+    errors = reports.checked_once()["weight_errors"][model]
     first, last = errors["first"], errors["last"]
     assert f"tensors missing ['{last}']" in errors["missing"]
     assert "tensors unused ['extra.weight']" in errors["unused"]
@@ -352,19 +415,19 @@ def test_weight_map_errors_are_clear(reports: Reports, model: str) -> None:
 
 
 def test_load_canonical_refuses_incomplete_maps(reports: Reports) -> None:
-    errors = reports[CHECKED_ONCE]["mapping_errors"]
+    errors = reports.checked_once()["mapping_errors"]
     assert "variables unset ['fc1/bias']" in errors["unset"]
     assert "unknown ['fc9/bias']" in errors["unknown"] and "variables unset ['fc1/bias']" in errors["unknown"]
     assert "a variable is the target of more than one tensor" in errors["twice"]
 
 
 def test_one_keras_backend_per_process(reports: Reports) -> None:
-    message = reports[CHECKED_ONCE]["other_backend"]
+    message = reports.checked_once()["other_backend"]
     assert "keras:tensorflow needs Keras' tensorflow backend" in message and "torch backend" in message
-    assert not reports[CHECKED_ONCE]["other_framework_loaded"]  # refused before importing tensorflow
+    assert not reports.checked_once()["other_framework_loaded"]  # refused before importing tensorflow
 
 
-@pytest.mark.parametrize("model", ["bert-tiny", "resnet-tiny"])
+@pytest.mark.parametrize("model", [pytest.param("bert-tiny", marks=pytest.mark.matrix), "resnet-tiny"])
 def test_keras_jax_runs_in_a_worker_with_parity(model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fwbench.runner.manager import run_worker
     from fwbench.spec import Case, Settings
@@ -382,4 +445,4 @@ def test_keras_jax_runs_in_a_worker_with_parity(model: str, tmp_path: Path, monk
 
 
 if __name__ == "__main__":
-    print(json.dumps(report(sys.argv[1])))
+    print(json.dumps(report(sys.argv[1], sys.argv[2])))

@@ -1,6 +1,8 @@
 """A plugin adds a model (tests/fwbench_plugin_model): registered with register_model, implemented in torch and
 jax inside the plugin's own package under the same model-file contract, found through the registry by the
-built-in runtimes and by a plugin runtime whose framework package is the plugin's."""
+built-in runtimes and by a plugin runtime whose framework package is the plugin's. Its sweep through the CLI (a
+worker per runtime) is the matrix's (``make test-matrix``); ``make test`` runs a plugin's runtime through the CLI in
+tests/test_checklists.py."""
 
 from __future__ import annotations
 
@@ -117,6 +119,7 @@ def test_the_plugin_model_trains_alike_in_torch_and_jax(plugin_model_env: dict[s
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_the_plugin_model_runs_end_to_end_with_parity(plugin_model_env: dict[str, str], db_path: Path) -> None:
     result = run_cli(
         *run_args(

@@ -1,5 +1,7 @@
 """``fwbench profile`` end to end: every framework's profiler in a fresh worker on the mlp and bert-tiny, the
-tables it prints, the profile run in the store (never among benchmark results), ``report --profile``."""
+tables it prints, the profile run in the store (never among benchmark results), ``report --profile``.
+``make test`` profiles torch:eager; the other frameworks and modes, and a runtime without a profiler, are the
+matrix's (``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,18 @@ from fwbench.spec import Case, Plan, Settings
 from fwbench.store import ProfileRecord, Store
 from headless_chromium import chromium_path, inspect_page
 
-# Per framework, one runtime in the default run; the rest of the matrix (torch:compile, tensorflow:xla, Keras on
-# each backend) under the matrix marker.
-DEFAULT_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")
-MATRIX_RUNTIMES = ("torch:compile", "tensorflow:xla", "keras:tensorflow", "keras:jax", "keras:torch")
+# One framework's profiler in the default run; the other frameworks' (TensorFlow, JAX), the compiled modes
+# (torch:compile, tensorflow:xla) and Keras on each backend under the matrix marker.
+DEFAULT_RUNTIMES = ("torch:eager",)
+MATRIX_RUNTIMES = (
+    "tensorflow:function",
+    "jax:jit",
+    "torch:compile",
+    "tensorflow:xla",
+    "keras:tensorflow",
+    "keras:jax",
+    "keras:torch",
+)
 XLA_RUNTIMES = {"tensorflow:xla", "jax:jit", "keras:jax"}  # one compiled program of fusions and library calls
 CLOCK_SLACK_S = 1e-4  # the profiler's clock against the worker's perf_counter, per call
 
@@ -60,7 +70,7 @@ def check_profiles(records: list[ProfileRecord], runtimes: tuple[str, ...], tmp_
             assert summary.categories_s["matmul/conv"] > 0, summary.ops
 
 
-def test_every_framework_profiles_the_mlp_and_bert_tiny(tmp_path: Path) -> None:
+def test_torch_profiles_the_mlp_and_bert_tiny(tmp_path: Path) -> None:
     records = profile(tmp_path, DEFAULT_RUNTIMES)
     check_profiles(records, DEFAULT_RUNTIMES, tmp_path)
     # the tables again, from the store
@@ -70,7 +80,7 @@ def test_every_framework_profiles_the_mlp_and_bert_tiny(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "p.txt").read_text()
-    assert "profiler overhead" in text and "tensorflow:function" in text and "mlp" in text
+    assert "profiler overhead" in text and all(runtime in text for runtime in DEFAULT_RUNTIMES) and "mlp" in text
     html = page.read_text()
     assert "<h2>Profiles side by side</h2>" in html and html.count("top ops by self time") == len(records)
     refused = run_cli("report", "--db", str(tmp_path / "p.db"), "--run", "1")
@@ -78,11 +88,12 @@ def test_every_framework_profiles_the_mlp_and_bert_tiny(tmp_path: Path) -> None:
 
 
 @pytest.mark.matrix
-def test_compiled_and_keras_runtimes_profile_too(tmp_path: Path) -> None:
+def test_the_other_frameworks_compiled_modes_and_keras_profile_too(tmp_path: Path) -> None:
     records = profile(tmp_path, MATRIX_RUNTIMES)
     check_profiles(records, MATRIX_RUNTIMES, tmp_path)
 
 
+@pytest.mark.matrix
 def test_a_runtime_without_a_profiler_is_an_error_and_the_sweep_goes_on(tmp_path: Path) -> None:
     require("onnxruntime")
     records = profile(tmp_path, ("onnxruntime:torch", "torch:eager"), models="mlp")

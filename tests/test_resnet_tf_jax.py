@@ -1,5 +1,6 @@
 """ResNet in TensorFlow (eager and tf.function) and JAX (jax.jit): parity of resnet-tiny with the
-float64 reference, weight-map errors, every canonical tensor used once, and one worker cell each."""
+float64 reference, weight-map errors, every canonical tensor used once, and one worker cell each (the worker cells,
+and resnet50 in all three modes, are the matrix's: ``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ def test_weight_map_errors_are_clear(weights: dict[str, np.ndarray], framework: 
         build(TINY, {**weights, "layer1.0.conv3.weight": swapped}, "cpu")
 
 
+@pytest.mark.matrix  # make test runs a TensorFlow and a JAX worker on other models (test_end_to_end, test_jax_models)
 @pytest.mark.parametrize("runtime", ["tensorflow:function", "jax:jit"])
 def test_resnet_in_a_worker_passes_parity(runtime: str) -> None:
     outcome = run_worker(Case("resnet-tiny", runtime, batch_size=2), Settings(threads=1, max_time_s=0.3))
@@ -134,6 +136,7 @@ def test_resnet_in_a_worker_passes_parity(runtime: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # make test: resnet-tiny in all three modes, above
 def test_resnet50_matches_the_float64_reference() -> None:
     """The full-size layout (16 blocks, 224x224, stride-2 convs on odd and even sizes) in all three modes."""
     description = resnet("resnet50")

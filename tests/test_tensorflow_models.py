@@ -1,5 +1,6 @@
 """The TensorFlow implementations (tf.Module + tf ops): parity with the float64 references, eager and
-under tf.function, weight-map errors, and one cell end to end through a worker."""
+under tf.function, weight-map errors, and one cell end to end through a worker (the matrix's, ``make test-matrix``:
+``make test`` runs tensorflow:function's worker in tests/test_end_to_end.py and tests/test_verify.py)."""
 
 from __future__ import annotations
 
@@ -146,6 +147,7 @@ def test_a_wrong_shape_is_named(description: ModelDescription) -> None:
             build(description, {**weights, name: np.zeros((3, 3), np.float32)})
 
 
+@pytest.mark.matrix
 def test_bert_in_a_worker_passes_parity() -> None:
     outcome = run_worker(
         Case("bert-tiny", "tensorflow:function", batch_size=2, seq_len=16), Settings(threads=1, max_time_s=0.3)

@@ -29,14 +29,17 @@ MIN_SLOWDOWN = 1.3
 # pair is measured in up to ROUNDS alternated rounds, and one round at >= MIN_SLOWDOWN passes. A
 # framework that ignores the budget stays near 1.0x in every round, so this still fails for it.
 ROUNDS = 3
-# Timing two thread counts against each other needs both cores free: run after the parallel part of `make test`.
+# Two threads need two cores to themselves: run after the parallel part of `make test`.
 pytestmark = pytest.mark.serial
 
 
-def _gemm_cell(store: Store, runtime: str, threads: int) -> ResultRecord:
+def _gemm_cell(
+    store: Store, runtime: str, threads: int, batch: int = BATCH, max_time_s: float = MAX_TIME_S
+) -> ResultRecord:
+    """The gemm cell at ``threads`` in a real worker; asserts that the framework was given exactly that budget."""
     plan = Plan(
-        (Case("gemm", runtime, batch_size=BATCH),),
-        Settings(threads=threads, max_time_s=MAX_TIME_S, timeout_s=180),
+        (Case("gemm", runtime, batch_size=batch),),
+        Settings(threads=threads, max_time_s=max_time_s, timeout_s=180),
         suite="thread-budget",
     )
     run_id = store.create_run(plan, f"test threads={threads}", {}, "0")
@@ -46,12 +49,21 @@ def _gemm_cell(store: Store, runtime: str, threads: int) -> ResultRecord:
     effective = row.details["threads_effective"]
     assert effective["intra_op"] == threads and effective["inter_op"] == 1, effective
     assert len(row.details["cpus"]) == threads and row.threads == threads
+    cpus = set(row.details["cpus"])
+    assert all(_cpu_set(cpu_list) <= cpus for cpu_list in row.details["thread_cpu_lists"]), row.details
     return row
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("runtime", NATIVE_RUNTIMES)
-def test_one_thread_is_measurably_slower_than_two(runtime: str, tmp_path: Path) -> None:
+def _cpu_set(cpu_list: str) -> set[int]:
+    """The CPUs of a kernel CPU list (``Cpus_allowed_list``: "0-1,4")."""
+    cpus: set[int] = set()
+    for part in cpu_list.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _needs_two_cores(runtime: str) -> None:
     missing = missing_requirement(get_runtime(runtime))
     if missing:
         pytest.skip(missing)
@@ -60,6 +72,22 @@ def test_one_thread_is_measurably_slower_than_two(runtime: str, tmp_path: Path) 
             f"needs 2 usable CPUs on distinct physical cores; this process may use "
             f"{len(os.sched_getaffinity(0))} CPUs on {physical_core_count()} physical cores"
         )
+
+
+@pytest.mark.parametrize("runtime", NATIVE_RUNTIMES)
+def test_two_threads_reach_the_framework_on_two_cpus(runtime: str, tmp_path: Path) -> None:
+    """By construction, whatever the machine's speed: the framework's own API reports the budget of two threads,
+    the cell has two CPUs, and every thread of its worker runs on them."""
+    _needs_two_cores(runtime)
+    with Store.open(tmp_path / "budget.db") as store:
+        _gemm_cell(store, runtime, 2, batch=8, max_time_s=0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # a ratio of two timings measures the machine as much as fwbench: `make test-matrix` (CI)
+@pytest.mark.parametrize("runtime", NATIVE_RUNTIMES)
+def test_one_thread_is_measurably_slower_than_two(runtime: str, tmp_path: Path) -> None:
+    _needs_two_cores(runtime)
     rounds: list[str] = []
     with Store.open(tmp_path / "budget.db") as store:
         for _ in range(ROUNDS):

@@ -1,10 +1,11 @@
 """Phase training: targets and the float64 loss reference, the optimizers as data, the planner's and the
 CLI's refusals, the first-step loss against the reference and optimizer parity in every training runtime,
 ResNet's batch norm in training mode (its running statistics after one step) in every framework, and one
-training cell end to end through a worker.
+training cell end to end through a worker. ``make test`` trains in one runtime per framework (DEFAULT_PART);
+the other runtimes and models are the matrix's (``make test-matrix``).
 
 Each runtime runs in its own subprocess (a process holds one Keras backend; TF, JAX and torch stay apart):
-this file run as a script, ``python test_training.py <runtime>``, trains the tiny models there and prints
+this file run as a script, ``python test_training.py <runtime> <models>``, trains those tiny models there and prints
 one JSON report that the tests assert on.
 """
 
@@ -158,15 +159,20 @@ def report(runtime: str, models: tuple[str, ...]) -> dict[str, Any]:
 
 
 # -- the pytest side ----------------------------------------------------------------------------
-# Each runtime's report comes in two parts, each its own subprocess and xdist group: the default run (make test)
-# trains the MLP (optimizer parity, master weights, compile counters) and bert-tiny (attention, layer norm, a
-# frozen parameter) in every runtime, and resnet-tiny (convolutions, batch norm's running statistics, state
-# carried into a compiled step) in RESNET_BY_DEFAULT; the matrix (make test-matrix, marker ``matrix``) trains the
-# other models in every runtime: gpt2-tiny (causal LM, tied embeddings), and resnet-tiny in the others.
-DEFAULT_MODELS = ("mlp", "bert-tiny")
-MATRIX_MODELS = ("gpt2-tiny", "resnet-tiny")
-RESNET_BY_DEFAULT = ("torch:eager", "tensorflow:function")  # the cheapest eager and compiled resnet-tiny steps
-assert set(DEFAULT_MODELS + MATRIX_MODELS) == set(MODELS)
+# Each runtime's report comes in two parts, each its own subprocess and xdist group: the default part (make test)
+# trains the models DEFAULT_PART gives the runtime, the matrix part (make test-matrix, marker ``matrix``) the others.
+# By default one runtime per framework trains: torch:eager every model but gpt2-tiny (the MLP: optimizer parity and
+# master weights; bert-tiny: attention, layer norm, a frozen parameter; resnet-tiny: convolutions and batch norm's
+# running statistics), tensorflow:function and jax:jit the MLP (their compiled steps, optimizers and master
+# weights), keras:torch the MLP and bert-tiny. The matrix trains gpt2-tiny (causal LM, tied embeddings) everywhere,
+# the other models in those runtimes (resnet-tiny's state carried into a compiled step among them), and every model
+# in tensorflow:eager, tensorflow:xla, keras:tensorflow and keras:jax.
+DEFAULT_PART = {
+    "torch:eager": ("mlp", "bert-tiny", "resnet-tiny"),
+    "tensorflow:function": ("mlp",),
+    "jax:jit": ("mlp",),
+    "keras:torch": ("mlp", "bert-tiny"),
+}
 RUNTIMES = (
     "torch:eager",
     "tensorflow:eager",
@@ -177,40 +183,44 @@ RUNTIMES = (
     "keras:jax",
     "keras:torch",
 )
-COMPILED_MLP_ONLY = ("torch:compile",)  # a cold inductor compile per model: the MLP only
+assert set(DEFAULT_PART) <= set(RUNTIMES) and all(set(m) <= set(MODELS) for m in DEFAULT_PART.values())
+# torch:compile's training step (a cold inductor compile of forward and backward) trains the MLP only, in its one
+# part, in the matrix: make test checks torch's compiled modes elsewhere (tests/test_compiled_runtimes.py,
+# tests/test_bf16.py) and the training step in torch:eager.
+COMPILED_MLP_ONLY = ("torch:compile",)
 COMPILED_IN_MATRIX = [pytest.param(runtime, marks=pytest.mark.matrix) for runtime in COMPILED_MLP_ONLY]
-# (runtime, part) of every report part there is: the compiled-MLP-only runtimes have no matrix part.
-# torch:compile's training step (a cold inductor compile of forward and backward) runs in the matrix only: make test
-# checks torch:compile's inference elsewhere (tests/test_compiled_runtimes.py) and the training step in every
-# other runtime.
-RUNTIME_PARTS = [
-    *(pytest.param(runtime, "default", id=f"{runtime}-default") for runtime in RUNTIMES),
-    *(pytest.param(r, "default", id=f"{r}-default", marks=pytest.mark.matrix) for r in COMPILED_MLP_ONLY),
-    *(pytest.param(runtime, "matrix", id=f"{runtime}-matrix", marks=pytest.mark.matrix) for runtime in RUNTIMES),
-]
-
-
-def resnet_part(runtime: str) -> str:
-    """The part of ``runtime``'s report that trains resnet-tiny."""
-    return "default" if runtime in RESNET_BY_DEFAULT else "matrix"
 
 
 def part_models(runtime: str, part: str) -> tuple[str, ...]:
-    """The models a part of ``runtime``'s report trains (a compiled-MLP-only runtime: the MLP, in its one part)."""
+    """The models a part of ``runtime``'s report trains (a compiled-MLP-only runtime: the MLP, in its matrix part)."""
     if runtime in COMPILED_MLP_ONLY:
-        return ("mlp",)
-    models = DEFAULT_MODELS if part == "default" else MATRIX_MODELS
-    return tuple(m for m in models if m != "resnet-tiny") + (("resnet-tiny",) if resnet_part(runtime) == part else ())
+        return ("mlp",) if part == "matrix" else ()
+    default = DEFAULT_PART.get(runtime, ())
+    return default if part == "default" else tuple(m for m in MODELS if m not in default)
 
 
-def resnet_param(runtime: str) -> Any:
-    """``runtime`` as a test parameter, marked ``matrix`` unless its resnet-tiny is trained by default."""
-    return pytest.param(runtime, marks=() if resnet_part(runtime) == "default" else pytest.mark.matrix)
+def part_of(runtime: str, model: str) -> str:
+    """The part of ``runtime``'s report that trains ``model``."""
+    return "default" if model in part_models(runtime, "default") else "matrix"
 
 
-def runtime_report(runtime: str, part: str = "default") -> dict[str, Any]:
-    """``runtime``'s report part, computed once per process (one cache entry whichever way it is asked for)."""
-    return _part_report(runtime, part)
+def trained_in(runtime: str, model: str) -> Any:
+    """``runtime`` as a test parameter of a test on ``model``, marked ``matrix`` unless its default part trains it."""
+    return pytest.param(runtime, marks=() if part_of(runtime, model) == "default" else pytest.mark.matrix)
+
+
+# (runtime, part) of every report part there is (a part with no model is none).
+RUNTIME_PARTS = [
+    pytest.param(runtime, part, id=f"{runtime}-{part}", marks=() if part == "default" else pytest.mark.matrix)
+    for runtime in (*RUNTIMES, *COMPILED_MLP_ONLY)
+    for part in ("default", "matrix")
+    if part_models(runtime, part)
+]
+
+
+def runtime_report(runtime: str, model: str = "mlp") -> dict[str, Any]:
+    """The part of ``runtime``'s report that trains ``model``, computed once per process."""
+    return _part_report(runtime, part_of(runtime, model))
 
 
 @functools.cache
@@ -235,17 +245,19 @@ def _rel_l2(got: Any, expected: Any) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize(("runtime", "part"), RUNTIME_PARTS)
 def test_first_step_loss_matches_the_float64_reference(runtime: str, part: str) -> None:
-    losses = runtime_report(runtime, part)["loss"]
+    losses = _part_report(runtime, part)["loss"]
     assert set(losses) == set(part_models(runtime, part))
     for model, loss in losses.items():
         assert abs(loss["first"] - loss["reference"]) / loss["reference"] < LOSS_TOLERANCE, (model, loss)
         assert loss["second"] < loss["first"], (model, loss)
     if "bert-tiny" in losses:
-        assert runtime_report(runtime, part)["bert_pooler_unchanged"]  # frozen: not on the loss's path
+        assert _part_report(runtime, part)["bert_pooler_unchanged"]  # frozen: not on the loss's path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", [*(r for r in RUNTIMES if r != "torch:eager"), *COMPILED_IN_MATRIX])
+@pytest.mark.parametrize(
+    "runtime", [*(trained_in(r, "mlp") for r in RUNTIMES if r != "torch:eager"), *COMPILED_IN_MATRIX]
+)
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_optimizer_steps_give_torchs_parameters(runtime: str, optimizer: str) -> None:
     """Two steps of SGD (momentum) and of AdamW from the canonical weights: every MLP parameter equals
@@ -287,7 +299,7 @@ def test_bf16_training_computes_in_bfloat16_near_the_reference(runtime: str, par
     """Every matmul and convolution of a bf16 training step (forward and backward) computed on bfloat16 data,
     of the fp32 step in float32 (the control: the probe sees the dtype, it does not assume it), and the bf16
     first-step loss is near the float64 reference and the second one lower."""
-    report = runtime_report(runtime, part)
+    report = _part_report(runtime, part)
     assert set(report["bf16_loss"]) == set(report["loss"])
     for model, loss in report["bf16_loss"].items():
         error = abs(loss["first"] - loss["reference"]) / loss["reference"]
@@ -305,7 +317,7 @@ def test_bf16_training_computes_in_bfloat16_near_the_reference(runtime: str, par
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", [*RUNTIMES, *COMPILED_IN_MATRIX])
+@pytest.mark.parametrize("runtime", [*(trained_in(r, "mlp") for r in RUNTIMES), *COMPILED_IN_MATRIX])
 def test_bf16_training_updates_float32_master_weights(runtime: str) -> None:
     from fwbench.models import get_model
 
@@ -319,7 +331,7 @@ def test_bf16_training_updates_float32_master_weights(runtime: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", [resnet_param(runtime) for runtime in RUNTIMES])
+@pytest.mark.parametrize("runtime", [trained_in(runtime, "resnet-tiny") for runtime in RUNTIMES])
 def test_batch_norm_trains_on_batch_statistics_and_updates_its_running_ones(runtime: str) -> None:
     """After one step of resnet-tiny every BN running statistic has moved from its initial value r₀ to
     (1 − m)·r₀ + m·batch (m = 0.1, the batch's mean, its unbiased variance), the batch statistics those of
@@ -330,7 +342,7 @@ def test_batch_norm_trains_on_batch_statistics_and_updates_its_running_ones(runt
 
     description = get_model("resnet-tiny")
     assert isinstance(description, ResNet)
-    got = runtime_report(runtime, resnet_part(runtime))["running_statistics"]["resnet-tiny"]
+    got = runtime_report(runtime, "resnet-tiny")["running_statistics"]["resnet-tiny"]
     assert set(got) == set(description.running_statistics())
     weights = description.canonical_weights(0)
     expected = description.reference_running_statistics(weights, description.make_inputs(2, None, 0))
@@ -345,7 +357,9 @@ COUNTED = ("torch:compile", "tensorflow:function", "tensorflow:xla", "jax:jit", 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", [*(r for r in COUNTED if r not in COMPILED_MLP_ONLY), *COMPILED_IN_MATRIX])
+@pytest.mark.parametrize(
+    "runtime", [*(trained_in(r, "mlp") for r in COUNTED if r not in COMPILED_MLP_ONLY), *COMPILED_IN_MATRIX]
+)
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_later_steps_compile_nothing(runtime: str, optimizer: str) -> None:
     """Once two steps have run (a compiled optimizer may specialise on its state made by the first), a
@@ -357,11 +371,11 @@ def test_later_steps_compile_nothing(runtime: str, optimizer: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", [resnet_param(r) for r in COUNTED if r not in COMPILED_MLP_ONLY])
+@pytest.mark.parametrize("runtime", [trained_in(r, "resnet-tiny") for r in COUNTED if r not in COMPILED_MLP_ONLY])
 def test_carried_batch_norm_state_compiles_nothing_more(runtime: str) -> None:
     """ResNet's running statistics fed back into the compiled step (jax:jit's returned state, TF's assigned
     variables, Keras' non-trainable state) leave the third step with nothing to trace or compile."""
-    before, after = runtime_report(runtime, resnet_part(runtime))["stateful_counters"]["resnet-tiny"]
+    before, after = runtime_report(runtime, "resnet-tiny")["stateful_counters"]["resnet-tiny"]
     assert before and before == after
 
 

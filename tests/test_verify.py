@@ -1,4 +1,5 @@
-"""``fwbench weights`` and ``fwbench verify``: files, comparisons, dumps and failures."""
+"""``fwbench weights`` and ``fwbench verify``: files, comparisons, dumps and failures (a weights file used by verify
+and run: the matrix's, ``make test-matrix``)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_verify_fails_on_a_runtime_that_computes_something_else(plugin_env: dict
         "--models",
         "mlp",
         "--runtimes",
-        "torch:eager,fake:wrong,fake:crash,missing:eager",
+        "fake:sleep,fake:wrong,fake:crash,missing:eager",  # one that passes (the fake's float64 reference) among them
         "--threads",
         "1",
         env=plugin_env,
@@ -97,6 +98,7 @@ def test_verify_rejects_weights_of_another_model(tmp_path: Path) -> None:
     assert "and 23 more" in result.stderr
 
 
+@pytest.mark.matrix  # make test: the weights command, and --weights refused where it does not fit
 def test_a_weights_file_is_really_used_by_verify_and_run(tmp_path: Path) -> None:
     weights = tmp_path / "mlp-seed7.safetensors"
     assert run_cli("weights", "mlp", "--out", str(weights), "--seed", "7").returncode == 0

@@ -200,8 +200,8 @@ def _measurement_flags(run: argparse.ArgumentParser) -> None:
         "--settle",
         type=non_negative_float,
         metavar="SECONDS",
-        help="interleaved: idle pause before a block when another worker timed the last one, so spinning thread "
-        "pools go quiet (default 0.05)",
+        help="interleaved: the longest idle pause before a block when another worker timed the last one; it ends "
+        "once that worker's threads (spinning thread pools) have not run for 2 ms (default 0.05)",
     )
     timing.add_argument(
         "--threads",

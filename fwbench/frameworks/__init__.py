@@ -628,6 +628,11 @@ def fit_module(info: RuntimeInfo) -> FitModule:
     return import_fit(info.framework_package)
 
 
+def import_runtime(runtime: str) -> None:
+    """Import the runtime's backend module, and so its framework (what :func:`create_backend` does first)."""
+    importlib.import_module(get_runtime(runtime).module)
+
+
 def create_backend(
     runtime: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"
 ) -> Backend:

@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,24 @@ def cpus_one_per_core() -> list[int]:
         (siblings if key in seen else firsts).append(cpu)
         seen.add(key)
     return firsts + siblings
+
+
+def pin_every_thread(cpus: Sequence[int]) -> None:
+    """Pin every thread of this process to ``cpus`` (``os.sched_setaffinity(0, ...)`` moves the calling thread
+    only); threads started meanwhile by a thread not yet pinned are caught by another pass."""
+    wanted = set(cpus)
+    for _ in range(10):
+        moved = False
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                if os.sched_getaffinity(int(task.name)) != wanted:
+                    os.sched_setaffinity(int(task.name), wanted)
+                    moved = True
+            except (ProcessLookupError, FileNotFoundError):  # the thread ended meanwhile
+                continue
+        if not moved:
+            return
+    raise RuntimeError(f"threads kept appearing outside CPUs {sorted(wanted)}")
 
 
 def thread_affinities() -> list[str]:

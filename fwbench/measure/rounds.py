@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from fwbench.measure.moderate import Unit, VariancePrior
+
 CONFIDENCE = 0.95
 MIN_ROUNDS_FOR_CI = 3
 
@@ -87,6 +89,7 @@ class Estimate:
     rounds: int
     values: int
     p_value: float | None = None
+    dof: float | None = None  # the CI's degrees of freedom: rounds − 1, more when the variance was moderated
 
     @property
     def rel_half_width(self) -> float | None:
@@ -109,15 +112,32 @@ def round_centres(rounds: Sequence[FloatArray]) -> FloatArray:
     return np.array([np.median(r) for r in rounds], dtype=np.float64)
 
 
-def _estimate(centres: FloatArray, values: int, *, p_value: bool) -> Estimate:
+def round_variance(centres: FloatArray) -> float:
+    """The round-level variance of ``centres`` (ddof 1): what :mod:`fwbench.measure.moderate` pools."""
+    return float(np.var(centres, ddof=1))
+
+
+def _estimate(
+    centres: FloatArray,
+    values: int,
+    *,
+    p_value: bool,
+    prior: VariancePrior | None = None,
+    log_time: float | None = None,
+) -> Estimate:
     """The estimate exp(mean of ``centres``) (log scale) with its Student-t CI over rounds and, for a ratio,
-    the two-sided p-value of "no difference" (log ratio 0)."""
+    the two-sided p-value of "no difference" (log ratio 0). With a ``prior``, the round-level variance is its
+    moderated value at ``log_time`` (log seconds per call; default: the centre itself)."""
     rounds = centres.size
     centre = float(np.mean(centres))
     if rounds < MIN_ROUNDS_FOR_CI:
         return Estimate(math.exp(centre), None, None, rounds, values)
-    standard_error = float(np.std(centres, ddof=1)) / math.sqrt(rounds)
-    return _from_spread(centre, standard_error, rounds - 1, rounds, values, p_value=p_value)
+    variance, dof = round_variance(centres), float(rounds - 1)
+    if prior is not None:
+        at = centre if log_time is None else log_time
+        variance, dof = prior.posterior(Unit(variance, dof, at))
+    standard_error = math.sqrt(variance / rounds)
+    return _from_spread(centre, standard_error, dof, rounds, values, p_value=p_value)
 
 
 def _from_spread(
@@ -132,37 +152,71 @@ def _from_spread(
             p = float(2 * stats.t.sf(abs(centre) / standard_error, dof))
         else:
             p = 1.0 if centre == 0 else 0.0
-    return Estimate(math.exp(centre), math.exp(centre - half), math.exp(centre + half), rounds, values, p)
+    return Estimate(math.exp(centre), math.exp(centre - half), math.exp(centre + half), rounds, values, p, dof)
 
 
-def time_estimate(rounds: Sequence[Sequence[float] | FloatArray]) -> Estimate | None:
-    """A cell's time (seconds per call): geometric mean over rounds of each round's median, CI over rounds;
-    None without a positive time."""
+def time_estimate(
+    rounds: Sequence[Sequence[float] | FloatArray], prior: VariancePrior | None = None
+) -> Estimate | None:
+    """A cell's time (seconds per call): geometric mean over rounds of each round's median, CI over rounds (its
+    variance moderated by ``prior``, fitted over the run's cells: :func:`time_unit`); None without a positive
+    time."""
     logs = _usable_logs(rounds, log=True)
     if not logs:
         return None
-    estimate = _estimate(round_centres(logs), sum(r.size for r in logs), p_value=False)
+    estimate = _estimate(round_centres(logs), sum(r.size for r in logs), p_value=False, prior=prior)
     if len(logs) == 1:  # one round: its median exactly, not exp(log(median)) one rounding away
         (raw,) = _usable_logs(rounds, log=False)
         return dataclasses.replace(estimate, value=float(np.median(raw)))
     return estimate
 
 
-def paired_speedup(log_ratio_rounds: Sequence[Sequence[float] | FloatArray]) -> Estimate | None:
+def paired_speedup(
+    log_ratio_rounds: Sequence[Sequence[float] | FloatArray],
+    prior: VariancePrior | None = None,
+    log_time: float | None = None,
+) -> Estimate | None:
     """Speed-up from paired blocks: each round's values are log(t_baseline / t_other) of the block pairs that
-    ran back to back; the estimate is exp(mean over rounds of the round's median), with CI and p-value."""
+    ran back to back; the estimate is exp(mean over rounds of the round's median), with CI and p-value (the
+    variance moderated by ``prior``, fitted over the run's pairs, at ``log_time``: the pair's log seconds per
+    call, :func:`ratio_unit`)."""
     rounds = _usable_logs(log_ratio_rounds, log=False)
     if not rounds:
         return None
-    return _estimate(round_centres(rounds), sum(r.size for r in rounds), p_value=True)
+    if prior is not None and log_time is None:
+        raise ValueError("a moderated speed-up needs the pair's log time")
+    return _estimate(round_centres(rounds), sum(r.size for r in rounds), p_value=True, prior=prior, log_time=log_time)
+
+
+def time_unit(rounds: Sequence[Sequence[float] | FloatArray]) -> Unit | None:
+    """What a cell's rounds say about noise, for :func:`fwbench.measure.moderate.fit_prior`: the variance of its
+    rounds' log medians at its log time; None below 2 rounds."""
+    logs = _usable_logs(rounds, log=True)
+    if len(logs) < 2:
+        return None
+    centres = round_centres(logs)
+    return Unit(round_variance(centres), float(centres.size - 1), float(np.mean(centres)))
+
+
+def ratio_unit(log_ratio_rounds: Sequence[Sequence[float] | FloatArray], log_time: float) -> Unit | None:
+    """What a pair's rounds of paired log ratios say about noise, at the pair's ``log_time``; None below 2
+    rounds."""
+    rounds = _usable_logs(log_ratio_rounds, log=False)
+    if len(rounds) < 2:
+        return None
+    centres = round_centres(rounds)
+    return Unit(round_variance(centres), float(centres.size - 1), log_time)
 
 
 def unpaired_ratio(
-    numerator_rounds: Sequence[Sequence[float] | FloatArray], denominator_rounds: Sequence[Sequence[float] | FloatArray]
+    numerator_rounds: Sequence[Sequence[float] | FloatArray],
+    denominator_rounds: Sequence[Sequence[float] | FloatArray],
+    priors: tuple[VariancePrior | None, VariancePrior | None] = (None, None),
 ) -> Estimate | None:
     """time(numerator) / time(denominator) for cells not measured in pairs (two runs, other sub-groups,
     sequential mode): the ratio of the two time estimates, its CI from both sides' round-level spreads
-    (Welch–Satterthwaite degrees of freedom); a CI only when both sides have :data:`MIN_ROUNDS_FOR_CI` rounds."""
+    (each moderated by its run's prior in ``priors``, when given; Welch–Satterthwaite degrees of freedom); a CI
+    only when both sides have :data:`MIN_ROUNDS_FOR_CI` rounds."""
     top, bottom = _usable_logs(numerator_rounds, log=True), _usable_logs(denominator_rounds, log=True)
     if not top or not bottom:
         return None
@@ -172,11 +226,15 @@ def unpaired_ratio(
     values = min(sum(r.size for r in top), sum(r.size for r in bottom))
     if rounds < MIN_ROUNDS_FOR_CI:
         return Estimate(math.exp(centre), None, None, rounds, values)
-    var_top = float(np.var(top_centres, ddof=1)) / top_centres.size
-    var_bottom = float(np.var(bottom_centres, ddof=1)) / bottom_centres.size
-    variance = var_top + var_bottom
-    if variance > 0:
-        dof = variance**2 / (var_top**2 / (top_centres.size - 1) + var_bottom**2 / (bottom_centres.size - 1))
+    sides = []
+    for centres, prior in zip((top_centres, bottom_centres), priors):
+        side_variance, side_dof = round_variance(centres), float(centres.size - 1)
+        if prior is not None:
+            side_variance, side_dof = prior.posterior(Unit(side_variance, side_dof, float(np.mean(centres))))
+        sides.append((side_variance / centres.size, side_dof))
+    variance = sum(v for v, _ in sides)
+    if variance > 0:  # a posterior's degrees of freedom are finite: capped at its run's pooled ones
+        dof = variance**2 / sum(v**2 / d for v, d in sides)
     else:
         dof = float(top_centres.size + bottom_centres.size - 2)
     return _from_spread(centre, math.sqrt(variance), dof, rounds, values, p_value=True)

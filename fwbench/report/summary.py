@@ -33,6 +33,7 @@ from fwbench.measure.environment import hardware_label
 from fwbench.measure.rounds import paired_log_ratios, paired_speedup, unpaired_ratio
 from fwbench.spec import CASE_FIELDS
 from fwbench.store import ResultRecord
+from fwbench.store.moderation import measured_together, pair_log_time
 
 ALPHA = 0.05  # family-wise error rate of the per-pair significance claims
 CONFIDENCE = 0.95
@@ -78,6 +79,7 @@ class CellComparison:
     significant: bool
     rounds: int | None = None  # rounds behind the ratio
     pairs: int | None = None  # paired blocks behind it (None: not paired)
+    dof: float | None = None  # its CI's degrees of freedom: rounds − 1, more when moderated over the run
     workers: int | None = None  # phase data: the loaders' worker count
     procs: int | None = None  # a distributed cell's processes
     scaling: str | None = None  # and its batch semantics (weak, strong)
@@ -120,27 +122,26 @@ class RatioEstimate:
     rounds: int = 1
     values: int = 0
     paired: bool = False
-
-
-def measured_together(numerator: ResultRecord, denominator: ResultRecord) -> bool:
-    """Both rows interleaved in the same run and comparison group: their blocks pair by (round, cycle)."""
-    return (
-        numerator.run_id == denominator.run_id
-        and numerator.schedule == denominator.schedule == "interleaved"
-        and numerator.group_key is not None
-        and numerator.group_key == denominator.group_key
-    )
+    dof: float | None = None  # the CI's degrees of freedom (more than rounds − 1 when moderated)
 
 
 def row_ratio(numerator: ResultRecord, denominator: ResultRecord) -> RatioEstimate | None:
     """time(numerator) / time(denominator) of two stored cells (None unless both are ``ok`` with samples):
-    paired when :func:`measured_together` and they share cycles, else unpaired (:mod:`fwbench.measure.rounds`)."""
+    paired when :func:`measured_together` and they share cycles, else unpaired (:mod:`fwbench.measure.rounds`);
+    the round-level variance moderated by the priors their runs were read with (:mod:`fwbench.store.moderation`:
+    the run's pair prior when paired, each side's time prior when not)."""
     if samples_of(numerator) is None or samples_of(denominator) is None:
         return None
     paired = (
         paired_log_ratios(numerator.blocks, denominator.blocks) if measured_together(numerator, denominator) else []
     )
-    estimate = paired_speedup(paired) if paired else unpaired_ratio(numerator.round_samples, denominator.round_samples)
+    log_time = pair_log_time(numerator, denominator)
+    if paired:
+        prior = numerator.priors.pairs if numerator.priors is not None and log_time is not None else None
+        estimate = paired_speedup(paired, prior, log_time)
+    else:
+        sides = tuple(None if row.priors is None else row.priors.times for row in (numerator, denominator))
+        estimate = unpaired_ratio(numerator.round_samples, denominator.round_samples, (sides[0], sides[1]))
     if estimate is None:
         return None
     return RatioEstimate(
@@ -151,6 +152,7 @@ def row_ratio(numerator: ResultRecord, denominator: ResultRecord) -> RatioEstima
         estimate.rounds,
         estimate.values,
         bool(paired),
+        estimate.dof,
     )
 
 
@@ -287,6 +289,7 @@ def _comparisons(
                 significant=p_adjusted is not None and p_adjusted < ALPHA,
                 rounds=None if estimate is None else estimate.rounds,
                 pairs=None if estimate is None or not estimate.paired else estimate.values,
+                dof=None if estimate is None else estimate.dof,
             )
         )
     return out

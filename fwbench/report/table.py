@@ -408,7 +408,8 @@ def legend(baseline: str | None, peak: Peak | None, show_rates: bool = False, da
         lines.append(
             f"vs {baseline}: its time ÷ the runtime's (>1: the runtime is faster); interleaved cells: from paired "
             "blocks that ran back to back. 95% CI over rounds (fresh workers), so it includes process-to-process "
-            f"variation; ≈: no significant difference (Holm-adjusted over the pair's cells, p ≥ {ALPHA:g}) or fewer "
+            "variation, its variance moderated over the run's cells (empirical Bayes with a trend in the call's "
+            f"time, as limma-trend; docs/reports.md); ≈: no significant difference (Holm-adjusted over the pair's cells, p ≥ {ALPHA:g}) or fewer "
             "than 3 rounds (no CI); N/A: a side did not run ok."
         )
     lines.append(
@@ -454,6 +455,11 @@ def evidence_line(pairs: Sequence[GroupedPair]) -> str | None:
         text += f"; {len(paired)} of {len(cells)} from paired blocks, {span(paired)} pairs per cell"
     if len(paired) < len(cells):
         text += f"; {len(cells) - len(paired)} unpaired (not measured together)"
+    dofs = sorted(round(cell.dof) for cell in cells if cell.dof is not None)
+    if dofs:
+        own = sorted((cell.rounds or 1) - 1 for cell in cells if cell.dof is not None)
+        text += f"; CIs on {span(dofs)} degrees of freedom"
+        text += f" (moderated; a cell's own rounds give {span(own)})" if dofs != own else " (each cell's own rounds)"
     return text + "."
 
 

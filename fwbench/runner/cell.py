@@ -5,7 +5,8 @@ every phase shares — import → build (:meth:`Cell.build_backend`), first call
 What a phase does with them is in its own file in :mod:`fwbench.runner.phases`.
 
 Imported by the worker only after its CPU affinity and thread environment are in place, because
-importing numpy starts BLAS threads that inherit whatever affinity the process has then.
+importing numpy starts BLAS threads that inherit whatever affinity the process has then (a worker started
+beside others on other CPUs moves every thread, those included, with :meth:`Cell.pin_threads`).
 """
 
 from __future__ import annotations
@@ -75,10 +76,14 @@ class Cell:
     (the worker's result message: stored fields, the rest ``details``; ``stage_seconds`` by stage). An
     interleaved job's commands arrive on ``commands`` (the worker's stdin)."""
 
-    def __init__(self, job: Job, channel: IO[str], commands: IO[str] | None = None) -> None:
+    def __init__(
+        self, job: Job, channel: IO[str], commands: IO[str] | None = None, pin_to: Sequence[int] | None = None
+    ) -> None:
+        """``pin_to``: the cell's CPUs, for a worker that started on others (:meth:`pin_threads`)."""
         self.job = job
         self.channel = channel
         self.commands = commands
+        self._pin_to = None if pin_to is None else tuple(pin_to)
         self.backend: Backend | None = None  # once created: failure() asks it whether an error is an OOM
         self.result: dict[str, Any] = {"stage_seconds": {}}
         self._stage_started = time.perf_counter()
@@ -90,8 +95,18 @@ class Cell:
         use, inside the worker's guard, so a malformed rank environment is this cell's error."""
         return launcher_for(self.job)
 
+    def pin_threads(self) -> None:
+        """A worker started beside others: move every thread to the cell's CPUs (once). Called right after the
+        framework's import, before it is configured or makes its thread pools; entering any stage after
+        ``import`` calls it too, so no phase can build or time anything off the cell's CPUs."""
+        if self._pin_to is not None:
+            environment.pin_every_thread(self._pin_to)
+            self._pin_to = None
+
     def stage(self, name: str) -> None:
         """Enter stage ``name`` (messages.STAGES): the one left gets its seconds, the manager hears of it."""
+        if name not in ("start", "import"):
+            self.pin_threads()
         now = time.perf_counter()
         self.result["stage_seconds"][self._stage] = now - self._stage_started
         self._stage, self._stage_started = name, now
@@ -118,8 +133,10 @@ class Cell:
         and matmul precision applied, the model built from the job's weights."""
         case, settings = self.job.case, self.job.settings
         self.stage("import")
-        from fwbench.frameworks import create_backend
+        from fwbench.frameworks import create_backend, import_runtime
 
+        import_runtime(case.runtime)
+        self.pin_threads()
         self.backend = backend = create_backend(case.runtime, case.device, settings, dtype=case.dtype, phase=case.phase)
         self.result["threads_effective"] = backend.configure_threads(settings.threads, settings.interop_threads)
         self.result["matmul_precision"] = backend.configure_precision()

@@ -84,9 +84,16 @@ class WorkerProcess:
     With ``job.interleaved`` its stdin stays open for commands (:meth:`command`); otherwise it is closed after
     the job. :attr:`stage` is the last stage the worker reported."""
 
-    def __init__(self, job: Job, cpus: Sequence[int] | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        job: Job,
+        cpus: Sequence[int] | None = None,
+        env: Mapping[str, str] | None = None,
+        start_cpus: Sequence[int] | None = None,
+    ) -> None:
         """Start ``job``'s worker pinned to ``cpus`` (default: :func:`worker_cpus` of its threads) with ``env``
-        added to its environment (a rank's identity)."""
+        added to its environment (a rank's identity); with ``start_cpus``, it imports on those and moves to
+        ``cpus`` once its framework is imported (a worker started beside others: fwbench.runner.worker)."""
         self.job = job
         self.stage = "start"
         self.garbled = ""
@@ -117,6 +124,7 @@ class WorkerProcess:
                     cpus_text,
                     "--manager-pid",
                     str(os.getpid()),
+                    *(["--start-cpus", ",".join(str(cpu) for cpu in start_cpus)] if start_cpus else []),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=self._log,

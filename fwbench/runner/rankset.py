@@ -348,6 +348,9 @@ def _sum(values: Any) -> int | None:
     return sum(known) if known else None
 
 
-def start_worker(job: Job) -> WorkerProcess | RankSet:
-    """The worker that runs ``job``: a rank set for a distributed cell, else one worker process."""
-    return RankSet(job) if job.case.procs is not None else WorkerProcess(job)
+def start_worker(job: Job, start_cpus: Sequence[int] | None = None) -> WorkerProcess | RankSet:
+    """The worker that runs ``job``: a rank set for a distributed cell, else one worker process (with
+    ``start_cpus``: started on those, beside others; a rank set always starts on its ranks' CPUs)."""
+    if job.case.procs is not None:
+        return RankSet(job)
+    return WorkerProcess(job, start_cpus=start_cpus)

@@ -1,15 +1,20 @@
 """The scheduler: a plan's cells in *comparison groups* (cells that differ only by runtime), each group run in
 ``rounds`` fresh sets of workers, interleaved by default.
 
-Interleaved (``Settings.interleave``, phases that allow it): the group's workers start (import, build, compile,
-first call, warm up) one at a time — a cell's first call and its stage seconds (its time to first result) are
-stored results, measured with the machine to itself — then calibrate their blocks one after another, each alone
-on the machine, and stay alive together, pinned to the same CPUs. Then, cycle after cycle, every worker times
+Interleaved (``Settings.interleave``, phases that allow it): in the first round the group's workers start
+(import, build, compile, first call, warm up) one at a time — a cell's first call and its stage seconds (its
+time to first result) are stored results, measured with the machine to itself. In later rounds, where the phase
+allows it (``Phase.starts_together``) and round 1's peaks say they fit in memory together, they start side by
+side instead: each imports on all of the manager's CPUs and moves to its cell's CPUs before its framework is
+configured, and nothing it does before it is ready is stored but its stage seconds (``started_together``). Then
+the workers calibrate their blocks one after another, each alone on the machine, and stay alive together,
+pinned to the same CPUs. Then, cycle after cycle, every worker times
 one block, in an order drawn afresh each cycle from a generator seeded by the run's seed, the group and the round.
 Exactly one worker measures at a time: the manager sends one ``block`` command and waits for its answer before
 the next, and the idle workers block on their stdin.
-Before a worker's block the manager pauses ``settle_s`` when another worker timed the last one, so thread pools
-that spin after work (OpenMP, Eigen) have gone quiet. Blocks of one cycle are adjacent in time: the report pairs
+Before a worker's block the manager waits, when another worker timed the last one, until that worker's threads
+have gone quiet (thread pools spin after work: OpenMP, ONNX Runtime), at most ``settle_s``
+(:mod:`fwbench.measure.settle`). Blocks of one cycle are adjacent in time: the report pairs
 them (:mod:`fwbench.measure.rounds`). Workers that would not fit in memory together are run in successive
 sub-groups (each still interleaved; their cycles are numbered apart, so only workers alive together pair).
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +47,7 @@ from fwbench.measure import noise
 from fwbench.measure.environment import memory_available_bytes
 from fwbench.measure.noise import NoiseTotals
 from fwbench.measure.rounds import Block, blocks_by_round, time_estimate
+from fwbench.measure.settle import settle
 from fwbench.measure.timer import HF2019_REPEAT
 from fwbench.runner.messages import Job
 from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker, spread_fields
@@ -82,6 +89,7 @@ class CellRounds:
     blocks: list[Block] = field(default_factory=list)
     failure: CellOutcome | None = None
     noise: NoiseTotals = field(default_factory=NoiseTotals)  # interleaved: the rounds' spans, read by the manager
+    started_together: set[int] = field(default_factory=set)  # rounds whose workers started side by side
 
     def fail(self, outcome: CellOutcome, round_index: int, settings: Settings) -> None:
         if settings.rounds > 1 and outcome.reason:
@@ -225,8 +233,17 @@ def _interleaved_round(
     calibrate their blocks one after another, each alone on the machine."""
     pending = start_order(active, rng)
     subgroup = 0
+    live: list[_Live] = []
+    if round_index > 0 and _start_together_fits(pending, cells, settings):
+        try:
+            _start_together(pending, cells, settings, checks, weights_path, round_index, live)
+            cycle = _measure(live, cells, settings, round_index, rng, cycle)
+        finally:
+            for item in live:
+                item.worker.close()
+        return cycle, 1
     while pending:
-        live: list[_Live] = []
+        live = []
         try:
             while pending and _fits_another(live, settings, _processes_needed(pending, live, settings)):
                 case, pending = pending[0], pending[1:]
@@ -239,12 +256,7 @@ def _interleaved_round(
                         raise
                     if ready is not None:
                         live.append(ready)
-            for item in live:
-                _calibrate(item, cells[item.case.key], settings, round_index)
-            measured = [item for item in live if cells[item.case.key].failure is None]
-            if measured:
-                cycle = _timed_cycles(measured, cells, settings, round_index, rng, cycle)
-                _finish(measured, cells, settings, round_index)
+            cycle = _measure(live, cells, settings, round_index, rng, cycle)
         finally:
             for item in live:
                 item.worker.close()
@@ -252,10 +264,86 @@ def _interleaved_round(
     return cycle, subgroup
 
 
+def _measure(
+    live: list[_Live],
+    cells: dict[str, CellRounds],
+    settings: Settings,
+    round_index: int,
+    rng: np.random.Generator,
+    cycle: int,
+) -> int:
+    """The ready workers of one sub-group: calibrated one after another, their cycles timed, then finished; the
+    next free cycle number."""
+    for item in live:
+        _calibrate(item, cells[item.case.key], settings, round_index)
+    measured = [item for item in live if cells[item.case.key].failure is None]
+    if measured:
+        cycle = _timed_cycles(measured, cells, settings, round_index, rng, cycle)
+        _finish(measured, cells, settings, round_index)
+    return cycle
+
+
+def _start_together_fits(pending: Sequence[Case], cells: Mapping[str, CellRounds], settings: Settings) -> bool:
+    """Whether a later round may start all of ``pending``'s workers at once: a phase that allows it (one process
+    per cell), and, from round 1's peaks, room in memory for all of them together (MEMORY_HEADROOM × their sum,
+    each at least the memory limit when one is set)."""
+    if not all(get_phase(case.phase).starts_together and case.procs is None for case in pending):
+        return False
+    peaks = []
+    for case in pending:
+        first = cells[case.key].rounds[:1]
+        peak = first[0].fields.get("peak_memory_bytes") if first else None
+        if not peak:
+            return False
+        peaks.append(max(int(peak), settings.memory_limit_bytes or 0))
+    available = memory_available_bytes()
+    return available is None or available > MEMORY_HEADROOM * sum(peaks)
+
+
+def _start_together(
+    pending: Sequence[Case],
+    cells: dict[str, CellRounds],
+    settings: Settings,
+    checks: Mapping[str, bool],
+    weights_path: str | None,
+    round_index: int,
+    live: list[_Live],
+) -> None:
+    """Start every worker of ``pending`` at once, each importing on all of the manager's CPUs and moving to its
+    cell's CPUs before its framework makes a thread pool (fwbench.runner.worker), and wait until each is ready
+    (appended to ``live``, which the caller closes).
+    Nothing these workers do before they are ready is a stored result of this round but its stage seconds
+    (marked ``started_together``): round 1 measured the first call with the machine to itself."""
+    start_cpus = sorted(os.sched_getaffinity(0))
+    started: list[tuple[Case, WorkerProcess | RankSet]] = []
+    try:
+        for case in pending:
+            cells[case.key].started_together.add(round_index)
+            worker = _start(case, cells[case.key], settings, checks[case.key], weights_path, round_index, start_cpus)
+            if worker is not None:
+                started.append((case, worker))
+        for case, worker in started:
+            ready = _await_ready(case, worker, cells[case.key], settings, round_index)
+            if ready is not None:
+                live.append(ready)
+    except BaseException:  # interrupted: the workers not yet live are closed here, the live ones by the caller
+        for _, worker in started:
+            if not any(item.worker is worker for item in live):
+                worker.close()
+        raise
+
+
 def _start(
-    case: Case, cell: CellRounds, settings: Settings, check: bool, weights_path: str | None, round_index: int
+    case: Case,
+    cell: CellRounds,
+    settings: Settings,
+    check: bool,
+    weights_path: str | None,
+    round_index: int,
+    start_cpus: Sequence[int] | None = None,
 ) -> WorkerProcess | RankSet | None:
-    """Start ``case``'s interleaved worker; None (and the cell failed) if it cannot be started."""
+    """Start ``case``'s interleaved worker (``start_cpus``: beside others, :func:`_start_together`); None (and the
+    cell failed) if it cannot be started."""
     job = Job(
         case=case,
         settings=settings,
@@ -265,7 +353,7 @@ def _start(
         budget_s=settings.max_time_s / settings.rounds,
     )
     try:
-        return start_worker(job)
+        return start_worker(job, start_cpus)
     except WorkerFailure as failure:
         cell.fail(failed(case, failure), round_index, settings)
         return None
@@ -322,7 +410,7 @@ def _timed_cycles(
             if cell.failure is not None:
                 continue
             if last is not None and last is not item and settings.settle_s > 0:
-                time.sleep(settings.settle_s)  # the last worker's pools go quiet before this one measures
+                settle(last.worker.pids, settings.settle_s)  # the last worker's pools go quiet before this one measures
             item.worker.command("block", calls=item.calls)
             try:
                 message = item.worker.await_message({"block"}, settings.timeout_s)
@@ -408,8 +496,9 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
             calls_per_sample=o.fields.get("calls_per_sample"),
             peak_memory_bytes=o.fields.get("peak_memory_bytes"),
             stage_seconds=StageSeconds.parse(o.details.get("stage_seconds")),
+            started_together=index in cell.started_together,
         )
-        for o in cell.rounds
+        for index, o in enumerate(cell.rounds)
     )
     details.update(Interleaving(rounds=rounds).to_dict())
     return CellOutcome(cell.case, "ok", first.reason, samples, fields, details, blocks)

@@ -1,9 +1,11 @@
 """The worker: runs one cell in a fresh interpreter (``python -m fwbench.runner.worker``).
 
 It pins itself to the CPUs given by ``--cpus`` before anything heavier than the standard library
-is imported (the manager has already put the thread-budget variables in its environment), then
-reads a :class:`~fwbench.runner.messages.Job` on stdin and runs its case's phase (:mod:`fwbench.runner.phases`)
-on a :class:`~fwbench.runner.cell.Cell`. It reports stages and one result as JSON lines on the file descriptor
+is imported (the manager has already put the thread-budget variables in its environment); started beside other
+workers with ``--start-cpus``, it imports on those instead and moves every thread to ``--cpus`` once its framework
+is imported, before the framework is configured or builds anything. Then it reads a
+:class:`~fwbench.runner.messages.Job` on stdin and runs its case's phase (:mod:`fwbench.runner.phases`) on a
+:class:`~fwbench.runner.cell.Cell`. It reports stages and one result as JSON lines on the file descriptor
 given by ``--result-fd``, and dies with its manager.
 """
 
@@ -33,10 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fwbench worker: runs one cell (started by the manager).")
     parser.add_argument("--result-fd", type=int, required=True, help="file descriptor for JSON result lines")
     parser.add_argument("--cpus", required=True, help="comma-separated CPUs to pin to, before any import")
+    parser.add_argument(
+        "--start-cpus",
+        help="comma-separated CPUs to start on (interpreter and framework imports) before every thread moves to "
+        "--cpus: a worker started beside others, whose start is not a stored result",
+    )
     parser.add_argument("--manager-pid", type=int, required=True, help="exit if this is no longer the parent")
     args = parser.parse_args(argv)
     die_with_manager(args.manager_pid)
-    os.sched_setaffinity(0, [int(cpu) for cpu in args.cpus.split(",")])
+    cpus = [int(cpu) for cpu in args.cpus.split(",")]
+    os.sched_setaffinity(0, [int(cpu) for cpu in args.start_cpus.split(",")] if args.start_cpus else cpus)
 
     from fwbench.measure import stats
     from fwbench.measure.environment import thread_affinities
@@ -47,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     stats.load()  # the timer's stopping rule needs scipy.stats inside the timed window: imported here, untimed
     job = Job.from_json(sys.stdin.readline())  # one line; an interleaved job's commands follow on stdin
     with os.fdopen(args.result_fd, "w") as channel:
-        cell = Cell(job, channel, sys.stdin)
+        cell = Cell(job, channel, sys.stdin, pin_to=cpus if args.start_cpus else None)
         try:
             result = cell.launcher.run(get_phase(job.case.phase), cell)
         except BaseException as exc:  # every failure becomes this cell's status, never a lost sweep

@@ -29,6 +29,7 @@ from fwbench.measure.rounds import Block
 from fwbench.profile.cells import ProfiledCell
 from fwbench.profile.summary import OpRow
 from fwbench.spec import CASE_FIELDS, Case, Plan, ShardSpec
+from fwbench.store.moderation import moderate
 from fwbench.store.records import COLUMN_NAMES, ProfileRecord, ResultRecord, profile_record
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -696,9 +697,10 @@ class Store:
         return {r[0] for r in rows}
 
     def results(self, run_ids: Iterable[int] | None = None) -> list[ResultRecord]:
-        """Result records (samples and details decoded, details typed), in run then insertion order."""
+        """Result records (samples and details decoded, details typed), in run then insertion order; whole runs,
+        so each run's cell intervals are moderated over its cells (:mod:`fwbench.store.moderation`)."""
         where, params = _id_filter("run_id", run_ids)
-        return self._records(f"{where} ORDER BY run_id, id", params)
+        return moderate(self._records(f"{where} ORDER BY run_id, id", params))
 
     def _records(self, clause: str, params: tuple[Any, ...]) -> list[ResultRecord]:
         """Result records selected by ``clause`` (WHERE / ORDER BY)."""

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fwbench.details import (
     FIRST_RESULT_STAGES,
@@ -43,6 +43,9 @@ from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
 from fwbench.profile.summary import OpRow, ProfileSummary
 
+if TYPE_CHECKING:
+    from fwbench.store.moderation import RunPriors
+
 __all__ = [  # the details records are fwbench.details'; these names stay importable from here
     "COLUMN_NAMES",
     "FIRST_RESULT_STAGES",
@@ -66,6 +69,21 @@ __all__ = [  # the details records are fwbench.details'; these names stay import
     "TrainingDetails",
     "profile_record",
 ]
+
+
+@dataclass(frozen=True)
+class CellInterval:
+    """How a cell's 95% CI was made: its own interval (over its rounds alone, as stored in the database's
+    ``ci_low_s`` / ``ci_high_s`` columns), the degrees of freedom of the interval the record shows, and whether
+    that one was moderated over its run (:mod:`fwbench.store.moderation`)."""
+
+    own_low_s: float
+    own_high_s: float
+    dof: float | None
+    moderated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,9 @@ class ResultRecord:
     hostname: str | None = None  # the host that ran the cell
     hardware_id: str | None = None  # its hardware fingerprint (fwbench.measure.environment.hardware_record)
     software_id: str | None = None  # its software record's id (None: stored before fingerprints)
+    # Set when read with its run (Store.results): the interval shown, and the run's variance priors.
+    interval: CellInterval | None = None
+    priors: RunPriors | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ResultRecord:
@@ -177,6 +198,7 @@ class ResultRecord:
         out["noise"] = None if self.noise is None else self.noise.to_dict()
         out["machine"] = None if self.machine is None else dict(self.machine)
         out["blocks"] = [dataclasses.asdict(block) for block in self.blocks]
+        out["interval"] = None if self.interval is None else self.interval.to_dict()
         return out
 
     @property

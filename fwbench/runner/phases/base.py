@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from fwbench.frameworks import RuntimeInfo, get_runtime
 from fwbench.frameworks import dtype_unsupported as runtime_dtype_unsupported
+from fwbench.measure import settle
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.runner import estimate
@@ -46,6 +47,9 @@ class Phase(ABC):
     distributed: ClassVar[bool] = False  # its cells may run as several processes (--procs)
     verifiable: ClassVar[bool] = False  # fwbench verify --phase takes it
     profilable: ClassVar[bool] = False  # fwbench profile --phase takes it (its steps are timed by Cell.time_calls)
+    # Interleaved rounds after the first may start its workers side by side (importing on every CPU, then moved to
+    # the cell's before the framework is configured: fwbench.runner.scheduler): it builds through Cell.build_backend.
+    starts_together: ClassVar[bool] = False
 
     def dtype_unsupported(self, dtype: str) -> str | None:
         """None when this phase computes in ``dtype``, else why not."""
@@ -104,7 +108,7 @@ class Phase(ABC):
         timing = estimate.timing_s(call, settings)
         fixed = estimate.setup_s(case) + (1 + max(2, settings.warmup_calls)) * call
         if settings.interleave:
-            timing *= 1 + settings.settle_s / max(settings.min_block_s, call)
+            timing *= 1 + settle.expected_pause_s(settings.settle_s) / max(settings.min_block_s, call)
         return settings.rounds * fixed + timing
 
     def run(self, cell: Cell) -> dict[str, Any]:

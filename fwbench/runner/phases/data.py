@@ -142,6 +142,7 @@ class Data(Phase):
 
         cell.stage("import")
         loader: Any = importlib.import_module(info.module)
+        cell.pin_threads()
         cell.result["threads_effective"] = loader.configure_threads(settings.threads)
         cell.result["versions"] = loader.versions()
         cell.result["layout"] = loader.LAYOUT

@@ -32,6 +32,7 @@ class Inference(Phase):
     """build → compile → first call → warm-up → timed samples → parity."""
 
     name = "inference"
+    starts_together = True
     dtypes = DTYPES  # int8: the deployment engines that quantise (the registry says which runtime computes in what)
     verifiable = True
     profilable = True

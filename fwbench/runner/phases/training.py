@@ -49,6 +49,7 @@ class Training(Phase):
     """build → compile (the train step) → first call → warm-up → timed samples → loss parity."""
 
     name = "training"
+    starts_together = True
     dtypes = ("fp32", "bf16")  # bf16: fwbench.precision's policy, float32 master weights and update
     distributed = True
     verifiable = True
