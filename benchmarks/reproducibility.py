@@ -7,7 +7,8 @@ blocks:
 
 - each runtime's geometric-mean speed-up in A and in B, and how far apart they are (goal: within 3%);
 - the share of cells whose two speed-ups are consistent with their CIs,
-  |log r_B − log r_A| ≤ 1.96 · √(se_A² + se_B²), and agree within 10% (goal: ≥ 90%; a CI that is too narrow
+  |log r_B − log r_A| ≤ t · √(se_A² + se_B²) (t: the 97.5% quantile on the Welch degrees of freedom of the two CIs'),
+  and agree within 10% (goal: ≥ 90%; a CI that is too narrow
   fails it);
 - the median relative CI half-width of the per-cell speed-ups and of the cells' times (goal: ≤ 5% each, so the
   check is not passed by inflating CIs).
@@ -60,12 +61,12 @@ def bootstrap_ratio_se(base: ResultRecord, other: ResultRecord) -> float | None:
     return math.log(interval.high / interval.low) / (2 * 1.96)
 
 
-Speedup = tuple[float, float | None, float | None]
+Speedup = tuple[float, float | None, float | None, float]
 
 
 def speedups(rows: Sequence[ResultRecord]) -> dict[tuple[object, ...], Speedup]:
     """(runtime, model, phase, batch, seq, dtype, device) → (speed-up over the baseline, its log-scale SE, the
-    relative half-width of the CI printed for it)."""
+    relative half-width of the CI printed for it, the CI's degrees of freedom: inf for a bootstrap)."""
     out: dict[tuple[object, ...], Speedup] = {}
     by_key = {(r.runtime, r.model, r.phase, r.batch_size, r.seq_len, r.dtype, r.device): r for r in rows}
     for runtime in runtimes_in(rows):
@@ -76,15 +77,24 @@ def speedups(rows: Sequence[ResultRecord]) -> dict[tuple[object, ...], Speedup]:
                 continue
             key = (runtime, cell.model, cell.phase, cell.batch_size, cell.seq_len, cell.dtype, cell.device)
             if cell.ci_low is not None and cell.ci_high is not None and cell.rounds and cell.rounds >= 3:
-                quantile = float(stats.t.ppf(0.975, cell.dof or cell.rounds - 1))
-                se: float | None = math.log(cell.ci_high / cell.ci_low) / (2 * quantile)
+                dof = cell.dof or float(cell.rounds - 1)
+                se: float | None = math.log(cell.ci_high / cell.ci_low) / (2 * float(stats.t.ppf(0.975, dof)))
                 half: float | None = math.sqrt(cell.ci_high / cell.ci_low) - 1
             else:
                 base = by_key[(BASELINE, *key[1:])]
-                se = bootstrap_ratio_se(base, by_key[key])
+                se, dof = bootstrap_ratio_se(base, by_key[key]), math.inf
                 half = None if se is None else math.expm1(1.96 * se)
-            out[key] = (cell.ratio, se, half)
+            out[key] = (cell.ratio, se, half, dof)
     return out
+
+
+def welch_quantile(se1: float, dof1: float, se2: float, dof2: float) -> float:
+    """The 97.5% t quantile for the difference of two log speed-ups with these SEs and degrees of freedom
+    (Welch–Satterthwaite; 1.96 when both are infinite)."""
+    terms = [se**4 / dof for se, dof in ((se1, dof1), (se2, dof2)) if math.isfinite(dof) and dof > 0]
+    total = (se1**2 + se2**2) ** 2
+    dof = total / sum(terms) if terms and total > 0 else math.inf
+    return float(stats.t.ppf(0.975, dof))
 
 
 def own_intervals(rows: Sequence[ResultRecord]) -> list[ResultRecord]:
@@ -127,10 +137,10 @@ def compare_pair(store: Store, run_a: int, run_b: int, method: str) -> None:
     common = [key for key in first if key in second]
     consistent, agreeing, widths = 0, 0, []
     for key in common:
-        (r1, se1, half1), (r2, se2, half2) = first[key], second[key]
+        (r1, se1, half1, dof1), (r2, se2, half2, dof2) = first[key], second[key]
         if se1 is None or se2 is None or half1 is None or half2 is None:
             continue
-        within_ci = abs(math.log(r2) - math.log(r1)) <= 1.96 * math.hypot(se1, se2)
+        within_ci = abs(math.log(r2) - math.log(r1)) <= welch_quantile(se1, dof1, se2, dof2) * math.hypot(se1, se2)
         consistent += within_ci
         agreeing += within_ci and abs(r2 / r1 - 1) <= 0.10
         widths += [half1, half2]

@@ -310,12 +310,12 @@ def test_the_scheduler_stores_its_rounds_and_sub_groups_as_before() -> None:
     for index, first_call in enumerate((0.5, 0.25)):
         fields = {"first_call_s": first_call, "calls_per_sample": 4, "peak_memory_bytes": 100 + index}
         cell.rounds.append(CellOutcome(case, "ok", None, [1e-3], fields, {"stage_seconds": {"start": 0.1}}, []))
-    cell.started_together.add(1)  # round 2's workers started side by side
+    cell.started_together.add(1)  # round 2's workers started side by side: its first call is not a result
     merged = scheduler.merge_rounds(cell, "g", "interleaved")
     stages = {"stage_seconds": {"start": 0.1}}
     assert merged.details["round_details"] == [
         {"first_call_s": 0.5, "calls_per_sample": 4, "peak_memory_bytes": 100, **stages, "started_together": False},
-        {"first_call_s": 0.25, "calls_per_sample": 4, "peak_memory_bytes": 101, **stages, "started_together": True},
+        {"first_call_s": None, "calls_per_sample": 4, "peak_memory_bytes": 101, **stages, "started_together": True},
     ]
 
 

@@ -50,13 +50,22 @@ def test_the_trend_follows_the_per_call_time() -> None:
 
 def test_posterior_and_fallbacks() -> None:
     prior = VariancePrior(dof=4.0, intercept=math.log(0.01), slope=0.0, cells=20, pooled_dof=40.0)
-    variance, dof = prior.posterior(Unit(0.02, 2.0, 0.0))
-    assert variance == pytest.approx((4 * 0.01 + 2 * 0.02) / 6) and dof == 6.0
-    assert prior.posterior(Unit(5.0, 2.0, 0.0)) == (5.0, 2.0)  # an outlier keeps its own
+    variance, dof, moderated = prior.posterior(Unit(0.02, 2.0, 0.0))
+    assert variance == pytest.approx((4 * 0.01 + 2 * 0.02) / 6) and dof == 6.0 and moderated
+    assert prior.posterior(Unit(5.0, 2.0, 0.0)) == (5.0, 2.0, False)  # an outlier keeps its own
     assert VariancePrior(math.inf, math.log(0.01), 0.0, 20, 40.0).posterior(Unit(0.02, 2.0, 0.0)) == (
         pytest.approx(0.01),
         40.0,
+        True,
     )
+    shifted = VariancePrior(4.0, math.log(0.01), 0.0, 20, 40.0, {"noisy": math.log(3.0)})
+    assert shifted.variance_at(0.0, ("quiet", "noisy")) == pytest.approx(0.03)  # a pair: its noisier runtime's level
+    assert shifted.posterior(Unit(math.inf, 2.0, 0.0))[2] is False  # not usable: its own, unmoderated
+    odd = [Unit(0.01 * (i + 1), 2.0, float(i)) for i in range(12)] + [
+        Unit(0.01, 2.0, math.inf),
+        Unit(math.nan, 2.0, 0.0),
+    ]
+    assert fit_prior(odd) is not None and fit_prior(odd).cells == 12  # type: ignore[union-attr]
     assert fit_prior([Unit(0.01, 2.0, 0.0)] * (MIN_CELLS - 1)) is None  # too few cells: each cell's own interval
     zeros = fit_prior([Unit(0.0, 2.0, 0.0)] * 3 + [Unit(0.01 * (i + 1), 2.0, 0.0) for i in range(5)])
     assert zeros is not None and math.isfinite(zeros.intercept)  # a zero variance (identical rounds) is not log(0)
@@ -148,3 +157,36 @@ def test_an_outlier_cell_keeps_its_own_interval() -> None:
 
     result = _scenario(6, outlier)
     assert result["cell0"] >= 0.9 and result["moderated"] >= 0.935, result
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_a_steadily_noisier_runtime_is_moderated_towards_its_own_level(factor: float) -> None:
+    """Four runtimes of ten cells each, one of them ``factor`` times noisier throughout: its cells together are
+    significantly above the trend, so they are moderated towards their own level (a shift), and their CIs still
+    cover ≈95% (without the shift: 87–88%); the others' coverage is untouched."""
+    rng = np.random.default_rng(int(factor * 10))
+    covered = {"noisy": 0, "others": 0}
+    shifted = 0
+    runs = 100
+    for _ in range(runs):
+        cells = []
+        for runtime in range(4):
+            for _ in range(10):
+                log_time = rng.uniform(math.log(2e-6), math.log(2e-2))
+                sd = float(_trend(np.array([log_time]))[0]) * (factor if runtime == 0 else 1.0)
+                rounds = [
+                    np.exp(log_time + rng.standard_t(4) / math.sqrt(2) * sd + rng.normal(0, 0.01, BLOCKS))
+                    for _ in range(ROUNDS)
+                ]
+                cells.append((f"runtime{runtime}", log_time, rounds))
+        prior = fit_prior([unit for name, _, cell in cells if (unit := time_unit(cell, (name,))) is not None])
+        assert prior is not None
+        shifted += "runtime0" in prior.shifts
+        for name, log_time, cell in cells:
+            estimate = time_estimate(cell, prior, (name,))
+            assert estimate is not None and estimate.ci_low is not None and estimate.ci_high is not None
+            covered["noisy" if name == "runtime0" else "others"] += (
+                estimate.ci_low <= math.exp(log_time) <= estimate.ci_high
+            )
+    assert shifted >= 0.6 * runs, shifted
+    assert covered["noisy"] / (10 * runs) >= 0.92 and covered["others"] / (30 * runs) >= 0.935, covered

@@ -103,6 +103,15 @@ def cpus_one_per_core() -> list[int]:
     return firsts + siblings
 
 
+def cpu_list_set(text: str) -> set[int]:
+    """The CPUs of a kernel CPU list (``Cpus_allowed_list``: "0-1,4")."""
+    cpus: set[int] = set()
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def pin_every_thread(cpus: Sequence[int]) -> None:
     """Pin every thread of this process to ``cpus`` (``os.sched_setaffinity(0, ...)`` moves the calling thread
     only); threads started meanwhile by a thread not yet pinned are caught by another pass."""

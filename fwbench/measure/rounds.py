@@ -90,6 +90,7 @@ class Estimate:
     values: int
     p_value: float | None = None
     dof: float | None = None  # the CI's degrees of freedom: rounds − 1, more when the variance was moderated
+    moderated: bool = False  # the CI's variance was moderated over the run (fwbench.measure.moderate)
 
     @property
     def rel_half_width(self) -> float | None:
@@ -124,6 +125,7 @@ def _estimate(
     p_value: bool,
     prior: VariancePrior | None = None,
     log_time: float | None = None,
+    runtimes: tuple[str, ...] = (),
 ) -> Estimate:
     """The estimate exp(mean of ``centres``) (log scale) with its Student-t CI over rounds and, for a ratio,
     the two-sided p-value of "no difference" (log ratio 0). With a ``prior``, the round-level variance is its
@@ -132,12 +134,13 @@ def _estimate(
     centre = float(np.mean(centres))
     if rounds < MIN_ROUNDS_FOR_CI:
         return Estimate(math.exp(centre), None, None, rounds, values)
-    variance, dof = round_variance(centres), float(rounds - 1)
+    variance, dof, moderated = round_variance(centres), float(rounds - 1), False
     if prior is not None:
         at = centre if log_time is None else log_time
-        variance, dof = prior.posterior(Unit(variance, dof, at))
+        variance, dof, moderated = prior.posterior(Unit(variance, dof, at, runtimes))
     standard_error = math.sqrt(variance / rounds)
-    return _from_spread(centre, standard_error, dof, rounds, values, p_value=p_value)
+    estimate = _from_spread(centre, standard_error, dof, rounds, values, p_value=p_value)
+    return dataclasses.replace(estimate, moderated=moderated)
 
 
 def _from_spread(
@@ -156,7 +159,7 @@ def _from_spread(
 
 
 def time_estimate(
-    rounds: Sequence[Sequence[float] | FloatArray], prior: VariancePrior | None = None
+    rounds: Sequence[Sequence[float] | FloatArray], prior: VariancePrior | None = None, runtimes: tuple[str, ...] = ()
 ) -> Estimate | None:
     """A cell's time (seconds per call): geometric mean over rounds of each round's median, CI over rounds (its
     variance moderated by ``prior``, fitted over the run's cells: :func:`time_unit`); None without a positive
@@ -164,7 +167,7 @@ def time_estimate(
     logs = _usable_logs(rounds, log=True)
     if not logs:
         return None
-    estimate = _estimate(round_centres(logs), sum(r.size for r in logs), p_value=False, prior=prior)
+    estimate = _estimate(round_centres(logs), sum(r.size for r in logs), p_value=False, prior=prior, runtimes=runtimes)
     if len(logs) == 1:  # one round: its median exactly, not exp(log(median)) one rounding away
         (raw,) = _usable_logs(rounds, log=False)
         return dataclasses.replace(estimate, value=float(np.median(raw)))
@@ -175,6 +178,7 @@ def paired_speedup(
     log_ratio_rounds: Sequence[Sequence[float] | FloatArray],
     prior: VariancePrior | None = None,
     log_time: float | None = None,
+    runtimes: tuple[str, ...] = (),
 ) -> Estimate | None:
     """Speed-up from paired blocks: each round's values are log(t_baseline / t_other) of the block pairs that
     ran back to back; the estimate is exp(mean over rounds of the round's median), with CI and p-value (the
@@ -185,33 +189,43 @@ def paired_speedup(
         return None
     if prior is not None and log_time is None:
         raise ValueError("a moderated speed-up needs the pair's log time")
-    return _estimate(round_centres(rounds), sum(r.size for r in rounds), p_value=True, prior=prior, log_time=log_time)
+    return _estimate(
+        round_centres(rounds),
+        sum(r.size for r in rounds),
+        p_value=True,
+        prior=prior,
+        log_time=log_time,
+        runtimes=runtimes,
+    )
 
 
-def time_unit(rounds: Sequence[Sequence[float] | FloatArray]) -> Unit | None:
+def time_unit(rounds: Sequence[Sequence[float] | FloatArray], runtimes: tuple[str, ...] = ()) -> Unit | None:
     """What a cell's rounds say about noise, for :func:`fwbench.measure.moderate.fit_prior`: the variance of its
-    rounds' log medians at its log time; None below 2 rounds."""
+    rounds' log medians at its log time, for its runtime; None below 2 rounds."""
     logs = _usable_logs(rounds, log=True)
     if len(logs) < 2:
         return None
     centres = round_centres(logs)
-    return Unit(round_variance(centres), float(centres.size - 1), float(np.mean(centres)))
+    return Unit(round_variance(centres), float(centres.size - 1), float(np.mean(centres)), runtimes)
 
 
-def ratio_unit(log_ratio_rounds: Sequence[Sequence[float] | FloatArray], log_time: float) -> Unit | None:
-    """What a pair's rounds of paired log ratios say about noise, at the pair's ``log_time``; None below 2
-    rounds."""
+def ratio_unit(
+    log_ratio_rounds: Sequence[Sequence[float] | FloatArray], log_time: float, runtimes: tuple[str, ...] = ()
+) -> Unit | None:
+    """What a pair's rounds of paired log ratios say about noise, at the pair's ``log_time``, for its two
+    runtimes; None below 2 rounds."""
     rounds = _usable_logs(log_ratio_rounds, log=False)
     if len(rounds) < 2:
         return None
     centres = round_centres(rounds)
-    return Unit(round_variance(centres), float(centres.size - 1), log_time)
+    return Unit(round_variance(centres), float(centres.size - 1), log_time, runtimes)
 
 
 def unpaired_ratio(
     numerator_rounds: Sequence[Sequence[float] | FloatArray],
     denominator_rounds: Sequence[Sequence[float] | FloatArray],
     priors: tuple[VariancePrior | None, VariancePrior | None] = (None, None),
+    runtimes: tuple[str | None, str | None] = (None, None),
 ) -> Estimate | None:
     """time(numerator) / time(denominator) for cells not measured in pairs (two runs, other sub-groups,
     sequential mode): the ratio of the two time estimates, its CI from both sides' round-level spreads
@@ -227,14 +241,18 @@ def unpaired_ratio(
     if rounds < MIN_ROUNDS_FOR_CI:
         return Estimate(math.exp(centre), None, None, rounds, values)
     sides = []
-    for centres, prior in zip((top_centres, bottom_centres), priors):
+    moderated = False
+    for centres, prior, runtime in zip((top_centres, bottom_centres), priors, runtimes):
         side_variance, side_dof = round_variance(centres), float(centres.size - 1)
         if prior is not None:
-            side_variance, side_dof = prior.posterior(Unit(side_variance, side_dof, float(np.mean(centres))))
+            unit = Unit(side_variance, side_dof, float(np.mean(centres)), () if runtime is None else (runtime,))
+            side_variance, side_dof, side_moderated = prior.posterior(unit)
+            moderated = moderated or side_moderated
         sides.append((side_variance / centres.size, side_dof))
     variance = sum(v for v, _ in sides)
     if variance > 0:  # a posterior's degrees of freedom are finite: capped at its run's pooled ones
         dof = variance**2 / sum(v**2 / d for v, d in sides)
     else:
         dof = float(top_centres.size + bottom_centres.size - 2)
-    return _from_spread(centre, math.sqrt(variance), dof, rounds, values, p_value=True)
+    estimate = _from_spread(centre, math.sqrt(variance), dof, rounds, values, p_value=True)
+    return dataclasses.replace(estimate, moderated=moderated)

@@ -29,7 +29,8 @@ CSV_DERIVED_AFTER = {
     "wall_s": ("compile_flags",),
 }
 # The CSV's header: the stored columns in their order (store.records.COLUMN_NAMES), less those left out, with the
-# derived ones in place, then ``samples``.
+# derived ones in place, then ``samples``. Values are the records' (``ci_low_s``/``ci_high_s``: the interval
+# moderated over the run, fwbench.store.moderation; the JSON export's ``interval`` holds each cell's own).
 CSV_COLUMNS: tuple[str, ...] = (
     *(
         name

@@ -18,7 +18,8 @@ ParityKey = tuple[int, str, str, str, str, int | None]
 
 
 def rel_half_width(row: ResultRecord) -> float | None:
-    """The stored CI half-width over the median (0.01 = ±1%), or None."""
+    """The record's CI half-width over the median (0.01 = ±1%: moderated over its run when read with it,
+    fwbench.store.moderation), or None."""
     median, low, high = row.median_s, row.ci_low_s, row.ci_high_s
     if median is None or low is None or high is None or median <= 0:
         return None

@@ -80,6 +80,7 @@ class CellComparison:
     rounds: int | None = None  # rounds behind the ratio
     pairs: int | None = None  # paired blocks behind it (None: not paired)
     dof: float | None = None  # its CI's degrees of freedom: rounds − 1, more when moderated over the run
+    moderated: bool = False  # its CI's variance was moderated over the run
     workers: int | None = None  # phase data: the loaders' worker count
     procs: int | None = None  # a distributed cell's processes
     scaling: str | None = None  # and its batch semantics (weak, strong)
@@ -123,6 +124,7 @@ class RatioEstimate:
     values: int = 0
     paired: bool = False
     dof: float | None = None  # the CI's degrees of freedom (more than rounds − 1 when moderated)
+    moderated: bool = False  # its variance was moderated over the run (fwbench.store.moderation)
 
 
 def row_ratio(numerator: ResultRecord, denominator: ResultRecord) -> RatioEstimate | None:
@@ -138,10 +140,15 @@ def row_ratio(numerator: ResultRecord, denominator: ResultRecord) -> RatioEstima
     log_time = pair_log_time(numerator, denominator)
     if paired:
         prior = numerator.priors.pairs if numerator.priors is not None and log_time is not None else None
-        estimate = paired_speedup(paired, prior, log_time)
+        estimate = paired_speedup(paired, prior, log_time, (numerator.runtime, denominator.runtime))
     else:
         sides = tuple(None if row.priors is None else row.priors.times for row in (numerator, denominator))
-        estimate = unpaired_ratio(numerator.round_samples, denominator.round_samples, (sides[0], sides[1]))
+        estimate = unpaired_ratio(
+            numerator.round_samples,
+            denominator.round_samples,
+            (sides[0], sides[1]),
+            (numerator.runtime, denominator.runtime),
+        )
     if estimate is None:
         return None
     return RatioEstimate(
@@ -153,6 +160,7 @@ def row_ratio(numerator: ResultRecord, denominator: ResultRecord) -> RatioEstima
         estimate.values,
         bool(paired),
         estimate.dof,
+        estimate.moderated,
     )
 
 
@@ -290,6 +298,7 @@ def _comparisons(
                 rounds=None if estimate is None else estimate.rounds,
                 pairs=None if estimate is None or not estimate.paired else estimate.values,
                 dof=None if estimate is None else estimate.dof,
+                moderated=estimate is not None and estimate.moderated,
             )
         )
     return out

@@ -455,11 +455,12 @@ def evidence_line(pairs: Sequence[GroupedPair]) -> str | None:
         text += f"; {len(paired)} of {len(cells)} from paired blocks, {span(paired)} pairs per cell"
     if len(paired) < len(cells):
         text += f"; {len(cells) - len(paired)} unpaired (not measured together)"
-    dofs = sorted(round(cell.dof) for cell in cells if cell.dof is not None)
-    if dofs:
-        own = sorted((cell.rounds or 1) - 1 for cell in cells if cell.dof is not None)
-        text += f"; CIs on {span(dofs)} degrees of freedom"
-        text += f" (moderated; a cell's own rounds give {span(own)})" if dofs != own else " (each cell's own rounds)"
+    moderated = sorted(round(cell.dof) for cell in cells if cell.dof is not None and cell.moderated)
+    if moderated:
+        text += (
+            f"; {len(moderated)} of {len(cells)} CIs with variances moderated over the run, on {span(moderated)} "
+            "degrees of freedom"
+        )
     return text + "."
 
 

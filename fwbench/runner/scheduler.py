@@ -6,7 +6,8 @@ Interleaved (``Settings.interleave``, phases that allow it): in the first round 
 time to first result) are stored results, measured with the machine to itself. In later rounds, where the phase
 allows it (``Phase.starts_together``) and round 1's peaks say they fit in memory together, they start side by
 side instead: each imports on all of the manager's CPUs and moves to its cell's CPUs before its framework is
-configured, and nothing it does before it is ready is stored but its stage seconds (``started_together``). Then
+configured; of what it does before it is ready only its stage seconds and its peak are stored (its first call is
+not: ``started_together``), and it must end with every thread on its cell's CPUs. Then
 the workers calibrate their blocks one after another, each alone on the machine, and stay alive together,
 pinned to the same CPUs. Then, cycle after cycle, every worker times
 one block, in an order drawn afresh each cycle from a generator seeded by the run's seed, the group and the round.
@@ -44,7 +45,7 @@ import numpy as np
 
 from fwbench.details import Interleaving, RoundDetail, StageSeconds
 from fwbench.measure import noise
-from fwbench.measure.environment import memory_available_bytes
+from fwbench.measure.environment import cpu_list_set, memory_available_bytes
 from fwbench.measure.noise import NoiseTotals
 from fwbench.measure.rounds import Block, blocks_by_round, time_estimate
 from fwbench.measure.settle import settle
@@ -59,6 +60,9 @@ from fwbench.spec import Case, Settings, group_key, node_procs
 MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
 MAX_CYCLES = 400
 MEMORY_HEADROOM = 1.5  # start another worker only while free memory exceeds this × the largest peak so far
+# Set, these make an OpenMP runtime bind its threads to places it computes when it loads: a worker started beside
+# others loads it on the start CPUs, so later rounds then start their workers one at a time.
+PLACEMENT_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 
 
 def comparison_groups(cases: Sequence[Case]) -> list[list[Case]]:
@@ -284,10 +288,17 @@ def _measure(
 
 
 def _start_together_fits(pending: Sequence[Case], cells: Mapping[str, CellRounds], settings: Settings) -> bool:
-    """Whether a later round may start all of ``pending``'s workers at once: a phase that allows it (one process
-    per cell), and, from round 1's peaks, room in memory for all of them together (MEMORY_HEADROOM × their sum,
-    each at least the memory limit when one is set)."""
-    if not all(get_phase(case.phase).starts_together and case.procs is None for case in pending):
+    """Whether a later round may start all of ``pending``'s workers at once: CPU cells of a phase that allows it
+    (one process per cell), no compile mode that autotunes, no OpenMP placement variable, and, from round 1's
+    peaks, room in memory for all of them together (MEMORY_HEADROOM × their sum, each at least the memory limit
+    when one is set)."""
+    if any(os.environ.get(name) for name in PLACEMENT_VARIABLES):
+        return False  # an OpenMP runtime would fix its thread places on the CPUs it starts on
+    if settings.compile_mode != "default":
+        return False  # max-autotune and friends time kernels while compiling: never beside other workers
+    if not all(
+        get_phase(case.phase).starts_together and case.procs is None and case.device == "cpu" for case in pending
+    ):
         return False
     peaks = []
     for case in pending:
@@ -312,8 +323,8 @@ def _start_together(
     """Start every worker of ``pending`` at once, each importing on all of the manager's CPUs and moving to its
     cell's CPUs before its framework makes a thread pool (fwbench.runner.worker), and wait until each is ready
     (appended to ``live``, which the caller closes).
-    Nothing these workers do before they are ready is a stored result of this round but its stage seconds
-    (marked ``started_together``): round 1 measured the first call with the machine to itself."""
+    Of what these workers do before they are ready only the stage seconds and peaks are stored (the round is
+    marked ``started_together``, its first calls left out): round 1 measured them with the machine to itself."""
     start_cpus = sorted(os.sched_getaffinity(0))
     started: list[tuple[Case, WorkerProcess | RankSet]] = []
     try:
@@ -322,8 +333,8 @@ def _start_together(
             worker = _start(case, cells[case.key], settings, checks[case.key], weights_path, round_index, start_cpus)
             if worker is not None:
                 started.append((case, worker))
-        for case, worker in started:
-            ready = _await_ready(case, worker, cells[case.key], settings, round_index)
+        for case, worker in started:  # they share the cells' CPUs: each may take as long as all of them alone
+            ready = _await_ready(case, worker, cells[case.key], settings, round_index, len(started))
             if ready is not None:
                 live.append(ready)
     except BaseException:  # interrupted: the workers not yet live are closed here, the live ones by the caller
@@ -360,12 +371,18 @@ def _start(
 
 
 def _await_ready(
-    case: Case, worker: WorkerProcess | RankSet, cell: CellRounds, settings: Settings, round_index: int
+    case: Case,
+    worker: WorkerProcess | RankSet,
+    cell: CellRounds,
+    settings: Settings,
+    round_index: int,
+    sharing: int = 1,
 ) -> _Live | None:
-    """Wait until ``worker`` has warmed up; None (the worker closed, the cell failed) if it ended first: a crash,
-    a timeout, an error or mismatch it reported."""
+    """Wait until ``worker`` has warmed up (at most ``sharing`` × the timeout: workers started side by side share
+    the CPUs); None (the worker closed, the cell failed) if it ended first: a crash, a timeout, an error or
+    mismatch it reported."""
     try:
-        message = worker.await_message({"ready", "result"}, settings.timeout_s)
+        message = worker.await_message({"ready", "result"}, settings.timeout_s * sharing)
     except WorkerFailure as failure:
         worker.close()
         cell.fail(failed(case, failure), round_index, settings)
@@ -410,7 +427,10 @@ def _timed_cycles(
             if cell.failure is not None:
                 continue
             if last is not None and last is not item and settings.settle_s > 0:
-                settle(last.worker.pids, settings.settle_s)  # the last worker's pools go quiet before this one measures
+                if last.case.procs is None:  # the last worker's pools go quiet before this one measures
+                    settle(last.worker.pids, settings.settle_s)
+                else:  # a rank set's ranks may be on other nodes, whose threads this machine cannot see
+                    time.sleep(settings.settle_s)
             item.worker.command("block", calls=item.calls)
             try:
                 message = item.worker.await_message({"block"}, settings.timeout_s)
@@ -454,11 +474,24 @@ def _finish(live: Sequence[_Live], cells: dict[str, CellRounds], settings: Setti
             cell.fail(failed(item.case, failure), round_index, settings)
             continue
         outcome = check_memory(outcome_from_result(item.case, result, round_index), settings)
+        if round_index in cell.started_together and outcome.status == "ok":
+            outcome = _check_placement(outcome, result)
         if outcome.status != "ok":
             cell.blocks = [block for block in cell.blocks if block.round != round_index]
             cell.fail(outcome, round_index, settings)
         else:
             cell.rounds.append(outcome)
+
+
+def _check_placement(outcome: CellOutcome, result: Mapping[str, Any]) -> CellOutcome:
+    """A worker started side by side must have ended with every thread on its cell's CPUs; else the round (and so
+    the cell) is an error saying where a thread ran."""
+    cpus = set(result.get("cpus") or ())
+    outside = [text for text in result.get("thread_cpu_lists") or () if not cpu_list_set(str(text)) <= cpus]
+    if not outside:
+        return outcome
+    reason = f"a thread ran on CPUs {', '.join(outside)}, outside the cell's {sorted(cpus)}, after a side-by-side start"
+    return CellOutcome(outcome.case, "error", reason)
 
 
 def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
@@ -492,7 +525,7 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
     details = dict(first.details)
     rounds = tuple(
         RoundDetail(
-            first_call_s=o.fields.get("first_call_s"),
+            first_call_s=None if index in cell.started_together else o.fields.get("first_call_s"),
             calls_per_sample=o.fields.get("calls_per_sample"),
             peak_memory_bytes=o.fields.get("peak_memory_bytes"),
             stage_seconds=StageSeconds.parse(o.details.get("stage_seconds")),
