@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fwbench.frameworks import get_runtime, missing_requirement
-from fwbench.measure.environment import physical_core_count
+from fwbench.measure.environment import cpu_list_set, physical_core_count
 from fwbench.runner.manager import execute
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import ResultRecord, Store
@@ -50,17 +50,8 @@ def _gemm_cell(
     assert effective["intra_op"] == threads and effective["inter_op"] == 1, effective
     assert len(row.details["cpus"]) == threads and row.threads == threads
     cpus = set(row.details["cpus"])
-    assert all(_cpu_set(cpu_list) <= cpus for cpu_list in row.details["thread_cpu_lists"]), row.details
+    assert all(cpu_list_set(cpu_list) <= cpus for cpu_list in row.details["thread_cpu_lists"]), row.details
     return row
-
-
-def _cpu_set(cpu_list: str) -> set[int]:
-    """The CPUs of a kernel CPU list (``Cpus_allowed_list``: "0-1,4")."""
-    cpus: set[int] = set()
-    for part in cpu_list.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
 
 
 def _needs_two_cores(runtime: str) -> None:

@@ -7,10 +7,10 @@ time to first result) are stored results, measured with the machine to itself. I
 allows it (``Phase.starts_together``) and round 1's peaks say they fit in memory together, they start side by
 side instead: each imports on all of the manager's CPUs and moves to its cell's CPUs before its framework is
 configured; of what it does before it is ready only its stage seconds and its peak are stored (its first call is
-not: ``started_together``), and it must end with every thread on its cell's CPUs. Then
-the workers calibrate their blocks one after another, each alone on the machine, and stay alive together,
-pinned to the same CPUs. Then, cycle after cycle, every worker times
-one block, in an order drawn afresh each cycle from a generator seeded by the run's seed, the group and the round.
+not: ``started_together``), and it must end with every thread on its cell's CPUs. Then the workers calibrate their
+blocks one after another, each alone on the machine, and stay alive together, pinned to the same CPUs. Then, cycle
+after cycle, every worker times one block, in an order drawn afresh each cycle from a generator seeded by the run's
+seed, the group and the round.
 Exactly one worker measures at a time: the manager sends one ``block`` command and waits for its answer before
 the next, and the idle workers block on their stdin.
 Before a worker's block the manager waits, when another worker timed the last one, until that worker's threads
@@ -233,8 +233,9 @@ def _interleaved_round(
     cycle: int,
 ) -> tuple[int, int]:
     """One round of ``active`` in as many sub-groups as memory requires; returns the next free cycle number and
-    the number of sub-groups. Workers start (import, build, compile, first call, warm up) one at a time, then
-    calibrate their blocks one after another, each alone on the machine."""
+    the number of sub-groups. Workers start (import, build, compile, first call, warm up) one at a time (in a later
+    round, side by side when :func:`_start_together_fits`: one sub-group), then calibrate their blocks one after
+    another, each alone on the machine."""
     pending = start_order(active, rng)
     subgroup = 0
     live: list[_Live] = []
