@@ -29,6 +29,7 @@ SMOKE_TESTS = {
     "dtype_speedup.py": "test_dtype_speedup",
     "harness_overhead.py": "test_harness_overhead",
     "jpeg_decoders.py": "test_jpeg_decoders",
+    "moderation_scale.py": "test_moderation_scale",
     "ray_cluster.py": "test_ray_cluster_helper_imports",  # a helper of tests/test_ray_executor.py, which runs it
     "ray_sweep.py": "test_ray_sweep",
     "report_scale.py": "test_report_scale",
@@ -125,6 +126,13 @@ def test_reproducibility(tmp_path: Path) -> None:
             r"half-width: speed-up ±.+%, cell time ±.+% \(goals ≤ 5%\)",
             part,
         ), out
+
+
+def test_moderation_scale() -> None:
+    out = script("moderation_scale.py", "--groups", "4", "--runtimes", "3")
+    assert re.fullmatch(
+        r"moderated 12 cells in 4 groups of 3: [\d.]+ s \(time prior over 12 cells, pair prior over 12 pairs\)\n", out
+    ), out
 
 
 def test_settle_pause() -> None:
