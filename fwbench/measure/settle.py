@@ -3,8 +3,8 @@
 A framework's thread pool keeps its threads running for a while after its work (OpenMP's spin-wait in PyTorch,
 ONNX Runtime's spinning pool); a block another worker times on the same CPUs meanwhile would share them. Measured
 on the 2-core Xeon VM (docs/measurements.md, "The settle pause"): after a 50-call block of a 256² matmul, a torch
-worker at 2 threads had a thread running for 2–6 ms; TensorFlow and JAX at 2 threads, and every framework at 1
-thread, 0–1 ms. So instead of a fixed pause the manager watches the last worker's threads and starts the next
+worker at 2 threads had a thread running for 5.4 ms (median; at most 8.7 ms); TensorFlow and JAX at 2 threads,
+and every framework at 1 thread, 0 ms (JAX at most 3.2 ms). So instead of a fixed pause the manager watches the last worker's threads and starts the next
 block once none of them has run for :data:`QUIET_S` (no thread in state R, and their summed on-CPU time
 unchanged), waiting at most ``settle_s`` (``--settle``). Where the threads cannot be read (no /proc, no
 schedstat), it waits the whole ``settle_s``, as before.
@@ -12,6 +12,7 @@ schedstat), it waits the whole ``settle_s``, as before.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ def expected_pause_s(max_s: float) -> float:
     return min(max_s, 3 * QUIET_S)
 
 
+@functools.cache  # a property of the system: read once, not before every block
 def readable() -> bool:
     """Whether this system lets the manager read each thread's state and on-CPU time (/proc with schedstat)."""
     return Path("/proc/self/task").is_dir() and Path(f"/proc/self/task/{os.getpid()}/schedstat").is_file()
