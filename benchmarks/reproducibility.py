@@ -143,6 +143,9 @@ def compare_pair(store: Store, run_a: int, run_b: int, method: str) -> None:
         within_ci = abs(math.log(r2) - math.log(r1)) <= welch_quantile(se1, dof1, se2, dof2) * math.hypot(se1, se2)
         consistent += within_ci
         agreeing += within_ci and abs(r2 / r1 - 1) <= 0.10
+        if not within_ci or abs(r2 / r1 - 1) > 0.10:
+            cell = " ".join(str(part) for part in key if part is not None)
+            print(f"  apart: {cell}: {r1:.3f} ±{half1:.1%} → {r2:.3f} ±{half2:.1%}")
         widths += [half1, half2]
     share = agreeing / max(1, len(common))
     times = time_half_widths(rows_a) + time_half_widths(rows_b)

@@ -748,15 +748,54 @@ class RoundDetail:
         )
 
 
+STOP_REASONS = ("target", "budget", "max-rounds", "no-budget")
+
+
+@dataclass(frozen=True)
+class RoundsStop:
+    """Why a cell's comparison group ran no more rounds (``runner.extra_rounds``), in ``details.rounds_stop``.
+    ``reason``: ``target`` (its widest CI met the target), ``budget`` (the next round would not have fitted in the
+    run's ``--budget``), ``max-rounds``, or ``no-budget`` (the run had none: its minimum rounds only).
+    ``widest``: the group's widest relative CI half-width (0.05 = ±5%) when it stopped — of a speed-up over its
+    baseline, or of the cell time in a group of one runtime; None when it had no CI. ``target``: the half-width
+    aimed at. ``rounds``: the rounds the group ran."""
+
+    reason: str
+    rounds: int
+    widest: float | None = None
+    target: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every key, as the manager writes it."""
+        return _all_fields(self)
+
+    @classmethod
+    def parse(cls, raw: Any) -> RoundsStop | None:
+        """None for a cell that stored none (stored before extra rounds existed, or still waiting for them)."""
+        if (
+            not isinstance(raw, dict)
+            or as_str(raw.get("reason")) not in STOP_REASONS
+            or as_int(raw.get("rounds")) is None
+        ):
+            return None
+        return cls(
+            reason=str(raw["reason"]),
+            rounds=int(raw["rounds"]),
+            widest=as_float(raw.get("widest")),
+            target=as_float(raw.get("target")),
+        )
+
+
 @dataclass(frozen=True)
 class Interleaving:
     """How a cell's rounds ran (``runner.scheduler``): ``details.round_details``, each round's worker figures (a cell
-    that ended ok), and ``details.interleave_subgroups``, the sub-groups its comparison group was split into in each
-    round when its workers did not all fit in memory together (stored only when some round was split). Empty for
-    rows stored before either."""
+    that ended ok), ``details.interleave_subgroups``, the sub-groups its comparison group was split into in each
+    round when its workers did not all fit in memory together (stored only when some round was split), and
+    ``details.rounds_stop``, why its group ran no more rounds. Empty for rows stored before these."""
 
     subgroups: tuple[int, ...] = ()
     rounds: tuple[RoundDetail, ...] = ()
+    stop: RoundsStop | None = None
 
     @property
     def most_subgroups(self) -> int | None:
@@ -770,6 +809,8 @@ class Interleaving:
             out["interleave_subgroups"] = list(self.subgroups)
         if self.rounds:
             out["round_details"] = _stored(self.rounds)
+        if self.stop is not None:
+            out["rounds_stop"] = self.stop.to_dict()
         return out
 
     @classmethod
@@ -778,4 +819,5 @@ class Interleaving:
         return cls(
             subgroups=_ints(details.get("interleave_subgroups")) or (),
             rounds=_each(RoundDetail.parse, details.get("round_details")),
+            stop=RoundsStop.parse(details.get("rounds_stop")),
         )

@@ -199,6 +199,27 @@ class Settings:
             "(fwbench run and the suites default to 3; 1 here for library callers)"
         },
     )
+    max_rounds: int = field(
+        default=10,
+        metadata={
+            "help": "with a budget: the most rounds a comparison group runs, its minimum rounds included (at least "
+            "rounds)"
+        },
+    )
+    target_ci: float = field(
+        default=0.05,
+        metadata={
+            "help": "with a budget: extra rounds go to the comparison groups whose widest speed-up CI half-width "
+            "over their baseline is above this fraction (0.05 = ±5%)"
+        },
+    )
+    budget_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "wall seconds of the whole run within which comparison groups get extra rounds once every group "
+            "has its minimum rounds (None: the minimum rounds only)"
+        },
+    )
     interleave: bool = field(
         default=True,
         metadata={
@@ -289,6 +310,12 @@ class Settings:
         _check_choice("optimizer", self.optimizer, OPTIMIZER_KINDS)
         _check_positive_int("warm-up calls", self.warmup_calls)
         _check_positive_int("rounds", self.rounds)
+        _check_positive_int("max rounds", self.max_rounds)
+        for name, value in (("target CI", self.target_ci), ("budget", self.budget_s)):
+            if value is not None and (
+                not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf
+            ):
+                raise SpecError(f"{name} must be a positive finite number, got {value!r}")
         if not isinstance(self.interleave, bool):
             raise SpecError(f"interleave must be true or false, got {self.interleave!r}")
         if (
@@ -331,6 +358,11 @@ class Settings:
             raise SpecError(f"memory limit must be a positive number of bytes below 2**63, got {limit!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
             raise SpecError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def round_limit(self) -> int:
+        """The most rounds a comparison group runs: ``max_rounds``, never fewer than ``rounds``."""
+        return max(self.max_rounds, self.rounds)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

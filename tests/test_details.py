@@ -26,6 +26,7 @@ from fwbench.details import (
     Rendezvous,
     RendezvousNode,
     RoundDetail,
+    RoundsStop,
     StageSeconds,
 )
 from fwbench.report.compare import COMPARE_KEY, environment_record
@@ -82,7 +83,11 @@ RENDEZVOUS = Rendezvous(
     nodes=(RendezvousNode(0, "10.0.0.1", (0,)), RendezvousNode(1, "10.0.0.2", (1,))),
 )
 RANK = RankDetail(0, 0, (0, 1), {"intra_op": 2, "inter_op": 1}, 10, 1.5, STAGES, "ok")
-INTERLEAVING = Interleaving(subgroups=(1, 2, 1), rounds=(RoundDetail(0.5, 4, 2**20, STAGES), RoundDetail(0.25, 4)))
+INTERLEAVING = Interleaving(
+    subgroups=(1, 2, 1),
+    rounds=(RoundDetail(0.5, 4, 2**20, STAGES), RoundDetail(0.25, 4)),
+    stop=RoundsStop("budget", 3, 0.07, 0.05),
+)
 COMPILE = CompileReport(
     export_s=3.0,
     load_s=0.5,
@@ -100,7 +105,17 @@ CPU_UNITS = CpuUnits(bf16=("avx512_bf16", "amx_bf16"), int8=())
 
 @pytest.mark.parametrize(
     "record",
-    [DATA, DISTRIBUTED, RENDEZVOUS, RANK, RoundDetail(0.5, 4, 2**20, STAGES), COMPILE, STAGES, FirstBatch((2, 3))],
+    [
+        DATA,
+        DISTRIBUTED,
+        RENDEZVOUS,
+        RANK,
+        RoundDetail(0.5, 4, 2**20, STAGES),
+        COMPILE,
+        STAGES,
+        FirstBatch((2, 3)),
+        RoundsStop("target", 4, 0.049, 0.05),
+    ],
     ids=lambda record: type(record).__name__,
 )
 def test_a_record_reads_back_from_what_its_writer_stores(record: Any) -> None:
@@ -110,7 +125,14 @@ def test_a_record_reads_back_from_what_its_writer_stores(record: Any) -> None:
 
 def test_the_records_of_top_level_keys_read_back_from_the_whole_details() -> None:
     details = json.loads(json.dumps({**INTERLEAVING.to_dict(), **CPU_UNITS.to_dict(), "other": 1}))
-    assert set(details) == {"interleave_subgroups", "round_details", "cpu_bf16_units", "cpu_int8_units", "other"}
+    assert set(details) == {
+        "interleave_subgroups",
+        "round_details",
+        "rounds_stop",
+        "cpu_bf16_units",
+        "cpu_int8_units",
+        "other",
+    }
     assert Interleaving.from_details(details) == INTERLEAVING and INTERLEAVING.most_subgroups == 2
     assert CpuUnits.from_details(details) == CPU_UNITS
     assert Interleaving().to_dict() == {} and CpuUnits().to_dict() == {}  # nothing written for what is not set
@@ -172,6 +194,8 @@ def test_an_older_row_reads_with_defaults() -> None:
     assert Rendezvous.parse({"address": "127.0.0.1"}) == Rendezvous(address="127.0.0.1")
     assert RankDetail.parse({"rank": 1}) == RankDetail(rank=1)
     assert RoundDetail.parse({}) == RoundDetail()
+    assert RoundsStop.parse({"reason": "target", "rounds": 3}) == RoundsStop("target", 3)
+    assert RoundsStop.parse({"reason": "tired", "rounds": 3}) is None and RoundsStop.parse({"reason": "target"}) is None
     assert CompileReport.parse({"export_s": 1.0}) == CompileReport(export_s=1.0)
     assert StageSeconds.parse({"start": 0.5}) == StageSeconds({"start": 0.5})
     assert Interleaving.from_details({}) == Interleaving() and CpuUnits.from_details({}) == CpuUnits()
@@ -418,7 +442,8 @@ def test_the_case_keys_and_columns_come_from_one_declaration() -> None:
 def test_the_csv_header_is_unchanged() -> None:
     header = (
         "run_id,model,runtime,phase,batch_size,seq_len,workers,procs,scaling,dtype,device,status,reason,protocol,"
-        "schedule,rounds,n_samples,calls_per_sample,median_s,ci_low_s,ci_high_s,mean_s,stdev_s,min_s,first_call_s,"
+        "schedule,rounds,rounds_stop,n_samples,calls_per_sample,median_s,ci_low_s,ci_high_s,mean_s,stdev_s,min_s,"
+        "first_call_s,"
         "time_to_first_result_s,peak_memory_bytes,allocator_peak_bytes,threads,interop_threads,flops,achieved_gflops,"
         "peak_fraction,samples_per_s,tokens_per_s,wall_s,compile_flags,hostname,hardware_id,software_id,samples"
     )

@@ -172,8 +172,10 @@ def stand_in_groups(monkeypatch: pytest.MonkeyPatch, filled: Callable[[Store], N
     """Groups run by a stand-in (each cell ok, with a large details record), and ``filled`` called on the store
     once the first group is stored."""
 
-    def run_group(group: list[Case], settings: Settings, parity: Any) -> manager.Settled:
-        return [(CellOutcome(case, "ok", None, [1e-3], {"median_s": 1e-3}, {"pad": PADDING}), 0.1) for case in group]
+    def run_group(group: list[Case], settings: Settings, parity: Any) -> tuple[manager.Settled, None]:
+        return [
+            (CellOutcome(case, "ok", None, [1e-3], {"median_s": 1e-3}, {"pad": PADDING}), 0.1) for case in group
+        ], None
 
     record, calls = manager.Recorder.record, []
 
@@ -183,7 +185,7 @@ def stand_in_groups(monkeypatch: pytest.MonkeyPatch, filled: Callable[[Store], N
         if len(calls) == 1:
             filled(self.store)
 
-    monkeypatch.setattr(manager, "run_comparison_group", run_group)
+    monkeypatch.setattr(manager, "start_comparison_group", run_group)
     monkeypatch.setattr(manager.Recorder, "record", record_then_fill)
 
 
@@ -217,12 +219,12 @@ def test_a_cell_whose_worker_found_the_disk_full_stops_the_sweep_unstored(
     db, cache = tmp_path / "x.db", "/tmp/fwbench-exports-1/model.onnx"
     report = disk_full_report(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), cache))
 
-    def run_group(group: list[Case], settings: Settings, parity: Any) -> manager.Settled:
+    def run_group(group: list[Case], settings: Settings, parity: Any) -> tuple[manager.Settled, None]:
         return [
             (CellOutcome(case, "error", "OSError during compile", details={"disk_full": report}), 0.1) for case in group
-        ]
+        ], None
 
-    monkeypatch.setattr(manager, "run_comparison_group", run_group)
+    monkeypatch.setattr(manager, "start_comparison_group", run_group)
     assert main([*RUN, "--db", str(db)]) == 1
     assert one_line(capsys.readouterr().err) == (
         f"fwbench: disk full writing {cache} (ENOSPC): the 0 cells stored before are kept; free space and continue "

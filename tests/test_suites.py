@@ -134,6 +134,20 @@ def test_a_grid_flag_replaces_that_axis_in_every_grid(tmp_path: Path) -> None:
     assert {case.model for case in plan.cases} == {"mlp", "bert-tiny", "bert-base"}
 
 
+def test_the_quick_suite_buys_extra_rounds_within_its_budget_and_flags_override_it() -> None:
+    quick = plan_from_args(_run_args("--suite", "quick", "--threads", "1")).settings
+    assert (quick.budget_s, quick.target_ci, quick.round_limit) == (450.0, 0.05, 10)
+    flagged = _run_args(
+        "--suite", "quick", "--budget", "2m", "--target-ci", "0.1", "--max-rounds", "4", "--threads", "1"
+    )
+    settings = plan_from_args(flagged).settings
+    assert (settings.budget_s, settings.target_ci, settings.max_rounds) == (120.0, 0.1, 4)
+    assert plan_from_args(_run_args("--suite", "quick", "--budget", "1.5h", "--threads", "1")).settings.budget_s == 5400
+    # the round limit is never below --rounds; without a budget (a grid of flags) there are no extra rounds
+    plain = plan_from_args(_run_args("--models", "mlp", "--runtimes", "torch:eager", "--rounds", "12")).settings
+    assert plain.budget_s is None and plain.round_limit == 12
+
+
 def test_settings_file_sits_between_the_suite_and_the_flags(tmp_path: Path) -> None:
     config = tmp_path / "settings.toml"
     config.write_text('[settings]\nmax_time_s = 1.5\ntimeout_s = 100.0\nprotocol = "hf2019"\n')

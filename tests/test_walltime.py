@@ -10,7 +10,7 @@ import pytest
 
 from fwbench.report.export import to_json
 from fwbench.report.table import report_tables
-from fwbench.report.walltime import WallTime, wall_time, wall_time_line
+from fwbench.report.walltime import WallTime, rounds_stop_line, wall_time, wall_time_line
 from fwbench.spec import Case
 from fwbench.store import Store
 from report_store import Cell, add_run
@@ -63,3 +63,25 @@ def test_the_blocks_and_the_stages_add_up(tmp_path: Path) -> None:
 def test_without_a_stored_wall_time_there_is_no_line() -> None:
     assert wall_time_line(WallTime(None, 1.0)) is None
     assert wall_time([]) == WallTime(None, 0.0, {})
+
+
+def test_the_legend_counts_why_each_group_stopped_adding_rounds(tmp_path: Path) -> None:
+    """One line over comparison groups (not cells): two groups met the target, one stopped on the budget."""
+
+    def stop(reason: str, rounds: int) -> dict[str, object]:
+        return {"rounds_stop": {"reason": reason, "rounds": rounds, "widest": 0.04, "target": 0.05}}
+
+    cells = [
+        Cell(Case("mlp", runtime, batch_size=batch), [0.01] * 6, rounds=rounds, details=stop(reason, rounds))
+        for batch, reason, rounds in ((1, "target", 3), (2, "target", 5), (4, "budget", 7))
+        for runtime in ("torch:eager", "jax:jit")
+    ]
+    with Store.open(tmp_path / "x.db") as store:
+        results = store.results([add_run(store, cells)])
+    line = rounds_stop_line(results)
+    assert line == (
+        "rounds per comparison group 3–7 (target: the widest speed-up CI within ±5.0%): 2 groups met it, "
+        "1 group stopped on the budget"
+    )
+    assert line in report_tables(results)[1]
+    assert rounds_stop_line(results[:1]) is not None and rounds_stop_line([]) is None

@@ -65,6 +65,23 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """A positive finite duration in seconds: ``450``, ``90s``, ``7.5m``, ``2h``."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        value = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (seconds, or with s, m or h: 90s, 7.5m)"
+        ) from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite duration")
+    return value
+
+
 def on_off(text: str) -> bool:
     """``on`` → True, ``off`` → False."""
     if text not in ("on", "off"):

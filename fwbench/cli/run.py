@@ -19,6 +19,7 @@ from fwbench.cli.common import (
     byte_count,
     check_tensorboard_dir,
     directory,
+    duration,
     given,
     non_negative_float,
     non_negative_int,
@@ -58,12 +59,14 @@ from fwbench.spec import (
     PROTOCOLS,
     TRANSFORMS,
     Plan,
+    Settings,
     ShardSpec,
     SpecError,
 )
 from fwbench.store import DEFAULT_DB, Store
 from fwbench.store.db import check_database_path
 from fwbench.suites import DEFAULT_SUITE, builtin_suites
+from fwbench.units import format_seconds
 
 RUN_DEVICES = ("cpu", "cuda")
 # Flag (argparse attribute) -> the Settings field it sets.
@@ -83,6 +86,9 @@ SETTINGS_FLAGS = {
     "fit_samples": "fit_samples",
     "fit_logging": "fit_logging",
     "rounds": "rounds",
+    "max_rounds": "max_rounds",
+    "target_ci": "target_ci",
+    "budget": "budget_s",
     "interleave": "interleave",
     "settle": "settle_s",
     "input": "data_input",
@@ -179,13 +185,37 @@ def _measurement_flags(run: argparse.ArgumentParser) -> None:
         "hf2019: 30 blocks of 3 calls (timeit repeat=30 number=3, as the 2019 study), spread over the rounds",
     )
     timing.add_argument(
-        "--max-time", type=positive_float, metavar="SECONDS", help="adaptive: timing budget per cell (default 5)"
+        "--max-time",
+        type=positive_float,
+        metavar="SECONDS",
+        help="adaptive: timing budget per cell over its --rounds (an extra round adds one round's share; default 5)",
     )
     timing.add_argument(
         "--rounds",
         type=positive_int,
         help="fresh sets of workers per comparison group (default 3): a cell's CI and every significance verdict "
         "include the variation between rounds, and are given only with 3 or more",
+    )
+    timing.add_argument(
+        "--budget",
+        type=duration,
+        metavar="DURATION",
+        help="wall time of the whole run (seconds, or 90s, 7.5m, 1h): once every comparison group has its --rounds, "
+        "extra rounds go to the groups whose widest speed-up CI is widest against --target-ci, while the next one "
+        "fits (default: none, --rounds only; the quick suite: 7.5m)",
+    )
+    timing.add_argument(
+        "--target-ci",
+        type=positive_float,
+        metavar="FRACTION",
+        help="with --budget: a group needs no more rounds once the 95%% CI of each speed-up over its baseline (of the "
+        "cell time, for one runtime) is within ± this fraction (default 0.05)",
+    )
+    timing.add_argument(
+        "--max-rounds",
+        type=positive_int,
+        help="with --budget: the most rounds a comparison group runs, --rounds included (default 10; equal to "
+        "--rounds: no extra rounds)",
     )
     timing.add_argument(
         "--interleave",
@@ -493,6 +523,35 @@ def tensorboard_listener(
     return listen
 
 
+def print_budget(settings: Settings, *, ray: bool) -> None:
+    """One line on stderr about the extra rounds a budget buys (nothing without a budget)."""
+    if settings.budget_s is None or settings.round_limit <= settings.rounds:
+        return
+    if ray:
+        print(
+            f"fwbench: --budget {format_seconds(settings.budget_s)}: extra rounds are given on this machine only; "
+            f"on Ray each comparison group runs its {settings.rounds} rounds",
+            file=sys.stderr,
+        )
+        return
+    print(
+        f"budget {format_seconds(settings.budget_s)}: after {settings.rounds} rounds each, extra rounds (up to "
+        f"{settings.round_limit}) go where a speed-up's 95% CI is wider than ±{settings.target_ci:.1%}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def rewrite_tensorboard(store: Store, run_id: int, settings: dict[str, Any], folder: Path) -> None:
+    """Every cell of the run written again to its TensorBoard run (extra rounds stored the cells again); a write
+    that fails is reported on stderr, as the live writer's."""
+    try:
+        for row in store.results([run_id]):
+            write_cell(folder, row, settings)
+    except OSError as exc:
+        print(f"fwbench: --tensorboard {folder}: cannot write it: {exc.strerror or exc}", file=sys.stderr)
+
+
 def check_dataset(plan: Plan) -> None:
     """A plan that reads images (phase data cells, phase fit cells with ``fit_source`` input): write the default
     dataset if it reads it and it is missing; SpecError when its folder is gone (a resumed run's --input)."""
@@ -650,11 +709,14 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             file=sys.stderr,
             flush=True,
         )
+        print_budget(plan.settings, ray=executor is not None)
         try:
             with sweep_progress(remaining) as listener:
                 hears = tensorboard_listener(listener, store, run_id, plan.settings.to_dict(), args.tensorboard)
                 if executor is None:
-                    execute(store, run_id, plan, hears)
+                    execute(store, run_id, plan, hears, lambda line: print(line, file=sys.stderr, flush=True))
+                    if args.tensorboard is not None and plan.settings.budget_s is not None:
+                        rewrite_tensorboard(store, run_id, plan.settings.to_dict(), args.tensorboard)
                 else:
                     execute_on_ray(store, run_id, plan, hears, executor)
             store.finish_run(run_id)

@@ -27,6 +27,7 @@ CSV_DERIVED_AFTER = {
     "first_call_s": ("time_to_first_result_s",),
     "flops": ("achieved_gflops", "peak_fraction", "samples_per_s", "tokens_per_s"),
     "wall_s": ("compile_flags",),
+    "rounds": ("rounds_stop",),
 }
 # The CSV's header: the stored columns in their order (store.records.COLUMN_NAMES), less those left out, with the
 # derived ones in place, then ``samples``. Values are the records' (``ci_low_s``/``ci_high_s``: the interval
@@ -75,7 +76,8 @@ def to_json(runs: Sequence[RunRecord], results: Sequence[ResultRecord], peak: Pe
 
 def to_csv(results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     """One row per cell; ``samples`` is a space-separated list of seconds per call; ``peak_fraction``
-    is empty unless the database holds a peak; ``compile_flags`` lists the compile-health flags."""
+    is empty unless the database holds a peak; ``compile_flags`` lists the compile-health flags; ``rounds_stop`` says
+    why the cell's comparison group ran no more rounds (:class:`fwbench.details.RoundsStop`; empty when unknown)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -84,6 +86,7 @@ def to_csv(results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
             {
                 **with_rates(row, peak),
                 "compile_flags": "; ".join(compile_flags(row)),
+                "rounds_stop": row.interleaving.stop.reason if row.interleaving.stop else "",
                 "samples": " ".join(repr(s) for s in row.samples),
             }
         )

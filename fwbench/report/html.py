@@ -56,7 +56,7 @@ from fwbench.report.summary import (
 )
 from fwbench.report.table import throughput_headers
 from fwbench.report.throughput import format_rate, throughput
-from fwbench.report.walltime import wall_time, wall_time_line
+from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
 from fwbench.spec import shape_text
 from fwbench.store import ResultRecord, RunRecord
 from fwbench.units import (
@@ -822,8 +822,11 @@ def _header(
             f"{esc(env.get('physical_cores'))} physical cores, {esc(env.get('cpu_simd_flags'))}; "
             f"threads {esc(settings.get('threads'))}, protocol {esc(settings.get('protocol'))}; {versions}.</p>"
         )
-    measured = wall_time_line(wall_time(results))
-    measured_html = f"<p class=small>{esc(measured[0].upper() + measured[1:])}.</p>" if measured else ""
+    measured_html = "".join(
+        f"<p class=small>{esc(line[0].upper() + line[1:])}.</p>"
+        for line in (wall_time_line(wall_time(results)), rounds_stop_line(results))
+        if line
+    )
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     return (
         f"<h1>fwbench report</h1><p class=scope>{len(results)} results ({status_text}) of run(s) {run_text}"

@@ -51,7 +51,7 @@ from fwbench.report.summary import (
     runtimes_in,
 )
 from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
-from fwbench.report.walltime import wall_time, wall_time_line
+from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
 from fwbench.store import ResultRecord
 from fwbench.units import (
     decimals_for,
@@ -520,6 +520,9 @@ def report_tables(
     measured = wall_time_line(wall_time(results))
     if measured:
         lines.append(measured)
+    stopped = rounds_stop_line(results)
+    if stopped:
+        lines.append(stopped)
     return tables, lines
 
 

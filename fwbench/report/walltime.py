@@ -92,3 +92,32 @@ def wall_time_line(wall: WallTime) -> str | None:
     if stages:
         line += f"; worker-seconds by stage (the workers of a group overlap, mostly waiting in timing): {stages}"
     return line
+
+
+STOP_PHRASES = {
+    "target": "met it",
+    "budget": "stopped on the budget",
+    "max-rounds": "reached the round limit",
+    "no-budget": "had no budget (their minimum rounds only)",
+}
+
+
+def rounds_stop_line(results: Sequence[ResultRecord]) -> str | None:
+    """``rounds per comparison group 3–7 (target: the widest speed-up CI within ±5.0%): 3 groups met it, 2 stopped on
+    the budget``, from each group's stored :class:`fwbench.details.RoundsStop`; None when no cell stored one."""
+    stops = {
+        (row.run_id, row.group_key): stop
+        for row in results
+        if row.group_key is not None and (stop := row.interleaving.stop) is not None
+    }
+    if not stops:
+        return None
+    rounds = sorted(stop.rounds for stop in stops.values())
+    span = str(rounds[0]) if rounds[0] == rounds[-1] else f"{rounds[0]}–{rounds[-1]}"
+    counts = {reason: sum(stop.reason == reason for stop in stops.values()) for reason in STOP_PHRASES}
+    parts = [
+        f"{count} group{'s' if count != 1 else ''} {STOP_PHRASES[reason]}" for reason, count in counts.items() if count
+    ]
+    target = next((stop.target for stop in stops.values() if stop.target is not None), None)
+    aim = "" if target is None else f" (target: the widest speed-up CI within ±{target:.1%})"
+    return f"rounds per comparison group {span}{aim}: {', '.join(parts)}"

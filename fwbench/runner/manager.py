@@ -18,16 +18,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from fwbench.details import RoundsStop
 from fwbench.diskfull import DiskFull, stops_the_sweep
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.frameworks.base import EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
 from fwbench.measure.rounds import Block
 from fwbench.models import get_model
+from fwbench.runner.extra_rounds import RoundListener, spend_budget
 from fwbench.runner.outcome import CellOutcome, run_worker
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import worker_cpus
-from fwbench.runner.scheduler import comparison_groups, run_group
+from fwbench.runner.scheduler import GroupRun, comparison_groups, run_rounds
 from fwbench.spec import Case, Plan, Settings, SkippedCase, cell_threads, group_key
 from fwbench.store import Store
 
@@ -114,10 +116,19 @@ def export_cache() -> Iterator[None]:
 
 
 def run_comparison_group(group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]) -> Settled:
-    """Run one comparison group on this machine: cells whose runtime or model is not available here are
-    ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch`` without running, the
-    others run (:func:`fwbench.runner.scheduler.run_group`), checking parity where ``parity`` has not settled it.
-    The Ray executor calls this on the node that runs the group."""
+    """Run one comparison group on this machine (:func:`start_comparison_group`), its minimum rounds only. The Ray
+    executor calls this on the node that runs the group."""
+    settled, _ = start_comparison_group(group, settings, parity)
+    return settled
+
+
+def start_comparison_group(
+    group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]
+) -> tuple[Settled, GroupRun | None]:
+    """Run one comparison group's minimum rounds on this machine: cells whose runtime or model is not available
+    here are ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch`` without
+    running, the others run (:class:`fwbench.runner.scheduler.GroupRun`), checking parity where ``parity`` has not
+    settled it. Returns the outcomes and the group's rounds so far (None: nothing ran), which may get more."""
     started = time.monotonic()
     settled: Settled = []
     runnable: list[Case] = []
@@ -133,17 +144,20 @@ def run_comparison_group(group: Sequence[Case], settings: Settings, parity: Mapp
             settled.append((CellOutcome(case, "mismatch", reason), 0.0))
         else:
             runnable.append(case)
-    if runnable:
-        checks = {case.key: parity_pair(case) not in parity for case in runnable}
-        with export_cache():
-            group_outcomes = run_group(runnable, settings, checks, settings.weights_path)
-        wall_s = (time.monotonic() - started) / len(runnable)  # the cells shared the group's time
-        for outcome in group_outcomes:
-            pair = parity_pair(outcome.case)
-            if pair in parity:
-                outcome.details["parity_checked_by"] = parity[pair]
-            settled.append((outcome, wall_s))
-    return settled
+    if not runnable:
+        return settled, None
+    checks = {case.key: parity_pair(case) not in parity for case in runnable}
+    rounds = GroupRun(runnable, settings, checks, settings.weights_path)
+    with export_cache():
+        run_rounds(rounds, settings.rounds)
+    stop = None if settings.budget_s is not None else RoundsStop("no-budget", rounds.rounds_run)
+    # the cells shared the group's time (an extra round later adds its own)
+    rounds.setup_s = time.monotonic() - started - sum(rounds.round_wall_s)
+    for case in runnable:
+        if parity_pair(case) in parity:
+            rounds.notes[case.key] = {"parity_checked_by": parity[parity_pair(case)]}
+    settled.extend((outcome, rounds.cell_wall_s) for outcome in rounds.outcomes(stop))
+    return settled, rounds
 
 
 def settle_parity(parity: Parity, settled: Settled) -> None:
@@ -181,6 +195,16 @@ class Recorder:
             if self.listener is not None:
                 self.listener(outcome)
 
+    def replace(self, outcomes: Sequence[CellOutcome], wall_s: float, machine: dict[str, Any] | None) -> None:
+        """Store a group's cells again, each charged ``wall_s`` (their group ran another round, or now knows why it
+        stopped), in one transaction; the listener is not told again."""
+        with self.store.transaction():
+            self.store.delete_results(self.run_id, [outcome.case.key for outcome in outcomes])
+            for outcome in outcomes:
+                store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine)
+        replaced = {outcome.case.key: outcome for outcome in outcomes}
+        self.outcomes = [replaced.pop(o.case.key, o) for o in self.outcomes] + list(replaced.values())
+
     def in_plan_order(self) -> list[CellOutcome]:
         """The outcomes stored so far, in plan order."""
         keys = [s.case.key for s in self.plan.skipped] + [c.key for c in self.plan.cases]
@@ -204,21 +228,41 @@ def pending_groups(store: Store, run_id: int, plan: Plan) -> list[tuple[list[Cas
     return groups
 
 
-def execute(store: Store, run_id: int, plan: Plan, listener: Listener | None = None) -> list[CellOutcome]:
+def execute(
+    store: Store, run_id: int, plan: Plan, listener: Listener | None = None, hear: RoundListener | None = None
+) -> list[CellOutcome]:
     """Run every cell of ``plan`` that run ``run_id`` has no status for yet, group by group on this machine,
-    storing each group's cells together as soon as it ends (``listener`` hears of each then); returns the
-    outcomes in plan order.
+    storing each group's cells together as soon as its minimum rounds end (``listener`` hears of each then); then,
+    with a budget, extra rounds where the run's verdicts are still open (:mod:`fwbench.runner.extra_rounds`; each
+    group's cells stored again after its round and once more with why it stopped; ``hear`` told of each round).
+    Returns the outcomes in plan order.
 
     Parity is checked once per (model, runtime, dtype, device) in a run, by the first cell of the pair that
     runs; once a pair has failed it, its other cells are stored as ``mismatch`` without running.
     """
+    started = time.monotonic()
     parity = stored_parity(store, run_id)
     machine = machine_record()
     recorder = Recorder(store, run_id, plan, listener)
+    ran: list[GroupRun] = []
     for group, skipped in pending_groups(store, run_id, plan):
         settled = skipped_outcomes(skipped)
         if group:
-            settled += run_comparison_group(group, plan.settings, parity)
+            outcomes, rounds = start_comparison_group(group, plan.settings, parity)
+            settled += outcomes
+            if rounds is not None:
+                ran.append(rounds)
         settle_parity(parity, settled)
         recorder.record(settled, machine)
+    if plan.settings.budget_s is not None and ran:
+
+        def extra_round(rounds: GroupRun) -> None:
+            with export_cache():  # the round's engines share their exports, as in the group's first rounds
+                rounds.run_round()
+            recorder.replace(rounds.outcomes(), rounds.cell_wall_s, machine)
+
+        stops = spend_budget(ran, lambda: store.results([run_id]), extra_round, plan.settings, started, hear)
+        for rounds in ran:
+            if rounds.key in stops:
+                recorder.replace(rounds.outcomes(stops[rounds.key]), rounds.cell_wall_s, machine)
     return recorder.in_plan_order()

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.details import Interleaving, RoundDetail, StageSeconds
+from fwbench.details import Interleaving, RoundDetail, RoundsStop, StageSeconds
 from fwbench.measure import noise
 from fwbench.measure.environment import cpu_list_set, memory_available_bytes
 from fwbench.measure.noise import NoiseTotals
@@ -96,9 +96,84 @@ class CellRounds:
     started_together: set[int] = field(default_factory=set)  # rounds whose workers started side by side
 
     def fail(self, outcome: CellOutcome, round_index: int, settings: Settings) -> None:
-        if settings.rounds > 1 and outcome.reason:
+        if round_index >= settings.rounds and outcome.reason:  # an extra round (fwbench.runner.extra_rounds)
+            outcome.reason = f"{outcome.reason} (round {round_index + 1}, an extra round after {settings.rounds})"
+        elif settings.rounds > 1 and outcome.reason:
             outcome.reason = f"{outcome.reason} (round {round_index + 1} of {settings.rounds})"
         self.failure = outcome
+
+
+class GroupRun:
+    """One comparison group's rounds, run one at a time (:meth:`run_round`): its first ``settings.rounds`` by
+    :func:`run_group`, then, when the run has a budget, any extra ones the manager gives it
+    (:mod:`fwbench.runner.extra_rounds`). ``check_parity[case.key]``: whether that cell checks its parity (in its
+    first round only). Each round's wall seconds are kept (``round_wall_s``): what the next one will cost."""
+
+    def __init__(
+        self,
+        cases: Sequence[Case],
+        settings: Settings,
+        check_parity: Mapping[str, bool],
+        weights_path: str | None = None,
+    ) -> None:
+        self.cases, self.settings, self.check_parity, self.weights_path = (
+            list(cases),
+            settings,
+            check_parity,
+            weights_path,
+        )
+        self.cells = {case.key: CellRounds(case) for case in cases}
+        self.interleaved = is_interleaved(cases[0], settings)
+        self.key = group_key(cases[0])
+        self.cycle = 0
+        self.subgroups: list[int] = []  # interleaved: sub-groups per round
+        self.round_wall_s: list[float] = []
+        self.setup_s = 0.0  # wall seconds the group spent outside its rounds (the manager's checks, its exports)
+        self.notes: dict[str, dict[str, Any]] = {}  # details the manager adds to a cell's outcome, by case key
+
+    @property
+    def rounds_run(self) -> int:
+        return len(self.round_wall_s)
+
+    @property
+    def cell_wall_s(self) -> float:
+        """The wall seconds each cell is charged: the group's, rounds and set-up, shared evenly by its cells."""
+        return (self.setup_s + sum(self.round_wall_s)) / len(self.cases)
+
+    @property
+    def active(self) -> list[Case]:
+        """The cells that have not failed: those a next round runs."""
+        return [case for case in self.cases if self.cells[case.key].failure is None]
+
+    def run_round(self) -> None:
+        """The group's next round over its active cells (none left: nothing runs)."""
+        round_index = self.rounds_run
+        active = self.active
+        started = time.monotonic()
+        if active:
+            rng = order_generator(self.settings, self.key, round_index)
+            checks = {case.key: self.check_parity.get(case.key, True) and round_index == 0 for case in active}
+            if self.interleaved:
+                self.cycle, count = _interleaved_round(
+                    active, self.cells, self.settings, checks, self.weights_path, round_index, rng, self.cycle
+                )
+                self.subgroups.append(count)
+            else:
+                _sequential_round(active, self.cells, self.settings, checks, self.weights_path, round_index, rng)
+        self.round_wall_s.append(time.monotonic() - started)
+
+    def outcomes(self, stop: RoundsStop | None = None) -> list[CellOutcome]:
+        """One outcome per case, in order: its rounds merged (:func:`merge_rounds`), with why its group stopped
+        adding rounds when that is known."""
+        schedule = "interleaved" if self.interleaved else "sequential"
+        outcomes = [merge_rounds(self.cells[case.key], self.key, schedule) for case in self.cases]
+        split = tuple(self.subgroups) if any(count > 1 for count in self.subgroups) else ()
+        # the report says that not every pair of runtimes was measured together, and why the group stopped
+        extra = Interleaving(subgroups=split, stop=stop).to_dict()
+        for outcome in outcomes:
+            outcome.details.update(extra)
+            outcome.details.update(self.notes.get(outcome.case.key, {}))
+        return outcomes
 
 
 def run_group(
@@ -106,28 +181,15 @@ def run_group(
 ) -> list[CellOutcome]:
     """Every cell of one comparison group over ``settings.rounds`` rounds; one outcome per case, in order.
     ``check_parity[case.key]``: whether that cell checks its parity (in its first round only)."""
-    cells = {case.key: CellRounds(case) for case in cases}
-    interleaved = is_interleaved(cases[0], settings)
-    key = group_key(cases[0])
-    cycle = 0
-    subgroups: list[int] = []  # interleaved: sub-groups per round
-    for round_index in range(settings.rounds):
-        active = [case for case in cases if cells[case.key].failure is None]
-        if not active:
-            break
-        rng = order_generator(settings, key, round_index)
-        checks = {case.key: check_parity.get(case.key, True) and round_index == 0 for case in active}
-        if interleaved:
-            cycle, count = _interleaved_round(active, cells, settings, checks, weights_path, round_index, rng, cycle)
-            subgroups.append(count)
-        else:
-            _sequential_round(active, cells, settings, checks, weights_path, round_index, rng)
-    outcomes = [merge_rounds(cells[case.key], key, "interleaved" if interleaved else "sequential") for case in cases]
-    if any(count > 1 for count in subgroups):
-        split = Interleaving(subgroups=tuple(subgroups)).to_dict()
-        for outcome in outcomes:  # the report says that not every pair of runtimes was measured together
-            outcome.details.update(split)
-    return outcomes
+    group = GroupRun(cases, settings, check_parity, weights_path)
+    run_rounds(group, settings.rounds)
+    return group.outcomes()
+
+
+def run_rounds(group: GroupRun, rounds: int) -> None:
+    """Run ``group``'s rounds until it has ``rounds`` of them, or no active cell is left."""
+    while group.rounds_run < rounds and group.active:
+        group.run_round()
 
 
 def _sequential_round(
@@ -509,7 +571,8 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
     blocks = sorted(cell.blocks, key=lambda b: (b.round, b.index))
     samples = [block.per_call_s for block in blocks]
     by_round = blocks_by_round(blocks)
-    noise = cell.noise
+    noise = NoiseTotals()  # a copy: a group's cells are merged again after each extra round
+    noise.merge(cell.noise)
     for outcome in cell.rounds:
         if outcome.fields.get("noise"):
             noise.merge(NoiseTotals.from_dict(outcome.fields["noise"]))

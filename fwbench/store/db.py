@@ -691,6 +691,16 @@ class Store:
             )
         return cursor.rowcount
 
+    def delete_results(self, run_id: int, case_keys: Sequence[str]) -> int:
+        """Remove these cells of run ``run_id`` with their blocks (to store them again: a group's extra round);
+        call inside :meth:`transaction`. The number of rows removed."""
+        removed = 0
+        for key in case_keys:
+            removed += self.conn.execute(
+                "DELETE FROM results WHERE run_id = ? AND case_key = ?", (run_id, key)
+            ).rowcount
+        return removed
+
     def done_keys(self, run_id: int) -> set[str]:
         """Keys of the run's cells that already have a (terminal) status."""
         rows = self.conn.execute("SELECT case_key FROM results WHERE run_id = ?", (run_id,)).fetchall()

@@ -1,0 +1,129 @@
+"""Extra rounds where the verdict is still open (fwbench.runner.extra_rounds): which group gets the next round,
+why each stops, and a run with a budget storing every round and the stop reason with its cells."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from fwbench.details import RoundsStop
+from fwbench.measure.rounds import Block, paired_log_ratios, paired_speedup
+from fwbench.runner.extra_rounds import choose, group_widest, relative_half_width
+from fwbench.runner.manager import execute
+from fwbench.runner.scheduler import GroupRun
+from fwbench.spec import Case, Plan, Settings
+from fwbench.store import ResultRecord, Store
+
+FAST = Settings(threads=1, max_time_s=0.3, timeout_s=60, rounds=3, min_block_s=0.01, settle_s=0.01)
+
+
+def group(batch_size: int, rounds_wall_s: list[float]) -> GroupRun:
+    """A group of two runtimes that has run rounds costing ``rounds_wall_s`` (nothing runs here)."""
+    cases = [Case("mlp", "torch:eager", batch_size=batch_size), Case("mlp", "jax:jit", batch_size=batch_size)]
+    made = GroupRun(cases, FAST, {})
+    made.round_wall_s = list(rounds_wall_s)
+    return made
+
+
+def test_the_widest_group_against_the_target_gets_the_round_and_the_others_say_why_they_stop() -> None:
+    settings = dataclasses.replace(FAST, budget_s=100.0, target_ci=0.05, max_rounds=5)
+    met, wide, wider, at_limit, costly = (
+        group(1, [5, 2, 2]),
+        group(2, [5, 2, 2]),
+        group(4, [5, 2, 2]),
+        group(8, [5, 2, 2, 2, 2]),
+        group(16, [5, 2, 30]),
+    )
+    widest = {met.key: 0.05, wide.key: 0.08, wider.key: 0.2, at_limit.key: 0.5, costly.key: 0.9}
+    choice = choose([met, wide, wider, at_limit, costly], widest, settings, left_s=20.0)
+    assert choice.group is wider
+    assert choice.stops == {
+        met.key: RoundsStop("target", 3, 0.05, 0.05),
+        at_limit.key: RoundsStop("max-rounds", 5, 0.5, 0.05),
+        costly.key: RoundsStop("budget", 3, 0.9, 0.05),  # its last round took 30 s: it would end after the budget
+    }
+    # a group with no CI yet (fewer than 3 rounds) comes first; without a budget every group stops
+    assert choose([wide, met], {wide.key: 0.08, met.key: None}, settings, 20.0).group is met
+    unbudgeted = choose([wide, met], widest, settings, left_s=None)
+    assert unbudgeted.group is None
+    assert unbudgeted.stops[wide.key].reason == "no-budget" and unbudgeted.stops[met.key].reason == "target"
+
+
+def stored_group(db_path: Path, per_call_s: dict[str, list[float]]) -> list[ResultRecord]:
+    """One interleaved comparison group stored by hand: each runtime's rounds (one value a round), 4 blocks a
+    round of exactly that time, every runtime's blocks in the same cycles."""
+    cases = {runtime: Case("mlp", runtime) for runtime in per_call_s}
+    with Store.open(db_path) as store:
+        run_id = store.create_run(Plan(tuple(cases.values()), FAST), "test", {}, "0")
+        for runtime, rounds in per_call_s.items():
+            blocks = [
+                Block(r, i, r * 4 + i, None, 10, 10 * seconds) for r, seconds in enumerate(rounds) for i in range(4)
+            ]
+            fields = {"status": "ok", "median_s": rounds[0], "group_key": "g", "schedule": "interleaved"}
+            fields["rounds"] = len(rounds)
+            store.add_result(run_id, cases[runtime], fields, [b.per_call_s for b in blocks], {}, blocks)
+        return store.results([run_id])
+
+
+def test_a_group_is_as_open_as_its_widest_speedup_over_its_baseline(db_path: Path) -> None:
+    """torch:eager is the baseline wherever it stands in the group; the widest speed-up's CI decides; a group of one
+    runtime is as open as its time's CI."""
+    rows = stored_group(
+        db_path, {"jax:jit": [1.0, 1.1, 0.9], "torch:eager": [2.0, 2.0, 2.0], "tensorflow:function": [3.0, 3.0, 3.03]}
+    )
+    base = rows[1]
+    expected: list[float] = []
+    for other in (rows[0], rows[2]):
+        estimate = paired_speedup(paired_log_ratios(base.blocks, other.blocks))
+        width = None if estimate is None else relative_half_width(estimate.value, estimate.ci_low, estimate.ci_high)
+        assert width is not None
+        expected.append(width)
+    assert group_widest(rows) == pytest.approx(expected[0]) and expected[0] > 10 * expected[1]  # jax:jit's, the noisy
+    alone = rows[0]
+    assert group_widest([alone]) == relative_half_width(alone.median_s, alone.ci_low_s, alone.ci_high_s)
+    assert relative_half_width(2.0, 1.8, 2.2) == pytest.approx(0.1)
+    assert relative_half_width(None, 1.0, 2.0) is None and group_widest([]) is None
+
+
+@pytest.mark.usefixtures("plugin_env")
+def test_a_budgeted_run_gives_open_groups_rounds_until_the_limit_and_stores_why(db_path: Path) -> None:
+    """A target no group can meet: both groups run to --max-rounds, every round's blocks stored with the cells, one
+    line heard per extra round; then a target every group meets: three rounds each, stopped on target."""
+    cases = (Case("mlp", "fake:sleep"), Case("mlp", "fake:slowsync"), Case("mlp", "fake:sleep", batch_size=2))
+    settings = dataclasses.replace(FAST, budget_s=600.0, target_ci=1e-9, max_rounds=4)
+    heard: list[str] = []
+    with Store.open(db_path) as store:
+        run_id = store.create_run(Plan(cases, settings), "test", {}, "0")
+        execute(store, run_id, Plan(cases, settings), hear=heard.append)
+        rows = store.results([run_id])
+    assert [row.status for row in rows] == ["ok"] * 3, [row.reason for row in rows]
+    assert len(heard) == 2 and all(line.startswith("extra round 4 of mlp inference") for line in heard), heard
+    for row in rows:
+        assert row.round_count == 4 and sorted({block.round for block in row.blocks}) == [0, 1, 2, 3]
+        assert len(row.interleaving.rounds) == 4
+        stop = row.interleaving.stop
+        assert stop is not None and stop.reason == "max-rounds" and stop.rounds == 4 and stop.target == 1e-9
+        assert stop.widest is not None and stop.widest > 0
+    assert rows[0].wall_s is not None and rows[0].wall_s > 0
+
+    easy = dataclasses.replace(settings, target_ci=100.0)
+    with Store.open(db_path) as store:
+        run_id = store.create_run(Plan(cases[:2], easy), "test", {}, "0")
+        execute(store, run_id, Plan(cases[:2], easy))
+        rows = store.results([run_id])
+    assert [row.round_count for row in rows] == [3, 3]
+    assert {row.interleaving.stop.reason for row in rows if row.interleaving.stop} == {"target"}
+
+
+@pytest.mark.usefixtures("plugin_env")
+def test_without_a_budget_each_group_runs_its_rounds_and_says_so(db_path: Path) -> None:
+    cases = (Case("mlp", "fake:sleep"), Case("mlp", "fake:slowsync"))
+    settings = dataclasses.replace(FAST, target_ci=1e-9)
+    with Store.open(db_path) as store:
+        run_id = store.create_run(Plan(cases, settings), "test", {}, "0")
+        execute(store, run_id, Plan(cases, settings))
+        rows = store.results([run_id])
+    assert [row.round_count for row in rows] == [3, 3]
+    assert [row.interleaving.stop for row in rows] == [RoundsStop("no-budget", 3)] * 2
