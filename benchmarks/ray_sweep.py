@@ -41,7 +41,8 @@ def main() -> None:
     parser.add_argument("--db", type=Path, default=Path("results/ray-sweep.db"))
     parser.add_argument("--shard-max-time", default="0.5", help="timing budget of the shard runs (coverage only)")
     args = parser.parse_args()
-    grid = ["--suite", args.suite, "--threads", args.threads, "--db", str(args.db)]
+    # extra rounds (a suite's --budget) are given on the local machine only: both runs keep to their minimum rounds
+    grid = ["--suite", args.suite, "--threads", args.threads, "--max-rounds", "1", "--db", str(args.db)]
     local_s = timed_run(grid)
     with local_cluster(2) as cluster:
         ray_s = timed_run([*grid, "--executor", "ray", "--ray-address", cluster.address], cluster.env)

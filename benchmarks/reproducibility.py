@@ -20,7 +20,10 @@ blocks (goals: ≤ 8 min, ≥ 40%).
 runs of one round (``--interleave off --rounds 1``, the mode before rounds) the within-process percentile
 bootstrap of the ratio of medians that fwbench printed then (2000 seeded resamples, each side independently).
 
-    python benchmarks/reproducibility.py --db DB --pair 1 2 --pair 3 4
+With ``--first-rounds N`` each pair is also read as its first N rounds alone: for runs that had extra rounds
+(``--budget``), what the same runs would have said without them.
+
+    python benchmarks/reproducibility.py --db DB --pair 1 2 --pair 3 4 [--first-rounds 3]
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from datetime import datetime
 import numpy as np
 from scipy import stats
 
+from fwbench.measure.rounds import blocks_by_round, time_estimate
 from fwbench.report.summary import compare_cells, pair_summaries, runtimes_in
 from fwbench.report.walltime import wall_time
 from fwbench.store import ResultRecord, Store
+from fwbench.store.moderation import moderate
 
 METHODS = ("moderated", "own")
 
@@ -108,6 +113,29 @@ def own_intervals(rows: Sequence[ResultRecord]) -> list[ResultRecord]:
     return out
 
 
+def first_rounds(rows: Sequence[ResultRecord], count: int) -> list[ResultRecord]:
+    """``rows`` as their first ``count`` rounds alone would have given them (a run with extra rounds, read as if it
+    had stopped at its minimum rounds): later rounds' blocks dropped, times and intervals recomputed, the run's
+    priors fitted again over what is left."""
+    out = []
+    for row in rows:
+        row = dataclasses.replace(row, priors=None, interval=None)
+        blocks = tuple(block for block in row.blocks if block.round < count)
+        estimate = time_estimate(blocks_by_round(blocks)) if row.status == "ok" and blocks else None
+        if estimate is not None:
+            row = dataclasses.replace(
+                row,
+                blocks=blocks,
+                samples=tuple(block.per_call_s for block in blocks),
+                median_s=estimate.value,
+                ci_low_s=estimate.ci_low,
+                ci_high_s=estimate.ci_high,
+                rounds=min(count, row.rounds or count),
+            )
+        out.append(row)
+    return moderate(out)
+
+
 def time_half_widths(rows: Sequence[ResultRecord]) -> list[float]:
     """Each ok cell's relative time CI half-width."""
     return [
@@ -117,11 +145,19 @@ def time_half_widths(rows: Sequence[ResultRecord]) -> list[float]:
     ]
 
 
-def compare_pair(store: Store, run_a: int, run_b: int, method: str) -> None:
+def median_width(widths: Sequence[float]) -> str:
+    """``±4.2%``, or ``no CI`` when there is none (fewer than 3 rounds)."""
+    return f"±{np.median(widths):.1%}" if widths else "no CI"
+
+
+def compare_pair(store: Store, run_a: int, run_b: int, method: str, first_count: int | None = None) -> None:
     rows_a, rows_b = store.results([run_a]), store.results([run_b])
+    if first_count is not None:
+        rows_a, rows_b = first_rounds(rows_a, first_count), first_rounds(rows_b, first_count)
     if method == "own":
         rows_a, rows_b = own_intervals(rows_a), own_intervals(rows_b)
-    print(f"runs {run_a} and {run_b}, {method} intervals:")
+    scope = "" if first_count is None else f", their first {first_count} rounds only"
+    print(f"runs {run_a} and {run_b}{scope}, {method} intervals:")
     geo_a = {s.runtime: s.geomean_ratio for s in pair_summaries(rows_a, BASELINE)}
     geo_b = {s.runtime: s.geomean_ratio for s in pair_summaries(rows_b, BASELINE)}
     worst = 0.0
@@ -151,8 +187,8 @@ def compare_pair(store: Store, run_a: int, run_b: int, method: str) -> None:
     times = time_half_widths(rows_a) + time_half_widths(rows_b)
     print(
         f"  cells consistent with their CIs: {consistent} of {len(common)}; consistent and within 10%: {agreeing} "
-        f"({share:.0%}; goal ≥ 90%); median CI half-width: speed-up ±{np.median(widths):.1%}, cell time "
-        f"±{np.median(times):.1%} (goals ≤ 5%)"
+        f"({share:.0%}; goal ≥ 90%); median CI half-width: speed-up {median_width(widths)}, cell time "
+        f"{median_width(times)} (goals ≤ 5%)"
     )
 
 
@@ -179,6 +215,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", required=True)
     parser.add_argument("--pair", nargs=2, type=int, action="append", required=True, metavar=("RUN_A", "RUN_B"))
+    parser.add_argument(
+        "--first-rounds",
+        type=int,
+        metavar="N",
+        help="also read each pair as its first N rounds alone (runs with extra rounds: what they gave without them)",
+    )
     args = parser.parse_args()
     with Store.open(args.db, readonly=True) as store:
         for run_a, run_b in args.pair:
@@ -186,6 +228,9 @@ def main() -> None:
             print(run_line(store, run_b))
             for method in METHODS:
                 compare_pair(store, run_a, run_b, method)
+            if args.first_rounds is not None:
+                for method in METHODS:
+                    compare_pair(store, run_a, run_b, method, args.first_rounds)
 
 
 if __name__ == "__main__":

@@ -748,14 +748,16 @@ class RoundDetail:
         )
 
 
-STOP_REASONS = ("target", "budget", "max-rounds", "no-budget")
+STOP_REASONS = ("target", "budget", "max-rounds", "failure", "no-budget", "no-ci", "protocol", "cluster")
 
 
 @dataclass(frozen=True)
 class RoundsStop:
     """Why a cell's comparison group ran no more rounds (``runner.extra_rounds``), in ``details.rounds_stop``.
     ``reason``: ``target`` (its widest CI met the target), ``budget`` (the next round would not have fitted in the
-    run's ``--budget``), ``max-rounds``, or ``no-budget`` (the run had none: its minimum rounds only).
+    run's ``--budget``), ``max-rounds``, ``failure`` (a worker failed in its last extra round), or, its minimum
+    rounds only: ``no-budget`` (the run had none), ``no-ci`` (fewer than 3 rounds: no CI to aim at), ``protocol``
+    (hf2019 fixes its blocks) or ``cluster`` (it ran on a Ray node: extra rounds are given on the local machine).
     ``widest``: the group's widest relative CI half-width (0.05 = ±5%) when it stopped — of a speed-up over its
     baseline, or of the cell time in a group of one runtime; None when it had no CI. ``target``: the half-width
     aimed at. ``rounds``: the rounds the group ran."""
@@ -787,15 +789,38 @@ class RoundsStop:
 
 
 @dataclass(frozen=True)
+class ExtraRoundFailure:
+    """An extra round (``runner.extra_rounds``) in which a cell's worker failed, in ``details.extra_round_failure``:
+    the round (from 1), the status it would have had and why. The cell keeps the rounds before it; its group gets
+    no more."""
+
+    round: int
+    status: str
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every key, as the scheduler writes it."""
+        return _all_fields(self)
+
+    @classmethod
+    def parse(cls, raw: Any) -> ExtraRoundFailure | None:
+        if not isinstance(raw, dict) or as_int(raw.get("round")) is None or as_str(raw.get("status")) is None:
+            return None
+        return cls(round=int(raw["round"]), status=str(raw["status"]), reason=as_str(raw.get("reason")))
+
+
+@dataclass(frozen=True)
 class Interleaving:
     """How a cell's rounds ran (``runner.scheduler``): ``details.round_details``, each round's worker figures (a cell
     that ended ok), ``details.interleave_subgroups``, the sub-groups its comparison group was split into in each
     round when its workers did not all fit in memory together (stored only when some round was split), and
-    ``details.rounds_stop``, why its group ran no more rounds. Empty for rows stored before these."""
+    ``details.rounds_stop``, why its group ran no more rounds, and ``details.extra_round_failure``, an extra round
+    of the cell that failed. Empty for rows stored before these."""
 
     subgroups: tuple[int, ...] = ()
     rounds: tuple[RoundDetail, ...] = ()
     stop: RoundsStop | None = None
+    extra_failure: ExtraRoundFailure | None = None
 
     @property
     def most_subgroups(self) -> int | None:
@@ -811,6 +836,8 @@ class Interleaving:
             out["round_details"] = _stored(self.rounds)
         if self.stop is not None:
             out["rounds_stop"] = self.stop.to_dict()
+        if self.extra_failure is not None:
+            out["extra_round_failure"] = self.extra_failure.to_dict()
         return out
 
     @classmethod
@@ -820,4 +847,5 @@ class Interleaving:
             subgroups=_ints(details.get("interleave_subgroups")) or (),
             rounds=_each(RoundDetail.parse, details.get("round_details")),
             stop=RoundsStop.parse(details.get("rounds_stop")),
+            extra_failure=ExtraRoundFailure.parse(details.get("extra_round_failure")),
         )

@@ -115,9 +115,14 @@ def test_reproducibility(tmp_path: Path) -> None:
                     for b in (1, 4, 16)
                 ],
             )
-    out = script("reproducibility.py", "--db", str(db), "--pair", "1", "2")
+    out = script("reproducibility.py", "--db", str(db), "--pair", "1", "2", "--first-rounds", "2")
     assert re.search(r"^run 1: \d+\.\d min \(goal ≤ 8\), timed blocks .+ \(.+; goal ≥ 40%\)$", out, re.M), out
-    for method in ("moderated", "own"):  # the same blocks, both ways of making the CIs
+    # the same blocks, both ways of making the CIs; then the runs' first 2 rounds alone (no CI from 2 rounds)
+    for method in ("moderated", "own"):
+        part = out.split(f"runs 1 and 2, their first 2 rounds only, {method} intervals:")[1].split("runs 1 and 2")[0]
+        assert re.search(r"jax:jit +geomean speed-up 2\.\d+ → 2\.\d+ \(.+ apart\)", part), out
+        assert "cell time no CI (goals ≤ 5%)" in part, out  # 2 rounds: a cell time has no CI
+    for method in ("moderated", "own"):
         part = out.split(f"runs 1 and 2, {method} intervals:")[1].split("runs 1 and 2")[0]
         assert re.search(r"jax:jit +geomean speed-up 2\.\d+ → 2\.\d+ \(.+ apart\)", part), out
         assert re.search(r"largest geomean gap: .+% \(goal ≤ 3%\)", part), out

@@ -44,6 +44,7 @@ from fwbench.report.table import make_console, print_results
 from fwbench.report.tensorboard import write_cell
 from fwbench.runner import nodes
 from fwbench.runner.estimate import format_estimate
+from fwbench.runner.extra_rounds import minimum_only
 from fwbench.runner.manager import CellOutcome, Listener, execute
 from fwbench.runner.phases import estimate_s
 from fwbench.runner.planner import PlanChoices, check_plan_fits, resolve_plan
@@ -523,20 +524,29 @@ def tensorboard_listener(
     return listen
 
 
-def print_budget(settings: Settings, *, ray: bool) -> None:
-    """One line on stderr about the extra rounds a budget buys (nothing without a budget)."""
-    if settings.budget_s is None or settings.round_limit <= settings.rounds:
+NO_EXTRA_ROUNDS = {
+    "cluster": "extra rounds are given on this machine only; on Ray each comparison group runs its --rounds",
+    "no-ci": "fewer than 3 rounds give no CI to aim at: no extra rounds",
+    "protocol": "the hf2019 protocol fixes its blocks: no extra rounds",
+    "max-rounds": "--max-rounds is --rounds: no extra rounds",
+}
+
+
+def print_budget(settings: Settings, *, ray: bool, flags: Sequence[str] = ()) -> None:
+    """One line on stderr about the extra rounds a budget buys, or why it buys none here; ``flags``: the extra-round
+    flags the user gave, which act only with a budget."""
+    if settings.budget_s is None:
+        if flags:
+            print(f"fwbench: {' and '.join(flags)} act only with --budget: no extra rounds", file=sys.stderr)
         return
-    if ray:
-        print(
-            f"fwbench: --budget {format_seconds(settings.budget_s)}: extra rounds are given on this machine only; "
-            f"on Ray each comparison group runs its {settings.rounds} rounds",
-            file=sys.stderr,
-        )
+    budget = f"budget {format_seconds(settings.budget_s)}"
+    reason = minimum_only(settings, local=not ray)
+    if reason is not None:
+        print(f"fwbench: {budget}: {NO_EXTRA_ROUNDS[reason]}", file=sys.stderr)
         return
     print(
-        f"budget {format_seconds(settings.budget_s)}: after {settings.rounds} rounds each, extra rounds (up to "
-        f"{settings.round_limit}) go where a speed-up's 95% CI is wider than ±{settings.target_ci:.1%}",
+        f"{budget}: after {settings.rounds} rounds each, extra rounds (up to {settings.round_limit}) go where a "
+        f"speed-up's 95% CI is wider than ±{settings.target_ci:.1%}",
         file=sys.stderr,
         flush=True,
     )
@@ -709,7 +719,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             file=sys.stderr,
             flush=True,
         )
-        print_budget(plan.settings, ray=executor is not None)
+        print_budget(plan.settings, ray=executor is not None, flags=given(args, ["target_ci", "max_rounds"]))
         try:
             with sweep_progress(remaining) as listener:
                 hears = tensorboard_listener(listener, store, run_id, plan.settings.to_dict(), args.tensorboard)

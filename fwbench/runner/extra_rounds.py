@@ -3,24 +3,30 @@
 Once every comparison group of a run has its minimum rounds (``--rounds``), the manager reads the run back (each
 interval moderated over the run's cells, :mod:`fwbench.store.moderation`) and asks, group by group, how wide its
 widest 95% CI still is: of a speed-up over the group's baseline (the report's default: ``torch:eager`` when the
-group has it, else its first runtime), or of the cell time in a group with one runtime. While the run's wall time
-allows, the group whose widest CI is widest against ``--target-ci`` gets one more round (fresh workers, the same
-interleaving), its cells are stored again with every round, and the run is read again: one round moves the
-group's own CI and, through the prior, every other one. A group stops at the first of: its widest CI within the
-target (``target``), ``--max-rounds`` rounds (``max-rounds``), or a next round that would end after the budget
-(``budget``: its cost is its last round's wall time). Without a budget each group runs its minimum rounds
-(``no-budget``). Why each group stopped is stored with its cells (:class:`fwbench.details.RoundsStop`).
+group has it, else its first runtime), or, where it shows no speed-up, of its cells' times. While the run's wall
+time allows, an open group gets one more round (fresh workers, the same interleaving), its cells are stored again,
+in place, with every round, and the run is read again: one round moves the group's own CI and, through the prior,
+every other one. A group stops at the first of: its widest CI within the target (``target``), ``--max-rounds``
+rounds (``max-rounds``), a next round that would end after the budget (``budget``: its cost is its last round's
+wall time), or a cell's worker failing in an extra round
+(``failure``: the cell keeps its earlier rounds). Among open groups the next round goes to the one whose widest CI
+is widest against the target per second its round costs. Without a budget (or with fewer than 3 rounds, the hf2019
+protocol, or on a Ray node) each group runs its minimum rounds (:func:`minimum_only`). Why each group stopped is
+stored with its cells (:class:`fwbench.details.RoundsStop`); a group whose cells all failed, or that was stored before
+the run was interrupted, has none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fwbench.details import RoundsStop
-from fwbench.report.summary import DEFAULT_BASELINE, row_ratio
+from fwbench.measure.rounds import MIN_ROUNDS_FOR_CI
+from fwbench.report.summary import DEFAULT_BASELINE, compare_cells, runtimes_in
 from fwbench.runner.scheduler import GroupRun
 from fwbench.spec import Settings
 from fwbench.store import ResultRecord
@@ -36,23 +42,27 @@ def relative_half_width(value: float | None, low: float | None, high: float | No
 
 
 def group_widest(rows: Sequence[ResultRecord]) -> float | None:
-    """The widest relative CI half-width of one comparison group's ``ok`` cells (``rows``, read with the run's
-    priors): of each speed-up over the group's baseline, or of the cell time when one cell is ``ok``; None when
-    none has a CI (fewer than 3 rounds)."""
-    ok = [row for row in rows if row.status == "ok"]
-    if len(ok) == 1:
-        return relative_half_width(ok[0].median_s, ok[0].ci_low_s, ok[0].ci_high_s)
-    if not ok:
+    """The widest relative CI half-width that one comparison group's rows (read with the run's priors) show: of each
+    speed-up over the group's baseline, cell by cell as the report pairs them (:func:`compare_cells`: a distributed
+    group's process counts apart); where there is none (one runtime, or a baseline that did not end ``ok``), of its
+    ``ok`` cells' times. None when nothing has a CI (fewer than 3 rounds)."""
+    runtimes = runtimes_in(rows)
+    if not runtimes:
         return None
-    baseline = next((row for row in ok if row.runtime == DEFAULT_BASELINE), ok[0])
-    widths = []
-    for row in ok:
-        if row is baseline:
-            continue
-        ratio = row_ratio(baseline, row)
-        width = None if ratio is None else relative_half_width(ratio.ratio, ratio.ci_low, ratio.ci_high)
-        if width is not None:
-            widths.append(width)
+    baseline = DEFAULT_BASELINE if DEFAULT_BASELINE in runtimes else runtimes[0]
+    widths = [
+        width
+        for runtime in runtimes
+        if runtime != baseline
+        for cell in compare_cells(rows, baseline, runtime)
+        if (width := relative_half_width(cell.ratio, cell.ci_low, cell.ci_high)) is not None
+    ]
+    if not widths:
+        widths = [
+            width
+            for row in rows
+            if row.status == "ok" and (width := relative_half_width(row.median_s, row.ci_low_s, row.ci_high_s))
+        ]
     return max(widths) if widths else None
 
 
@@ -73,13 +83,30 @@ class Choice:
     stops: dict[str, RoundsStop]
 
 
-def choose(
-    groups: Sequence[GroupRun], widest: Mapping[str, float | None], settings: Settings, left_s: float | None
-) -> Choice:
-    """Of ``groups`` (none stopped yet), the one whose widest CI is widest against the target among those whose next
-    round fits in ``left_s`` seconds (None: no budget), and the groups that stop: target met, the round limit, a
-    round that does not fit (it never will: time only passes), or no budget. A group with no CI yet (fewer than 3
-    rounds) counts as infinitely wide."""
+def minimum_only(settings: Settings, *, local: bool) -> str | None:
+    """Why a group runs its minimum rounds only (a :class:`RoundsStop` reason), or None when it may get more:
+    ``cluster`` (a Ray node runs it), ``no-budget``, ``no-ci`` (fewer than 3 rounds: no CI to aim at),
+    ``protocol`` (hf2019 fixes its blocks), ``max-rounds`` (the limit is the minimum)."""
+    if not local:
+        return "cluster"
+    if settings.budget_s is None:
+        return "no-budget"
+    if settings.rounds < MIN_ROUNDS_FOR_CI:
+        return "no-ci"
+    if settings.protocol == "hf2019":
+        return "protocol"
+    if settings.round_limit <= settings.rounds:
+        return "max-rounds"
+    return None
+
+
+def choose(groups: Sequence[GroupRun], widest: Mapping[str, float | None], settings: Settings, left_s: float) -> Choice:
+    """Of ``groups`` (none stopped yet), the one to give a round, and the groups that stop now: target met, the round
+    limit, a cell that failed in an extra round, or a next round (costed at the group's last one) that would end
+    after ``left_s`` more seconds (it never fits later: time only passes). The chosen group is the one whose widest
+    CI is widest against the target per second of its round (one round narrows a CI by about the same share
+    whatever its width, so this is the most narrowing per second); a group with no CI yet counts as infinitely
+    wide."""
     stops: dict[str, RoundsStop] = {}
     candidates: list[tuple[float, GroupRun]] = []
     for group in groups:
@@ -88,16 +115,17 @@ def choose(
         def stop(reason: str, group: GroupRun = group, width: float | None = width) -> None:
             stops[group.key] = RoundsStop(reason, group.rounds_run, width, settings.target_ci)
 
-        if width is not None and width <= settings.target_ci:
+        if group.extra_failed:
+            stop("failure")
+        elif width is not None and width <= settings.target_ci:
             stop("target")
-        elif left_s is None:
-            stop("no-budget")
         elif group.rounds_run >= settings.round_limit:
             stop("max-rounds")
         elif not group.round_wall_s or group.round_wall_s[-1] > left_s:
             stop("budget")
         else:
-            candidates.append((math.inf if width is None else width / settings.target_ci, group))
+            open_by = math.inf if width is None else width / settings.target_ci
+            candidates.append((open_by / max(group.round_wall_s[-1], 1e-3), group))
     if not candidates:
         return Choice(None, stops)
     _, chosen = max(candidates, key=lambda item: item[0])  # ties: the first in plan order
@@ -115,22 +143,31 @@ def spend_budget(
     """Give ``groups`` (each with its minimum rounds, stored) extra rounds while :func:`choose` picks one:
     ``read_run()`` reads the whole run back (moderated), ``extra_round(group)`` runs a group's next round and stores
     its cells again. ``started``: the run's start (``time.monotonic()``), which ``settings.budget_s`` counts from.
-    Returns why each group stopped, by group key (a group with no cell left to run has none)."""
+    Returns why each group stopped, by group key, each with its widest CI as the whole run, read at the end, gives
+    it (the prior moves with every round: a group may end a little inside or outside the target it stopped at)."""
+    if settings.budget_s is None:
+        raise ValueError("extra rounds need a budget")
     stopped: dict[str, RoundsStop] = {}
     while True:
-        open_groups = [group for group in groups if group.key not in stopped and group.active]
-        if not open_groups:
-            return stopped
-        left_s = None if settings.budget_s is None else settings.budget_s - (time.monotonic() - started)
+        open_groups = [group for group in groups if group.key not in stopped]
         widest = widest_by_group(read_run())
+        left_s = settings.budget_s - (time.monotonic() - started)
         choice = choose(open_groups, widest, settings, left_s)
         stopped.update(choice.stops)
-        group = choice.group
-        if group is None:
-            return stopped
+        for ended in open_groups:
+            if ended.key in choice.stops:
+                ended.close()  # its export cache: it runs no more
+        chosen = choice.group
+        if chosen is None:
+            break
         if hear is not None:
-            hear(_announce(group, widest.get(group.key), settings))
-        extra_round(group)
+            hear(_announce(chosen, widest.get(chosen.key), settings))
+        extra_round(chosen)
+    final = widest_by_group(read_run())
+    return {
+        key: dataclasses.replace(stop, rounds=next(g.rounds_run for g in groups if g.key == key), widest=final.get(key))
+        for key, stop in stopped.items()
+    }
 
 
 def _announce(group: GroupRun, width: float | None, settings: Settings) -> str:

@@ -5,7 +5,8 @@ on the nodes of a Ray cluster (:mod:`fwbench.runner.ray_executor`, which runs :f
 It never imports a framework. A worker that crashes, is killed, exceeds ``--timeout`` or ``--memory-limit``
 costs one cell, whose status and last error line are stored; the sweep goes on. Workers get their own process
 group (killed whole) and die with the manager (PR_SET_PDEATHSIG). A group's cells are committed together, in
-one transaction, as soon as its last round ends: a killed run loses at most the group in flight, and
+one transaction, as soon as its minimum rounds end, and again, in place, after each extra round it gets
+(:mod:`fwbench.runner.extra_rounds`): a killed run loses at most the group (or the extra round) in flight, and
 ``--resume`` runs the groups (cells) that have no status yet.
 """
 
@@ -25,13 +26,13 @@ from fwbench.frameworks.base import EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
 from fwbench.measure.rounds import Block
 from fwbench.models import get_model
-from fwbench.runner.extra_rounds import RoundListener, spend_budget
+from fwbench.runner.extra_rounds import RoundListener, minimum_only, spend_budget
 from fwbench.runner.outcome import CellOutcome, run_worker
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import worker_cpus
 from fwbench.runner.scheduler import GroupRun, comparison_groups, run_rounds
 from fwbench.spec import Case, Plan, Settings, SkippedCase, cell_threads, group_key
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 
 __all__ = ["Block", "CellOutcome", "Listener", "execute", "run_worker", "store_outcome", "worker_cpus"]
 
@@ -57,8 +58,11 @@ def store_outcome(
     settings: Settings,
     wall_s: float,
     machine: dict[str, Any] | None = None,
+    *,
+    replace: bool = False,
 ) -> bool:
-    """Store one cell's outcome (with its blocks and the machine it ran on); False if the run already had it."""
+    """Store one cell's outcome (with its blocks and the machine it ran on); False if the run already had it
+    (``replace``: store it again in place of the run's row; False if the run did not have it)."""
     case = outcome.case
     fields = dict(outcome.fields)
     fields.update(
@@ -71,6 +75,8 @@ def store_outcome(
         wall_s=wall_s,
         flops=cell_flops(case, settings),
     )
+    if replace:
+        return store.replace_result(run_id, case, fields, outcome.samples, outcome.details, outcome.blocks)
     return store.add_result(run_id, case, fields, outcome.samples, outcome.details, outcome.blocks)
 
 
@@ -99,12 +105,15 @@ def stored_parity(store: Store, run_id: int) -> Parity:
 
 
 @contextlib.contextmanager
-def export_cache() -> Iterator[None]:
-    """A temporary folder for the group's exported artefacts (deployment engines), given to its workers through
-    their environment (EXPORT_CACHE_ENV) and removed with everything in it when the group ends. A group is one
-    model at one shape, so its rounds' fresh workers, and engines that run one exporter's file, export it once."""
+def export_cache(folder: str | None = None) -> Iterator[None]:
+    """A folder for the group's exported artefacts (deployment engines), given to its workers through their
+    environment (EXPORT_CACHE_ENV): ``folder`` (its owner removes it), or a temporary one removed with everything in
+    it when the block ends. A group is one model at one shape, so its rounds' fresh workers, and engines that run
+    one exporter's file, export it once."""
     previous = os.environ.get(EXPORT_CACHE_ENV)
-    with tempfile.TemporaryDirectory(prefix="fwbench-exports-") as folder:
+    with contextlib.ExitStack() as stack:
+        if folder is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fwbench-exports-"))
         os.environ[EXPORT_CACHE_ENV] = folder
         try:
             yield
@@ -118,17 +127,19 @@ def export_cache() -> Iterator[None]:
 def run_comparison_group(group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]) -> Settled:
     """Run one comparison group on this machine (:func:`start_comparison_group`), its minimum rounds only. The Ray
     executor calls this on the node that runs the group."""
-    settled, _ = start_comparison_group(group, settings, parity)
+    settled, _ = start_comparison_group(group, settings, parity, local=False)
     return settled
 
 
 def start_comparison_group(
-    group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]
+    group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str], *, local: bool = True
 ) -> tuple[Settled, GroupRun | None]:
     """Run one comparison group's minimum rounds on this machine: cells whose runtime or model is not available
     here are ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch`` without
     running, the others run (:class:`fwbench.runner.scheduler.GroupRun`), checking parity where ``parity`` has not
-    settled it. Returns the outcomes and the group's rounds so far (None: nothing ran), which may get more."""
+    settled it. Returns the outcomes and, when the group may get extra rounds (``local``: run by :func:`execute`;
+    :func:`fwbench.runner.extra_rounds.minimum_only` says), its rounds so far, its export cache kept for them
+    (the caller closes it: :meth:`GroupRun.close`); else None."""
     started = time.monotonic()
     settled: Settled = []
     runnable: list[Case] = []
@@ -148,15 +159,25 @@ def start_comparison_group(
         return settled, None
     checks = {case.key: parity_pair(case) not in parity for case in runnable}
     rounds = GroupRun(runnable, settings, checks, settings.weights_path)
-    with export_cache():
-        run_rounds(rounds, settings.rounds)
-    stop = None if settings.budget_s is not None else RoundsStop("no-budget", rounds.rounds_run)
+    only = minimum_only(settings, local=local)
+    if only is None:
+        rounds.keep_exports()
+    try:
+        with export_cache(rounds.exports):
+            run_rounds(rounds, settings.rounds)
+    except BaseException:
+        rounds.close()
+        raise
     # the cells shared the group's time (an extra round later adds its own)
     rounds.setup_s = time.monotonic() - started - sum(rounds.round_wall_s)
     for case in runnable:
         if parity_pair(case) in parity:
             rounds.notes[case.key] = {"parity_checked_by": parity[parity_pair(case)]}
+    stop = None if only is None else RoundsStop(only, rounds.rounds_run)
     settled.extend((outcome, rounds.cell_wall_s) for outcome in rounds.outcomes(stop))
+    if only is not None or not rounds.active:
+        rounds.close()
+        return settled, None
     return settled, rounds
 
 
@@ -174,6 +195,14 @@ def settle_parity(parity: Parity, settled: Settled) -> None:
             parity.setdefault(pair, outcome.case.key)
 
 
+def check_disk_full(outcomes: Sequence[CellOutcome]) -> None:
+    """DiskFull when a worker's write found no room (its export cache, a trace, ...): the group is not stored."""
+    for outcome in outcomes:
+        report = outcome.details.get("disk_full")
+        if report and stops_the_sweep(report):
+            raise DiskFull.from_report(report, f"the files of {outcome.case.label()}")
+
+
 class Recorder:
     """Stores the outcomes of a run as they arrive, one transaction per group, telling ``listener`` of each."""
 
@@ -184,9 +213,7 @@ class Recorder:
     def record(self, settled: Settled, machine: dict[str, Any] | None) -> None:
         """Store a group's outcomes in one transaction; DiskFull (nothing of the group stored, ``--resume`` runs it
         again) when a worker's write found no room (its export cache, a trace, ...) or the database's did."""
-        for outcome, _ in settled:
-            if outcome.details.get("disk_full") and stops_the_sweep(outcome.details["disk_full"]):
-                raise DiskFull.from_report(outcome.details["disk_full"], f"the files of {outcome.case.label()}")
+        check_disk_full([outcome for outcome, _ in settled])
         with self.store.transaction():
             for outcome, wall_s in settled:
                 store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine)
@@ -196,14 +223,15 @@ class Recorder:
                 self.listener(outcome)
 
     def replace(self, outcomes: Sequence[CellOutcome], wall_s: float, machine: dict[str, Any] | None) -> None:
-        """Store a group's cells again, each charged ``wall_s`` (their group ran another round, or now knows why it
-        stopped), in one transaction; the listener is not told again."""
+        """Store a group's cells again, in place, each charged ``wall_s`` (their group ran another round, or now
+        knows why it stopped), in one transaction; DiskFull, before anything is written, when a worker's write found
+        no room. The listener is not told again."""
+        check_disk_full(outcomes)
         with self.store.transaction():
-            self.store.delete_results(self.run_id, [outcome.case.key for outcome in outcomes])
             for outcome in outcomes:
-                store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine)
+                store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine, replace=True)
         replaced = {outcome.case.key: outcome for outcome in outcomes}
-        self.outcomes = [replaced.pop(o.case.key, o) for o in self.outcomes] + list(replaced.values())
+        self.outcomes = [replaced.get(o.case.key, o) for o in self.outcomes]
 
     def in_plan_order(self) -> list[CellOutcome]:
         """The outcomes stored so far, in plan order."""
@@ -244,25 +272,46 @@ def execute(
     parity = stored_parity(store, run_id)
     machine = machine_record()
     recorder = Recorder(store, run_id, plan, listener)
-    ran: list[GroupRun] = []
-    for group, skipped in pending_groups(store, run_id, plan):
-        settled = skipped_outcomes(skipped)
-        if group:
-            outcomes, rounds = start_comparison_group(group, plan.settings, parity)
-            settled += outcomes
-            if rounds is not None:
-                ran.append(rounds)
-        settle_parity(parity, settled)
-        recorder.record(settled, machine)
-    if plan.settings.budget_s is not None and ran:
-
-        def extra_round(rounds: GroupRun) -> None:
-            with export_cache():  # the round's engines share their exports, as in the group's first rounds
-                rounds.run_round()
-            recorder.replace(rounds.outcomes(), rounds.cell_wall_s, machine)
-
-        stops = spend_budget(ran, lambda: store.results([run_id]), extra_round, plan.settings, started, hear)
-        for rounds in ran:
-            if rounds.key in stops:
-                recorder.replace(rounds.outcomes(stops[rounds.key]), rounds.cell_wall_s, machine)
+    more: list[GroupRun] = []  # the groups that may get extra rounds, each with its export cache
+    try:
+        for group, skipped in pending_groups(store, run_id, plan):
+            settled = skipped_outcomes(skipped)
+            if group:
+                outcomes, rounds = start_comparison_group(group, plan.settings, parity)
+                settled += outcomes
+                if rounds is not None:
+                    more.append(rounds)
+            settle_parity(parity, settled)
+            recorder.record(settled, machine)
+        if more:
+            _spend_budget(more, recorder, plan.settings, started, machine, hear)
+    finally:
+        for rounds in more:
+            rounds.close()
     return recorder.in_plan_order()
+
+
+def _spend_budget(
+    groups: Sequence[GroupRun],
+    recorder: Recorder,
+    settings: Settings,
+    started: float,
+    machine: dict[str, Any] | None,
+    hear: RoundListener | None,
+) -> None:
+    """Extra rounds for ``groups`` (:func:`fwbench.runner.extra_rounds.spend_budget`), each group's cells stored
+    again after its round, and once more with why it stopped."""
+
+    def extra_round(rounds: GroupRun) -> None:
+        with export_cache(rounds.exports):  # what the group's first rounds exported
+            rounds.run_round()
+        recorder.replace(rounds.outcomes(), rounds.cell_wall_s, machine)
+
+    def read_run() -> list[ResultRecord]:
+        return recorder.store.results([recorder.run_id])
+
+    stops = spend_budget(groups, read_run, extra_round, settings, started, hear)
+    for rounds in groups:
+        rounds.close()
+        if rounds.key in stops:
+            recorder.replace(rounds.outcomes(stops[rounds.key]), rounds.cell_wall_s, machine)

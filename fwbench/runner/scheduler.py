@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.details import Interleaving, RoundDetail, RoundsStop, StageSeconds
+from fwbench.details import ExtraRoundFailure, Interleaving, RoundDetail, RoundsStop, StageSeconds
 from fwbench.measure import noise
 from fwbench.measure.environment import cpu_list_set, memory_available_bytes
 from fwbench.measure.noise import NoiseTotals
@@ -86,19 +87,30 @@ def is_interleaved(case: Case, settings: Settings) -> bool:
 
 @dataclass
 class CellRounds:
-    """One cell's rounds so far: each round's outcome (ok), all its blocks, or the failure that ended it."""
+    """One cell's rounds so far: each round's outcome (ok), all its blocks, or the failure that ended it; or, when
+    only an extra round failed (:mod:`fwbench.runner.extra_rounds`), that failure beside the rounds it keeps."""
 
     case: Case
     rounds: list[CellOutcome] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     failure: CellOutcome | None = None
+    extra_failure: tuple[int, CellOutcome] | None = None  # (round, outcome): an extra round that failed
     noise: NoiseTotals = field(default_factory=NoiseTotals)  # interleaved: the rounds' spans, read by the manager
     started_together: set[int] = field(default_factory=set)  # rounds whose workers started side by side
 
+    @property
+    def ended(self) -> bool:
+        """Whether the cell runs no more (a failure, or a failed extra round)."""
+        return self.failure is not None or self.extra_failure is not None
+
     def fail(self, outcome: CellOutcome, round_index: int, settings: Settings) -> None:
-        if round_index >= settings.rounds and outcome.reason:  # an extra round (fwbench.runner.extra_rounds)
-            outcome.reason = f"{outcome.reason} (round {round_index + 1}, an extra round after {settings.rounds})"
-        elif settings.rounds > 1 and outcome.reason:
+        """A failure in round ``round_index``: the cell's status, or, in an extra round, a note beside the rounds
+        it already has (that round's blocks dropped): the cell stays what its minimum rounds made it."""
+        if round_index >= settings.rounds:
+            self.blocks = [block for block in self.blocks if block.round != round_index]
+            self.extra_failure = (round_index, outcome)
+            return
+        if settings.rounds > 1 and outcome.reason:
             outcome.reason = f"{outcome.reason} (round {round_index + 1} of {settings.rounds})"
         self.failure = outcome
 
@@ -130,6 +142,24 @@ class GroupRun:
         self.round_wall_s: list[float] = []
         self.setup_s = 0.0  # wall seconds the group spent outside its rounds (the manager's checks, its exports)
         self.notes: dict[str, dict[str, Any]] = {}  # details the manager adds to a cell's outcome, by case key
+        self._exports: tempfile.TemporaryDirectory[str] | None = None
+
+    def keep_exports(self) -> None:
+        """Give the group an export cache of its own that outlives a round (:attr:`exports`), so an extra round's
+        engines load what its first rounds exported; :meth:`close` removes it."""
+        if self._exports is None:
+            self._exports = tempfile.TemporaryDirectory(prefix="fwbench-exports-")
+
+    @property
+    def exports(self) -> str | None:
+        """The group's own export cache (None: each round's is the manager's temporary one)."""
+        return None if self._exports is None else self._exports.name
+
+    def close(self) -> None:
+        """Remove the group's export cache, if it kept one."""
+        if self._exports is not None:
+            self._exports.cleanup()
+            self._exports = None
 
     @property
     def rounds_run(self) -> int:
@@ -141,9 +171,14 @@ class GroupRun:
         return (self.setup_s + sum(self.round_wall_s)) / len(self.cases)
 
     @property
+    def extra_failed(self) -> bool:
+        """Whether a cell's worker failed in an extra round (the group then gets no more)."""
+        return any(cell.extra_failure is not None for cell in self.cells.values())
+
+    @property
     def active(self) -> list[Case]:
         """The cells that have not failed: those a next round runs."""
-        return [case for case in self.cases if self.cells[case.key].failure is None]
+        return [case for case in self.cases if not self.cells[case.key].ended]
 
     def run_round(self) -> None:
         """The group's next round over its active cells (none left: nothing runs)."""
@@ -343,7 +378,7 @@ def _measure(
     next free cycle number."""
     for item in live:
         _calibrate(item, cells[item.case.key], settings, round_index)
-    measured = [item for item in live if cells[item.case.key].failure is None]
+    measured = [item for item in live if not cells[item.case.key].ended]
     if measured:
         cycle = _timed_cycles(measured, cells, settings, round_index, rng, cycle)
         _finish(measured, cells, settings, round_index)
@@ -487,7 +522,7 @@ def _timed_cycles(
         for position in rng.permutation(len(live)):
             item = live[int(position)]
             cell = cells[item.case.key]
-            if cell.failure is not None:
+            if cell.ended:
                 continue
             if last is not None and last is not item and settings.settle_s > 0:
                 if last.case.procs is None:  # the last worker's pools go quiet before this one measures
@@ -514,7 +549,7 @@ def _timed_cycles(
             item.blocks += 1
             last = item
         cycle += 1
-    if any(cells[item.case.key].failure is not None for item in live):
+    if any(cells[item.case.key].ended for item in live):
         return cycle  # a dead worker's CPU time can no longer be read: this round's counters would misattribute it
     totals = NoiseTotals()
     totals.add(before, noise.read(time.perf_counter(), pids))
@@ -527,7 +562,7 @@ def _finish(live: Sequence[_Live], cells: dict[str, CellRounds], settings: Setti
     """Ask every live worker to finish (its parity check, its result) and keep each round's outcome."""
     for item in live:
         cell = cells[item.case.key]
-        if cell.failure is not None:
+        if cell.ended:
             continue
         item.worker.command("finish")
         try:
@@ -597,5 +632,11 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
         )
         for index, o in enumerate(cell.rounds)
     )
-    details.update(Interleaving(rounds=rounds).to_dict())
+    extra = None
+    if cell.extra_failure is not None:
+        round_index, failure = cell.extra_failure
+        extra = ExtraRoundFailure(round_index + 1, failure.status, failure.reason)
+        if failure.details.get("disk_full"):  # the manager stops the sweep before storing (Recorder.replace)
+            details["disk_full"] = failure.details["disk_full"]
+    details.update(Interleaving(rounds=rounds, extra_failure=extra).to_dict())
     return CellOutcome(cell.case, "ok", first.reason, samples, fields, details, blocks)

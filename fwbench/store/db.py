@@ -649,19 +649,7 @@ class Store:
     ) -> bool:
         """Store one cell's result and its timed blocks; False (and nothing written) if the run already has this
         cell. ``fields`` may hold ``noise`` and ``machine`` (JSON objects) besides the result columns."""
-        columns = {name: fields.get(name) for name in RESULT_COLUMNS}
-        columns["noise_json"] = None if fields.get("noise") is None else json.dumps(fields["noise"], sort_keys=True)
-        columns["machine_json"] = (
-            None if fields.get("machine") is None else json.dumps(fields["machine"], sort_keys=True)
-        )
-        columns["hostname"], columns["hardware_id"], columns["software_id"] = machine_ids(fields.get("machine"))
-        values = {
-            **case_columns(run_id, case),
-            "samples_json": json.dumps(list(samples)),
-            "n_samples": len(samples),
-            "details_json": json.dumps(details, sort_keys=True, default=str),
-            **columns,
-        }
+        values = self._result_values(run_id, case, fields, samples, details)
         names = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         cursor = self.conn.execute(
@@ -670,11 +658,57 @@ class Store:
         )
         if cursor.rowcount != 1:
             return False
+        self._add_blocks(int(cursor.lastrowid or 0), blocks)
+        return True
+
+    def replace_result(
+        self,
+        run_id: int,
+        case: Case,
+        fields: dict[str, Any],
+        samples: Sequence[float],
+        details: dict[str, Any],
+        blocks: Sequence[Block] = (),
+    ) -> bool:
+        """Store one cell of run ``run_id`` again, in place (its id, so its place in the run's order, kept), with
+        these blocks instead of its old ones (a group's extra round); False (nothing written) when the run does
+        not have it. Call inside :meth:`transaction`."""
+        found = self.conn.execute(
+            "SELECT id FROM results WHERE run_id = ? AND case_key = ?", (run_id, case.key)
+        ).fetchone()
+        if found is None:
+            return False
+        values = self._result_values(run_id, case, fields, samples, details)
+        assignments = ", ".join(f"{name} = ?" for name in values)
+        self.conn.execute(f"UPDATE results SET {assignments} WHERE id = ?", (*values.values(), found[0]))
+        self.conn.execute("DELETE FROM blocks WHERE result_id = ?", (found[0],))
+        self._add_blocks(int(found[0]), blocks)
+        return True
+
+    @staticmethod
+    def _result_values(
+        run_id: int, case: Case, fields: dict[str, Any], samples: Sequence[float], details: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A result row's columns from a cell's fields, samples and details."""
+        columns = {name: fields.get(name) for name in RESULT_COLUMNS}
+        columns["noise_json"] = None if fields.get("noise") is None else json.dumps(fields["noise"], sort_keys=True)
+        columns["machine_json"] = (
+            None if fields.get("machine") is None else json.dumps(fields["machine"], sort_keys=True)
+        )
+        columns["hostname"], columns["hardware_id"], columns["software_id"] = machine_ids(fields.get("machine"))
+        return {
+            **case_columns(run_id, case),
+            "samples_json": json.dumps(list(samples)),
+            "n_samples": len(samples),
+            "details_json": json.dumps(details, sort_keys=True, default=str),
+            **columns,
+        }
+
+    def _add_blocks(self, result_id: int, blocks: Sequence[Block]) -> None:
         self.conn.executemany(
             "INSERT INTO blocks (result_id, round, block, cycle, start_unix_s, calls, seconds) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(cursor.lastrowid, b.round, b.index, b.cycle, b.start_unix_s, b.calls, b.seconds) for b in blocks],
+            [(result_id, b.round, b.index, b.cycle, b.start_unix_s, b.calls, b.seconds) for b in blocks],
         )
-        return True
 
     def mark_mismatch(
         self, run_id: int, model: str, runtime: str, phase: str, reason: str, procs: int | None = None
@@ -690,16 +724,6 @@ class Store:
                 (reason, run_id, model, runtime, phase, *params),
             )
         return cursor.rowcount
-
-    def delete_results(self, run_id: int, case_keys: Sequence[str]) -> int:
-        """Remove these cells of run ``run_id`` with their blocks (to store them again: a group's extra round);
-        call inside :meth:`transaction`. The number of rows removed."""
-        removed = 0
-        for key in case_keys:
-            removed += self.conn.execute(
-                "DELETE FROM results WHERE run_id = ? AND case_key = ?", (run_id, key)
-            ).rowcount
-        return removed
 
     def done_keys(self, run_id: int) -> set[str]:
         """Keys of the run's cells that already have a (terminal) status."""
