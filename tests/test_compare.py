@@ -13,6 +13,7 @@ from conftest import run_cli
 from fwbench.cli import main
 from fwbench.measure.rounds import unpaired_ratio
 from fwbench.report.compare import compare_results
+from fwbench.report.export import to_json
 from fwbench.report.summary import holm
 from fwbench.spec import Case, Settings
 from fwbench.store import ResultRecord, Store
@@ -235,3 +236,13 @@ def test_runs_of_one_round_get_no_verdict_and_say_so(tmp_path: Path) -> None:
     assert "; 6 of them without a verdict (fewer than 3 rounds on a side: run with --rounds 3 or more); exit 0" in (
         verdict_line(comparison)
     )
+
+
+def test_the_json_export_carries_the_priors_each_run_was_moderated_with(db: Path) -> None:
+    with Store.open(db, readonly=True) as store:
+        runs, rows = store.runs([1]), store.results([1])
+    (entry,) = json.loads(to_json(runs, rows))["runs"][0]["variance_priors"]
+    prior = rows[0].priors.times if rows[0].priors is not None else None
+    assert prior is not None and entry["times"]["cells"] == prior.cells == 6
+    assert entry["times"]["intercept"] == prior.intercept and entry["times"]["slope"] == prior.slope
+    assert entry["hardware_id"] == rows[0].hardware_id

@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fwbench.measure.moderate import VariancePrior
 from fwbench.report.flags import compile_flags
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
 from fwbench.report.throughput import throughput
@@ -61,12 +63,48 @@ def with_rates(row: ResultRecord, peak: Peak | None) -> dict[str, Any]:
     return rated
 
 
+def prior_dict(prior: VariancePrior | None) -> dict[str, Any] | None:
+    """A fitted prior as JSON: d₀ (``dof``; null when infinite: the variances alike within sampling noise), the
+    trend log s₀² = intercept + slope · log seconds per call, the runtimes' upward shifts, the cells it was fitted on
+    and their pooled degrees of freedom; None when too few cells were there to fit one."""
+    if prior is None:
+        return None
+    return {
+        "dof": prior.dof if math.isfinite(prior.dof) else None,
+        "intercept": prior.intercept,
+        "slope": prior.slope,
+        "shifts": dict(prior.shifts),
+        "cells": prior.cells,
+        "pooled_dof": prior.pooled_dof,
+    }
+
+
+def variance_priors(rows: Sequence[ResultRecord]) -> list[dict[str, Any]]:
+    """The priors one run's intervals were moderated with (:mod:`fwbench.store.moderation`), one entry per machine
+    it ran on: of cell times and of paired log ratios."""
+    found: dict[tuple[str | None, str | None], dict[str, Any]] = {}
+    for row in rows:
+        if row.priors is not None and (row.hardware_id, row.hostname) not in found:
+            found[(row.hardware_id, row.hostname)] = {
+                "hardware_id": row.hardware_id,
+                "hostname": row.hostname,
+                "times": prior_dict(row.priors.times),
+                "pairs": prior_dict(row.priors.pairs),
+            }
+    return list(found.values())
+
+
 def to_json(runs: Sequence[RunRecord], results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     """``{"runs": [...], "results": [...]}`` (and ``"peak"`` when the database holds one); each result
     carries every raw sample (seconds per call) and its achieved GFLOP/s, each run its ``wall_time``
-    (:mod:`fwbench.report.walltime`: how much of it the timed blocks measured)."""
+    (:mod:`fwbench.report.walltime`: how much of it the timed blocks measured) and its ``variance_priors``."""
     runs_out = [
-        {**r.to_dict(), "wall_time": wall_time([row for row in results if row.run_id == r.id]).to_dict()} for r in runs
+        {
+            **r.to_dict(),
+            "wall_time": wall_time([row for row in results if row.run_id == r.id]).to_dict(),
+            "variance_priors": variance_priors([row for row in results if row.run_id == r.id]),
+        }
+        for r in runs
     ]
     data: dict[str, Any] = {"runs": runs_out, "results": [with_rates(r, peak) for r in results]}
     if peak is not None:
