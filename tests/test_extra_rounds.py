@@ -59,7 +59,7 @@ def test_which_runs_give_no_extra_rounds_and_why() -> None:
     budget = dataclasses.replace(FAST, budget_s=100.0)
     assert minimum_only(budget, local=True) is None
     assert minimum_only(FAST, local=True) == "no-budget"
-    assert minimum_only(budget, local=False) == "cluster"
+    assert minimum_only(budget, local=False) == "cluster" and minimum_only(FAST, local=False) == "no-budget"
     assert minimum_only(dataclasses.replace(budget, rounds=2), local=True) == "no-ci"
     assert minimum_only(dataclasses.replace(budget, protocol="hf2019"), local=True) == "protocol"
     assert minimum_only(dataclasses.replace(budget, max_rounds=3), local=True) == "max-rounds"

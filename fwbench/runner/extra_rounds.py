@@ -85,12 +85,12 @@ class Choice:
 
 def minimum_only(settings: Settings, *, local: bool) -> str | None:
     """Why a group runs its minimum rounds only (a :class:`RoundsStop` reason), or None when it may get more:
-    ``cluster`` (a Ray node runs it), ``no-budget``, ``no-ci`` (fewer than 3 rounds: no CI to aim at),
+    ``no-budget``, ``cluster`` (a Ray node runs it), ``no-ci`` (fewer than 3 rounds: no CI to aim at),
     ``protocol`` (hf2019 fixes its blocks), ``max-rounds`` (the limit is the minimum)."""
-    if not local:
-        return "cluster"
     if settings.budget_s is None:
         return "no-budget"
+    if not local:
+        return "cluster"
     if settings.rounds < MIN_ROUNDS_FOR_CI:
         return "no-ci"
     if settings.protocol == "hf2019":

@@ -75,9 +75,7 @@ def store_outcome(
         wall_s=wall_s,
         flops=cell_flops(case, settings),
     )
-    if replace:
-        return store.replace_result(run_id, case, fields, outcome.samples, outcome.details, outcome.blocks)
-    return store.add_result(run_id, case, fields, outcome.samples, outcome.details, outcome.blocks)
+    return store.add_result(run_id, case, fields, outcome.samples, outcome.details, outcome.blocks, replace=replace)
 
 
 def cell_flops(case: Case, settings: Settings) -> int | None:

@@ -646,10 +646,26 @@ class Store:
         samples: Sequence[float],
         details: dict[str, Any],
         blocks: Sequence[Block] = (),
+        *,
+        replace: bool = False,
     ) -> bool:
         """Store one cell's result and its timed blocks; False (and nothing written) if the run already has this
-        cell. ``fields`` may hold ``noise`` and ``machine`` (JSON objects) besides the result columns."""
+        cell. ``fields`` may hold ``noise`` and ``machine`` (JSON objects) besides the result columns.
+        ``replace``: store the run's cell again, in place (its id, so its place in the run's order, kept), with these
+        blocks instead of its old ones (a group's extra round); False (nothing written) when the run does not have
+        it. Call inside :meth:`transaction`."""
         values = self._result_values(run_id, case, fields, samples, details)
+        if replace:
+            found = self.conn.execute(
+                "SELECT id FROM results WHERE run_id = ? AND case_key = ?", (run_id, case.key)
+            ).fetchone()
+            if found is None:
+                return False
+            assignments = ", ".join(f"{name} = ?" for name in values)
+            self.conn.execute(f"UPDATE results SET {assignments} WHERE id = ?", (*values.values(), found[0]))
+            self.conn.execute("DELETE FROM blocks WHERE result_id = ?", (found[0],))
+            self._add_blocks(int(found[0]), blocks)
+            return True
         names = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         cursor = self.conn.execute(
@@ -659,30 +675,6 @@ class Store:
         if cursor.rowcount != 1:
             return False
         self._add_blocks(int(cursor.lastrowid or 0), blocks)
-        return True
-
-    def replace_result(
-        self,
-        run_id: int,
-        case: Case,
-        fields: dict[str, Any],
-        samples: Sequence[float],
-        details: dict[str, Any],
-        blocks: Sequence[Block] = (),
-    ) -> bool:
-        """Store one cell of run ``run_id`` again, in place (its id, so its place in the run's order, kept), with
-        these blocks instead of its old ones (a group's extra round); False (nothing written) when the run does
-        not have it. Call inside :meth:`transaction`."""
-        found = self.conn.execute(
-            "SELECT id FROM results WHERE run_id = ? AND case_key = ?", (run_id, case.key)
-        ).fetchone()
-        if found is None:
-            return False
-        values = self._result_values(run_id, case, fields, samples, details)
-        assignments = ", ".join(f"{name} = ?" for name in values)
-        self.conn.execute(f"UPDATE results SET {assignments} WHERE id = ?", (*values.values(), found[0]))
-        self.conn.execute("DELETE FROM blocks WHERE result_id = ?", (found[0],))
-        self._add_blocks(int(found[0]), blocks)
         return True
 
     @staticmethod
