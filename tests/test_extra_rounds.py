@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fwbench.cli.run import print_budget
 from fwbench.details import RoundsStop
 from fwbench.diskfull import DiskFull, disk_full_report
 from fwbench.measure.rounds import Block, blocks_by_round, paired_log_ratios, paired_speedup, time_estimate
@@ -190,3 +191,19 @@ def test_a_cell_stored_again_keeps_its_place_and_a_full_disk_stores_nothing(db_p
         with pytest.raises(DiskFull):
             recorder.replace([outcome(cases[1], 0.005, 4, disk_full=report)], 3.0, None)
         assert store.results([run_id])[1].median_s == 0.001  # the stored cell as it was
+
+
+def test_the_run_says_what_its_budget_buys_or_why_it_buys_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    budget = dataclasses.replace(FAST, budget_s=450.0)
+    print_budget(budget, ray=False)
+    print_budget(dataclasses.replace(budget, rounds=1), ray=False)
+    print_budget(budget, ray=True)
+    print_budget(FAST, ray=False, flags=["--target-ci"])
+    print_budget(FAST, ray=False)  # no budget and no flag: nothing to say
+    assert capsys.readouterr().err.splitlines() == [
+        "budget 450 s: after 3 rounds each, extra rounds (up to 10) go where a speed-up's 95% CI is wider than ±5.0%",
+        "fwbench: budget 450 s: fewer than 3 rounds give no CI to aim at: no extra rounds",
+        "fwbench: budget 450 s: extra rounds are given on this machine only; on Ray each comparison group runs its "
+        "--rounds",
+        "fwbench: --target-ci acts only with --budget: no extra rounds",
+    ]

@@ -201,9 +201,9 @@ def _measurement_flags(run: argparse.ArgumentParser) -> None:
         "--budget",
         type=duration,
         metavar="DURATION",
-        help="wall time of the whole run (seconds, or 90s, 7.5m, 1h): once every comparison group has its --rounds, "
-        "extra rounds go to the groups whose widest speed-up CI is widest against --target-ci, while the next one "
-        "fits (default: none, --rounds only; the quick suite: 7.5m)",
+        help="wall time of the sweep (seconds, or 90s, 7.5m, 1h): once every comparison group has its --rounds, "
+        "extra rounds go, one at a time, to the group whose widest speed-up CI is widest against --target-ci per "
+        "second of its round, while the next one fits (default: none, --rounds only; the quick suite: 7.5m)",
     )
     timing.add_argument(
         "--target-ci",
@@ -537,7 +537,8 @@ def print_budget(settings: Settings, *, ray: bool, flags: Sequence[str] = ()) ->
     flags the user gave, which act only with a budget."""
     if settings.budget_s is None:
         if flags:
-            print(f"fwbench: {' and '.join(flags)} act only with --budget: no extra rounds", file=sys.stderr)
+            verb = "act" if len(flags) > 1 else "acts"
+            print(f"fwbench: {' and '.join(flags)} {verb} only with --budget: no extra rounds", file=sys.stderr)
         return
     budget = f"budget {format_seconds(settings.budget_s)}"
     reason = minimum_only(settings, local=not ray)

@@ -136,8 +136,8 @@ def start_comparison_group(
     here are ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch`` without
     running, the others run (:class:`fwbench.runner.scheduler.GroupRun`), checking parity where ``parity`` has not
     settled it. Returns the outcomes and, when the group may get extra rounds (``local``: run by :func:`execute`;
-    :func:`fwbench.runner.extra_rounds.minimum_only` says), its rounds so far, its export cache kept for them
-    (the caller closes it: :meth:`GroupRun.close`); else None."""
+    :func:`fwbench.runner.extra_rounds.minimum_only` says), its rounds so far, with, when a runtime of it exports
+    an artefact, its export cache kept for them (the caller closes it: :meth:`GroupRun.close`); else None."""
     started = time.monotonic()
     settled: Settled = []
     runnable: list[Case] = []
@@ -158,8 +158,8 @@ def start_comparison_group(
     checks = {case.key: parity_pair(case) not in parity for case in runnable}
     rounds = GroupRun(runnable, settings, checks, settings.weights_path)
     only = minimum_only(settings, local=local)
-    if only is None:
-        rounds.keep_exports()
+    if only is None and any(get_runtime(case.runtime).artefact for case in runnable):
+        rounds.keep_exports()  # its engines' artefacts stay on disk until the group stops getting rounds
     try:
         with export_cache(rounds.exports):
             run_rounds(rounds, settings.rounds)
