@@ -201,7 +201,7 @@ def test_the_run_says_what_its_budget_buys_or_why_it_buys_nothing(capsys: pytest
     print_budget(FAST, ray=False, flags=["--target-ci"])
     print_budget(FAST, ray=False)  # no budget and no flag: nothing to say
     assert capsys.readouterr().err.splitlines() == [
-        "budget 450 s: after 3 rounds each, extra rounds (up to 10) go where a speed-up's 95% CI is wider than ±5.0%",
+        "budget 450 s: after 3 rounds each, extra rounds (up to 10) go where a speed-up's 95% CI is wider than ±5%",
         "fwbench: budget 450 s: fewer than 3 rounds give no CI to aim at: no extra rounds",
         "fwbench: budget 450 s: extra rounds are given on this machine only; on Ray each comparison group runs its "
         "--rounds",

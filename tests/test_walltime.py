@@ -80,7 +80,7 @@ def test_the_legend_counts_why_each_group_stopped_adding_rounds(tmp_path: Path) 
         results = store.results([add_run(store, cells)])
     line = rounds_stop_line(results)
     assert line == (
-        "rounds per comparison group 3–7 (target: the widest speed-up CI within ±5.0%): 2 groups met it, "
+        "rounds per comparison group 3–7 (target: the widest speed-up CI within ±5%): 2 groups met it, "
         "1 group stopped on the budget"
     )
     assert line in report_tables(results)[1]

@@ -547,7 +547,7 @@ def print_budget(settings: Settings, *, ray: bool, flags: Sequence[str] = ()) ->
         return
     print(
         f"{budget}: after {settings.rounds} rounds each, extra rounds (up to {settings.round_limit}) go where a "
-        f"speed-up's 95% CI is wider than ±{settings.target_ci:.1%}",
+        f"speed-up's 95% CI is wider than ±{settings.target_ci * 100:.3g}%",
         file=sys.stderr,
         flush=True,
     )

@@ -119,5 +119,5 @@ def rounds_stop_line(results: Sequence[ResultRecord]) -> str | None:
         f"{count} group{'s' if count != 1 else ''} {STOP_PHRASES[reason]}" for reason, count in counts.items() if count
     ]
     target = next((stop.target for stop in stops.values() if stop.target is not None), None)
-    aim = "" if target is None else f" (target: the widest speed-up CI within ±{target:.1%})"
+    aim = "" if target is None else f" (target: the widest speed-up CI within ±{target * 100:.3g}%)"
     return f"rounds per comparison group {span}{aim}: {', '.join(parts)}"

@@ -174,5 +174,5 @@ def _announce(group: GroupRun, width: float | None, settings: Settings) -> str:
     """``extra round 4 of mlp inference b=1 fp32 (7 runtimes): widest CI ±7.3% > ±5.0%``."""
     case = group.cases[0]
     what = f"{case.model} {case.phase} {case.shape} {case.dtype} ({len(group.active)} runtimes)"
-    wide = "no CI yet" if width is None else f"widest CI ±{width:.1%} > ±{settings.target_ci:.1%}"
+    wide = "no CI yet" if width is None else f"widest CI ±{width:.1%} > ±{settings.target_ci * 100:.3g}%"
     return f"extra round {group.rounds_run + 1} of {what}: {wide}"
