@@ -216,7 +216,7 @@ class Settings:
     budget_s: float | None = field(
         default=None,
         metadata={
-            "help": "wall seconds of the whole run within which comparison groups get extra rounds once every group "
+            "help": "wall seconds of the sweep within which comparison groups get extra rounds once every group "
             "has its minimum rounds (None: the minimum rounds only)"
         },
     )

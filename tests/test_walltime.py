@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from fwbench.details import STOP_REASONS
 from fwbench.report.export import to_json
 from fwbench.report.table import report_tables
-from fwbench.report.walltime import WallTime, rounds_stop_line, wall_time, wall_time_line
+from fwbench.report.walltime import STOP_PHRASES, WallTime, rounds_stop_line, wall_time, wall_time_line
 from fwbench.spec import Case
 from fwbench.store import Store
 from report_store import Cell, add_run
@@ -85,3 +86,4 @@ def test_the_legend_counts_why_each_group_stopped_adding_rounds(tmp_path: Path) 
     )
     assert line in report_tables(results)[1]
     assert rounds_stop_line(results[:1]) is not None and rounds_stop_line([]) is None
+    assert set(STOP_PHRASES) == set(STOP_REASONS)  # every stored reason is counted in the line

@@ -94,17 +94,21 @@ def wall_time_line(wall: WallTime) -> str | None:
     return line
 
 
-STOP_PHRASES = {
+STOP_PHRASES = {  # every reason in fwbench.details.STOP_REASONS
     "target": "met it",
     "budget": "stopped on the budget",
     "max-rounds": "reached the round limit",
+    "failure": "stopped after a worker failed in an extra round",
     "no-budget": "had no budget (their minimum rounds only)",
+    "no-ci": "had fewer than 3 rounds (no CI to aim at)",
+    "protocol": "ran the hf2019 protocol (its blocks are fixed)",
+    "cluster": "ran on Ray nodes (extra rounds are given on the local machine only)",
 }
 
 
 def rounds_stop_line(results: Sequence[ResultRecord]) -> str | None:
-    """``rounds per comparison group 3–7 (target: the widest speed-up CI within ±5.0%): 3 groups met it, 2 stopped on
-    the budget``, from each group's stored :class:`fwbench.details.RoundsStop`; None when no cell stored one."""
+    """``rounds per comparison group 3–7 (target: the widest speed-up CI within ±5%): 3 groups met it, 2 groups stopped
+    on the budget``, from each group's stored :class:`fwbench.details.RoundsStop`; None when no cell stored one."""
     stops = {
         (row.run_id, row.group_key): stop
         for row in results
