@@ -38,6 +38,7 @@ import numpy as np
 from scipy import stats
 
 from fwbench.measure.rounds import blocks_by_round, time_estimate
+from fwbench.report.flags import rel_half_width
 from fwbench.report.summary import compare_cells, pair_summaries, runtimes_in
 from fwbench.report.walltime import wall_time
 from fwbench.store import ResultRecord, Store
@@ -138,11 +139,7 @@ def first_rounds(rows: Sequence[ResultRecord], count: int) -> list[ResultRecord]
 
 def time_half_widths(rows: Sequence[ResultRecord]) -> list[float]:
     """Each ok cell's relative time CI half-width."""
-    return [
-        (row.ci_high_s - row.ci_low_s) / 2 / row.median_s
-        for row in rows
-        if row.status == "ok" and row.median_s and row.ci_low_s is not None and row.ci_high_s is not None
-    ]
+    return [width for row in rows if row.status == "ok" and (width := rel_half_width(row)) is not None]
 
 
 def median_width(widths: Sequence[float]) -> str:

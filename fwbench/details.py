@@ -758,8 +758,8 @@ class RoundsStop:
     run's ``--budget``), ``max-rounds``, ``failure`` (a worker failed in its last extra round), or, its minimum
     rounds only: ``no-budget`` (the run had none), ``no-ci`` (fewer than 3 rounds: no CI to aim at), ``protocol``
     (hf2019 fixes its blocks) or ``cluster`` (it ran on a Ray node: extra rounds are given on the local machine).
-    ``widest``: the group's widest relative CI half-width (0.05 = ±5%) when it stopped — of a speed-up over its
-    baseline, or of the cell time in a group of one runtime; None when it had no CI. ``target``: the half-width
+    ``widest``: the group's widest relative CI half-width (0.05 = ±5%) as the whole run read at its end gives it — of
+    a speed-up over its baseline, or, in a group that shows none, of a cell time; None when it had no CI. ``target``: the half-width
     aimed at. ``rounds``: the rounds the group ran."""
 
     reason: str

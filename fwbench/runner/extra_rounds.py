@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from fwbench.details import RoundsStop
 from fwbench.measure.rounds import MIN_ROUNDS_FOR_CI
+from fwbench.report.flags import rel_half_width
 from fwbench.report.summary import DEFAULT_BASELINE, compare_cells, runtimes_in
 from fwbench.runner.scheduler import GroupRun
 from fwbench.spec import Settings
@@ -58,11 +59,7 @@ def group_widest(rows: Sequence[ResultRecord]) -> float | None:
         if (width := relative_half_width(cell.ratio, cell.ci_low, cell.ci_high)) is not None
     ]
     if not widths:
-        widths = [
-            width
-            for row in rows
-            if row.status == "ok" and (width := relative_half_width(row.median_s, row.ci_low_s, row.ci_high_s))
-        ]
+        widths = [width for row in rows if row.status == "ok" and (width := rel_half_width(row))]
     return max(widths) if widths else None
 
 
@@ -164,9 +161,9 @@ def spend_budget(
             hear(_announce(chosen, widest.get(chosen.key), settings))
         extra_round(chosen)
     final = widest_by_group(read_run())
+    rounds_run = {group.key: group.rounds_run for group in groups}
     return {
-        key: dataclasses.replace(stop, rounds=next(g.rounds_run for g in groups if g.key == key), widest=final.get(key))
-        for key, stop in stopped.items()
+        key: dataclasses.replace(stop, rounds=rounds_run[key], widest=final.get(key)) for key, stop in stopped.items()
     }
 
 

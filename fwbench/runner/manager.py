@@ -308,8 +308,7 @@ def _spend_budget(
     def read_run() -> list[ResultRecord]:
         return recorder.store.results([recorder.run_id])
 
-    stops = spend_budget(groups, read_run, extra_round, settings, started, hear)
+    stops = spend_budget(groups, read_run, extra_round, settings, started, hear)  # closes each group's cache
     for rounds in groups:
-        rounds.close()
         if rounds.key in stops:
             recorder.replace(rounds.outcomes(stops[rounds.key]), rounds.cell_wall_s, machine)
