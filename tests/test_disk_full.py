@@ -172,7 +172,7 @@ def stand_in_groups(monkeypatch: pytest.MonkeyPatch, filled: Callable[[Store], N
     """Groups run by a stand-in (each cell ok, with a large details record), and ``filled`` called on the store
     once the first group is stored."""
 
-    def run_group(group: list[Case], settings: Settings, parity: Any) -> tuple[manager.Settled, None]:
+    def run_group(group: list[Case], settings: Settings, parity: Any, **_: Any) -> tuple[manager.Settled, None]:
         return [
             (CellOutcome(case, "ok", None, [1e-3], {"median_s": 1e-3}, {"pad": PADDING}), 0.1) for case in group
         ], None
@@ -219,7 +219,7 @@ def test_a_cell_whose_worker_found_the_disk_full_stops_the_sweep_unstored(
     db, cache = tmp_path / "x.db", "/tmp/fwbench-exports-1/model.onnx"
     report = disk_full_report(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), cache))
 
-    def run_group(group: list[Case], settings: Settings, parity: Any) -> tuple[manager.Settled, None]:
+    def run_group(group: list[Case], settings: Settings, parity: Any, **_: Any) -> tuple[manager.Settled, None]:
         return [
             (CellOutcome(case, "error", "OSError during compile", details={"disk_full": report}), 0.1) for case in group
         ], None

@@ -4,15 +4,21 @@ worker that dies mid-group, resuming an interleaved run, and the statistics stor
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
 from fwbench.measure.settle import QUIET_S, settle
+from fwbench.models import get_model
+from fwbench.models.weights_io import load_weights
+from fwbench.runner import manager, scheduler
 from fwbench.runner.manager import CellOutcome, execute
 from fwbench.runner.messages import Job
 from fwbench.runner.process import WorkerProcess, worker_cpus
@@ -41,11 +47,23 @@ def test_groups_are_cells_that_differ_only_by_runtime() -> None:
     assert group_key(cases[0]) == group_key(cases[1]) != group_key(cases[2])
 
 
-def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(plugin_env: dict[str, str], db_path: Path) -> None:
+def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(
+    plugin_env: dict[str, str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Per round: the workers come up in a seeded order, then each cycle every worker times one block, in that
-    cycle's seeded order; no two blocks overlap, and a quiet pause (:mod:`fwbench.measure.settle`) separates blocks of two workers."""
+    cycle's seeded order; no two blocks overlap, and a quiet pause (:mod:`fwbench.measure.settle`) separates blocks of
+    two workers. Only round 1 calibrates: round 2 times blocks of round 1's calls."""
     cases = (fake("sleep"), fake("slowsync"), fake("spike"))
+    calibrated: list[tuple[str, int]] = []
+    calibrate = scheduler._calibrate
+
+    def spy(item: Any, cell: scheduler.CellRounds, settings: Settings, round_index: int) -> None:
+        calibrated.append((item.case.runtime, round_index))
+        calibrate(item, cell, settings, round_index)
+
+    monkeypatch.setattr(scheduler, "_calibrate", spy)
     run_id = run(db_path, Plan(cases, FAST))
+    assert sorted(calibrated) == sorted((case.runtime, 0) for case in cases)
     with Store.open(db_path, readonly=True) as store:
         rows = {row.runtime: row for row in store.results([run_id])}
     assert all(row.status == "ok" for row in rows.values()), {r.runtime: r.reason for r in rows.values()}
@@ -74,6 +92,76 @@ def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(plugin_env: d
         # round 1 started its workers one at a time; round 2, whose peaks round 1 measured, side by side
         assert [r.started_together for r in row.interleaving.rounds] == [False, True]
         assert row.n_samples == len(row.blocks) and row.noise is not None and row.machine is not None
+        assert len({block.calls for block in row.blocks}) == 1, row.blocks  # round 1's calls per block throughout
+
+
+def test_round_one_gives_every_adaptive_worker_blocks_as_long_as_the_longest() -> None:
+    """equal_blocks: a fast worker's calls per block grow until its block lasts as long as the longest one (at most
+    a MIN_CYCLES-th of the round's share of max_time_s), and the cell keeps them for later rounds; a rank set, a fit
+    and hf2019 keep their own blocks."""
+    settings = Settings(max_time_s=6.0, rounds=3)  # a round's share 2 s: blocks of at most 0.4 s
+    fast, slow = fake("sleep"), fake("slowsync")
+    ranks = Case("mlp", "fake:sleep", phase="training", procs=2, scaling="weak")
+    cells = {case.key: scheduler.CellRounds(case) for case in (fast, slow, ranks)}
+
+    def live(case: Case, calls: int, block_s: float) -> Any:
+        return scheduler._Live(case, cast(Any, None), calls, block_s, 0)
+
+    items = [live(fast, 64, 0.05), live(slow, 1, 0.2), live(ranks, 2, 0.01)]
+    scheduler.equal_blocks(items, cells, settings)
+    assert [(item.calls, round(item.block_s, 9)) for item in items] == [(256, 0.2), (1, 0.2), (2, 0.01)]
+    assert cells[fast.key].calibration == (256, pytest.approx(0.2)) and cells[ranks.key].calibration is None
+    items = [live(fast, 64, 0.05), live(slow, 1, 1.5)]  # a slow block longer than 2 s / MIN_CYCLES
+    scheduler.equal_blocks(items, cells, settings)
+    assert [item.calls for item in items] == [round(64 * 0.4 / 0.05), 1]
+    items = [live(fast, 3, 0.05), live(slow, 3, 0.2)]
+    scheduler.equal_blocks(items, cells, dataclasses.replace(settings, protocol="hf2019"))
+    assert [item.calls for item in items] == [3, 3]
+
+
+def test_a_run_writes_each_models_seeded_weights_once_for_its_workers(
+    plugin_env: dict[str, str], db_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The manager draws a model's canonical weights once per run into a safetensors file every group of that
+    model hands its workers (bit for bit the values a worker would draw), removed when the run ends; where the file
+    cannot be written, the workers draw them themselves."""
+    paths: list[str | None] = []
+
+    class Spy(scheduler.GroupRun):
+        def __init__(self, cases: Any, settings: Settings, checks: Any, weights_path: str | None = None) -> None:
+            paths.append(weights_path)
+            assert weights_path is not None
+            expected = get_model("mlp").canonical_weights(settings.seed)
+            loaded = load_weights(get_model("mlp"), Path(weights_path))
+            assert loaded.keys() == expected.keys()
+            assert all(np.array_equal(loaded[name], expected[name]) for name in expected)
+            super().__init__(cases, settings, checks, weights_path)
+
+    monkeypatch.setattr(manager, "GroupRun", Spy)
+    settings = dataclasses.replace(FAST, rounds=1, seed=7)
+    run_id = run(db_path, Plan((fake("sleep", 1), fake("sleep", 2)), settings))
+    assert len(paths) == 2 and paths[0] == paths[1] and paths[0] is not None and "seed7" in paths[0]
+    assert not Path(paths[0]).exists()  # removed with the run
+    with Store.open(db_path, readonly=True) as store:
+        assert {row.status for row in store.results([run_id])} == {"ok"}
+    assert manager.SeededWeights(str(tmp_path / "missing" / "folder"), 0).path("mlp") is None
+    for own in (dataclasses.replace(settings, weights_path=str(tmp_path / "w.safetensors")), Settings(nodes=2)):
+        with manager.seeded_weights(own) as weights:  # a file of the run's own; ranks on other machines
+            assert weights is None
+
+
+def test_a_killed_runs_seeded_weights_are_removed_by_the_next_run(tmp_path: Path) -> None:
+    """A folder whose manager is gone (its pid in the name) is removed; a live manager's, and anything else, stay."""
+    child = subprocess.Popen(["sleep", "0"])
+    child.wait()  # a pid that has ended
+    stale = tmp_path / f"{manager.WEIGHTS_PREFIX}{child.pid}-abc"
+    live = tmp_path / f"{manager.WEIGHTS_PREFIX}{os.getpid()}-abc"
+    other = tmp_path / "fwbench-exports-abc"
+    for folder in (stale, live, other):
+        folder.mkdir()
+        (folder / "mlp-seed0.safetensors").write_bytes(b"x")
+    assert manager.remove_stale_weights(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and other.exists()
 
 
 def test_idle_workers_use_no_cpu_while_a_peer_measures(plugin_env: dict[str, str]) -> None:

@@ -152,7 +152,7 @@ def test_settings_file_sits_between_the_suite_and_the_flags(tmp_path: Path) -> N
     config = tmp_path / "settings.toml"
     config.write_text('[settings]\nmax_time_s = 1.5\ntimeout_s = 100.0\nprotocol = "hf2019"\n')
     plan = plan_from_args(_run_args("--suite", "quick", "--config", str(config), "--timeout", "50", "--threads", "1"))
-    assert plan.settings.max_time_s == 1.5  # the file beats the suite's 6.0
+    assert plan.settings.max_time_s == 1.5  # the file beats the suite's 7.5
     assert plan.settings.timeout_s == 50  # the flag beats the file
     assert plan.settings.protocol == "hf2019"
     assert load_settings_file(config) == {"max_time_s": 1.5, "timeout_s": 100.0, "protocol": "hf2019"}

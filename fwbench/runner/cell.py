@@ -273,7 +273,7 @@ class Cell:
         number = timer.HF2019_NUMBER
         self.send("ready", peak_memory_bytes=memory.peak_rss_bytes())
         assert self.commands is not None, "an interleaved job needs its command stream"
-        started = time.perf_counter()
+        started: float | None = None  # from the calibration, else (a later round: no calibration) the first block
         samples: list[float] = []
         for line in self.commands:
             command = json.loads(line)
@@ -289,6 +289,8 @@ class Cell:
                 started = time.perf_counter()
                 continue
             calls = int(command.get("calls") or number)
+            if started is None:
+                started = time.perf_counter()
             self.launcher.synchronise(backend)  # a rank set's ranks start the block together (untimed)
             start_unix = time.time()
             seconds = timed.timeit(calls)
@@ -300,7 +302,7 @@ class Cell:
             samples_s=samples,
             calls_per_sample=number,
             stop_reason="interleaved",
-            elapsed_s=time.perf_counter() - started,
+            elapsed_s=0.0 if started is None else time.perf_counter() - started,
         )
 
     def record_compile_report(self, backend: Backend) -> None:

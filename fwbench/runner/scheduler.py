@@ -97,6 +97,7 @@ class CellRounds:
     extra_failure: tuple[int, CellOutcome] | None = None  # (round, outcome): an extra round that failed
     noise: NoiseTotals = field(default_factory=NoiseTotals)  # interleaved: the rounds' spans, read by the manager
     started_together: set[int] = field(default_factory=set)  # rounds whose workers started side by side
+    calibration: tuple[int, float] | None = None  # round 1's (calls per block, block seconds)
 
     @property
     def ended(self) -> bool:
@@ -332,7 +333,7 @@ def _interleaved_round(
     """One round of ``active`` in as many sub-groups as memory requires; returns the next free cycle number and
     the number of sub-groups. Workers start (import, build, compile, first call, warm up) one at a time (in a later
     round, side by side when :func:`_start_together_fits`: one sub-group), then calibrate their blocks one after
-    another, each alone on the machine."""
+    another, each alone on the machine (round 1; a later round's keep round 1's calls, :func:`equal_blocks`)."""
     pending = start_order(active, rng)
     subgroup = 0
     live: list[_Live] = []
@@ -374,11 +375,18 @@ def _measure(
     rng: np.random.Generator,
     cycle: int,
 ) -> int:
-    """The ready workers of one sub-group: calibrated one after another, their cycles timed, then finished; the
-    next free cycle number."""
+    """The ready workers of one sub-group: calibrated one after another (in a later round, those that
+    :func:`_adaptive_blocks` allows take round 1's calls per block), their cycles timed, then finished; the next free
+    cycle number."""
     for item in live:
-        _calibrate(item, cells[item.case.key], settings, round_index)
+        cell = cells[item.case.key]
+        if round_index > 0 and cell.calibration is not None and _adaptive_blocks(item.case, settings):
+            item.calls, item.block_s = cell.calibration
+        else:
+            _calibrate(item, cell, settings, round_index)
     measured = [item for item in live if not cells[item.case.key].ended]
+    if round_index == 0:
+        equal_blocks(measured, cells, settings)
     if measured:
         cycle = _timed_cycles(measured, cells, settings, round_index, rng, cycle)
         _finish(measured, cells, settings, round_index)
@@ -503,6 +511,32 @@ def _calibrate(item: _Live, cell: CellRounds, settings: Settings, round_index: i
         cell.fail(failed(item.case, failure), round_index, settings)
         return
     item.calls, item.block_s = int(message["calls_per_block"]), float(message["block_s"])
+
+
+def equal_blocks(live: Sequence[_Live], cells: dict[str, CellRounds], settings: Settings) -> None:
+    """Round 1: give every worker of ``live`` that :func:`_adaptive_blocks` allows as many calls per block as
+    make its block last as long as the sub-group's longest calibrated block (at most the round's share of
+    ``max_time_s`` over MIN_CYCLES, the fewest cycles a round has), and keep those calls for the cell's later
+    rounds. A cycle's blocks then span about the same time (a paired speed-up compares like with like), and every
+    cell, not only the slowest, fills its share of ``max_time_s`` (:func:`_cycles` counts cycles by the longest
+    block): a fast runtime's block averages more calls, so its round-to-round spread narrows."""
+    adaptive = [item for item in live if _adaptive_blocks(item.case, settings) and item.block_s > 0]
+    if not adaptive:
+        return
+    target = min(max(item.block_s for item in adaptive), settings.max_time_s / settings.rounds / MIN_CYCLES)
+    for item in adaptive:
+        calls = max(item.calls, round(item.calls * target / item.block_s))
+        item.calls, item.block_s = calls, item.block_s * calls / item.calls
+        cells[item.case.key].calibration = (item.calls, item.block_s)
+
+
+def _adaptive_blocks(case: Case, settings: Settings) -> bool:
+    """Whether the manager may size ``case``'s blocks (:func:`equal_blocks`) and have its later rounds time round
+    1's calls without calibrating again (a calibration per worker per round saved): the adaptive protocol's cells
+    of one process whose phase does not fix its blocks. hf2019's blocks are its protocol's 3 calls, a fit's block
+    is an epoch, a rank set calibrates across its ranks."""
+    phase = get_phase(case.phase)
+    return settings.protocol != "hf2019" and case.procs is None and phase.blocks_per_round(settings) is None
 
 
 def _timed_cycles(
