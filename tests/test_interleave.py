@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
+from fwbench.measure.rounds import blocks_by_round
 from fwbench.measure.settle import QUIET_S, settle
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
@@ -93,6 +94,31 @@ def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(
         assert [r.started_together for r in row.interleaving.rounds] == [False, True]
         assert row.n_samples == len(row.blocks) and row.noise is not None and row.machine is not None
         assert len({block.calls for block in row.blocks}) == 1, row.blocks  # round 1's calls per block throughout
+
+
+def test_a_round_whose_blocks_overrun_their_plan_ends_early(
+    plugin_env: dict[str, str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks that take far longer than calibrated (here: the calibration reported 20 times too fast, as after a
+    slowdown) end the round once they took OVERRUN × the plan, after at least MIN_CYCLES cycles, instead of running
+    the hundreds of cycles the plan asked for."""
+    calibrate = scheduler._calibrate
+
+    def too_fast(item: Any, cell: scheduler.CellRounds, settings: Settings, round_index: int) -> None:
+        calibrate(item, cell, settings, round_index)
+        item.block_s /= 20
+
+    monkeypatch.setattr(scheduler, "_calibrate", too_fast)
+    settings = dataclasses.replace(FAST, max_time_s=1.2)  # a round's share 0.6 s: hundreds of cycles planned
+    run_id = run(db_path, Plan((fake("sleep"), fake("slowsync")), settings))
+    with Store.open(db_path, readonly=True) as store:
+        rows = list(store.results([run_id]))
+    assert {row.status for row in rows} == {"ok"}
+    for row in rows:
+        for blocks in blocks_by_round(row.blocks):
+            # planned: ≥ 300 cycles (a share of 0.6 s over blocks reported as ≤ 2 ms); a block takes about its
+            # calibrated time, 20 × what was reported, so OVERRUN × the plan is spent after about a tenth of them
+            assert scheduler.MIN_CYCLES <= len(blocks) < 100, len(blocks)
 
 
 def test_round_one_gives_every_adaptive_worker_blocks_as_long_as_the_longest() -> None:

@@ -60,6 +60,7 @@ from fwbench.spec import Case, Settings, group_key, node_procs
 
 MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
 MAX_CYCLES = 400
+OVERRUN = 2.0  # a round of adaptive blocks ends (after MIN_CYCLES) once its blocks took this × their planned time
 MEMORY_HEADROOM = 1.5  # start another worker only while free memory exceeds this × the largest peak so far
 # Set, these make an OpenMP runtime bind its threads to places it computes when it loads: a worker started beside
 # others loads it on the start CPUs, so later rounds then start their workers one at a time.
@@ -547,12 +548,18 @@ def _timed_cycles(
     rng: np.random.Generator,
     cycle: int,
 ) -> int:
-    """The round's cycles over ``live``: one block per live worker per cycle, seeded order, one at a time. The
-    machine's counters are read around all of them, the manager and every worker counting as fwbench's own."""
+    """The round's cycles over ``live``: one block per live worker per cycle, seeded order, one at a time; adaptive
+    blocks stop early (after MIN_CYCLES) once they took OVERRUN × the time their calibration planned, so a machine
+    that slowed since round 1 (whose calls per block later rounds keep) does not stretch the round. The machine's
+    counters are read around all of them, the manager and every worker counting as fwbench's own."""
     pids: list[int | str] = ["self", *(pid for item in live for pid in item.worker.pids)]
     before = noise.read(time.perf_counter(), pids)
     last: _Live | None = None
-    for _ in range(_cycles(live, settings)):
+    cycles = _cycles(live, settings)
+    planned_s = cycles * sum(item.block_s for item in live)  # what the blocks take at the calibrated speed
+    adaptive = all(_adaptive_blocks(item.case, settings) for item in live)
+    spent_s = 0.0
+    for done in range(1, cycles + 1):
         for position in rng.permutation(len(live)):
             item = live[int(position)]
             cell = cells[item.case.key]
@@ -581,8 +588,11 @@ def _timed_cycles(
                 )
             )
             item.blocks += 1
+            spent_s += float(message["seconds"])
             last = item
         cycle += 1
+        if adaptive and done >= MIN_CYCLES and spent_s > OVERRUN * planned_s:
+            break  # the machine slowed since the calibration (a later round keeps round 1's): the round ends here
     if any(cells[item.case.key].ended for item in live):
         return cycle  # a dead worker's CPU time can no longer be read: this round's counters would misattribute it
     totals = NoiseTotals()
