@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 
 
+def format_percent(fraction: float, digits: int = 3) -> str:
+    """``0.05`` → ``'5%'``, ``0.0001`` → ``'0.01%'``: ``digits`` significant digits at most, as given."""
+    return f"{fraction * 100:.{digits}g}%"
+
+
 def format_seconds(value: float | None, digits: int = 3) -> str:
     """``2.13e-05`` → ``'21.3 µs'``; ``'—'`` for None."""
     if value is None or math.isnan(value):

@@ -14,7 +14,8 @@ from fwbench.cli.run import print_budget
 from fwbench.details import RoundsStop
 from fwbench.diskfull import DiskFull, disk_full_report
 from fwbench.measure.rounds import Block, blocks_by_round, paired_log_ratios, paired_speedup, time_estimate
-from fwbench.runner.extra_rounds import choose, group_widest, minimum_only, relative_half_width
+from fwbench.report.flags import relative_half_width
+from fwbench.runner.extra_rounds import choose, group_widest, minimum_only
 from fwbench.runner.manager import CellOutcome, Recorder, execute
 from fwbench.runner.scheduler import CellRounds, GroupRun, merge_rounds
 from fwbench.spec import Case, Plan, Settings

@@ -67,7 +67,7 @@ from fwbench.spec import (
 from fwbench.store import DEFAULT_DB, Store
 from fwbench.store.db import check_database_path
 from fwbench.suites import DEFAULT_SUITE, builtin_suites
-from fwbench.units import format_seconds
+from fwbench.units import format_percent, format_seconds
 
 RUN_DEVICES = ("cpu", "cuda")
 # Flag (argparse attribute) -> the Settings field it sets.
@@ -547,7 +547,7 @@ def print_budget(settings: Settings, *, ray: bool, flags: Sequence[str] = ()) ->
         return
     print(
         f"{budget}: after {settings.rounds} rounds each, extra rounds (up to {settings.round_limit}) go where a "
-        f"speed-up's 95% CI is wider than ±{settings.target_ci * 100:.3g}%",
+        f"speed-up's 95% CI is wider than ±{format_percent(settings.target_ci)}",
         file=sys.stderr,
         flush=True,
     )

@@ -85,14 +85,15 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
     alive = list(pids)
     while alive:
-        alive = [pid for pid in alive if _running(pid)]
+        alive = [pid for pid in alive if running(pid)]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     return alive
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

@@ -32,7 +32,7 @@ from fwbench.report.summary import (
 from fwbench.report.table import TableData, plain, ratio_text
 from fwbench.spec import CASE_FIELDS
 from fwbench.store import ResultRecord, RunRecord
-from fwbench.units import format_seconds_noise, second_axis_text, short_id
+from fwbench.units import format_percent, format_seconds_noise, second_axis_text, short_id
 
 COMPARE_KEY = CASE_FIELDS  # a cell of run A is the cell of run B with the same case (another run, maybe machine)
 DEFAULT_THRESHOLD = 0.05
@@ -353,7 +353,7 @@ SHAPE_LABELS = (("phase", "phase"), ("dtype", "dtype"), ("device", "device"))
 
 def percent(fraction: float) -> str:
     """``0.05`` → ``'5%'``, ``0.025`` → ``'2.5%'``."""
-    return f"{fraction * 100:.4g}%"
+    return format_percent(fraction, 4)
 
 
 def _p_text(p_adjusted: float | None) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fwbench.store import ResultRecord
-from fwbench.units import format_seconds
+from fwbench.units import format_percent, format_seconds
 
 # The worker's stages (runner.messages.STAGES) as the breakdown names them, in the order a worker goes through them.
 STAGE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -123,5 +123,5 @@ def rounds_stop_line(results: Sequence[ResultRecord]) -> str | None:
         f"{count} group{'s' if count != 1 else ''} {STOP_PHRASES[reason]}" for reason, count in counts.items() if count
     ]
     target = next((stop.target for stop in stops.values() if stop.target is not None), None)
-    aim = "" if target is None else f" (target: the widest speed-up CI within ±{target * 100:.3g}%)"
+    aim = "" if target is None else f" (target: the widest speed-up CI within ±{format_percent(target)})"
     return f"rounds per comparison group {span}{aim}: {', '.join(parts)}"

@@ -26,20 +26,14 @@ from dataclasses import dataclass
 
 from fwbench.details import RoundsStop
 from fwbench.measure.rounds import MIN_ROUNDS_FOR_CI
-from fwbench.report.flags import rel_half_width
+from fwbench.report.flags import rel_half_width, relative_half_width
 from fwbench.report.summary import DEFAULT_BASELINE, compare_cells, runtimes_in
 from fwbench.runner.scheduler import GroupRun
 from fwbench.spec import Settings
 from fwbench.store import ResultRecord
+from fwbench.units import format_percent
 
 RoundListener = Callable[[str], None]  # hears one line per extra round
-
-
-def relative_half_width(value: float | None, low: float | None, high: float | None) -> float | None:
-    """Half a CI's width over its estimate (0.05 = ±5%); None without a CI or a positive estimate."""
-    if value is None or low is None or high is None or not value > 0:
-        return None
-    return (high - low) / 2 / value
 
 
 def group_widest(rows: Sequence[ResultRecord]) -> float | None:
@@ -171,5 +165,5 @@ def _announce(group: GroupRun, width: float | None, settings: Settings) -> str:
     """``extra round 4 of mlp inference b=1 fp32 (7 runtimes): widest CI ±7.3% > ±5.0%``."""
     case = group.cases[0]
     what = f"{case.model} {case.phase} {case.shape} {case.dtype} ({len(group.active)} runtimes)"
-    wide = "no CI yet" if width is None else f"widest CI ±{width:.1%} > ±{settings.target_ci * 100:.3g}%"
+    wide = "no CI yet" if width is None else f"widest CI ±{width:.1%} > ±{format_percent(settings.target_ci)}"
     return f"extra round {group.rounds_run + 1} of {what}: {wide}"

@@ -28,6 +28,7 @@ from fwbench.diskfull import DiskFull, stops_the_sweep
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.frameworks.base import EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
+from fwbench.measure.processes import running
 from fwbench.measure.rounds import Block
 from fwbench.models import get_model
 from fwbench.models.weights_io import save_weights
@@ -172,21 +173,10 @@ def remove_stale_weights(folder: str | None = None) -> list[str]:
     removed = []
     for path in Path(folder or tempfile.gettempdir()).glob(f"{WEIGHTS_PREFIX}*-*"):
         pid = path.name[len(WEIGHTS_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if pid.isdigit() and not running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_comparison_group(group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]) -> Settled:
