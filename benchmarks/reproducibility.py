@@ -142,6 +142,36 @@ def time_half_widths(rows: Sequence[ResultRecord]) -> list[float]:
     return [width for row in rows if row.status == "ok" and (width := rel_half_width(row)) is not None]
 
 
+def consistent_times(rows_a: Sequence[ResultRecord], rows_b: Sequence[ResultRecord]) -> tuple[int, int]:
+    """(cells whose times in the two runs agree within their CIs, cells with a CI in both): agreeing means
+    |log t₂ − log t₁| ≤ √(h₁² + h₂²), h the half-width of each 95% CI in log units (log(high / low) / 2)."""
+    second = {row.case_key: row for row in rows_b}
+    agree = total = 0
+    for row in rows_a:
+        other = second.get(row.case_key)
+        if other is None or row.status != "ok" or other.status != "ok":
+            continue
+        values = (row.median_s, row.ci_low_s, row.ci_high_s, other.median_s, other.ci_low_s, other.ci_high_s)
+        if any(value is None or value <= 0 for value in values):
+            continue
+        h1 = math.log(row.ci_high_s / row.ci_low_s) / 2  # type: ignore[operator]
+        h2 = math.log(other.ci_high_s / other.ci_low_s) / 2  # type: ignore[operator]
+        total += 1
+        agree += abs(math.log(other.median_s / row.median_s)) <= math.hypot(h1, h2)  # type: ignore[operator]
+    return agree, total
+
+
+def machine_speed(rows_a: Sequence[ResultRecord], rows_b: Sequence[ResultRecord]) -> str:
+    """How the second run's cell times compare with the first's: the geometric mean of the per-cell time ratios
+    and their range (a machine that changed state between the runs moves them all)."""
+    first = {row.case_key: row.median_s for row in rows_a if row.status == "ok" and row.median_s}
+    ratios = [row.median_s / first[row.case_key] for row in rows_b if row.case_key in first and row.median_s]
+    if not ratios:
+        return "no cell time in both runs"
+    mean = float(np.exp(np.mean(np.log(ratios))))
+    return f"second run's cell times {mean:.2f}× the first's (geomean; cells {min(ratios):.2f}–{max(ratios):.2f}×)"
+
+
 def median_width(widths: Sequence[float]) -> str:
     """``±4.2%``, or ``no CI`` when there is none (fewer than 3 rounds)."""
     return f"±{np.median(widths):.1%}" if widths else "no CI"
@@ -187,6 +217,8 @@ def compare_pair(store: Store, run_a: int, run_b: int, method: str, first_count:
         f"({share:.0%}; goal ≥ 90%); median CI half-width: speed-up {median_width(widths)}, cell time "
         f"{median_width(times)} (goals ≤ 5%)"
     )
+    agree, total = consistent_times(rows_a, rows_b)
+    print(f"  cell times consistent with their CIs: {agree} of {total}; {machine_speed(rows_a, rows_b)}")
 
 
 def run_line(store: Store, run_id: int) -> str:

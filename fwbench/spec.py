@@ -220,6 +220,15 @@ class Settings:
             "has its minimum rounds (None: the minimum rounds only)"
         },
     )
+    spread_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "the minimum rounds of consecutive comparison groups estimated to take this many seconds together "
+            "run in turn (round 1 of each, round 2 in the reverse order, ...), so a drift of the machine over "
+            "minutes falls on every group's rounds alike instead of on one group (0: each group's rounds back to "
+            "back)"
+        },
+    )
     interleave: bool = field(
         default=True,
         metadata={
@@ -316,6 +325,12 @@ class Settings:
                 not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf
             ):
                 raise SpecError(f"{name} must be a positive finite number, got {value!r}")
+        if (
+            not isinstance(self.spread_s, (int, float))
+            or isinstance(self.spread_s, bool)
+            or not 0 <= self.spread_s < math.inf
+        ):
+            raise SpecError(f"spread must be a finite number of seconds of at least 0, got {self.spread_s!r}")
         if not isinstance(self.interleave, bool):
             raise SpecError(f"interleave must be true or false, got {self.interleave!r}")
         if (

@@ -179,13 +179,13 @@ def stand_in_groups(monkeypatch: pytest.MonkeyPatch, filled: Callable[[Store], N
 
     record, calls = manager.Recorder.record, []
 
-    def record_then_fill(self: manager.Recorder, settled: manager.Settled, machine: Any) -> None:
-        record(self, settled, machine)
+    def record_then_fill(self: manager.Recorder, settled: manager.Settled, machine: Any, **kwargs: Any) -> None:
+        record(self, settled, machine, **kwargs)
         calls.append(1)
         if len(calls) == 1:
             filled(self.store)
 
-    monkeypatch.setattr(manager, "start_comparison_group", run_group)
+    monkeypatch.setattr(manager, "open_comparison_group", run_group)
     monkeypatch.setattr(manager.Recorder, "record", record_then_fill)
 
 
@@ -224,7 +224,7 @@ def test_a_cell_whose_worker_found_the_disk_full_stops_the_sweep_unstored(
             (CellOutcome(case, "error", "OSError during compile", details={"disk_full": report}), 0.1) for case in group
         ], None
 
-    monkeypatch.setattr(manager, "start_comparison_group", run_group)
+    monkeypatch.setattr(manager, "open_comparison_group", run_group)
     assert main([*RUN, "--db", str(db)]) == 1
     assert one_line(capsys.readouterr().err) == (
         f"fwbench: disk full writing {cache} (ENOSPC): the 0 cells stored before are kept; free space and continue "

@@ -4,6 +4,7 @@ worker that dies mid-group, resuming an interleaved run, and the statistics stor
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
+from fwbench.cli.common import duration, non_negative_duration
 from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
 from fwbench.measure.rounds import blocks_by_round
 from fwbench.measure.settle import QUIET_S, settle
@@ -24,7 +26,7 @@ from fwbench.runner.manager import CellOutcome, execute
 from fwbench.runner.messages import Job
 from fwbench.runner.process import WorkerProcess, worker_cpus
 from fwbench.runner.scheduler import comparison_groups, group_key, order_generator
-from fwbench.spec import Case, Plan, Settings
+from fwbench.spec import Case, Plan, Settings, SpecError
 from fwbench.store import Store
 
 FAST = Settings(threads=1, max_time_s=0.6, timeout_s=60, rounds=2, min_block_s=0.02, settle_s=0.03)
@@ -272,6 +274,109 @@ def test_resume_runs_only_the_groups_not_stored(plugin_env: dict[str, str], db_p
         rows = store.results([run_id])
     assert len(rows) == 4 and all(row.status == "ok" for row in rows)
     assert {row.case_key: row.id for row in rows if row.case_key in first} == first  # untouched
+
+
+def first_block_starts(rows: list[Any]) -> dict[tuple[int, int], float]:
+    """(batch size, round) → when that group's round timed its first block (unix seconds)."""
+    starts: dict[tuple[int, int], float] = {}
+    for row in rows:
+        for block in row.blocks:
+            key = (row.batch_size, block.round)
+            starts[key] = min(starts.get(key, np.inf), block.start_unix_s)
+    return starts
+
+
+def test_a_windows_groups_take_their_rounds_in_turn_in_alternating_order(
+    plugin_env: dict[str, str], db_path: Path
+) -> None:
+    """Two groups of one window (the default --spread): round 1 of each in plan order, round 2 in the reverse
+    order, round 3 in plan order again, as the blocks' start times show; every cell ends with its 3 rounds."""
+    settings = dataclasses.replace(FAST, rounds=3, max_time_s=0.3)
+    plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2)), settings)
+    heard: list[str] = []
+    with Store.open(db_path) as store:
+        run_id = store.create_run(plan, "test", {}, "0")
+        execute(store, run_id, plan, hear=heard.append)
+        rows = store.results([run_id])
+    assert all(row.status == "ok" and row.round_count == 3 and row.ci_low_s is not None for row in rows), rows
+    starts = first_block_starts(rows)
+    assert sorted(starts, key=lambda key: starts[key]) == [(1, 0), (2, 0), (2, 1), (1, 1), (1, 2), (2, 2)]
+    assert heard == [f"round {index} of 3, 2 comparison groups in turn" for index in (1, 2, 3)]
+
+
+def test_a_window_stopped_midway_keeps_its_rounds_and_resume_runs_its_groups_again(
+    plugin_env: dict[str, str], db_path: Path
+) -> None:
+    """Stopped as round 2 of a window begins (Ctrl-C): every cell is stored with its first round (no CI yet), none
+    counts as done, no listener heard of one; --resume runs the window's groups again, storing them in place."""
+    settings = dataclasses.replace(FAST, rounds=3, max_time_s=0.3)
+    plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2)), settings)
+    keys = sorted(case.key for case in plan.cases)
+    finished: list[str] = []
+
+    def stop_at_round_2(line: str) -> None:
+        if line.startswith("round 2 of 3"):
+            raise KeyboardInterrupt
+
+    with Store.open(db_path) as store:
+        run_id = store.create_run(plan, "test", {}, "0")
+        with pytest.raises(KeyboardInterrupt):
+            execute(store, run_id, plan, lambda outcome: finished.append(outcome.case.key), stop_at_round_2)
+        first = {row.case_key: row for row in store.results([run_id])}
+        assert finished == [] and sorted(first) == keys
+        assert all(row.status == "ok" and row.round_count == 1 and row.ci_low_s is None for row in first.values())
+        assert store.done_keys(run_id, settings.rounds) == set() and sorted(store.done_keys(run_id)) == keys
+        resumed = time.time()
+        execute(store, run_id, plan, lambda outcome: finished.append(outcome.case.key))
+        rows = store.results([run_id])
+    assert sorted(finished) == keys
+    assert {row.case_key: row.id for row in rows} == {key: row.id for key, row in first.items()}  # in place
+    for row in rows:
+        assert row.status == "ok" and row.round_count == 3 and row.ci_low_s is not None
+        assert sorted({block.round for block in row.blocks}) == [0, 1, 2]
+        assert all(block.start_unix_s is not None and block.start_unix_s > resumed for block in row.blocks)  # afresh
+    checked = {row.runtime for row in rows if row.parity is not None}  # each pair checked again, by its first cell
+    assert checked == {"fake:sleep", "fake:slowsync"}
+
+
+def test_a_check_of_a_cells_first_round_stays_when_a_later_round_fails() -> None:
+    """The manager settles a pair's parity on a cell's first round (other groups of its window rely on it): when
+    the cell fails in a later minimum round, its stored failure keeps that round's parity and precision checks."""
+    case = fake("sleep")
+    cell = scheduler.CellRounds(case)
+    checks = {"parity": {"ok": True, "worst_rel_l2": 1e-7}, "precision": {"policy": "fp32"}}
+    cell.rounds.append(CellOutcome(case, "ok", None, fields={"first_call_s": 0.1}, details=dict(checks)))
+    cell.fail(CellOutcome(case, "timeout", "no answer in 60 s"), 1, dataclasses.replace(FAST, rounds=3))
+    merged = scheduler.merge_rounds(cell, "g", "interleaved")
+    assert merged.status == "timeout" and merged.reason == "no answer in 60 s (round 2 of 3)"
+    assert {key: merged.details[key] for key in checks} == checks
+    failed_first = scheduler.CellRounds(case)
+    failed_first.fail(CellOutcome(case, "error", "boom"), 0, FAST)
+    assert "parity" not in scheduler.merge_rounds(failed_first, "g", "interleaved").details
+
+
+def test_groups_are_cut_into_windows_of_at_most_the_spread_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consecutive groups share a window while their estimates add up to --spread; each window has a group at least
+    (one longer than --spread alone; --spread 0: every group alone); a group of skipped cells only costs nothing."""
+    settings = dataclasses.replace(FAST, rounds=3)
+    groups: manager.Pending = [([fake("sleep", size)], []) for size in range(1, 6)]
+    each = 40.0  # estimated seconds per cell, whatever its size
+    monkeypatch.setattr(manager, "estimate_s", lambda cases, _: each * len(cases))
+
+    def sizes(spread_s: float, pending: manager.Pending = groups) -> list[int]:
+        windows = manager.spread_windows(pending, dataclasses.replace(settings, spread_s=spread_s))
+        assert [group for window in windows for group in window] == pending  # in order, each once
+        return [len(window) for window in windows]
+
+    assert sizes(2.5 * each) == [2, 2, 1]
+    assert sizes(0.0) == [1] * 5 and sizes(0.5 * each) == [1] * 5
+    assert sizes(100 * each) == [5]
+    assert sizes(2.5 * each, [*groups[:2], ([], []), *groups[2:]]) == [3, 2, 1]
+    with pytest.raises(SpecError, match="spread must be"):
+        dataclasses.replace(settings, spread_s=-1.0)
+    assert non_negative_duration("0") == 0 and non_negative_duration("10m") == 600
+    with pytest.raises(argparse.ArgumentTypeError):
+        duration("0")
 
 
 def test_sequential_rounds_store_each_rounds_blocks(plugin_env: dict[str, str], db_path: Path) -> None:

@@ -326,6 +326,26 @@ def test_merge_adds_what_a_resumed_source_gained_and_reunites_into_a_shard_datab
     assert _run_ids(elsewhere) == [(1, None, plan.size)]
 
 
+def test_merge_leaves_a_cells_unfinished_rounds_to_the_sources_resume(tmp_path: Path) -> None:
+    """A cell stored with fewer than the run's --rounds (a --spread window its run was stopped in) is not merged;
+    once the source's resume finishes it, the next merge brings it."""
+    three = plan_of(["mlp"], [1, 2], list(RUNTIMES))
+    plan = Plan(three.cases, Settings(threads=1, rounds=3), three.skipped)
+    source, target = tmp_path / "s1.db", tmp_path / "all.db"
+    shard_store(source, plan, 1, 1, MACHINE_A)
+    with Store.open(source) as store:
+        store.conn.execute("UPDATE results SET rounds = 3")
+        (last,) = store.conn.execute("SELECT MAX(id) FROM results").fetchone()
+        store.conn.execute("UPDATE results SET rounds = 1 WHERE id = ?", (last,))
+    assert merge_stores([source], target).runs[0].cells == plan.size - 1
+    with Store.open(target) as store:
+        assert {row.rounds for row in store.results()} == {3}
+    with Store.open(source) as store:  # resumed: the cell now has its 3 rounds
+        store.conn.execute("UPDATE results SET rounds = 3 WHERE id = ?", (last,))
+    summary = merge_stores([source], target)
+    assert summary.runs[0].cells == 1 and _run_ids(target) == [(1, None, plan.size)]
+
+
 def test_a_failed_merge_leaves_an_older_target_as_it_was(tmp_path: Path) -> None:
     from fwbench.store.db import MIGRATIONS, migrate
 

@@ -70,16 +70,29 @@ DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 def duration(text: str) -> float:
     """A positive finite duration in seconds: ``450``, ``90s``, ``7.5m``, ``2h``."""
+    value = _duration_s(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite duration")
+    return value
+
+
+def non_negative_duration(text: str) -> float:
+    """A finite duration in seconds of at least 0: ``0``, ``450``, ``90s``, ``7.5m``, ``2h``."""
+    value = _duration_s(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite duration of at least 0")
+    return value
+
+
+def _duration_s(text: str) -> float:
+    """Seconds written as ``450``, ``90s``, ``7.5m`` or ``2h`` (any sign); ArgumentTypeError for anything else."""
     number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
     try:
-        value = float(number) * DURATION_UNITS[unit]
+        return float(number) * DURATION_UNITS[unit]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration (seconds, or with s, m or h: 90s, 7.5m)"
         ) from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite duration")
-    return value
 
 
 def on_off(text: str) -> bool:

@@ -21,6 +21,7 @@ from fwbench.cli.common import (
     directory,
     duration,
     given,
+    non_negative_duration,
     non_negative_float,
     non_negative_int,
     on_off,
@@ -90,6 +91,7 @@ SETTINGS_FLAGS = {
     "max_rounds": "max_rounds",
     "target_ci": "target_ci",
     "budget": "budget_s",
+    "spread": "spread_s",
     "interleave": "interleave",
     "settle": "settle_s",
     "input": "data_input",
@@ -217,6 +219,15 @@ def _measurement_flags(run: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="with --budget: the most rounds a comparison group runs, --rounds included (default 10; equal to "
         "--rounds: no extra rounds)",
+    )
+    timing.add_argument(
+        "--spread",
+        type=non_negative_duration,
+        metavar="DURATION",
+        help="the --rounds of consecutive comparison groups estimated to take this long together run in turn: round "
+        "1 of each, then round 2 in the reverse order, and so on, so a machine that drifts over minutes shifts every "
+        "group's rounds alike instead of one group's cells; a run killed meanwhile keeps their rounds so far, and "
+        "--resume runs those groups again (default 10m; 0: each group's rounds back to back)",
     )
     timing.add_argument(
         "--interleave",
@@ -372,7 +383,8 @@ def _limit_flags(run: argparse.ArgumentParser) -> None:
         "--resume",
         type=positive_int,
         metavar="RUN_ID",
-        help="run only the cells of that run's stored plan that have no status yet",
+        help="run only the cells of that run's stored plan that are not finished: no status yet, or fewer than its --rounds "
+        "(a --spread window it was stopped in: those groups run again from their first round)",
     )
 
 
@@ -711,7 +723,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             )
     terminate_on_sigterm()
     with store, cluster if cluster is not None else contextlib.nullcontext():
-        done = store.done_keys(run_id)
+        done = store.done_keys(run_id, plan.settings.rounds)
         remaining = plan.size - len(done)
         todo = [case for case in plan.cases if case.key not in done]
         estimate = format_estimate(estimate_s(todo, plan.settings))
@@ -734,7 +746,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         except DiskFull as full:  # a group's commit, or a worker's write, found no room: the group is not stored
             kept = "the cells stored before are kept"
             with contextlib.suppress(sqlite3.Error):  # a read needs no room; the line must come out all the same
-                kept = cells_kept(len(store.done_keys(run_id)), "stored")
+                kept = cells_kept(len(store.done_keys(run_id, plan.settings.rounds)), "stored")
             raise full.told(kept, f"continue with `{resume_command(args, run_id, cluster is not None)}`") from full
         except (KeyboardInterrupt, nodes.NodeLost) as stop:
             lost = isinstance(stop, nodes.NodeLost)

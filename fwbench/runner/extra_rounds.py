@@ -33,7 +33,7 @@ from fwbench.spec import Settings
 from fwbench.store import ResultRecord
 from fwbench.units import format_percent
 
-RoundListener = Callable[[str], None]  # hears one line per extra round
+RoundListener = Callable[[str], None]  # hears one line per extra round (and per round of a --spread window)
 
 
 def group_widest(rows: Sequence[ResultRecord]) -> float | None:

@@ -5,14 +5,16 @@ on the nodes of a Ray cluster (:mod:`fwbench.runner.ray_executor`, which runs :f
 It never imports a framework. A worker that crashes, is killed, exceeds ``--timeout`` or ``--memory-limit``
 costs one cell, whose status and last error line are stored; the sweep goes on. Workers get their own process
 group (killed whole) and die with the manager (PR_SET_PDEATHSIG). A group's cells are committed together, in
-one transaction, as soon as its minimum rounds end, and again, in place, after each extra round it gets
-(:mod:`fwbench.runner.extra_rounds`): a killed run loses at most the group (or the extra round) in flight, and
-``--resume`` runs the groups (cells) that have no status yet.
+one transaction, after each of its rounds (the minimum rounds of a window of groups run in turn: :class:`Window`),
+and again, in place, after each extra round it gets (:mod:`fwbench.runner.extra_rounds`): a killed run loses at most
+the round in flight, and ``--resume`` runs the groups whose cells have no status yet or fewer than the minimum rounds
+(a window stopped midway) from their first round.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -34,7 +36,7 @@ from fwbench.models import get_model
 from fwbench.models.weights_io import save_weights
 from fwbench.runner.extra_rounds import RoundListener, minimum_only, spend_budget
 from fwbench.runner.outcome import CellOutcome, run_worker
-from fwbench.runner.phases import get_phase
+from fwbench.runner.phases import estimate_s, get_phase
 from fwbench.runner.process import worker_cpus
 from fwbench.runner.scheduler import GroupRun, comparison_groups, run_rounds
 from fwbench.spec import Case, Plan, Settings, SkippedCase, cell_threads, group_key
@@ -97,10 +99,14 @@ def parity_pair(case: Case) -> ParityPair:
     return case.model, case.runtime, case.dtype, case.device, case.procs
 
 
-def stored_parity(store: Store, run_id: int) -> Parity:
-    """Parity already settled in this run, by pair: the key of the cell that checked it, or 'mismatch'."""
+def stored_parity(store: Store, run_id: int, min_rounds: int = 1) -> Parity:
+    """Parity already settled in this run, by pair: the key of the cell that checked it, or 'mismatch'. A cell with
+    fewer than ``min_rounds`` rounds (a window the run was stopped in) settles nothing: ``--resume`` runs it again,
+    and it checks again."""
     settled: Parity = {}
     for row in store.results([run_id]):
+        if row.status == "ok" and row.rounds is not None and row.rounds < min_rounds:
+            continue
         pair = (row.model, row.runtime, row.dtype, row.device, row.procs)
         if row.status == "mismatch":
             settled[pair] = "mismatch"
@@ -180,26 +186,28 @@ def remove_stale_weights(folder: str | None = None) -> list[str]:
 
 
 def run_comparison_group(group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]) -> Settled:
-    """Run one comparison group on this machine (:func:`start_comparison_group`), its minimum rounds only. The Ray
-    executor calls this on the node that runs the group."""
-    settled, _ = start_comparison_group(group, settings, parity, local=False)
-    return settled
+    """Run one comparison group's minimum rounds on this machine, back to back, and return its outcomes (the cells
+    it could not run among them). The Ray executor calls this on the node that runs the group."""
+    settled, rounds = open_comparison_group(group, settings, parity)
+    if rounds is None:
+        return settled
+    try:
+        with export_cache(rounds.exports):
+            run_rounds(rounds, settings.rounds)
+    finally:
+        rounds.close()
+    return settled + minimum_outcomes(rounds, settings, local=False)
 
 
-def start_comparison_group(
-    group: Sequence[Case],
-    settings: Settings,
-    parity: Mapping[ParityPair, str],
-    *,
-    local: bool = True,
-    weights: SeededWeights | None = None,
+def open_comparison_group(
+    group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str], *, weights: SeededWeights | None = None
 ) -> tuple[Settled, GroupRun | None]:
-    """Run one comparison group's minimum rounds on this machine: cells whose runtime or model is not available
-    here are ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch`` without
-    running, the others run (:class:`fwbench.runner.scheduler.GroupRun`), checking parity where ``parity`` has not
-    settled it. Returns the outcomes and, when the group may get extra rounds (``local``: run by :func:`execute`;
-    :func:`fwbench.runner.extra_rounds.minimum_only` says), its rounds so far, with, when a runtime of it exports
-    an artefact, its export cache kept for them (the caller closes it: :meth:`GroupRun.close`); else None."""
+    """Ready one comparison group for its rounds on this machine, running none yet: cells whose runtime or model is
+    not available here are ``skipped`` with the reason, cells of a pair that failed parity earlier are ``mismatch``
+    without running; the others get a :class:`fwbench.runner.scheduler.GroupRun`, checking parity where ``parity``
+    has not settled it, with an export cache of its own that outlives a round when a runtime of it exports an
+    artefact (the caller closes it: :meth:`GroupRun.close`). Returns the outcomes of the cells that do not run and
+    the group's rounds (None: nothing to run)."""
     started = time.monotonic()
     settled: Settled = []
     runnable: list[Case] = []
@@ -222,26 +230,27 @@ def start_comparison_group(
     if weights is not None and get_phase(runnable[0].phase).uses_model:  # a group shares its model and phase
         weights_path = weights.path(runnable[0].model)
     rounds = GroupRun(runnable, settings, checks, weights_path)
-    only = minimum_only(settings, local=local)
-    if only is None and any(get_runtime(case.runtime).artefact for case in runnable):
-        rounds.keep_exports()  # its engines' artefacts stay on disk until the group stops getting rounds
-    try:
-        with export_cache(rounds.exports):
-            run_rounds(rounds, settings.rounds)
-    except BaseException:
-        rounds.close()
-        raise
-    # the cells shared the group's time (an extra round later adds its own)
-    rounds.setup_s = time.monotonic() - started - sum(rounds.round_wall_s)
+    if any(get_runtime(case.runtime).artefact for case in runnable):
+        rounds.keep_exports()  # one export serves every round of the group, whenever each runs
     for case in runnable:
         if parity_pair(case) in parity:
             rounds.notes[case.key] = {"parity_checked_by": parity[parity_pair(case)]}
-    stop = None if only is None else RoundsStop(only, rounds.rounds_run)
-    settled.extend((outcome, rounds.cell_wall_s) for outcome in rounds.outcomes(stop))
-    if only is not None or not rounds.active:
-        rounds.close()
-        return settled, None
+    rounds.setup_s = time.monotonic() - started  # the cells share the group's time (each round adds its own)
     return settled, rounds
+
+
+def run_group_round(rounds: GroupRun) -> None:
+    """The group's next round, its engines' artefacts in the group's export cache."""
+    with export_cache(rounds.exports):
+        rounds.run_round()
+
+
+def minimum_outcomes(rounds: GroupRun, settings: Settings, *, local: bool) -> Settled:
+    """A group's outcomes once its minimum rounds ran, each with the wall seconds its cell took of the group's time,
+    with why it gets no more rounds where that is known already (:func:`fwbench.runner.extra_rounds.minimum_only`)."""
+    only = minimum_only(settings, local=local)
+    stop = None if only is None else RoundsStop(only, rounds.rounds_run)
+    return [(outcome, rounds.cell_wall_s) for outcome in rounds.outcomes(stop)]
 
 
 def settle_parity(parity: Parity, settled: Settled) -> None:
@@ -273,16 +282,20 @@ class Recorder:
         self.store, self.run_id, self.plan, self.listener = store, run_id, plan, listener
         self.outcomes: list[CellOutcome] = []
 
-    def record(self, settled: Settled, machine: dict[str, Any] | None) -> None:
-        """Store a group's outcomes in one transaction; DiskFull (nothing of the group stored, ``--resume`` runs it
-        again) when a worker's write found no room (its export cache, a trace, ...) or the database's did."""
+    def record(self, settled: Settled, machine: dict[str, Any] | None, *, final: bool = True) -> None:
+        """Store outcomes in one transaction, each in place of the run's row for its cell where it has one (a group
+        spread over a window stores its cells after every round); ``final``: their cells are done, and the listener
+        hears of each. DiskFull (nothing of them stored, ``--resume`` runs the group again) when a worker's write
+        found no room (its export cache, a trace, ...) or the database's did."""
         check_disk_full([outcome for outcome, _ in settled])
+        settings = self.plan.settings
         with self.store.transaction():
             for outcome, wall_s in settled:
-                store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine)
-        for outcome, _ in settled:
-            self.outcomes.append(outcome)
-            if self.listener is not None:
+                if not store_outcome(self.store, self.run_id, outcome, settings, wall_s, machine):
+                    store_outcome(self.store, self.run_id, outcome, settings, wall_s, machine, replace=True)
+        self._keep([outcome for outcome, _ in settled])
+        if final and self.listener is not None:
+            for outcome, _ in settled:
                 self.listener(outcome)
 
     def replace(self, outcomes: Sequence[CellOutcome], wall_s: float, machine: dict[str, Any] | None) -> None:
@@ -293,8 +306,12 @@ class Recorder:
         with self.store.transaction():
             for outcome in outcomes:
                 store_outcome(self.store, self.run_id, outcome, self.plan.settings, wall_s, machine, replace=True)
-        replaced = {outcome.case.key: outcome for outcome in outcomes}
-        self.outcomes = [replaced.get(o.case.key, o) for o in self.outcomes]
+        self._keep(outcomes)
+
+    def _keep(self, outcomes: Sequence[CellOutcome]) -> None:
+        """Hold ``outcomes`` as their cells' latest, in place of any held before."""
+        latest = {outcome.case.key: outcome for outcome in outcomes}
+        self.outcomes = [latest.pop(o.case.key, o) for o in self.outcomes] + list(latest.values())
 
     def in_plan_order(self) -> list[CellOutcome]:
         """The outcomes stored so far, in plan order."""
@@ -304,9 +321,10 @@ class Recorder:
 
 
 def pending_groups(store: Store, run_id: int, plan: Plan) -> list[tuple[list[Case], list[SkippedCase]]]:
-    """The plan's comparison groups that run ``run_id`` has no status for yet: each group's cells to run and the
-    plan's skipped cells of the same group (stored with the group, on the machine that ran it)."""
-    done = store.done_keys(run_id)
+    """The plan's comparison groups that run ``run_id`` has not finished: each group's cells to run (no status yet, or
+    fewer than the minimum rounds: a window the run was stopped in) and the plan's skipped cells of the same group
+    (stored with the group, on the machine that ran it)."""
+    done = store.done_keys(run_id, plan.settings.rounds)
     skipped: dict[str, list[SkippedCase]] = {}
     for item in plan.skipped:
         if item.case.key not in done:
@@ -319,40 +337,129 @@ def pending_groups(store: Store, run_id: int, plan: Plan) -> list[tuple[list[Cas
     return groups
 
 
+Pending = list[tuple[list[Case], list[SkippedCase]]]
+
+
+def spread_windows(groups: Pending, settings: Settings) -> list[Pending]:
+    """``groups`` cut, in order, into windows whose cells' estimated seconds (:func:`fwbench.runner.phases.estimate_s`)
+    add up to at most ``settings.spread_s`` (each window at least one group): the groups of a window run their
+    minimum rounds in turn (:class:`Window`)."""
+    windows: list[Pending] = []
+    total = math.inf
+    for group in groups:
+        seconds = estimate_s(group[0], settings)
+        if windows and total + seconds <= settings.spread_s:
+            windows[-1].append(group)
+            total += seconds
+        else:
+            windows.append([group])
+            total = seconds
+    return windows
+
+
 def execute(
     store: Store, run_id: int, plan: Plan, listener: Listener | None = None, hear: RoundListener | None = None
 ) -> list[CellOutcome]:
-    """Run every cell of ``plan`` that run ``run_id`` has no status for yet, group by group on this machine,
-    storing each group's cells together as soon as its minimum rounds end (``listener`` hears of each then); then,
-    with a budget, extra rounds where the run's verdicts are still open (:mod:`fwbench.runner.extra_rounds`; each
-    group's cells stored again after its round and once more with why it stopped; ``hear`` told of each round).
+    """Run every cell of ``plan`` that run ``run_id`` has not finished, on this machine, window by window of
+    comparison groups (:func:`spread_windows`, :class:`Window`): each group's cells are stored after each of its
+    rounds, and ``listener`` hears of each cell once its minimum rounds ran. Then, with a budget, extra rounds where
+    the run's verdicts are still open (:mod:`fwbench.runner.extra_rounds`; each group's cells stored again after its
+    round and once more with why it stopped; ``hear`` told of each round, and of each round of a window's groups).
     Returns the outcomes in plan order.
 
     Parity is checked once per (model, runtime, dtype, device) in a run, by the first cell of the pair that
     runs; once a pair has failed it, its other cells are stored as ``mismatch`` without running.
     """
     started = time.monotonic()
-    parity = stored_parity(store, run_id)
+    parity = stored_parity(store, run_id, plan.settings.rounds)
     machine = machine_record()
     recorder = Recorder(store, run_id, plan, listener)
-    more: list[GroupRun] = []  # the groups that may get extra rounds, each with its export cache
+    opened: list[GroupRun] = []  # every group readied, each closed (its export cache) when the run ends
+    more: list[GroupRun] = []  # the groups that may get extra rounds
     with seeded_weights(plan.settings) as weights:
         try:
-            for group, skipped in pending_groups(store, run_id, plan):
-                settled = skipped_outcomes(skipped)
-                if group:
-                    outcomes, rounds = start_comparison_group(group, plan.settings, parity, weights=weights)
-                    settled += outcomes
-                    if rounds is not None:
-                        more.append(rounds)
-                settle_parity(parity, settled)
-                recorder.record(settled, machine)
+            for window in spread_windows(pending_groups(store, run_id, plan), plan.settings):
+                window_run = Window(window, plan.settings, parity, recorder, machine, weights, hear)
+                more += window_run.run(opened)  # ``opened`` gets each group as it is readied
             if more:
                 _spend_budget(more, recorder, plan.settings, started, machine, hear)
         finally:
-            for rounds in more:
+            for rounds in opened:
                 rounds.close()
     return recorder.in_plan_order()
+
+
+class Window:
+    """One window of comparison groups (:func:`spread_windows`) running their minimum rounds in turn: round 1 of each
+    group in order, round 2 in the reverse order, and so on, so that a machine drifting over the window's minutes
+    shifts each group's rounds alike (a linear drift moves every group's mean by nearly the same). A group's cells are
+    stored after each of its rounds (parity settled by its first), the listener told once its last minimum round
+    ran."""
+
+    def __init__(
+        self,
+        groups: Pending,
+        settings: Settings,
+        parity: Parity,
+        recorder: Recorder,
+        machine: dict[str, Any] | None,
+        weights: SeededWeights | None,
+        hear: RoundListener | None,
+    ) -> None:
+        self.pending, self.settings, self.parity, self.recorder = groups, settings, parity, recorder
+        self.machine, self.weights, self.hear = machine, weights, hear
+        self.groups: list[GroupRun] = []  # the window's groups still open: closed after their last round, unless
+        # they may get extra rounds
+
+    def run(self, opened: list[GroupRun]) -> list[GroupRun]:
+        """Every round of the window; ``opened`` gets each group as it is readied (the caller closes them all if the
+        window is interrupted). Returns the groups that may get extra rounds; the others are closed after their last
+        round (their export caches gone)."""
+        rounds = self.settings.rounds
+        running = sum(1 for cases, _ in self.pending if cases)
+        slots: list[GroupRun | None] = []
+        for round_index in range(rounds):
+            if running > 1 and rounds > 1 and self.hear is not None:
+                self.hear(f"round {round_index + 1} of {rounds}, {running} comparison groups in turn")
+            order = range(len(self.pending)) if round_index % 2 == 0 else reversed(range(len(self.pending)))
+            for position in order:
+                if round_index == 0:
+                    slots.append(self._open(*self.pending[position], opened))
+                group_run = slots[position]
+                if group_run is not None:
+                    self._round(group_run, round_index)
+        return list(self.groups)  # the groups still open
+
+    def _open(self, group: list[Case], skipped: list[SkippedCase], opened: list[GroupRun]) -> GroupRun | None:
+        """Ready a group (its cells that do not run stored at once, as done); None when none of it runs."""
+        settled = skipped_outcomes(skipped)
+        rounds = None
+        if group:
+            outcomes, rounds = open_comparison_group(group, self.settings, self.parity, weights=self.weights)
+            settled += outcomes
+            if rounds is not None:
+                opened.append(rounds)
+                self.groups.append(rounds)
+        if settled:
+            settle_parity(self.parity, settled)
+            self.recorder.record(settled, self.machine)
+        return rounds
+
+    def _round(self, group_run: GroupRun, round_index: int) -> None:
+        """The group's round ``round_index`` (none when every cell of it failed), its cells stored after it; after
+        its last, the group is closed unless it may get extra rounds."""
+        if round_index == 0 or group_run.active:  # a group whose every cell failed runs no more
+            run_group_round(group_run)
+        if round_index == 0:
+            settle_parity(self.parity, [(outcome, 0.0) for outcome in group_run.outcomes()])
+        if round_index + 1 < self.settings.rounds:
+            settled = [(outcome, group_run.cell_wall_s) for outcome in group_run.outcomes()]
+            self.recorder.record(settled, self.machine, final=False)
+            return
+        self.recorder.record(minimum_outcomes(group_run, self.settings, local=True), self.machine)
+        if minimum_only(self.settings, local=True) is not None or not group_run.active:
+            group_run.close()
+            self.groups.remove(group_run)
 
 
 def _spend_budget(

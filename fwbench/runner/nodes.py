@@ -11,8 +11,8 @@ processes that die with that node's manager), relays node 0's commands to them, 
 rank's failure (its status and last line) and the ranks' resident peaks. On node 0 a remote rank is a
 :class:`RemoteRank`, which answers like a local :class:`~fwbench.runner.process.WorkerProcess`; so a block still
 lasts as long as the slowest rank of every machine, and a rank that dies anywhere ends the cell. A node whose
-connection is lost raises :class:`NodeLost` instead: the sweep stops, nothing of the group in progress is stored,
-and ``--resume`` runs it again once the node is back.
+connection is lost raises :class:`NodeLost` instead: the sweep stops, the round in progress is not stored, and
+``--resume`` runs its group again, from its first round, once the node is back.
 
 The frameworks meet through their own launcher conventions, built from the rank's identity
 (:class:`fwbench.ranks.RankInfo`): torchrun's variables with a TCP store at the master address, ``TF_CONFIG`` with
@@ -60,7 +60,7 @@ class ClusterError(Exception):
 
 class NodeLost(Exception):
     """A node's connection is gone mid-sweep (its reason names the node). Not a cell's failure: the sweep stops
-    (the cells of the group in progress are not stored) so that ``--resume`` runs them again once the node is back;
+    (the round in progress is not stored) so that ``--resume`` runs its group again once the node is back;
     every later cell of several processes would fail the same way."""
 
 

@@ -246,7 +246,7 @@ class RayExecutor:
 
         node_gone = (NodeDiedError, ObjectLostError)  # its node died while (or just after) the task ran
 
-        parity = stored_parity(store, run_id)
+        parity = stored_parity(store, run_id, plan.settings.rounds)
         recorder = Recorder(store, run_id, plan, listener)
         queue = [Job(cases, skipped) for cases, skipped in pending_groups(store, run_id, plan)]
         running: dict[Any, Job] = {}

@@ -27,7 +27,8 @@ Sequential (``interleave`` off): each cell of the group runs start to end in its
 order per round, timed in one go as before.
 
 Either way a cell whose worker fails (error, timeout, oom, a parity mismatch) keeps that status and is not run
-again in later rounds; the others finish. A group's cells are stored together when its last round ends.
+again in later rounds; the others finish. The manager stores a group's cells together after each of its rounds
+(``fwbench.runner.manager``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ from fwbench.runner.process import WorkerFailure, WorkerProcess
 from fwbench.runner.rankset import RankSet, start_worker
 from fwbench.spec import Case, Settings, group_key, node_procs
 
+# Checks of a cell's first round kept when a later round fails: the manager settled its pair's parity on them, so the
+# other cells of the pair (``parity_checked_by`` this cell) find the check in the store.
+CHECKS_KEPT_ON_FAILURE = ("parity", "precision")
 MIN_CYCLES = 5  # blocks per worker per round, whatever the budget: a round's median needs a few
 MAX_CYCLES = 400
 OVERRUN = 2.0  # a round of adaptive blocks ends (after MIN_CYCLES) once its blocks took this × their planned time
@@ -118,8 +122,9 @@ class CellRounds:
 
 
 class GroupRun:
-    """One comparison group's rounds, run one at a time (:meth:`run_round`): its first ``settings.rounds`` by
-    :func:`run_group`, then, when the run has a budget, any extra ones the manager gives it
+    """One comparison group's rounds, run one at a time (:meth:`run_round`): its first ``settings.rounds`` back to
+    back (:func:`run_group`, a Ray node) or in turn with the other groups of a window (``fwbench.runner.manager.
+    Window``), then, when the run has a budget, any extra ones the manager gives it
     (:mod:`fwbench.runner.extra_rounds`). ``check_parity[case.key]``: whether that cell checks its parity (in its
     first round only). Each round's wall seconds are kept (``round_wall_s``): what the next one will cost."""
 
@@ -645,6 +650,10 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
         outcome = cell.failure
         outcome.fields.update(shared)
         outcome.blocks = []
+        if cell.rounds:  # it failed after its first round, whose checks other cells of its pair rely on
+            for key in CHECKS_KEPT_ON_FAILURE:
+                if key in cell.rounds[0].details:
+                    outcome.details.setdefault(key, cell.rounds[0].details[key])
         return outcome
     first = cell.rounds[0]
     blocks = sorted(cell.blocks, key=lambda b: (b.round, b.index))

@@ -717,9 +717,14 @@ class Store:
             )
         return cursor.rowcount
 
-    def done_keys(self, run_id: int) -> set[str]:
-        """Keys of the run's cells that already have a (terminal) status."""
-        rows = self.conn.execute("SELECT case_key FROM results WHERE run_id = ?", (run_id,)).fetchall()
+    def done_keys(self, run_id: int, min_rounds: int = 1) -> set[str]:
+        """Keys of the run's cells that are done: a terminal status, and, when ``ok``, at least ``min_rounds`` rounds
+        (or none stored); an ``ok`` cell with fewer is a group's rounds so far, stored while its window ran
+        (``fwbench.runner.manager.Window``), which ``--resume`` runs again."""
+        rows = self.conn.execute(
+            "SELECT case_key FROM results WHERE run_id = ? AND NOT (status = 'ok' AND rounds IS NOT NULL AND rounds < ?)",
+            (run_id, min_rounds),
+        ).fetchall()
         return {r[0] for r in rows}
 
     def results(self, run_ids: Iterable[int] | None = None) -> list[ResultRecord]:

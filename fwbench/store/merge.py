@@ -138,14 +138,16 @@ def _rows(store: Store, sql: str, params: Sequence[Any] = ()) -> list[Row]:
     return [dict(row) for row in store.conn.execute(sql, tuple(params)).fetchall()]
 
 
-def _copy_cells(source: Store, target: Store, source_run: int, target_run: int) -> int:
+def _copy_cells(source: Store, target: Store, source_run: int, target_run: int, min_rounds: int) -> int:
     """Copy the cells of ``source_run`` that ``target_run`` lacks (results with their blocks, profiles with their op
-    rows; matched by case key); the number copied."""
+    rows; matched by case key); the number copied. A result with fewer than ``min_rounds`` rounds (the rounds so far
+    of a group whose window the source run was stopped in) is not copied: the source's ``--resume`` finishes it, and
+    the next merge brings it."""
     count = 0
     for table, child, child_key in (("results", "blocks", "result_id"), ("profiles", "profile_ops", "profile_id")):
         held = {row[0] for row in target.conn.execute(f"SELECT case_key FROM {table} WHERE run_id = ?", (target_run,))}
         for row in _rows(source, f"SELECT * FROM {table} WHERE run_id = ? ORDER BY id", [source_run]):
-            if row["case_key"] in held:
+            if row["case_key"] in held or (table == "results" and _unfinished(row, min_rounds)):
                 continue
             old_id = row.pop("id")
             row["run_id"] = target_run
@@ -155,6 +157,11 @@ def _copy_cells(source: Store, target: Store, source_run: int, target_run: int) 
                 target.insert_row(child, sub)
             count += 1
     return count
+
+
+def _unfinished(result: Row, min_rounds: int) -> bool:
+    """Whether a result row holds fewer rounds than its run's minimum (``ok``, ``rounds`` stored and below it)."""
+    return result["status"] == "ok" and result["rounds"] is not None and result["rounds"] < min_rounds
 
 
 def _home(target: Store, run: Row, parts: Sequence[dict[str, Any]]) -> Row | None:
@@ -196,6 +203,7 @@ def merge_run(source: Store, label: str, run: Row, target: Store, summary: Merge
     """Merge one source run into ``target`` (inside the caller's transaction)."""
     parts = parts_of(label, run)
     home = _home(target, run, parts)
+    min_rounds = int(json.loads(run["settings_json"]).get("rounds") or 1)  # the run's --rounds
     if home is None:
         columns = {key: value for key, value in run.items() if key != "id"}
         shards = held_shards(parts)
@@ -206,14 +214,14 @@ def merge_run(source: Store, label: str, run: Row, target: Store, summary: Merge
             shard=shard_column(shards),
         )
         home_id = target.insert_run(columns)
-        added, shards_now = _copy_cells(source, target, run["id"], home_id), shards
+        added, shards_now = _copy_cells(source, target, run["id"], home_id, min_rounds), shards
     else:
         home_id = int(home["id"])
         home_parts = parts_of(str(target.path), home)
         _check_conflicts(label, run, parts, home_parts)
         known = {part["identity"] for part in home_parts}
         new_parts = [part for part in parts if part["identity"] not in known]
-        added = _copy_cells(source, target, run["id"], home_id)
+        added = _copy_cells(source, target, run["id"], home_id, min_rounds)
         if not new_parts and not added:
             summary.duplicates.append(f"{label} run {run['id']}")
             return
