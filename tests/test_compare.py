@@ -86,6 +86,21 @@ def test_a_cell_that_broke_exits_1(capsys: pytest.CaptureFixture[str], db: Path)
     assert code == 0 and "fixed: oom → ok" in out
 
 
+def test_every_runtime_moving_together_is_flagged_as_the_machine(capsys: pytest.CaptureFixture[str], db: Path) -> None:
+    """All cells 1.7× slower (a machine that changed speed): still regressions, with a warning that every runtime moved
+    the same way; one runtime slower (run 3) or nothing slower (run 2) gets none."""
+    everything = {(runtime, batch): 1.7 for runtime in ("torch:eager", "jax:jit") for batch in (1, 2, 4)}
+    with Store.open(db) as store:
+        slower = add_run(store, cells(everything, seed=5), ENV_A)
+    code, out, err = compare(capsys, "1", str(slower), "--db", str(db), "--format", "json")
+    shift = json.loads(out)["shift_warning"]
+    assert code == 1 and shift is not None and f"fwbench: {shift}" in err
+    assert shift.startswith("warning: every runtime moved the same way between the runs (B/A 1.70× over 6 cells")
+    for other in ("2", "3"):
+        code, out, err = compare(capsys, "1", other, "--db", str(db), "--format", "json")
+        assert json.loads(out)["shift_warning"] is None and "moved the same way" not in err
+
+
 def test_statistics_of_the_comparison(db: Path) -> None:
     with Store.open(db, readonly=True) as store:
         a, b = store.results([1]), store.results([3])

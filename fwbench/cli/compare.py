@@ -104,8 +104,9 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             f"run {run_a.id} of {args.db} and run {run_b.id} of {db_b} have no cell in common "
             "(same model, runtime, phase, shape, dtype and device); nothing to compare"
         )
-    if comparison.machine_warning is not None:
-        print(f"fwbench: {comparison.machine_warning}", file=sys.stderr)
+    for warning in (comparison.machine_warning, comparison.shift_warning):
+        if warning is not None:
+            print(f"fwbench: {warning}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(comparison.to_dict(), indent=2, sort_keys=True))
     else:

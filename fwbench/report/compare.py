@@ -9,7 +9,9 @@ same code do not differ "significantly" from process-to-process noise; a cell wi
 side has no CI and is never significant (:mod:`fwbench.report.summary` has the statistics). A cell is a *regression* when the
 difference is significant and B/A > 1 + threshold, an *improvement* when it is significant and
 B/A < 1 / (1 + threshold); a cell that was ``ok`` in A and is not in B is *broken* (also a regression
-for the exit status). Summaries are geometric means of B/A over the cells both runs completed.
+for the exit status). Summaries are geometric means of B/A over the cells both runs completed. Two warnings come
+with the verdicts: cells that ran on different machines (:func:`machine_warning`), and every runtime moving the same
+way (:func:`shift_warning`: the machine's speed, not a framework's).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ class RunComparison:
     summaries: list[RatioSummary]
     environment: list[EnvironmentDifference] = field(default_factory=list)
     machine_warning: str | None = None  # the runs' cells ran on different hardware
+    shift_warning: str | None = None  # every runtime moved the same way: the machine's speed, not the software
 
     @property
     def regressions(self) -> list[CellChange]:
@@ -139,6 +142,7 @@ class RunComparison:
             "alpha": ALPHA,
             "failed": self.failed,
             "machine_warning": self.machine_warning,
+            "shift_warning": self.shift_warning,
             "cells": [asdict(c) for c in self.cells],
             "only_a": [_key_dict(r) for r in self.only_a],
             "only_b": [_key_dict(r) for r in self.only_b],
@@ -314,7 +318,35 @@ def compare_runs(
     comparison = compare_results(results_a, results_b, run_a.id, run_b.id, threshold)
     comparison.environment = environment_differences(run_a, results_a, run_b, results_b)
     comparison.machine_warning = machine_warning(results_a, results_b)
+    comparison.shift_warning = shift_warning(comparison)
     return comparison
+
+
+def shift_warning(comparison: RunComparison) -> str | None:
+    """A one-line warning when every runtime's cells moved the same way beyond the threshold (each runtime's
+    geometric-mean B/A above 1 + threshold, or each below 1 / (1 + threshold); at least two runtimes): what a
+    machine whose speed changed between the runs looks like (a shared VM ran whole runs 1.7× apart within a day,
+    docs/measurements.md), where a regression of one framework moves its runtimes against the others. None
+    otherwise."""
+    runtimes = [s for s in comparison.summaries if s.runtime != "all" and s.geomean_ratio is not None]
+    if len(runtimes) < 2:
+        return None
+    ratios = [s.geomean_ratio for s in runtimes if s.geomean_ratio is not None]
+    limit = 1 + comparison.threshold
+    if not (all(r > limit for r in ratios) or all(r < 1 / limit for r in ratios)):
+        return None
+    overall = next((s for s in comparison.summaries if s.runtime == "all"), None)
+    total = (
+        ""
+        if overall is None or overall.geomean_ratio is None
+        else f"{overall.geomean_ratio:.2f}× over {overall.n_common} cells, "
+    )
+    return (
+        f"warning: every runtime moved the same way between the runs (B/A {total}runtimes {min(ratios):.2f}–"
+        f"{max(ratios):.2f}×): a machine whose speed changed between them looks like this; a regression of one "
+        "framework moves its runtimes against the others, so compare the runtimes' B/A with each other, or each "
+        "run's speed-ups (`fwbench report`)"
+    )
 
 
 def machine_warning(results_a: Sequence[ResultRecord], results_b: Sequence[ResultRecord]) -> str | None:
