@@ -41,6 +41,7 @@ from fwbench.runner.process import worker_cpus
 from fwbench.runner.scheduler import GroupRun, comparison_groups, run_rounds
 from fwbench.spec import Case, Plan, Settings, SkippedCase, cell_threads, group_key
 from fwbench.store import ResultRecord, Store
+from fwbench.store.records import unfinished
 
 __all__ = ["Block", "CellOutcome", "Listener", "execute", "run_worker", "store_outcome", "worker_cpus"]
 
@@ -105,7 +106,7 @@ def stored_parity(store: Store, run_id: int, min_rounds: int = 1) -> Parity:
     and it checks again."""
     settled: Parity = {}
     for row in store.results([run_id]):
-        if row.status == "ok" and row.rounds is not None and row.rounds < min_rounds:
+        if unfinished(row.status, row.rounds, min_rounds):
             continue
         pair = (row.model, row.runtime, row.dtype, row.device, row.procs)
         if row.status == "mismatch":

@@ -30,7 +30,7 @@ from fwbench.profile.cells import ProfiledCell
 from fwbench.profile.summary import OpRow
 from fwbench.spec import CASE_FIELDS, Case, Plan, ShardSpec
 from fwbench.store.moderation import moderate
-from fwbench.store.records import COLUMN_NAMES, ProfileRecord, ResultRecord, profile_record
+from fwbench.store.records import COLUMN_NAMES, ProfileRecord, ResultRecord, profile_record, unfinished
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 APPLICATION_ID = 0x66776262  # "fwbb": PRAGMA application_id of fwbench databases
@@ -718,14 +718,10 @@ class Store:
         return cursor.rowcount
 
     def done_keys(self, run_id: int, min_rounds: int = 1) -> set[str]:
-        """Keys of the run's cells that are done: a terminal status, and, when ``ok``, at least ``min_rounds`` rounds
-        (or none stored); an ``ok`` cell with fewer is a group's rounds so far, stored while its window ran
-        (``fwbench.runner.manager.Window``), which ``--resume`` runs again."""
-        rows = self.conn.execute(
-            "SELECT case_key FROM results WHERE run_id = ? AND NOT (status = 'ok' AND rounds IS NOT NULL AND rounds < ?)",
-            (run_id, min_rounds),
-        ).fetchall()
-        return {r[0] for r in rows}
+        """Keys of the run's cells that are done: a terminal status, and not :func:`~fwbench.store.records.unfinished`
+        (an ``ok`` cell with fewer than ``min_rounds`` rounds, which ``--resume`` runs again)."""
+        rows = self.conn.execute("SELECT case_key, status, rounds FROM results WHERE run_id = ?", (run_id,))
+        return {key for key, status, rounds in rows if not unfinished(status, rounds, min_rounds)}
 
     def results(self, run_ids: Iterable[int] | None = None) -> list[ResultRecord]:
         """Result records (samples and details decoded, details typed), in run then insertion order; whole runs,

@@ -30,6 +30,7 @@ from typing import Any
 from fwbench.diskfull import DiskFull
 from fwbench.spec import ShardSpec
 from fwbench.store.db import Store, StoreError, apply_pending_migrations, check_database_path, disk_full
+from fwbench.store.records import unfinished
 
 
 @dataclass
@@ -147,7 +148,7 @@ def _copy_cells(source: Store, target: Store, source_run: int, target_run: int, 
     for table, child, child_key in (("results", "blocks", "result_id"), ("profiles", "profile_ops", "profile_id")):
         held = {row[0] for row in target.conn.execute(f"SELECT case_key FROM {table} WHERE run_id = ?", (target_run,))}
         for row in _rows(source, f"SELECT * FROM {table} WHERE run_id = ? ORDER BY id", [source_run]):
-            if row["case_key"] in held or (table == "results" and _unfinished(row, min_rounds)):
+            if row["case_key"] in held or (table == "results" and unfinished(row["status"], row["rounds"], min_rounds)):
                 continue
             old_id = row.pop("id")
             row["run_id"] = target_run
@@ -157,11 +158,6 @@ def _copy_cells(source: Store, target: Store, source_run: int, target_run: int, 
                 target.insert_row(child, sub)
             count += 1
     return count
-
-
-def _unfinished(result: Row, min_rounds: int) -> bool:
-    """Whether a result row holds fewer rounds than its run's minimum (``ok``, ``rounds`` stored and below it)."""
-    return result["status"] == "ok" and result["rounds"] is not None and result["rounds"] < min_rounds
 
 
 def _home(target: Store, run: Row, parts: Sequence[dict[str, Any]]) -> Row | None:

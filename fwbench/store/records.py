@@ -71,6 +71,13 @@ __all__ = [  # the details records are fwbench.details'; these names stay import
 ]
 
 
+def unfinished(status: str | None, rounds: int | None, min_rounds: int) -> bool:
+    """Whether a stored cell holds only some of its run's minimum rounds (``--rounds``): ``ok`` with fewer than
+    ``min_rounds`` rounds stored, the rounds so far of a group whose window the run was stopped in
+    (``fwbench.runner.manager.Window``), which ``--resume`` runs again. Rows stored before rounds (None) are done."""
+    return status == "ok" and rounds is not None and rounds < min_rounds
+
+
 @dataclass(frozen=True)
 class CellInterval:
     """How a cell's 95% CI was made: its own interval (over its rounds alone, as stored in the database's
