@@ -21,7 +21,7 @@ from fwbench.measure.rounds import blocks_by_round
 from fwbench.measure.settle import QUIET_S, settle
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
-from fwbench.runner import manager, scheduler
+from fwbench.runner import manager, scheduler, tempfolders
 from fwbench.runner.manager import CellOutcome, execute
 from fwbench.runner.messages import Job
 from fwbench.runner.process import WorkerProcess, worker_cpus
@@ -178,18 +178,21 @@ def test_a_run_writes_each_models_seeded_weights_once_for_its_workers(
             assert weights is None
 
 
-def test_a_killed_runs_seeded_weights_are_removed_by_the_next_run(tmp_path: Path) -> None:
-    """A folder whose manager is gone (its pid in the name) is removed; a live manager's, and anything else, stay."""
+def test_a_killed_runs_folders_are_removed_by_the_next_run(tmp_path: Path) -> None:
+    """Seeded-weights and export folders whose manager is gone (its pid in the name) are removed; a live manager's,
+    and folders without a pid, stay. A run's own folders carry its pid."""
     child = subprocess.Popen(["sleep", "0"])
     child.wait()  # a pid that has ended
-    stale = tmp_path / f"{manager.WEIGHTS_PREFIX}{child.pid}-abc"
-    live = tmp_path / f"{manager.WEIGHTS_PREFIX}{os.getpid()}-abc"
-    other = tmp_path / "fwbench-exports-abc"
-    for folder in (stale, live, other):
+    stale = [tmp_path / f"{prefix}{child.pid}-abc" for prefix in tempfolders.PREFIXES]
+    kept = [tmp_path / f"{prefix}{os.getpid()}-abc" for prefix in tempfolders.PREFIXES]
+    kept.append(tmp_path / f"{tempfolders.EXPORTS_PREFIX}abc")  # no pid: not one of ours
+    for folder in stale + kept:
         folder.mkdir()
         (folder / "mlp-seed0.safetensors").write_bytes(b"x")
-    assert manager.remove_stale_weights(str(tmp_path)) == [str(stale)]
-    assert not stale.exists() and live.exists() and other.exists()
+    assert sorted(tempfolders.remove_stale(str(tmp_path))) == sorted(str(path) for path in stale)
+    assert not any(path.exists() for path in stale) and all(path.exists() for path in kept)
+    with tempfolders.run_folder(tempfolders.EXPORTS_PREFIX) as made:
+        assert Path(made).name.startswith(f"{tempfolders.EXPORTS_PREFIX}{os.getpid()}-")
 
 
 def test_idle_workers_use_no_cpu_while_a_peer_measures(plugin_env: dict[str, str]) -> None:

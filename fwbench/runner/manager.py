@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,7 +28,6 @@ from fwbench.diskfull import DiskFull, stops_the_sweep
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.frameworks.base import EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
-from fwbench.measure.processes import running
 from fwbench.measure.rounds import Block
 from fwbench.models import get_model
 from fwbench.models.weights_io import save_weights
@@ -39,6 +36,7 @@ from fwbench.runner.outcome import CellOutcome, run_worker
 from fwbench.runner.phases import estimate_s, get_phase
 from fwbench.runner.process import worker_cpus
 from fwbench.runner.scheduler import GroupRun, comparison_groups, run_rounds
+from fwbench.runner.tempfolders import EXPORTS_PREFIX, WEIGHTS_PREFIX, remove_stale, run_folder
 from fwbench.spec import Case, Plan, Settings, SkippedCase, cell_threads, group_key
 from fwbench.store import ResultRecord, Store
 from fwbench.store.records import unfinished
@@ -46,7 +44,6 @@ from fwbench.store.records import unfinished
 __all__ = ["Block", "CellOutcome", "Listener", "execute", "run_worker", "store_outcome", "worker_cpus"]
 
 Listener = Callable[[CellOutcome], None]
-WEIGHTS_PREFIX = "fwbench-weights-"  # + the manager's pid + "-": a run's seeded weights (SeededWeights)
 ParityPair = tuple[str, str, str, str, int | None]
 Parity = dict[ParityPair, str]  # a run's settled parity pairs: the checking cell's key or 'mismatch'
 Settled = list[tuple[CellOutcome, float]]  # outcomes with the wall seconds each cell took of its group's time
@@ -125,7 +122,7 @@ def export_cache(folder: str | None = None) -> Iterator[None]:
     previous = os.environ.get(EXPORT_CACHE_ENV)
     with contextlib.ExitStack() as stack:
         if folder is None:
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="fwbench-exports-"))
+            folder = stack.enter_context(run_folder(EXPORTS_PREFIX))
         os.environ[EXPORT_CACHE_ENV] = folder
         try:
             yield
@@ -168,22 +165,8 @@ def seeded_weights(settings: Settings) -> Iterator[SeededWeights | None]:
     if settings.weights_path is not None or settings.nodes > 1:
         yield None
         return
-    remove_stale_weights()
-    with tempfile.TemporaryDirectory(prefix=f"{WEIGHTS_PREFIX}{os.getpid()}-") as folder:
+    with run_folder(WEIGHTS_PREFIX) as folder:
         yield SeededWeights(folder, settings.seed)
-
-
-def remove_stale_weights(folder: str | None = None) -> list[str]:
-    """Remove the seeded-weights folders in ``folder`` (the temporary folder) whose manager is gone: a run killed
-    with SIGKILL cannot remove its own (bert-base's file is 440 MB). A folder's name carries its manager's pid.
-    Returns the folders removed."""
-    removed = []
-    for path in Path(folder or tempfile.gettempdir()).glob(f"{WEIGHTS_PREFIX}*-*"):
-        pid = path.name[len(WEIGHTS_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not running(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(str(path))
-    return removed
 
 
 def run_comparison_group(group: Sequence[Case], settings: Settings, parity: Mapping[ParityPair, str]) -> Settled:
@@ -372,6 +355,7 @@ def execute(
     runs; once a pair has failed it, its other cells are stored as ``mismatch`` without running.
     """
     started = time.monotonic()
+    remove_stale()  # the folders of runs killed before they could remove them
     parity = stored_parity(store, run_id, plan.settings.rounds)
     machine = machine_record()
     recorder = Recorder(store, run_id, plan, listener)

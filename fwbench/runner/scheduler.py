@@ -57,6 +57,7 @@ from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_fr
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import WorkerFailure, WorkerProcess
 from fwbench.runner.rankset import RankSet, start_worker
+from fwbench.runner.tempfolders import EXPORTS_PREFIX, run_folder
 from fwbench.spec import Case, Settings, group_key, node_procs
 
 # Checks of a cell's first round kept when a later round fails: the manager settled its pair's parity on them, so the
@@ -155,7 +156,7 @@ class GroupRun:
         """Give the group an export cache of its own that outlives a round (:attr:`exports`), so an extra round's
         engines load what its first rounds exported; :meth:`close` removes it."""
         if self._exports is None:
-            self._exports = tempfile.TemporaryDirectory(prefix="fwbench-exports-")
+            self._exports = run_folder(EXPORTS_PREFIX)
 
     @property
     def exports(self) -> str | None:
