@@ -328,10 +328,9 @@ def shift_warning(comparison: RunComparison) -> str | None:
     machine whose speed changed between the runs looks like (a shared VM ran whole runs 1.7× apart within a day,
     docs/measurements.md), where a regression of one framework moves its runtimes against the others. None
     otherwise."""
-    runtimes = [s for s in comparison.summaries if s.runtime != "all" and s.geomean_ratio is not None]
-    if len(runtimes) < 2:
+    ratios = [s.geomean_ratio for s in comparison.summaries if s.runtime != "all" and s.geomean_ratio is not None]
+    if len(ratios) < 2:
         return None
-    ratios = [s.geomean_ratio for s in runtimes if s.geomean_ratio is not None]
     limit = 1 + comparison.threshold
     if not (all(r > limit for r in ratios) or all(r < 1 / limit for r in ratios)):
         return None

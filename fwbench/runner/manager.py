@@ -14,7 +14,6 @@ the round in flight, and ``--resume`` runs the groups whose cells have no status
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -329,7 +328,7 @@ def spread_windows(groups: Pending, settings: Settings) -> list[Pending]:
     add up to at most ``settings.spread_s`` (each window at least one group): the groups of a window run their
     minimum rounds in turn (:class:`Window`)."""
     windows: list[Pending] = []
-    total = math.inf
+    total = 0.0
     for group in groups:
         seconds = estimate_s(group[0], settings)
         if windows and total + seconds <= settings.spread_s:
@@ -359,17 +358,16 @@ def execute(
     parity = stored_parity(store, run_id, plan.settings.rounds)
     machine = machine_record()
     recorder = Recorder(store, run_id, plan, listener)
-    opened: list[GroupRun] = []  # every group readied, each closed (its export cache) when the run ends
-    more: list[GroupRun] = []  # the groups that may get extra rounds
+    more: list[GroupRun] = []  # the groups that may get extra rounds, each closed (its export cache) when the run ends
     with seeded_weights(plan.settings) as weights:
         try:
             for window in spread_windows(pending_groups(store, run_id, plan), plan.settings):
                 window_run = Window(window, plan.settings, parity, recorder, machine, weights, hear)
-                more += window_run.run(opened)  # ``opened`` gets each group as it is readied
+                more += window_run.run()
             if more:
                 _spend_budget(more, recorder, plan.settings, started, machine, hear)
         finally:
-            for rounds in opened:
+            for rounds in more:
                 rounds.close()
     return recorder.in_plan_order()
 
@@ -396,10 +394,19 @@ class Window:
         self.groups: list[GroupRun] = []  # the window's groups still open: closed after their last round, unless
         # they may get extra rounds
 
-    def run(self, opened: list[GroupRun]) -> list[GroupRun]:
-        """Every round of the window; ``opened`` gets each group as it is readied (the caller closes them all if the
-        window is interrupted). Returns the groups that may get extra rounds; the others are closed after their last
-        round (their export caches gone)."""
+    def run(self) -> list[GroupRun]:
+        """Every round of the window. Returns the groups that may get extra rounds (the caller closes them); the
+        others are closed after their last round, or, should a round be interrupted, all of them then (their export
+        caches gone)."""
+        try:
+            return self._rounds()
+        except BaseException:
+            for group_run in self.groups:
+                group_run.close()
+            raise
+
+    def _rounds(self) -> list[GroupRun]:
+        """The window's rounds, group after group in turn; the groups still open after them."""
         rounds = self.settings.rounds
         running = sum(1 for cases, _ in self.pending if cases)
         slots: list[GroupRun | None] = []
@@ -409,13 +416,13 @@ class Window:
             order = range(len(self.pending)) if round_index % 2 == 0 else reversed(range(len(self.pending)))
             for position in order:
                 if round_index == 0:
-                    slots.append(self._open(*self.pending[position], opened))
+                    slots.append(self._open(*self.pending[position]))
                 group_run = slots[position]
                 if group_run is not None:
                     self._round(group_run, round_index)
         return list(self.groups)  # the groups still open
 
-    def _open(self, group: list[Case], skipped: list[SkippedCase], opened: list[GroupRun]) -> GroupRun | None:
+    def _open(self, group: list[Case], skipped: list[SkippedCase]) -> GroupRun | None:
         """Ready a group (its cells that do not run stored at once, as done); None when none of it runs."""
         settled = skipped_outcomes(skipped)
         rounds = None
@@ -423,7 +430,6 @@ class Window:
             outcomes, rounds = open_comparison_group(group, self.settings, self.parity, weights=self.weights)
             settled += outcomes
             if rounds is not None:
-                opened.append(rounds)
                 self.groups.append(rounds)
         if settled:
             settle_parity(self.parity, settled)
