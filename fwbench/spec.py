@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-Phase = Literal["inference", "training", "fit", "data"]
+Phase = Literal["inference", "training", "fit", "data", "serving"]
 Dtype = Literal["fp32", "bf16", "int8"]
 Device = Literal["cpu", "cuda"]
 Protocol = Literal["adaptive", "hf2019"]
@@ -308,6 +308,23 @@ class Settings:
         metadata={"help": "phase data: leave out images that do not decode (counted) instead of failing the cell"},
     )
 
+    serve_max_delay_s: float = field(
+        default=0.001,
+        metadata={
+            "help": "phase serving: the longest a request waits for others to batch with (the dynamic batcher's max "
+            "queue delay; the max batch size is the cell's batch size), seconds"
+        },
+    )
+    serve_p99_bound_s: float = field(
+        default=0.02, metadata={"help": "phase serving: the p99 latency bound of the peak load search, seconds"}
+    )
+    serve_point_s: float = field(
+        default=1.5, metadata={"help": "phase serving: scheduled seconds of each load point (LoadGen's duration)"}
+    )
+    serve_port: int = field(
+        default=0, metadata={"help": "phase serving: the server's port on 127.0.0.1 (0: any free port)"}
+    )
+
     def __post_init__(self) -> None:
         _check_positive_int("threads", self.threads)
         _check_positive_int("interop threads", self.interop_threads)
@@ -352,6 +369,21 @@ class Settings:
         if self.data_input is not None and (not isinstance(self.data_input, str) or not self.data_input):
             raise SpecError(f"data input must be a folder path, got {self.data_input!r}")
         _check_positive_int("fit samples", self.fit_samples)
+        for name, value, top in (
+            ("max queue delay", self.serve_max_delay_s, 1.0),
+            ("p99 bound", self.serve_p99_bound_s, 60.0),
+            ("load point duration", self.serve_point_s, 600.0),
+        ):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= top:
+                raise SpecError(f"{name} must be a number of seconds from 0 to {top:g}, got {value!r}")
+        if self.serve_point_s < 0.1 or self.serve_p99_bound_s <= 0:
+            raise SpecError("a load point lasts at least 0.1 s and the p99 bound is above 0")
+        if (
+            not isinstance(self.serve_port, int)
+            or isinstance(self.serve_port, bool)
+            or not 0 <= self.serve_port < 65536
+        ):
+            raise SpecError(f"port must be an integer from 0 to 65535, got {self.serve_port!r}")
         if self.epochs < 2:
             raise SpecError(f"epochs must be at least 2 (epoch 1 includes compilation), got {self.epochs}")
         if self.fit_logging is not None and (not isinstance(self.fit_logging, str) or not self.fit_logging):

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -241,3 +242,25 @@ def listening_off_loopback(pids: set[int]) -> list[str]:
         if conn.status == psutil.CONN_LISTEN and conn.pid in pids and conn.laddr.ip not in LOOPBACK:
             bad.append(f"{conn.laddr.ip}:{conn.laddr.port} (pid {conn.pid})")
     return bad
+
+
+MARKER_ENV = "FWBENCH_TEST_MARKER"  # set on a command a test starts: every process it starts inherits it
+
+
+def marked_processes_left(marker: str, wait_s: float = 10.0) -> list[int]:
+    """The live processes whose environment has ``FWBENCH_TEST_MARKER=marker``, once none is left or after
+    ``wait_s`` (a killed process group takes a moment to be reaped)."""
+    import psutil
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for process in psutil.process_iter():
+            try:
+                if process.environ().get(MARKER_ENV) == marker and process.status() != "zombie":
+                    left.append(process.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

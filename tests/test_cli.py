@@ -34,7 +34,7 @@ RUN = ["run", "--models", "mlp", "--runtimes", "torch:eager"]
         (["--models", "mlp", "--runtimes", "torch:turbo"], "unknown runtime 'torch:turbo'; allowed:"),
         (
             ["--suite", "nightly"],
-            "unknown suite 'nightly'; allowed: bf16, bf16-training, data, deploy, distributed, hf2019, mlp, quick, runtimes, training",
+            "unknown suite 'nightly'; allowed: bf16, bf16-training, data, deploy, distributed, hf2019, mlp, quick, runtimes, serving, serving-full, training",
         ),
         ([*RUN[1:], "--batch-sizes", "0"], "--batch-sizes '0': every value must be a positive integer"),
         ([*RUN[1:], "--batch-sizes", "-3"], "--batch-sizes '-3'"),
@@ -49,7 +49,7 @@ RUN = ["run", "--models", "mlp", "--runtimes", "torch:eager"]
         ([*RUN[1:], "--timeout", "inf"], "'inf' must be a positive finite number"),
         ([*RUN[1:], "--max-time", "30", "--timeout", "20"], "max time 30 s must be below the timeout 20 s"),
         ([*RUN[1:], "--budget", "0"], "'0' must be a positive finite duration"),
-        ([*RUN[1:], "--budget", "ten minutes"], "'ten minutes' is not a duration (seconds, or with s, m or h"),
+        ([*RUN[1:], "--budget", "ten minutes"], "'ten minutes' is not a duration (seconds, or with ms, s, m or h"),
         ([*RUN[1:], "--target-ci", "0"], "'0' must be a positive finite number"),
         ([*RUN[1:], "--max-rounds", "0"], "'0' is not a positive integer"),
         ([*RUN[1:], "--threads", "\u00b2"], "is not a positive integer"),

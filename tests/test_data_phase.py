@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import sqlite3
-import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import run_args, run_cli
+from conftest import marked_processes_left, run_args, run_cli
 from fwbench.datasets import images
 from fwbench.runner.phases import check_case
 from fwbench.runner.planner import PlanChoices, resolve_plan, suite_plan
@@ -196,19 +195,7 @@ def test_a_killed_data_cell_leaves_no_loader_process(tmp_path: Path, dataset: Pa
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = _rows(tmp_path / "k.db")
     assert row["status"] == "timeout"
-    deadline = time.monotonic() + 10
-    while True:
-        left = []
-        for process in psutil.process_iter():
-            try:
-                if process.environ().get("FWBENCH_TEST_MARKER") == marker and process.status() != "zombie":
-                    left.append(process.pid)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert left == []
+    assert marked_processes_left(marker) == []
 
 
 def _fit_from_images(tmp_path: Path, dataset: Path, runtimes: Mapping[str, str | None], models: str) -> dict:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from fwbench.details import LoadPoint
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import SCHEMA_VERSION, ResultRecord, Store, StoreError
 from fwbench.store.db import MIGRATIONS, migrate
@@ -351,7 +352,7 @@ def test_migration_2_keeps_runs_of_schema_1_readable(db_path: Path) -> None:
         )
     conn.close()
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         base, other = store.results([1])
     assert base.blocks == () and base.rounds is None and base.schedule is None and base.group_key is None
     assert base.noise is None and base.machine is None and base.contended == []
@@ -435,7 +436,7 @@ def test_migration_4_adds_the_worker_count_of_data_cells(db_path: Path) -> None:
     old_schema_store(db_path, 3)
     data_case = Case("images-256", "torch:dataloader", "data", 32, workers=2)
     with Store.open(db_path) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         (old,) = store.results([1])  # stored before the migration: kept, no worker count
         run_id = store.create_run(PLAN, "fwbench run", {}, "0")
         with store.transaction():
@@ -464,3 +465,33 @@ def test_migration_6_adds_the_processes_of_distributed_cells(db_path: Path) -> N
     assert old.procs is None and old.scaling is None and old.global_batch == 1
     assert stored["weak"].procs == 2 and stored["weak"].global_batch == 8 and stored["weak"].case_key == weak.key
     assert stored["strong"].global_batch == 4 and stored["strong"].case_key == strong.key
+
+
+def test_migration_7_stores_a_serving_cells_load_points_and_replaces_them_in_place(db_path: Path) -> None:
+    """A database of schema 6 gains load_points; a serving cell's points of every round are written with it, an
+    extra round's store replaces them, and other cells write none."""
+    old_schema_store(db_path, 6)
+    case = Case("mlp", "floor:identity", "serving", 4)
+    point = LoadPoint("Server", "server@0.50", fraction=0.5, offered_qps=100.0, answered=99, dropped=1, p99_s=0.004,
+                  batch_rows={"1": 40, "4": 15})  # fmt: skip
+    rounds = [{"capacity_qps": 200.0, "peak_qps": None, "points": [point.to_dict()] * 2}]
+    details = {"serving": {"max_batch": 4, "rounds": rounds}}
+    with Store.open(db_path) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        with store.transaction():
+            assert store.add_result(1, case, {"status": "ok"}, [0.001], details)
+            assert add(store, 1, PLAN.cases[1])
+        query = "SELECT round, point, label, p99_s, dropped, batch_rows_json FROM load_points"
+        rows = [tuple(row) for row in store.conn.execute(query)]
+        assert rows == [
+            (0, 0, "server@0.50", 0.004, 1, '{"1": 40, "4": 15}'),
+            (0, 1, "server@0.50", 0.004, 1, '{"1": 40, "4": 15}'),
+        ]
+        with store.transaction():
+            assert store.add_result(
+                1, case, {"status": "ok"}, [0.001], {"serving": {"rounds": rounds * 2}}, replace=True
+            )
+        assert tuple(store.conn.execute("SELECT COUNT(*), MAX(round) FROM load_points").fetchone()) == (4, 1)
+        (record,) = [r for r in store.results() if r.phase == "serving"]
+        assert record.serving is not None and len(record.serving.rounds) == 2
+        assert record.serving.rounds[0].points[0].batch_rows == {"1": 40, "4": 15}

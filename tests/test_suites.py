@@ -33,6 +33,8 @@ def test_builtin_suites_all_load_and_plan() -> None:
         "mlp",
         "quick",
         "runtimes",
+        "serving",
+        "serving-full",
         "training",
     ]
     for name in builtin_suites():
@@ -52,6 +54,26 @@ def test_quick_suite_covers_every_framework_and_a_real_size_model() -> None:
     assert get_model("bert-base").parameter_count() > 100e6
     assert plan.settings.rounds == 3  # the fewest rounds that give a CI
     assert estimate_s(plan.cases, plan.settings) < 480  # the main job with CIs: ≤ 8 minutes on 2 cores (issue 14)
+
+
+def test_the_serving_suites_hold_the_floor_and_fit_their_time() -> None:
+    """serving: each framework's native runtime, a deployment engine, TorchServe and the floor, on one core each
+    side, within 10 minutes by the estimate; serving-full: every built-in inference runtime."""
+    from fwbench.frameworks import BUILTIN_PACKAGE, native_runtimes, runtimes
+
+    plan = suite_plan(load_suite("serving"), threads=2)
+    assert {case.phase for case in plan.cases} == {"serving"} and plan.settings.threads == 1
+    assert {case.model for case in plan.cases} == {"bert-tiny", "resnet-tiny"}
+    served = {case.runtime for case in plan.cases}
+    assert {"floor:identity", "onnxruntime:torch", "torchserve:torch", *native_runtimes()} == served
+    assert estimate_s(plan.cases, plan.settings) < 600
+    full = suite_plan(load_suite("serving-full"), threads=2)
+    inference = {
+        name
+        for name, info in runtimes().items()
+        if "inference" in info.phases and info.module.startswith(BUILTIN_PACKAGE) and not info.unavailable
+    }
+    assert {case.runtime for case in full.cases} == inference | {"floor:identity", "torchserve:torch"}
 
 
 def test_runtimes_suite_is_every_builtin_runtime_on_bert_base_and_resnet50() -> None:

@@ -65,7 +65,7 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def duration(text: str) -> float:
@@ -85,13 +85,15 @@ def non_negative_duration(text: str) -> float:
 
 
 def _duration_s(text: str) -> float:
-    """Seconds written as ``450``, ``90s``, ``7.5m`` or ``2h`` (any sign); ArgumentTypeError for anything else."""
-    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    """Seconds written as ``450``, ``90s``, ``7.5m``, ``2h`` or ``20ms`` (any sign); ArgumentTypeError for anything
+    else."""
+    unit = next((unit for unit in DURATION_UNITS if text.endswith(unit) and text[: -len(unit)][-1:].isdigit()), "")
+    number = text[: -len(unit)] if unit else text
     try:
-        return float(number) * DURATION_UNITS[unit]
+        return float(number) * DURATION_UNITS[unit or "s"]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration (seconds, or with s, m or h: 90s, 7.5m)"
+            f"{text!r} is not a duration (seconds, or with ms, s, m or h: 20ms, 90s, 7.5m)"
         ) from None
 
 

@@ -104,6 +104,10 @@ SETTINGS_FLAGS = {
     "fit_workers": "fit_workers",
     "rank_threads": "rank_threads",
     "nnodes": "nodes",
+    "max_delay": "serve_max_delay_s",
+    "p99_bound": "serve_p99_bound_s",
+    "point_duration": "serve_point_s",
+    "port": "serve_port",
 }
 GRID_FLAGS = (
     "suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "workers", "procs", "scaling", "phase",
@@ -123,6 +127,7 @@ def add_parser(commands: Any) -> None:
     _grid_flags(run)
     _measurement_flags(run)
     _data_flags(run)
+    _serving_flags(run)
     _limit_flags(run)
     _cluster_flags(run)
     _node_flags(run)
@@ -249,7 +254,7 @@ def _measurement_flags(run: argparse.ArgumentParser) -> None:
         "--threads",
         type=positive_int,
         help=f"intra-op threads for every framework (default: physical cores, here "
-        f"{environment.physical_core_count()})",
+        f"{environment.physical_core_count()}; --phase serving: one fewer, at least 1, the load generator's core)",
     )
     timing.add_argument("--interop-threads", type=positive_int, help="inter-op threads (default 1)")
     timing.add_argument(
@@ -412,6 +417,36 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
         help="run shard I of N of the plan: its comparison groups ordered by the SHA-256 of their key and dealt "
         "round-robin (disjoint shards that together cover the plan; a group is never split); the run stores the "
         "whole plan's hash and I/N, and `fwbench merge` reunites the shards' databases into one run",
+    )
+
+
+def _serving_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for phase serving."""
+    serving = run.add_argument_group(
+        "--phase serving (the runtime behind fwbench's HTTP server, under MLPerf LoadGen's load; --batch-sizes is the "
+        "dynamic batcher's max batch size); other phases ignore these"
+    )
+    serving.add_argument(
+        "--max-delay",
+        type=non_negative_duration,
+        metavar="DURATION",
+        help="the longest a request waits for others to batch with (default 1ms; 0: a batch is what is queued)",
+    )
+    serving.add_argument(
+        "--p99-bound",
+        type=duration,
+        metavar="DURATION",
+        help="the peak load search's bound on the p99 latency, counted from each request's scheduled send "
+        "(default 20ms)",
+    )
+    serving.add_argument(
+        "--point-duration",
+        type=duration,
+        metavar="DURATION",
+        help="scheduled time of each load point (default 1.5s); a round runs 8 points",
+    )
+    serving.add_argument(
+        "--port", type=int, metavar="PORT", help="the server's port on 127.0.0.1 (default 0: any free port)"
     )
 
 

@@ -524,6 +524,56 @@ register_runtime(
         "current compilers; torch:ddp and tensorflow:multiworker run the same ring all-reduce",
     )
 )
+# Phase serving: the harness's floor, and the native model servers this machine cannot run.
+register_runtime(
+    RuntimeInfo(
+        name="floor:identity",
+        module="fwbench.serving.floor",
+        requires=("numpy",),
+        description="phase serving only: a model whose outputs are its inputs, through the same server, batcher and "
+        "load generator: what the harness alone costs",
+        phases=("serving",),
+        extras=("serving",),
+        startup_s=1.0,
+    )
+)
+register_runtime(
+    RuntimeInfo(
+        name="torchserve:torch",
+        module=builtin_module("torchserve", "backend"),
+        requires=("ts", "model_archiver", "torch"),
+        description="phase serving only: TorchServe as it ships (its Java frontend, queue and batching, one Python "
+        "model worker) serving our torch model (torch:eager's, the same weights) archived with torch-model-archiver",
+        note="TorchServe is in limited maintenance upstream (pytorch/serve#3396); needs a JDK (java on PATH)",
+        phases=("serving",),
+        package=builtin_package("torch"),
+        extras=("serving", "torch"),
+        startup_s=6.0,  # archiving, the JVM, the model worker's torch import and build: 3.8 s measured (2 cores)
+    )
+)
+register_runtime(
+    RuntimeInfo(
+        name="tfserving:tensorflow",
+        module="",
+        requires=(),
+        description="TensorFlow Serving's model server",
+        phases=("serving",),
+        unavailable="no TensorFlow Serving server installs here: none on PyPI or Debian (tensorflow-serving-api is "
+        "the client only)",
+    )
+)
+register_runtime(
+    RuntimeInfo(
+        name="triton:onnxruntime",
+        module="",
+        requires=(),
+        description="NVIDIA Triton Inference Server with its ONNX Runtime backend",
+        phases=("serving",),
+        unavailable="tritonserver needs Python 3.12 or later and glibc 2.39 (this machine: Python 3.11); "
+        "nvidia-pytriton needs numpy below 2",
+    )
+)
+
 LOADER_DESCRIPTION = "an input pipeline (phase data only): one timed call is the next batch out of the loader"
 LOADER_NOTE = (
     "its worker processes inherit the cell worker's CPU affinity (its --threads cores) and share them, none "

@@ -281,6 +281,8 @@ class Backend(ABC):
 
     framework: ClassVar[str]
     modes: ClassVar[tuple[str, ...]]
+    # Its outputs are its inputs (phase serving's floor, fwbench.serving.floor): parity is checked against them.
+    echoes_inputs: ClassVar[bool] = False
 
     def __init__(
         self, mode: str, device: str, settings: Settings, *, dtype: str = "fp32", phase: str = "inference"

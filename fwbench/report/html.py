@@ -929,6 +929,8 @@ def to_html(
 ) -> str:
     """The whole report as one HTML document (UTF-8 text). ``baseline`` is the runtime speed-ups are
     relative to (None: no comparison); ``source`` names the database in the header."""
+    from fwbench.report.serving_html import serving_section  # it draws with this module's helpers
+
     comparisons = grouped_pairs(results, baseline) if baseline is not None else []
     ratios = {(cell.runtime, *cell_key(cell)): cell for pair in comparisons for cell in pair.cells}
     multi_run = len({r.run_id for r in results}) > 1
@@ -938,6 +940,7 @@ def to_html(
             summary_section(comparisons, baseline, results),
             reduced_precision_section(results),
             scaling_section(results),
+            serving_section(results),
             flags_section(results, multi_run),
             models_section(results, comparisons, baseline),
             parity_section(results, multi_run),

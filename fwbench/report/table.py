@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from fwbench.report import dtypes, scaling
+from fwbench.report import dtypes, scaling, serving
 from fwbench.report.fit import HEADERS as FIT_HEADERS
 from fwbench.report.fit import LEGEND as FIT_LEGEND
 from fwbench.report.fit import RIGHT as FIT_RIGHT
@@ -508,6 +508,12 @@ def report_tables(
             TableData(scaling.TITLE, list(scaling.HEADERS), scaling.RIGHT, [scaling.scaling_cells(c) for c in scaled])
         )
         lines.append(scaling.LEGEND)
+    served = serving.serving_rows(results)
+    if served:  # phase serving: load points, capacity, the floor
+        tables.append(
+            TableData(serving.TITLE, list(serving.HEADERS), serving.RIGHT, [serving.serving_cells(s) for s in served])
+        )
+        lines.append(serving.LEGEND)
     fit = overhead_tables(results)
     for table in fit:  # phase fit: high-level APIs against the manual loops
         tables.append(

@@ -154,6 +154,18 @@ class Cell:
             self.result["layout"] = backend.layout
         return backend
 
+    def another_backend(self, description: ModelDescription) -> Backend:
+        """One more backend of the case, configured and built like :meth:`build_backend`'s (after it, in its
+        process; no stage, nothing recorded): phase serving's backend for another compiled batch size."""
+        from fwbench.frameworks import create_backend
+
+        case, settings = self.job.case, self.job.settings
+        backend = create_backend(case.runtime, case.device, settings, dtype=case.dtype, phase=case.phase)
+        backend.configure_threads(settings.threads, settings.interop_threads)
+        backend.configure_precision()
+        backend.build(description, self.weights(description))
+        return backend
+
     def record_precision(self, backend: Backend, inputs: Sequence[Any]) -> None:
         """``result["precision"]``: the case's policy and what the framework's graph of the forward on ``inputs``
         shows (backend.observe_precision; ``observed`` None where the runtime cannot be looked into, ``error`` when

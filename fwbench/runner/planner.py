@@ -316,7 +316,10 @@ def resolve_plan(choices: PlanChoices) -> Plan:
         raise SpecError("give both --models and --runtimes, or a --suite (--phase data: --runtimes or none)")
     use_suite = choices.suite is not None or (choices.models is None and not data_flags)
     suite = load_suite(DEFAULT_SUITE if choices.suite is None else choices.suite) if use_suite else None
-    settings_data: dict[str, Any] = {"threads": environment.physical_core_count(), "rounds": DEFAULT_ROUNDS}
+    cores = environment.physical_core_count()
+    # phase serving: one core is left to the load generator, which runs beside the server (fwbench.serving)
+    threads = max(1, cores - 1) if choices.phase == "serving" else cores
+    settings_data: dict[str, Any] = {"threads": threads, "rounds": DEFAULT_ROUNDS}
     if suite is not None:
         settings_data.update(suite.settings)
     if choices.config is not None:

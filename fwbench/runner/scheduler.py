@@ -693,4 +693,5 @@ def merge_rounds(cell: CellRounds, key: str, schedule: str) -> CellOutcome:
         if failure.details.get("disk_full"):  # the manager stops the sweep before storing (Recorder.replace)
             details["disk_full"] = failure.details["disk_full"]
     details.update(Interleaving(rounds=rounds, extra_failure=extra).to_dict())
+    details.update(get_phase(cell.case.phase).merged_details([o.details for o in cell.rounds]))
     return CellOutcome(cell.case, "ok", first.reason, samples, fields, details, blocks)

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fwbench.details import ServingDetails
 from fwbench.diskfull import DiskFull, disk_full_cause, low_space_cause
 from fwbench.measure.environment import machine_ids
 from fwbench.measure.rounds import Block
@@ -188,8 +189,48 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE profiles ADD COLUMN procs INTEGER",
         "ALTER TABLE profiles ADD COLUMN scaling TEXT CHECK (scaling IN ('weak','strong'))",
     ),
+    # Migration 7 (phase serving): each serving cell's load points, one row per point of each round (in the order
+    # run), written with the result from its details.serving (queries per second, seconds, CPU seconds).
+    (
+        """
+        CREATE TABLE load_points (
+            result_id INTEGER NOT NULL REFERENCES results(id) ON DELETE CASCADE,
+            round INTEGER NOT NULL,
+            point INTEGER NOT NULL,
+            label TEXT NOT NULL,
+            scenario TEXT NOT NULL,
+            fraction REAL,
+            target_qps REAL,
+            offered_qps REAL,
+            achieved_qps REAL,
+            queries INTEGER,
+            answered INTEGER,
+            dropped INTEGER,
+            timed_out INTEGER,
+            failed INTEGER,
+            p50_s REAL,
+            p90_s REAL,
+            p99_s REAL,
+            p999_s REAL,
+            mean_s REAL,
+            max_s REAL,
+            wall_s REAL,
+            server_cpu_s REAL,
+            client_cpu_s REAL,
+            batch_rows_json TEXT NOT NULL DEFAULT '{}',
+            padded_rows INTEGER,
+            PRIMARY KEY (result_id, round, point)
+        ) WITHOUT ROWID
+        """,
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+# The columns of a load point row taken from fwbench.details.LoadPoint by name.
+LOAD_POINT_FIELDS = (
+    "label", "scenario", "fraction", "target_qps", "offered_qps", "achieved_qps", "queries", "answered", "dropped",
+    "timed_out", "failed", "p50_s", "p90_s", "p99_s", "p999_s", "mean_s", "max_s", "wall_s", "server_cpu_s",
+    "client_cpu_s", "padded_rows",
+)  # fmt: skip
 
 # The result columns add_result takes from its ``fields``: every record column except those it writes itself from
 # the run, the case and the samples.
@@ -664,7 +705,9 @@ class Store:
             assignments = ", ".join(f"{name} = ?" for name in values)
             self.conn.execute(f"UPDATE results SET {assignments} WHERE id = ?", (*values.values(), found[0]))
             self.conn.execute("DELETE FROM blocks WHERE result_id = ?", (found[0],))
+            self.conn.execute("DELETE FROM load_points WHERE result_id = ?", (found[0],))
             self._add_blocks(int(found[0]), blocks)
+            self._add_load_points(int(found[0]), details)
             return True
         names = ", ".join(values)
         marks = ", ".join("?" for _ in values)
@@ -675,6 +718,7 @@ class Store:
         if cursor.rowcount != 1:
             return False
         self._add_blocks(int(cursor.lastrowid or 0), blocks)
+        self._add_load_points(int(cursor.lastrowid or 0), details)
         return True
 
     @staticmethod
@@ -695,6 +739,23 @@ class Store:
             "details_json": json.dumps(details, sort_keys=True, default=str),
             **columns,
         }
+
+    def _add_load_points(self, result_id: int, details: dict[str, Any]) -> None:
+        """A serving cell's load points (details.serving, every round), one row each; nothing for other cells."""
+        serving = ServingDetails.parse(details.get("serving"))
+        if serving is None:
+            return
+        names = ("result_id", "round", "point", *LOAD_POINT_FIELDS, "batch_rows_json")
+        rows = [
+            (result_id, round_index, index, *(getattr(p, name) for name in LOAD_POINT_FIELDS),
+             json.dumps(p.batch_rows, sort_keys=True))
+            for round_index, served in enumerate(serving.rounds)
+            for index, p in enumerate(served.points)
+            if p.label is not None and p.scenario is not None
+        ]  # fmt: skip
+        self.conn.executemany(
+            f"INSERT INTO load_points ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})", rows
+        )
 
     def _add_blocks(self, result_id: int, blocks: Sequence[Block]) -> None:
         self.conn.executemany(

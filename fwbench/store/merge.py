@@ -140,12 +140,16 @@ def _rows(store: Store, sql: str, params: Sequence[Any] = ()) -> list[Row]:
 
 
 def _copy_cells(source: Store, target: Store, source_run: int, target_run: int, min_rounds: int) -> int:
-    """Copy the cells of ``source_run`` that ``target_run`` lacks (results with their blocks, profiles with their op
-    rows; matched by case key); the number copied. A result with fewer than ``min_rounds`` rounds (the rounds so far
+    """Copy the cells of ``source_run`` that ``target_run`` lacks (results with their blocks and load points, profiles
+    with their op rows; matched by case key); the number copied. A result with fewer than ``min_rounds`` rounds (the rounds so far
     of a group whose window the source run was stopped in) is not copied: the source's ``--resume`` finishes it, and
     the next merge brings it."""
     count = 0
-    for table, child, child_key in (("results", "blocks", "result_id"), ("profiles", "profile_ops", "profile_id")):
+    children = {
+        "results": (("blocks", "result_id"), ("load_points", "result_id")),
+        "profiles": (("profile_ops", "profile_id"),),
+    }
+    for table, kids in children.items():
         held = {row[0] for row in target.conn.execute(f"SELECT case_key FROM {table} WHERE run_id = ?", (target_run,))}
         for row in _rows(source, f"SELECT * FROM {table} WHERE run_id = ? ORDER BY id", [source_run]):
             if row["case_key"] in held or (table == "results" and unfinished(row["status"], row["rounds"], min_rounds)):
@@ -153,9 +157,10 @@ def _copy_cells(source: Store, target: Store, source_run: int, target_run: int, 
             old_id = row.pop("id")
             row["run_id"] = target_run
             new_id = target.insert_row(table, row)
-            for sub in _rows(source, f"SELECT * FROM {child} WHERE {child_key} = ?", [old_id]):
-                sub[child_key] = new_id
-                target.insert_row(child, sub)
+            for child, child_key in kids:
+                for sub in _rows(source, f"SELECT * FROM {child} WHERE {child_key} = ?", [old_id]):
+                    sub[child_key] = new_id
+                    target.insert_row(child, sub)
             count += 1
     return count
 

@@ -31,6 +31,7 @@ from fwbench.details import (
     PrecisionCheck,
     RankDetail,
     Rendezvous,
+    ServingDetails,
     StageSeconds,
     StepLossParts,
     TrainingDetails,
@@ -54,6 +55,7 @@ __all__ = [  # the details records are fwbench.details'; these names stay import
     "CompileReport",
     "CpuUnits",
     "DataDetails",
+    "ServingDetails",
     "DistributedDetails",
     "FitDetails",
     "Interleaving",
@@ -138,6 +140,7 @@ class ResultRecord:
     stage_seconds: StageSeconds | None = None  # None: stored before stages were timed
     cpu_units: CpuUnits = CpuUnits()  # a bf16 / int8 CPU cell's native units
     data: DataDetails | None = None  # phase data: the loader's figures
+    serving: ServingDetails | None = None  # phase serving: the load points of every round
     distributed: DistributedDetails | None = None  # a distributed cell: its batch rows and all-reduce
     ranks: tuple[RankDetail, ...] = ()  # a distributed cell: each rank's figures
     rendezvous: Rendezvous | None = None  # a distributed cell: where its ranks met
@@ -189,6 +192,7 @@ class ResultRecord:
             stage_seconds=StageSeconds.parse(details.get("stage_seconds")),
             cpu_units=CpuUnits.from_details(details),
             data=DataDetails.parse(details.get("data")),
+            serving=ServingDetails.parse(details.get("serving")),
             distributed=DistributedDetails.parse(details.get("distributed")),
             ranks=RankDetail.parse_all(details.get("ranks")),
             rendezvous=Rendezvous.parse(details.get("rendezvous")),

@@ -16,10 +16,11 @@ from fwbench.runner.phases.base import Phase
 from fwbench.runner.phases.data import Data
 from fwbench.runner.phases.fit import Fit
 from fwbench.runner.phases.inference import Inference
+from fwbench.runner.phases.serving import Serving
 from fwbench.runner.phases.training import Training
 from fwbench.spec import Case, Settings, SpecError
 
-PHASES: dict[str, Phase] = {phase.name: phase for phase in (Inference(), Training(), Fit(), Data())}
+PHASES: dict[str, Phase] = {phase.name: phase for phase in (Inference(), Training(), Fit(), Data(), Serving())}
 
 
 class UnknownPhase(NotImplementedError):

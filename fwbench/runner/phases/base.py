@@ -111,6 +111,11 @@ class Phase(ABC):
             timing *= 1 + settle.expected_pause_s(settings.settle_s) / max(settings.min_block_s, call)
         return settings.rounds * fixed + timing
 
+    def merged_details(self, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the stored cell keeps of its rounds' details beyond the first round's (each round's result details,
+        in round order): nothing by default; a phase whose rounds each measure more than samples keeps them here."""
+        return {}
+
     def run(self, cell: Cell) -> dict[str, Any]:
         """The cell from its start to ``done``: stage start (these checks) → import → build (shared, on ``cell``)
         → :meth:`measure`, or :meth:`verify` when the job has a ``verify_output``, or :meth:`export` when it has an

@@ -1,0 +1,216 @@
+"""TorchServe as it ships, started for one cell: the model archived with torch-model-archiver (fwbench's handler,
+the cell's weights, a model config setting TorchServe's batching), then TorchServe's Java frontend started directly
+(not through the ``torchserve`` script, whose one pid file per temporary folder would make two runs collide) on
+127.0.0.1, with its threads set to the cell's budget. It dies with the process that started it."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from fwbench.models.base import ModelDescription
+from fwbench.models.weights_io import save_weights
+from fwbench.serving.server import HOST, bind
+
+PR_SET_PDEATHSIG = 1
+READY_TIMEOUT_S = 180.0
+
+
+def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now."""
+    sock = bind(0)
+    port = int(sock.getsockname()[1])
+    sock.close()
+    return port
+
+
+def java_version() -> str:
+    """The first line of ``java -version`` (empty when java is missing)."""
+    java = shutil.which("java")
+    if java is None:
+        return ""
+    done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    return (done.stderr or done.stdout).strip().splitlines()[0] if (done.stderr or done.stdout).strip() else ""
+
+
+def versions() -> dict[str, str]:
+    return {
+        "torchserve": version("torchserve"),
+        "torch-model-archiver": version("torch-model-archiver"),
+        "torch": version("torch"),
+        "java": java_version(),
+    }
+
+
+class TorchServe:
+    """One TorchServe for one model; a context manager (stopped on exit). ``infer_url``: its predictions URL."""
+
+    def __init__(
+        self,
+        folder: Path,
+        description: ModelDescription,
+        weights: dict[str, np.ndarray],
+        *,
+        max_batch: int,
+        max_delay_s: float,
+        buckets: Sequence[int],
+        seq_len: int | None,
+        threads: int,
+        seed: int,
+        queue_rows: int,
+        port: int = 0,
+    ) -> None:
+        self.folder = folder
+        self.name = description.name
+        self.max_delay_ms = max(1, round(max_delay_s * 1000))  # TorchServe's maxBatchDelay is whole milliseconds
+        store = folder / "model-store"
+        store.mkdir(parents=True)
+        weights_file = folder / "weights.safetensors"
+        save_weights(description, weights, weights_file, seed)
+        config = {
+            "minWorkers": 1,
+            "maxWorkers": 1,
+            "batchSize": max_batch,
+            "maxBatchDelay": self.max_delay_ms,
+            "responseTimeout": 120,
+            "deviceType": "cpu",
+            "handler": {"model": description.name, "seq_len": seq_len, "buckets": list(buckets), "threads": threads,
+                        "seed": seed},
+        }  # fmt: skip
+        config_file = folder / "model-config.yaml"
+        config_file.write_text(json.dumps(config))  # JSON is YAML
+        archiver = Path(sys.executable).with_name("torch-model-archiver")
+        handler = Path(__file__).with_name("handler.py")
+        subprocess.run(
+            [str(archiver), "--model-name", self.name, "--version", "1.0", "--handler", str(handler),
+             "--serialized-file", str(weights_file), "--config-file", str(config_file), "--export-path", str(store),
+             "--archive-format", "no-archive", "--force"],
+            check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+        self.inference_port = port or free_port()
+        self.management_port, metrics_port = free_port(), free_port()
+        properties = {
+            "inference_address": f"http://{HOST}:{self.inference_port}",
+            "management_address": f"http://{HOST}:{self.management_port}",
+            "metrics_address": f"http://{HOST}:{metrics_port}",
+            "number_of_netty_threads": 1,
+            "netty_client_threads": 1,
+            "default_workers_per_model": 1,
+            "job_queue_size": queue_rows,
+            "disable_system_metrics": "true",
+            "model_store": str(store),
+        }
+        self.properties = properties
+        (folder / "config.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+        self.infer_url = f"http://{HOST}:{self.inference_port}/predictions/{self.name}"
+        self._store = store
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def report(self) -> dict[str, Any]:
+        """What was started: TorchServe's properties (threads, queue, addresses) and its batching."""
+        return {"torchserve_properties": self.properties, "max_batch_delay_ms": self.max_delay_ms}
+
+    def command(self) -> list[str]:
+        """The Java frontend's command line, as the ``torchserve`` script builds it."""
+        import ts
+
+        home = Path(ts.__file__).resolve().parent.parent
+        java = shutil.which("java")
+        if java is None:
+            raise FileNotFoundError("java is not on PATH: TorchServe's frontend needs a JDK (17 here)")
+        return [
+            java, f"-Dmodel_server_home={home}", f"-Djava.io.tmpdir={self.folder}", "-cp",
+            f".:{home / 'ts' / 'frontend' / '*'}", "org.pytorch.serve.ModelServer", "--python", sys.executable,
+            "-f", str(self.folder / "config.properties"), "-s", str(self._store), "-ncs", "--disable-token-auth",
+            "--enable-model-api", "-m", f"{self.name}={self.name}",
+        ]  # fmt: skip
+
+    def __enter__(self) -> TorchServe:
+        log = (self.folder / "torchserve.log").open("wb")
+        self.proc = subprocess.Popen(
+            self.command(), cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self.ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"TorchServe ended while starting: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(
+                    f"TorchServe's model worker was not ready in {READY_TIMEOUT_S:g} s: {self.log_tail()}"
+                )
+            time.sleep(0.25)
+        return self
+
+    def ready(self) -> bool:
+        """Whether the model's worker is READY (TorchServe's management API)."""
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.management_port}/models/{self.name}", timeout=2) as r:
+                described: list[dict[str, Any]] = json.loads(r.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        return any(w.get("status") == "READY" for m in described for w in m.get("workers", []))
+
+    def processes(self) -> list[psutil.Process]:
+        """The frontend and its model workers."""
+        if self.proc is None:
+            return []
+        try:
+            parent = psutil.Process(self.proc.pid)
+            return [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the frontend and its workers used so far."""
+        total = 0.0
+        for process in self.processes():
+            try:
+                times = process.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+    def log_tail(self, lines: int = 5) -> str:
+        path = self.folder / "torchserve.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop the frontend and every model worker it started."""
+        processes = self.processes()
+        for process in processes:
+            try:
+                process.terminate()
+            except psutil.NoSuchProcess:
+                continue
+        _, alive = psutil.wait_procs(processes, timeout=10)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                continue
+        if self.proc is not None:
+            self.proc.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

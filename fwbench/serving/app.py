@@ -1,0 +1,108 @@
+"""The ASGI application (starlette) serving one :class:`~fwbench.serving.model.ServedModel` over the Open Inference
+Protocol (KServe v2), through a :class:`~fwbench.serving.batcher.DynamicBatcher`.
+
+Routes: ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2/models/{name}`` (metadata),
+``POST /v2/models/{name}/infer`` (JSON or binary tensors) and ``GET /v2/models/{name}/stats`` (fwbench's: the
+batcher's counters and the server process's CPU seconds). Answers: 400 for a request the protocol or the model
+refuses, 404 for another model, 503 when the queue is full, 500 when the model raised; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fwbench.serving.batcher import DynamicBatcher, Overloaded
+from fwbench.serving.protocol import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    JSON_CONTENT_TYPE,
+    ProtocolError,
+    decode_request,
+    encode_response,
+)
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """The v2 error body."""
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def make_app(batcher: DynamicBatcher) -> Starlette:
+    """The application serving ``batcher.model``."""
+    model = batcher.model
+
+    def unknown(name: str) -> JSONResponse | None:
+        return None if name == model.name else error(404, f"no model {name!r}; this server has {model.name!r}")
+
+    async def live(request: Request) -> JSONResponse:
+        return JSONResponse({"live": True})
+
+    async def ready(request: Request) -> JSONResponse:
+        return JSONResponse({"ready": True})
+
+    async def metadata(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        return unknown(name) or JSONResponse(
+            {
+                "name": model.name,
+                "platform": model.platform,
+                "inputs": [spec.metadata() for spec in model.inputs],
+                "outputs": [spec.metadata() for spec in model.outputs],
+                "parameters": {
+                    "max_batch_size": batcher.max_batch,
+                    "max_queue_delay_s": batcher.max_delay_s,
+                    "buckets": list(model.runners),
+                },
+            }
+        )
+
+    async def stats(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        return unknown(name) or JSONResponse(
+            {**batcher.stats.to_dict(), "padded_rows": model.padded_rows, "cpu_s": time.process_time()}
+        )
+
+    async def infer(request: Request) -> Response:
+        name = request.path_params["name"]
+        missing = unknown(name)
+        if missing is not None:
+            return missing
+        body = await request.body()
+        try:
+            parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
+            rows = model.check(parsed.inputs)
+        except ProtocolError as exc:
+            return error(exc.status, str(exc))
+        try:
+            outputs = await batcher.submit(parsed.inputs, rows)
+        except Overloaded as exc:
+            return error(503, f"overloaded: {exc}")
+        except Exception as exc:  # the model failed on this batch: say so, keep serving
+            return error(500, f"{type(exc).__name__}: {exc}")
+        payload, header_length = encode_response(model.name, outputs, parsed.binary_outputs, parsed.id)
+        if header_length is None:
+            return Response(payload, media_type=JSON_CONTENT_TYPE)
+        return Response(payload, media_type=BINARY_CONTENT_TYPE, headers={HEADER_LENGTH: str(header_length)})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await batcher.close()
+
+    return Starlette(
+        routes=[
+            Route("/v2/health/live", live),
+            Route("/v2/health/ready", ready),
+            Route("/v2/models/{name}", metadata),
+            Route("/v2/models/{name}/stats", stats),
+            Route("/v2/models/{name}/infer", infer, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
