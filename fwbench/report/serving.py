@@ -1,6 +1,6 @@
 """Phase serving's table: each served runtime's unloaded latency, capacity, p99 at half and 90% of its capacity,
 and the highest load whose p99 stayed under the bound with nothing lost, beside the floor (``floor:identity``: the
-harness alone) of the same model and max batch.
+harness alone) of the same model and max batch at the same offered load, and how busy the client's CPU was.
 
 Each figure is the geometric mean over the cell's rounds (one server process each) with a 95% interval (Student's t
 on the logs) when there are at least 3, in parentheses; percentiles are LoadGen's, counted from each query's
@@ -21,19 +21,24 @@ from fwbench.store import ResultRecord
 from fwbench.units import format_significant, seconds_unit, significant_digits
 
 FLOOR = "floor:identity"
+SERVER_LABEL = "server@"  # the ladder's points (the peak probes sit at other loads in each round)
 HEADERS = [
     "model", "runtime", "max batch", "seq", "SingleStream p50", "capacity QPS", "p99 @ 50%", "p99 @ 90%",
-    "peak QPS ≤ bound", "lost", "floor p99 @ 50%",
+    "peak QPS ≤ bound", "lost", "floor p99 @ 50% load", "client CPU",
 ]  # fmt: skip
+LOST_MARK = "!"  # a percentile of a point that lost queries: refused ones answer fast and pull it down
 TITLE = "Serving under load (fwbench's server, MLPerf LoadGen from another process)"
 RIGHT = frozenset(HEADERS[2:])
 LEGEND = (
     "Serving: latency from each query's scheduled send (LoadGen), so queueing counts; capacity: Offline answers per "
     "second; p99 @ 50% / 90%: the Server scenario (Poisson arrivals) at that fraction of the round's capacity; peak "
     "QPS ≤ bound: the highest answered load whose p99 stayed under the bound with no query lost (— none did); lost: "
-    "queries dropped by a full queue, timed out or failed over all points; floor: floor:identity (outputs = inputs) "
-    "through the same server and client. Geometric mean over the cell's rounds (fresh servers), its 95% interval in "
-    "parentheses with ≥ 3 rounds."
+    "queries dropped (a full queue, or a wait past the timeout), timed out or failed over all points, and ! after a "
+    "p99 whose point lost some (a refused query answers fast, so that p99 reads low); floor p99 @ 50% load: "
+    "floor:identity (outputs = inputs, the same server and client) at the offered load of this row's 50% point "
+    "(interpolated on its ladder; below its lightest point, that point's); client CPU: the load generator's busiest "
+    "point, CPU seconds over wall seconds (near 100%: the client, not the server, may set the pace). Geometric mean "
+    "over the cell's rounds (fresh servers), its 95% interval in parentheses with ≥ 3 rounds."
 )
 
 
@@ -106,6 +111,48 @@ class ServingRow:
     peak: Figure | None
     lost: int
     floor_p99_half: Figure | None
+    half_lost: bool  # the 50% point lost queries in some round
+    ninety_lost: bool
+    client_busy: float | None  # the load generator's highest CPU seconds per wall second over the points
+
+
+def ladder_steps(rounds: Sequence[ServingRound]) -> list[list[LoadPoint]]:
+    """Each Server ladder step's points, one per round that has it, in ladder order."""
+    labels = sorted({p.label for r in rounds for p in r.points if p.label and p.label.startswith(SERVER_LABEL)})
+    return [[p for r in rounds if (p := r.point(label)) is not None] for label in labels]
+
+
+def load_curve(rounds: Sequence[ServingRound], value: Callable[[LoadPoint], float | None]) -> list[tuple[float, float]]:
+    """(offered QPS, ``value``) of each Server ladder step, geometric means over the rounds, by offered load."""
+    curve = []
+    for points in ladder_steps(rounds):
+        offered, measured = over_rounds([p.offered_qps for p in points]), over_rounds([value(p) for p in points])
+        if offered is not None and measured is not None:
+            curve.append((offered.mean, measured.mean))
+    return sorted(curve)
+
+
+def value_at(curve: Sequence[tuple[float, float]], load: float) -> float | None:
+    """``curve``'s value at ``load``: interpolated between its points on log-log axes; below its first point that
+    point's value (a latency only grows with load); None past its last point or for an empty curve."""
+    if not curve or load > curve[-1][0]:
+        return None
+    if load <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x0 <= load <= x1:
+            share = (math.log(load) - math.log(x0)) / (math.log(x1) - math.log(x0)) if x1 > x0 else 0.0
+            return math.exp(math.log(y0) + share * (math.log(y1) - math.log(y0)))
+    return None
+
+
+def floor_at_same_load(floor_rounds: Sequence[ServingRound], rounds: Sequence[ServingRound]) -> Figure | None:
+    """The floor's p99 at the offered load of ``rounds``' 50% point (no interval: an interpolation)."""
+    load = point_figure(rounds, "server@0.50", lambda p: p.offered_qps)
+    if load is None:
+        return None
+    value = value_at(load_curve(floor_rounds, lambda p: p.p99_s), load.mean)
+    return None if value is None else Figure(value, None, None)
 
 
 def serving_rows(results: Sequence[ResultRecord]) -> list[ServingRow]:
@@ -127,7 +174,13 @@ def serving_rows(results: Sequence[ResultRecord]) -> list[ServingRow]:
                 p99_ninety=point_figure(rounds, "server@0.90", lambda p: p.p99_s),
                 peak=over_rounds([r.peak_qps for r in rounds]) if all(r.peak_qps for r in rounds) else None,
                 lost=sum(p.lost for r in rounds for p in r.points),
-                floor_p99_half=point_figure(floor_rounds, "server@0.50", lambda p: p.p99_s),
+                floor_p99_half=floor_at_same_load(floor_rounds, rounds),
+                half_lost=any(p.lost for r in rounds if (p := r.point("server@0.50")) is not None),
+                ninety_lost=any(p.lost for r in rounds if (p := r.point("server@0.90")) is not None),
+                client_busy=max(
+                    (p.client_cpu_s / p.wall_s for r in rounds for p in r.points if p.client_cpu_s and p.wall_s),
+                    default=None,
+                ),
             )
         )
     return out
@@ -141,6 +194,7 @@ def serving_cells(item: ServingRow, markup: bool = True) -> list[str]:
     return [
         text(row.model), runtime, str(row.batch_size), "—" if row.seq_len is None else str(row.seq_len),
         seconds_text(item.unloaded_p50), rate_text(item.capacity),
-        seconds_text(item.p99_half), seconds_text(item.p99_ninety), rate_text(item.peak), str(item.lost),
-        seconds_text(item.floor_p99_half),
+        seconds_text(item.p99_half) + (LOST_MARK if item.half_lost else ""),
+        seconds_text(item.p99_ninety) + (LOST_MARK if item.ninety_lost else ""), rate_text(item.peak), str(item.lost),
+        seconds_text(item.floor_p99_half), "—" if item.client_busy is None else f"{item.client_busy:.0%}",
     ]  # fmt: skip

@@ -14,22 +14,17 @@ from fwbench.report import serving
 from fwbench.report.html import LINES_RC, _extra_section, _figure, _png, esc, mpl_text, place_legend, runtime_styles
 from fwbench.store import ResultRecord
 
-SERVER_PREFIX = "server@"  # the ladder's points (the peak probes sit at other loads in each round)
-
 
 def ladder_curve(rounds: Sequence[ServingRound]) -> list[tuple[float, float, float, float]]:
-    """(offered QPS, p99 geometric mean, p99 min, p99 max) over the rounds at each ladder fraction, by offered load;
-    seconds (serving.over_rounds, as the table)."""
-    labels = sorted({p.label for r in rounds for p in r.points if p.label and p.label.startswith(SERVER_PREFIX)})
+    """(offered QPS, p99 geometric mean, p99 min, p99 max) over the rounds of each ladder step, by offered load;
+    seconds (the table's figures: serving.over_rounds)."""
     curve = []
-    for label in labels:
-        points = [p for r in rounds if (p := r.point(label)) is not None and p.offered_qps and p.p99_s]
-        if points:
-            p99 = [p.p99_s for p in points if p.p99_s is not None]
-            centre = serving.over_rounds(p99)
-            offered = serving.over_rounds([p.offered_qps for p in points])
-            if centre is not None and offered is not None:
-                curve.append((offered.mean, centre.mean, min(p99), max(p99)))
+    for points in serving.ladder_steps(rounds):
+        p99 = [p.p99_s for p in points if p.p99_s]
+        offered = serving.over_rounds([p.offered_qps for p in points])
+        centre = serving.over_rounds(p99)
+        if offered is not None and centre is not None:
+            curve.append((offered.mean, centre.mean, min(p99), max(p99)))
     return sorted(curve)
 
 

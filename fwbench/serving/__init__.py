@@ -7,8 +7,9 @@ LoadGen from its own process.
   on numpy arrays, padding a batch to the next compiled size.
 - :mod:`.batcher`: dynamic batching (max batch size, max queue delay, bounded queue) in front of the model.
 - :mod:`.app` and :mod:`.server`: the ASGI application (starlette) and the uvicorn server on 127.0.0.1.
-- :mod:`.loadgen`: the load generator process (LoadGen scenarios through an asynchronous HTTP client).
-- :mod:`.points`: what one load point measured, and the figures over rounds.
+- :mod:`.loadgen`: the load generator process (LoadGen scenarios through an asynchronous HTTP client); what a load
+  point measured is :class:`fwbench.details.LoadPoint`.
+- :mod:`.floor`: runtime ``floor:identity``, the harness alone.
 
 Nothing here imports a framework: the served backend comes from :mod:`fwbench.frameworks` in the worker.
 """

@@ -66,7 +66,12 @@ def make_app(batcher: DynamicBatcher) -> Starlette:
     async def stats(request: Request) -> JSONResponse:
         name = request.path_params["name"]
         return unknown(name) or JSONResponse(
-            {**batcher.stats.to_dict(), "padded_rows": model.padded_rows, "cpu_s": time.process_time()}
+            {
+                **batcher.stats.to_dict(),
+                "padded_rows": model.padded_rows,
+                "queued_rows": batcher.queued_rows,
+                "cpu_s": time.process_time(),
+            }
         )
 
     async def infer(request: Request) -> Response:

@@ -2,8 +2,10 @@
 
 Requests wait in one queue; a batch closes when it holds ``max_batch`` rows or when its oldest request has waited
 ``max_delay_s``, and runs on the model's one thread while the event loop keeps accepting. A request that would take
-the queue past ``max_queue_rows`` is refused at once (:class:`Overloaded`, answered 503: a dropped request), so an
-overloaded server sheds load instead of queueing without bound. ``max_batch`` 1 and delay 0 is the direct path: each
+the queue past ``max_queue_rows`` is refused at once (:class:`Overloaded`, answered 503: a dropped request), and one
+that waited in the queue longer than ``max_wait_s`` is refused when its turn comes (its client has given up: the
+model does not compute answers nobody waits for), so an overloaded server sheds load instead of queueing without
+bound. ``max_batch`` 1 and delay 0 is the direct path: each
 request runs alone.
 """
 
@@ -34,6 +36,16 @@ class CallerThreadExecutor(Executor):
         future: Future[Any] = Future()
         self._calls.put((lambda: fn(*args, **kwargs), (), future))
         return future
+
+    def cancel_pending(self) -> None:
+        """Fail what was submitted and not run (after :meth:`serve_until`): nothing waits for a call never made."""
+        while True:
+            try:
+                _, _, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError("the server stopped before this batch ran"))
 
     def serve_until(self, done: Callable[[], bool], poll_s: float = 0.05) -> None:
         """Run the submitted calls, in order, until ``done()`` holds (checked at least every ``poll_s``)."""
@@ -86,7 +98,13 @@ class DynamicBatcher:
     """Batches requests for ``model``; :meth:`submit` from the server's event loop, :meth:`close` at shutdown."""
 
     def __init__(
-        self, model: ServedModel, max_batch: int, max_delay_s: float, max_queue_rows: int, executor: Executor
+        self,
+        model: ServedModel,
+        max_batch: int,
+        max_delay_s: float,
+        max_queue_rows: int,
+        executor: Executor,
+        max_wait_s: float = 2.0,
     ) -> None:
         """``executor``: where the model runs, one batch at a time (a :class:`CallerThreadExecutor` served by the
         thread that built the backends: a framework's thread-local state, such as torch's inference mode, is
@@ -97,6 +115,7 @@ class DynamicBatcher:
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self.max_queue_rows = max_queue_rows
+        self.max_wait_s = max_wait_s
         self.stats = BatchStats()
         self._queue: list[_Pending] = []
         self._queued_rows = 0
@@ -122,6 +141,21 @@ class DynamicBatcher:
         self._wake.set()
         return await future
 
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting in the queue now."""
+        return self._queued_rows
+
+    def _expire(self) -> None:
+        """Refuse the queued requests that waited longer than ``max_wait_s`` (dropped, 503)."""
+        now = time.perf_counter()
+        while self._queue and now - self._queue[0].arrived > self.max_wait_s:
+            pending = self._queue.pop(0)
+            self._queued_rows -= pending.rows
+            self.stats.dropped += 1
+            if not pending.future.done():
+                pending.future.set_exception(Overloaded(f"waited in the queue past {self.max_wait_s:g} s"))
+
     def _take_batch(self) -> list[_Pending]:
         """The oldest requests that fit ``max_batch`` rows together (at least one)."""
         batch: list[_Pending] = []
@@ -137,9 +171,11 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         assert self._wake is not None
         while True:
+            self._expire()
             if not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
+                continue
             deadline = self._queue[0].arrived + self.max_delay_s
             while self._queued_rows < self.max_batch and (wait := deadline - time.perf_counter()) > 0:
                 self._wake.clear()
@@ -149,12 +185,16 @@ class DynamicBatcher:
                     break
             batch = self._take_batch()
             rows = sum(p.rows for p in batch)
-            names = list(batch[0].inputs)
-            joined = {name: np.concatenate([p.inputs[name] for p in batch]) for name in names}
             started = time.perf_counter()
-            try:
+            try:  # whatever fails here fails this batch's requests (500), never the batcher
+                joined = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
                 outputs = await loop.run_in_executor(self._executor, self.model.run, joined)
-            except Exception as exc:  # the batch's requests fail (500); the server keeps serving
+                answers = []
+                offset = 0
+                for pending in batch:
+                    answers.append({k: v[offset : offset + pending.rows] for k, v in outputs.items()})
+                    offset += pending.rows
+            except Exception as exc:
                 self.stats.failed += len(batch)
                 for pending in batch:
                     if not pending.future.done():
@@ -163,11 +203,9 @@ class DynamicBatcher:
             finally:
                 self.stats.model_s += time.perf_counter() - started
                 self.stats.batch_rows[rows] += 1
-            offset = 0
-            for pending in batch:
-                if not pending.future.done():  # a client that went away cancelled its future
-                    pending.future.set_result({k: v[offset : offset + pending.rows] for k, v in outputs.items()})
-                offset += pending.rows
+            for pending, answer in zip(batch, answers):
+                if not pending.future.done():
+                    pending.future.set_result(answer)
 
     async def close(self) -> None:
         """Stop batching; requests still queued fail (the executor is its owner's to shut down)."""

@@ -2,14 +2,21 @@
 (aiohttp), in its own process (``python -m fwbench.serving.loadgen``) pinned to CPUs the server does not use.
 
 LoadGen decides when each query is sent and counts its latency from that *scheduled* time, so a slow server cannot
-hide its queue (the coordinated omission of closed-loop tools). Every query ends: answered, refused by a full
-queue (503, ``dropped``), past the request timeout (``timed_out``), or failed (any other answer, ``failed``); so a
-point ends within its duration plus the request timeout, whatever the server does.
+hide its queue (the coordinated omission of closed-loop tools). Every query ends: answered, refused (503, ``dropped``:
+a full queue, or a wait in it past the server's limit), past its deadline (``timed_out``), or failed (any other
+answer, ``failed``). A Server or SingleStream query's deadline is the request timeout after its send; an Offline
+query's, counted from the point's start, is ``OFFLINE_DURATIONS`` durations plus the timeout: a point ends by then,
+whatever the server does. A point's achieved rate is its answers over the time from its first send to its last
+answer (LoadGen's start and log writing left out). Before each point the client waits for the server's queue to
+empty, so no point inherits another's backlog.
 
 One pass (:func:`run_plan`), for one round of a serving cell: SingleStream (one query at a time: the unloaded
 latency, and the client's own per-request times), Offline (every query at once, at most ``offline_in_flight`` in
-flight: the capacity), the Server scenario (Poisson arrivals) at each ``ladder`` fraction of that capacity, then
-``peak_probes`` Server points bisecting for the highest load whose p99 stays under the bound with no request lost.
+flight, sized for the unloaded rate × ``max_batch``: the capacity), the Server scenario (Poisson arrivals) at each
+``ladder`` fraction of that capacity, then ``peak_probes`` Server points bisecting for the highest load whose p99
+stays under the bound with no query lost (:func:`peak_search`; above the capacity too when every ladder point met
+the bound). The answers kept for the parity check are those of the heaviest Server point that had any (its first
+answer to each of up to ``parity_samples`` samples).
 Reads the plan (JSON) on stdin, writes the result (JSON) on stdout; imports no framework. The client's garbage
 collector is off while a point runs (the instrument must not pause; the server's is left as a deployment has it).
 """
@@ -36,6 +43,9 @@ from fwbench.details import LoadPoint
 from fwbench.serving.protocol import HEADER_LENGTH, decode_response, encode_request
 
 SINGLE_STREAM, OFFLINE, SERVER = "SingleStream", "Offline", "Server"
+OFFLINE_DURATIONS = 4  # an Offline point sized for an overestimated capacity may take this many durations
+PEAK_CEILING = 1.25  # the peak search's upper end (× capacity) when every ladder point met the bound
+DRAIN_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,8 @@ class Plan:
     peak_probes: int = 2
     request_timeout_s: float = 2.0
     offline_in_flight: int = 16  # Offline: requests in flight at once (the server's queue is not flooded)
-    parity_samples: int = 4  # responses of samples 0.. kept from the Server points (checked against the reference)
+    max_batch: int = 8  # the server's max batch size: sizes the Offline point
+    parity_samples: int = 4  # answers kept from the heaviest Server point (checked against the reference)
     responses: str | None = None  # .npz the kept responses go to ("<sample>/<output>")
     seed: int = 0
 
@@ -104,16 +115,18 @@ class Client:
         self.session = self.call(self._open())
         self.counts: Counter[str] = Counter()
         self.first_failure: str | None = None
-        self.kept: dict[int, dict[str, np.ndarray]] = {}  # responses of samples < parity_samples
+        self.kept: dict[int, dict[str, np.ndarray]] = {}  # this point's first answer to each of a few samples
         self.keep = False
         self.latencies_s: list[float] = []  # the client's own send-to-answer times (SingleStream)
         self.record_latencies = False
         self.in_flight: asyncio.Semaphore | None = None
+        self.deadline: float | None = None  # a point's shared deadline (Offline), else each query's own timeout
+        self.first_send: float | None = None
+        self.last_answer: float | None = None
 
     async def _open(self) -> Any:
         connector = self._aiohttp.TCPConnector(limit=512, force_close=False)
-        timeout = self._aiohttp.ClientTimeout(total=self.plan.request_timeout_s)
-        return self._aiohttp.ClientSession(connector=connector, timeout=timeout)
+        return self._aiohttp.ClientSession(connector=connector)
 
     def call(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the client's loop and wait for its value."""
@@ -130,21 +143,30 @@ class Client:
     async def _send(self, query_id: int, index: int, complete: Callable[[int], None]) -> None:
         body, headers = self.bodies[index]
         started = time.perf_counter()
+        if self.first_send is None:
+            self.first_send = started
+        limit = self.plan.request_timeout_s if self.deadline is None else max(0.0, self.deadline - started)
         try:
-            if self.in_flight is not None:
-                async with self.in_flight:
-                    outcome = await self._post(body, headers, index)
-            else:
-                outcome = await self._post(body, headers, index)
+            outcome = await asyncio.wait_for(self._queued_post(body, headers, index), limit)
         except TimeoutError:
             outcome = "timed_out"
         except Exception as exc:  # refused connection, reset: the server is gone or broken
             outcome = "failed"
             self.first_failure = self.first_failure or f"{type(exc).__name__}: {exc}"
         self.counts[outcome] += 1
-        if self.record_latencies and outcome == "answered":
-            self.latencies_s.append(time.perf_counter() - started)
+        finished = time.perf_counter()
+        if outcome == "answered":
+            self.last_answer = finished
+            if self.record_latencies:
+                self.latencies_s.append(finished - started)
         complete(query_id)
+
+    async def _queued_post(self, body: bytes, headers: dict[str, str], index: int) -> str:
+        """The post, after a place among those in flight where the point limits them (Offline)."""
+        if self.in_flight is None:
+            return await self._post(body, headers, index)
+        async with self.in_flight:
+            return await self._post(body, headers, index)
 
     async def _post(self, body: bytes, headers: dict[str, str], index: int) -> str:
         async with self.session.post(self.infer_url, data=body, headers=headers) as response:
@@ -156,7 +178,7 @@ class Client:
                     self.first_failure or f"HTTP {response.status}: {payload[:300].decode(errors='replace')}"
                 )
                 return "failed"
-            if self.keep and index < self.plan.parity_samples and index not in self.kept:
+            if self.keep and index not in self.kept and len(self.kept) < self.plan.parity_samples:
                 self.kept[index] = decode_response(payload, response.headers.get(HEADER_LENGTH))
             return "answered"
 
@@ -176,6 +198,16 @@ class Client:
         value: dict[str, Any] | None = self.call(fetch())
         return value
 
+    def drain(self) -> None:
+        """Wait until the server's queue is empty (its counters say so), at most the request timeout, so the next
+        point starts on an idle server (a server without counters, TorchServe, is not waited for)."""
+        deadline = time.monotonic() + self.plan.request_timeout_s
+        while time.monotonic() < deadline:
+            stats = self.server_stats()
+            if stats is None or not stats.get("queued_rows"):
+                return
+            time.sleep(DRAIN_POLL_S)
+
     def close(self) -> None:
         self.call(self.session.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -189,7 +221,7 @@ def _settings(scenario: str, plan: Plan, target_qps: float, count: int) -> Any:
     settings.scenario = {SINGLE_STREAM: lg.TestScenario.SingleStream, OFFLINE: lg.TestScenario.Offline,
                          SERVER: lg.TestScenario.Server}[scenario]  # fmt: skip
     settings.mode = lg.TestMode.PerformanceOnly
-    settings.min_duration_ms = int(plan.duration_s * 1000)
+    settings.min_duration_ms = int(plan.duration_s * 1000)  # Offline: the query count is expected QPS × this
     settings.max_duration_ms = int(plan.duration_s * 1000) if scenario == SINGLE_STREAM else 0
     settings.min_query_count = 1
     settings.performance_sample_count_override = count
@@ -211,11 +243,12 @@ def run_point(client: Client, scenario: str, label: str, target_qps: float, frac
 
     plan = client.plan
     count = len(client.bodies)
+    client.drain()
     client.counts.clear()
     client.first_failure = None
     client.in_flight = None
-    if scenario == OFFLINE:
-        client.in_flight = client.call(_semaphore(plan.offline_in_flight))
+    client.kept = {}
+    client.first_send = client.last_answer = None
     client.record_latencies = scenario == SINGLE_STREAM
     client.keep = scenario == SERVER
 
@@ -225,19 +258,25 @@ def run_point(client: Client, scenario: str, label: str, target_qps: float, frac
     sut = lg.ConstructSUT(lambda queries: client.issue(queries, complete), lambda: None)
     qsl = lg.ConstructQSL(count, count, lambda indices: None, lambda indices: None)
     before = client.server_stats()
-    cpu_before, started = time.process_time(), time.perf_counter()
     gc.collect()
     gc.freeze()  # what exists now is never scanned again; no collection pauses the client while LoadGen sends
     gc.disable()
-    with tempfile.TemporaryDirectory(prefix="fwbench-loadgen-") as folder:
-        log = lg.LogSettings()
-        log.log_output.outdir = folder
-        log.log_output.copy_summary_to_stdout = False
-        log.enable_trace = False
-        lg.StartTestWithLogSettings(sut, qsl, _settings(scenario, plan, target_qps, count), log)
-        results = loadgen_results(Path(folder) / "mlperf_log_detail.txt")
-    gc.enable()
-    wall_s = time.perf_counter() - started
+    try:
+        cpu_before, started = time.process_time(), time.perf_counter()
+        if scenario == OFFLINE:
+            client.in_flight = client.call(_semaphore(plan.offline_in_flight))
+            client.deadline = started + OFFLINE_DURATIONS * plan.duration_s + plan.request_timeout_s
+        with tempfile.TemporaryDirectory(prefix="fwbench-loadgen-") as folder:
+            log = lg.LogSettings()
+            log.log_output.outdir = folder
+            log.log_output.copy_summary_to_stdout = False
+            log.enable_trace = False
+            lg.StartTestWithLogSettings(sut, qsl, _settings(scenario, plan, target_qps, count), log)
+            results = loadgen_results(Path(folder) / "mlperf_log_detail.txt")
+        wall_s = time.perf_counter() - started
+    finally:
+        gc.enable()
+        client.deadline = None
     client_cpu_s = time.process_time() - cpu_before
     after = client.server_stats()
     lg.DestroyQSL(qsl)
@@ -259,7 +298,7 @@ def run_point(client: Client, scenario: str, label: str, target_qps: float, frac
         fraction=fraction,
         target_qps=target_qps,
         offered_qps=float(scheduled) if scenario == SERVER and isinstance(scheduled, (int, float)) else None,
-        achieved_qps=counts["answered"] / wall_s if wall_s > 0 else None,
+        achieved_qps=answered_rate(counts["answered"], client.first_send, client.last_answer),
         queries=sum(counts.values()),
         answered=counts["answered"],
         dropped=counts["dropped"],
@@ -278,6 +317,13 @@ def run_point(client: Client, scenario: str, label: str, target_qps: float, frac
     )
 
 
+def answered_rate(answered: int, first_send: float | None, last_answer: float | None) -> float | None:
+    """Answers per second from the first send to the last answer (None: fewer than 2 answers)."""
+    if answered < 2 or first_send is None or last_answer is None or last_answer <= first_send:
+        return None
+    return answered / (last_answer - first_send)
+
+
 async def _semaphore(size: int) -> asyncio.Semaphore:
     return asyncio.Semaphore(size)
 
@@ -291,9 +337,42 @@ class PassResult:
     capacity_qps: float | None
     peak_qps: float | None  # the highest achieved load of a point that met the bound, None when none did
     kept_responses: int
+    kept_from: str | None  # the point the kept answers come from
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "points": [p.to_dict() for p in self.points]}
+
+
+def peak_search(
+    ladder: Sequence[float], probes: int, measure: Callable[[float], LoadPoint], bound_s: float
+) -> tuple[list[LoadPoint], float | None]:
+    """The ladder's points (``measure(fraction)`` each), then ``probes`` more bisecting between the highest fraction
+    that met the bound below the lowest that did not (from 0 when the lowest failed; up to PEAK_CEILING × capacity
+    when none failed); every point in order and the highest achieved rate of a point that met the bound."""
+    points: list[LoadPoint] = []
+    peak: float | None = None
+    passing, failing = 0.0, None
+    for fraction in ladder:
+        point = measure(fraction)
+        points.append(point)
+        if meets(point, bound_s):
+            passing = max(passing, fraction)
+            peak = max(peak or 0.0, point.achieved_qps or 0.0)
+        elif failing is None or fraction < failing:
+            failing = fraction
+    low = passing if failing is None or passing < failing else 0.0
+    high = PEAK_CEILING if failing is None else failing
+    for _ in range(probes):
+        fraction = (low + high) / 2
+        if high - low < 0.02:
+            break
+        point = measure(fraction)
+        points.append(point)
+        if meets(point, bound_s):
+            low, peak = fraction, max(peak or 0.0, point.achieved_qps or 0.0)
+        else:
+            high = fraction
+    return points, peak
 
 
 def run_plan(plan: Plan) -> PassResult:
@@ -305,36 +384,29 @@ def run_plan(plan: Plan) -> PassResult:
         points = [run_point(client, SINGLE_STREAM, "single-stream", 1000.0)]
         single_stream_s = list(client.latencies_s)
         unloaded_qps = points[0].achieved_qps or 1.0
-        offline = run_point(client, OFFLINE, "offline", unloaded_qps * 2)
+        offline = run_point(client, OFFLINE, "offline", unloaded_qps * plan.max_batch)
         points.append(offline)
         capacity = offline.achieved_qps
         peak: float | None = None
+        kept: dict[int, dict[str, np.ndarray]] = {}
+        kept_from: str | None = None
+        kept_fraction = -1.0
         if capacity:
-            passing, failing = 0.0, None
-            for fraction in plan.ladder:
-                point = run_point(client, SERVER, f"server@{fraction:.2f}", capacity * fraction, fraction)
-                points.append(point)
-                if meets(point, plan.p99_bound_s):
-                    passing = max(passing, fraction)
-                    peak = max(peak or 0.0, point.achieved_qps or 0.0)
-                elif failing is None or fraction < failing:
-                    failing = fraction
-            high = failing if failing is not None else 1.0
-            low = passing if failing is None or passing < failing else 0.0
-            for _ in range(plan.peak_probes):
-                fraction = (low + high) / 2
-                if fraction <= 0 or high - low < 0.02:
-                    break
-                point = run_point(client, SERVER, f"peak@{fraction:.3f}", capacity * fraction, fraction)
-                points.append(point)
-                if meets(point, plan.p99_bound_s):
-                    low, peak = fraction, max(peak or 0.0, point.achieved_qps or 0.0)
-                else:
-                    high = fraction
-        if plan.responses is not None and client.kept:
-            kept: dict[str, Any] = {f"{i}/{name}": a for i, out in client.kept.items() for name, a in out.items()}
-            np.savez(plan.responses, **kept)
-        return PassResult(points, single_stream_s, capacity, peak, len(client.kept))
+
+            def measure(fraction: float) -> LoadPoint:
+                nonlocal kept, kept_from, kept_fraction
+                label = f"server@{fraction:.2f}" if fraction in plan.ladder else f"peak@{fraction:.3f}"
+                point = run_point(client, SERVER, label, capacity * fraction, fraction)
+                if client.kept and fraction >= kept_fraction:  # the heaviest load with answers
+                    kept, kept_from, kept_fraction = dict(client.kept), label, fraction
+                return point
+
+            server_points, peak = peak_search(plan.ladder, plan.peak_probes, measure, plan.p99_bound_s)
+            points += server_points
+        if plan.responses is not None and kept:
+            saved: dict[str, Any] = {f"{i}/{name}": a for i, out in kept.items() for name, a in out.items()}
+            np.savez(plan.responses, **saved)
+        return PassResult(points, single_stream_s, capacity, peak, len(kept), kept_from)
     finally:
         client.close()
 

@@ -113,8 +113,11 @@ class ServedModel:
         return count
 
     def bucket_for(self, rows: int) -> int:
-        """The smallest bucket holding ``rows`` rows."""
-        return next(bucket for bucket in self.runners if bucket >= rows)
+        """The smallest bucket holding ``rows`` rows; ValueError past the largest."""
+        for bucket in self.runners:
+            if bucket >= rows:
+                return bucket
+        raise ValueError(f"{rows} rows exceed the largest compiled batch size {self.max_batch}")
 
     def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The outputs of ``arrays``' rows (at most ``max_batch``), computed in their bucket (padded)."""

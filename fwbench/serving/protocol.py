@@ -112,7 +112,10 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         raise ProtocolError("the request must be an object with a non-empty inputs list")
     offset, inputs = 0, {}
     for entry in header["inputs"]:
-        size = (entry.get("parameters") or {}).get("binary_data_size") if isinstance(entry, dict) else None
+        parameters = entry.get("parameters") if isinstance(entry, dict) else None
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ProtocolError(f"an input's parameters must be an object, got {parameters!r}")
+        size = (parameters or {}).get("binary_data_size")
         binary = None
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(rest):

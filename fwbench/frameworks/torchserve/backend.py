@@ -48,7 +48,8 @@ class TorchServeBackend(Backend):
         assert self.description is not None, "build() first"
         return server.TorchServe(
             folder, self.description, self._weights, max_batch=max_batch, max_delay_s=max_delay_s, buckets=buckets,
-            seq_len=seq_len, threads=self.threads, seed=self.settings.seed, queue_rows=queue_rows, port=port,
+            seq_len=seq_len, threads=self.threads, seed=self.settings.seed, warmup_calls=self.settings.warmup_calls,
+            queue_rows=queue_rows, port=port,
         )  # fmt: skip
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:

@@ -8,7 +8,7 @@ encoded back with its ``Inference-Header-Content-Length``. A request the model r
 
 from __future__ import annotations
 
-import os
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,6 @@ class FwbenchHandler:
         from fwbench.spec import Settings
 
         config: dict[str, Any] = dict(context.model_yaml_config["handler"])
-        cpus = config.get("cpus")
-        if cpus:
-            os.sched_setaffinity(0, cpus)
         description = get_model(config["model"])
         weights = load_weights(description, Path(context.system_properties["model_dir"]) / WEIGHTS_FILE)
         settings = Settings(threads=int(config["threads"]), interop_threads=1, seed=int(config["seed"]))
@@ -50,7 +47,7 @@ class FwbenchHandler:
             backend.build(description, weights)
             inputs = backend.make_inputs(description.make_inputs(int(bucket), seq_len, settings.seed))
             backend.compile(inputs)
-            for _ in range(3):
+            for _ in range(1 + int(config["warmup_calls"])):  # compiled and warm before the first request, as fwbench's
                 outputs = backend.to_numpy(backend.infer(inputs))
             runners[int(bucket)] = backend
         arrays = description.make_inputs(1, seq_len, settings.seed)
@@ -68,7 +65,7 @@ class FwbenchHandler:
                 rows = self.model.check(request_obj.inputs)
             except ProtocolError as exc:
                 context.set_response_status(exc.status, str(exc), index)
-                answers[index] = f'{{"error": {str(exc)!r}}}'.encode()
+                answers[index] = json.dumps({"error": str(exc)}).encode()
                 continue
             parsed.append((index, request_obj, rows))
         if parsed:
@@ -88,7 +85,7 @@ class FwbenchHandler:
         return [answer or b"" for answer in answers]
 
     def _in_parts(self, parsed: list[tuple[int, Any, int]]) -> dict[str, np.ndarray]:
-        """Requests of several rows each can add up to more than the max batch: run them max batch at a time."""
+        """Requests of several rows each can add up to more than the max batch: run them one request at a time."""
         assert self.model is not None
         parts: list[dict[str, np.ndarray]] = []
         for _, request_obj, _ in parsed:

@@ -28,6 +28,14 @@ from fwbench.serving.server import HOST, bind
 
 PR_SET_PDEATHSIG = 1
 READY_TIMEOUT_S = 180.0
+# TorchServe's own log4j2.xml writes an access-log line and metrics lines for every request; fwbench's server
+# writes none (uvicorn's access log is off): warnings and errors only, to the console (torchserve.log).
+QUIET_LOG4J = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration>
+  <Appenders><Console name="STDOUT" target="SYSTEM_OUT"><PatternLayout pattern="%d %p %c: %m%n"/></Console></Appenders>
+  <Loggers><Root level="warn"><AppenderRef ref="STDOUT"/></Root></Loggers>
+</Configuration>
+"""
 
 
 def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)
@@ -75,12 +83,18 @@ class TorchServe:
         seq_len: int | None,
         threads: int,
         seed: int,
+        warmup_calls: int,
         queue_rows: int,
         port: int = 0,
     ) -> None:
         self.folder = folder
         self.name = description.name
-        self.max_delay_ms = max(1, round(max_delay_s * 1000))  # TorchServe's maxBatchDelay is whole milliseconds
+        delay_ms = max_delay_s * 1000
+        if abs(delay_ms - round(delay_ms)) > 1e-9:
+            raise ValueError(
+                f"TorchServe's maxBatchDelay is whole milliseconds: --max-delay {delay_ms:g}ms cannot be given to it"
+            )
+        self.max_delay_ms = round(delay_ms)
         store = folder / "model-store"
         store.mkdir(parents=True)
         weights_file = folder / "weights.safetensors"
@@ -93,7 +107,7 @@ class TorchServe:
             "responseTimeout": 120,
             "deviceType": "cpu",
             "handler": {"model": description.name, "seq_len": seq_len, "buckets": list(buckets), "threads": threads,
-                        "seed": seed},
+                        "seed": seed, "warmup_calls": warmup_calls},
         }  # fmt: skip
         config_file = folder / "model-config.yaml"
         config_file.write_text(json.dumps(config))  # JSON is YAML
@@ -105,12 +119,19 @@ class TorchServe:
              "--archive-format", "no-archive", "--force"],
             check=True, capture_output=True, timeout=300,
         )  # fmt: skip
+        if port:
+            bind(port).close()  # PortInUse, in fwbench's words, before TorchServe says it in its log
         self.inference_port = port or free_port()
-        self.management_port, metrics_port = free_port(), free_port()
+        self.management_port, metrics_port, grpc_inference, grpc_management = (free_port() for _ in range(4))
+        (folder / "log4j2.xml").write_text(QUIET_LOG4J)
         properties = {
             "inference_address": f"http://{HOST}:{self.inference_port}",
             "management_address": f"http://{HOST}:{self.management_port}",
             "metrics_address": f"http://{HOST}:{metrics_port}",
+            "grpc_inference_address": HOST,
+            "grpc_management_address": HOST,
+            "grpc_inference_port": grpc_inference,
+            "grpc_management_port": grpc_management,
             "number_of_netty_threads": 1,
             "netty_client_threads": 1,
             "default_workers_per_model": 1,
@@ -126,7 +147,7 @@ class TorchServe:
 
     def report(self) -> dict[str, Any]:
         """What was started: TorchServe's properties (threads, queue, addresses) and its batching."""
-        return {"torchserve_properties": self.properties, "max_batch_delay_ms": self.max_delay_ms}
+        return {"torchserve_properties": self.properties, "max_batch_delay_ms": self.max_delay_ms, "log": "warnings"}
 
     def command(self) -> list[str]:
         """The Java frontend's command line, as the ``torchserve`` script builds it."""
@@ -137,7 +158,8 @@ class TorchServe:
         if java is None:
             raise FileNotFoundError("java is not on PATH: TorchServe's frontend needs a JDK (17 here)")
         return [
-            java, f"-Dmodel_server_home={home}", f"-Djava.io.tmpdir={self.folder}", "-cp",
+            java, f"-Dmodel_server_home={home}", f"-Djava.io.tmpdir={self.folder}",
+            f"-Dlog4j.configurationFile=file://{self.folder / 'log4j2.xml'}", "-cp",
             f".:{home / 'ts' / 'frontend' / '*'}", "org.pytorch.serve.ModelServer", "--python", sys.executable,
             "-f", str(self.folder / "config.properties"), "-s", str(self._store), "-ncs", "--disable-token-auth",
             "--enable-model-api", "-m", f"{self.name}={self.name}",
@@ -151,6 +173,7 @@ class TorchServe:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self.ready():
             if self.proc.poll() is not None:
+                self.stop()  # its model workers, if any started
                 raise RuntimeError(f"TorchServe ended while starting: {self.log_tail()}")
             if time.monotonic() > deadline:
                 self.stop()
