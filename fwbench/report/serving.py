@@ -22,6 +22,7 @@ from fwbench.units import format_significant, seconds_unit, significant_digits
 
 FLOOR = "floor:identity"
 SERVER_LABEL = "server@"  # the ladder's points (the peak probes sit at other loads in each round)
+PROBE_LABEL = "peak@"  # the peak search's probes: past the peak they lose queries by design
 HEADERS = [
     "model", "runtime", "max batch", "seq", "SingleStream p50", "capacity QPS", "p99 @ 50%", "p99 @ 90%",
     "peak QPS ≤ bound", "lost", "floor p99 @ 50% load", "client CPU",
@@ -33,7 +34,8 @@ LEGEND = (
     "Serving: latency from each query's scheduled send (LoadGen), so queueing counts; capacity: Offline answers per "
     "second; p99 @ 50% / 90%: the Server scenario (Poisson arrivals) at that fraction of the round's capacity; peak "
     "QPS ≤ bound: the highest answered load whose p99 stayed under the bound with no query lost (— none did); lost: "
-    "queries dropped (a full queue, or a wait past the timeout), timed out or failed over all points, and ! after a "
+    "queries dropped (a full queue, or a wait past the timeout), timed out or failed over all points but the peak "
+    "search's probes (past the peak they lose queries by design), and ! after a "
     "p99 whose point lost some (a refused query answers fast, so that p99 reads low); floor p99 @ 50% load: "
     "floor:identity (outputs = inputs, the same server and client) at the offered load of this row's 50% point "
     "(interpolated on its ladder; below its lightest point, that point's); client CPU: the load generator's busiest "
@@ -173,7 +175,7 @@ def serving_rows(results: Sequence[ResultRecord]) -> list[ServingRow]:
                 p99_half=point_figure(rounds, "server@0.50", lambda p: p.p99_s),
                 p99_ninety=point_figure(rounds, "server@0.90", lambda p: p.p99_s),
                 peak=over_rounds([r.peak_qps for r in rounds]) if all(r.peak_qps for r in rounds) else None,
-                lost=sum(p.lost for r in rounds for p in r.points),
+                lost=sum(p.lost for r in rounds for p in r.points if not (p.label or "").startswith(PROBE_LABEL)),
                 floor_p99_half=floor_at_same_load(floor_rounds, rounds),
                 half_lost=any(p.lost for r in rounds if (p := r.point("server@0.50")) is not None),
                 ninety_lost=any(p.lost for r in rounds if (p := r.point("server@0.90")) is not None),
