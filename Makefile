@@ -33,6 +33,7 @@ CHECKED := fwbench tests benchmarks
 
 test: $(STAMP)
 	scripts/ensure-chromium
+	scripts/ensure-java
 	$(BIN)/ruff check $(CHECKED)
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/mypy
