@@ -261,3 +261,32 @@ def test_the_json_export_carries_the_priors_each_run_was_moderated_with(db: Path
     assert prior is not None and entry["times"]["cells"] == prior.cells == 6
     assert entry["times"]["intercept"] == prior.intercept and entry["times"]["slope"] == prior.slope
     assert entry["hardware_id"] == rows[0].hardware_id
+
+
+def _serving_record(run_id: int, runtime: str, capacity: float, p99_s: float) -> ResultRecord:
+    """A serving cell of one round: its capacity, its 50% point's p99, a peak at 80% of the capacity."""
+    point = {"scenario": "Server", "label": "server@0.50", "fraction": 0.5, "offered_qps": capacity / 2,
+             "p99_s": p99_s, "answered": 100}  # fmt: skip
+    serving = {"max_batch": 8, "rounds": [{"capacity_qps": capacity, "peak_qps": 0.8 * capacity, "points": [point]}]}
+    return ResultRecord.from_row(
+        {"id": run_id, "case_key": runtime, "created": "", "run_id": run_id, "model": "mlp", "runtime": runtime,
+         "phase": "serving", "batch_size": 8, "seq_len": None, "dtype": "fp32", "device": "cpu", "status": "ok",
+         "samples": [0.001], "details": {"serving": serving}}
+    )  # fmt: skip
+
+
+def test_compare_puts_the_serving_figures_of_both_runs_side_by_side() -> None:
+    """Serving cells of both runs: capacity, p99 at 50% and peak in A and B with B/A; a cell of one run only is
+    left out; descriptive (no verdict comes from it)."""
+    from fwbench.report.compare import serving_change_table
+    from fwbench.report.serving import serving_changes
+
+    a = [_serving_record(1, "torch:eager", 1000.0, 0.010), _serving_record(1, "jax:jit", 800.0, 0.012)]
+    b = [_serving_record(2, "torch:eager", 500.0, 0.020)]
+    (change,) = serving_changes(a, b)
+    assert change.runtime == "torch:eager"  # geometric means: exp(log x) is x within an ulp
+    assert change.capacity_a == pytest.approx(1000.0) and change.capacity_b == pytest.approx(500.0)
+    assert change.p99_half_a == pytest.approx(0.010) and change.p99_half_b == pytest.approx(0.020)
+    assert change.peak_a == pytest.approx(800.0) and change.peak_b == pytest.approx(400.0)
+    (row,) = serving_change_table([change]).rows
+    assert row[4:7] == ["1000", "500", "0.50×"] and row[9] == "2.00×" and row[12] == "0.50×"

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from rich.markup import escape
 
+from fwbench.report.serving import ServingChange, serving_changes
 from fwbench.report.summary import (
     ALPHA,
     cell_key,
@@ -34,7 +35,7 @@ from fwbench.report.summary import (
 from fwbench.report.table import TableData, plain, ratio_text
 from fwbench.spec import CASE_FIELDS
 from fwbench.store import ResultRecord, RunRecord
-from fwbench.units import format_percent, format_seconds_noise, second_axis_text, short_id
+from fwbench.units import format_percent, format_seconds, format_seconds_noise, second_axis_text, short_id
 
 COMPARE_KEY = CASE_FIELDS  # a cell of run A is the cell of run B with the same case (another run, maybe machine)
 DEFAULT_THRESHOLD = 0.05
@@ -122,6 +123,7 @@ class RunComparison:
     only_b: list[ResultRecord]
     summaries: list[RatioSummary]
     environment: list[EnvironmentDifference] = field(default_factory=list)
+    serving: list[ServingChange] = field(default_factory=list)  # serving cells of both runs: their load figures
     machine_warning: str | None = None  # the runs' cells ran on different hardware
     shift_warning: str | None = None  # every runtime moved the same way: the machine's speed, not the software
 
@@ -148,6 +150,7 @@ class RunComparison:
             "only_b": [_key_dict(r) for r in self.only_b],
             "summaries": [asdict(s) for s in self.summaries],
             "environment": [asdict(d) for d in self.environment],
+            "serving": [asdict(s) for s in self.serving],
         }
 
 
@@ -317,6 +320,7 @@ def compare_runs(
     """:func:`compare_results` plus the :func:`environment_differences` of the two runs."""
     comparison = compare_results(results_a, results_b, run_a.id, run_b.id, threshold)
     comparison.environment = environment_differences(run_a, results_a, run_b, results_b)
+    comparison.serving = serving_changes(results_a, results_b)
     comparison.machine_warning = machine_warning(results_a, results_b)
     comparison.shift_warning = shift_warning(comparison)
     return comparison
@@ -476,12 +480,57 @@ def comparison_tables(comparison: RunComparison, label_a: str, label_b: str) -> 
                     ]
                 )
             tables.append(only)
+    if comparison.serving:
+        tables.append(serving_change_table(comparison.serving))
     if comparison.environment:
         env = TableData("environment differences", ["key", "A", "B"])
         for d in comparison.environment:
             env.rows.append([escape(d.key), "—" if d.a is None else escape(d.a), "—" if d.b is None else escape(d.b)])
         tables.append(env)
     return tables
+
+
+SERVING_HEADERS = [
+    "model", "runtime", "max batch", "seq", "capacity A", "capacity B", "B/A", "p99 @ 50% A", "p99 @ 50% B", "B/A",
+    "peak A", "peak B", "B/A",
+]  # fmt: skip
+SERVING_LEGEND = (
+    "serving: each serving cell of both runs, its capacity (queries/s), p99 at half of it and peak load under the "
+    "p99 bound in A and B (geometric means over rounds; fwbench report shows their intervals); descriptive: the "
+    "verdicts and the exit status follow the cells' stored times (SingleStream requests), above."
+)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or b is None or a <= 0 else f"{b / a:.2f}×"
+
+
+def serving_change_table(changes: Sequence[ServingChange]) -> TableData:
+    """The serving cells of both runs with their load figures in A and B (:func:`serving_changes`)."""
+    table = TableData("serving under load, A → B", list(SERVING_HEADERS), frozenset(SERVING_HEADERS[2:]))
+    for c in changes:
+        table.rows.append(
+            [
+                escape(c.model),
+                escape(c.runtime),
+                str(c.batch_size),
+                "—" if c.seq_len is None else str(c.seq_len),
+                _rate(c.capacity_a),
+                _rate(c.capacity_b),
+                _ratio(c.capacity_a, c.capacity_b),
+                format_seconds(c.p99_half_a),
+                format_seconds(c.p99_half_b),
+                _ratio(c.p99_half_a, c.p99_half_b),
+                _rate(c.peak_a),
+                _rate(c.peak_b),
+                _ratio(c.peak_a, c.peak_b),
+            ]  # fmt: skip
+        )
+    return table
+
+
+def _rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}"
 
 
 def comparison_legend(comparison: RunComparison) -> list[str]:
@@ -494,6 +543,7 @@ def comparison_legend(comparison: RunComparison) -> list[str]:
         f"regression: p < {ALPHA:g} and B/A > 1 + {limit}; improvement: p < {ALPHA:g} and B/A < 1/(1 + {limit}); "
         "within threshold: significant but smaller; broken: ok in A, not ok in B (counts as a regression); "
         "fixed: the reverse.",
+        *([SERVING_LEGEND] if comparison.serving else []),
     ]
 
 

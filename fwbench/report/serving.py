@@ -200,3 +200,60 @@ def serving_cells(item: ServingRow, markup: bool = True) -> list[str]:
         seconds_text(item.p99_ninety) + (LOST_MARK if item.ninety_lost else ""), rate_text(item.peak), str(item.lost),
         seconds_text(item.floor_p99_half), "—" if item.client_busy is None else f"{item.client_busy:.0%}",
     ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ServingChange:
+    """One serving cell of both runs (``fwbench compare``): its capacity, p99 at half of it and peak load under the
+    bound in A and in B, each the geometric mean over its rounds (queries per second, seconds; None: not
+    measured)."""
+
+    model: str
+    runtime: str
+    batch_size: int
+    seq_len: int | None
+    dtype: str
+    device: str
+    capacity_a: float | None
+    capacity_b: float | None
+    p99_half_a: float | None
+    p99_half_b: float | None
+    peak_a: float | None
+    peak_b: float | None
+
+
+def _mean(figure: Figure | None) -> float | None:
+    return None if figure is None else figure.mean
+
+
+def serving_changes(results_a: Sequence[ResultRecord], results_b: Sequence[ResultRecord]) -> list[ServingChange]:
+    """The serving cells both runs have (same model, runtime, max batch, sequence length, dtype, device), in A's
+    order."""
+
+    def key(row: ResultRecord) -> tuple[object, ...]:
+        return (row.model, row.runtime, row.batch_size, row.seq_len, row.dtype, row.device)
+
+    in_b = {key(item.row): item for item in serving_rows(results_b)}
+    changes = []
+    for a in serving_rows(results_a):
+        b = in_b.get(key(a.row))
+        if b is None:
+            continue
+        row = a.row
+        changes.append(
+            ServingChange(
+                row.model,
+                row.runtime,
+                row.batch_size,
+                row.seq_len,
+                row.dtype,
+                row.device,
+                _mean(a.capacity),
+                _mean(b.capacity),
+                _mean(a.p99_half),
+                _mean(b.p99_half),
+                _mean(a.peak),
+                _mean(b.peak),
+            )  # fmt: skip
+        )
+    return changes

@@ -1,5 +1,6 @@
-"""A run's temporary folders (its seeded weights, its groups' export caches), each named after the manager's pid,
-so that the next run removes the ones a run killed with SIGKILL could not (:func:`remove_stale`)."""
+"""A run's temporary folders (its seeded weights, its groups' export caches: named after the manager's pid; a serving
+worker's samples and TorchServe's model store: after the worker's), so that the next run removes the ones a process
+killed with SIGKILL could not (:func:`remove_stale`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from fwbench.measure.processes import running
 
 WEIGHTS_PREFIX = "fwbench-weights-"  # the run's seeded weights (fwbench.runner.manager.SeededWeights)
 EXPORTS_PREFIX = "fwbench-exports-"  # a group's exported artefacts (fwbench.runner.manager.export_cache)
-PREFIXES = (WEIGHTS_PREFIX, EXPORTS_PREFIX)
+SERVING_PREFIX = "fwbench-serving-"  # a serving worker's query samples, answers and TorchServe's model store
+PREFIXES = (WEIGHTS_PREFIX, EXPORTS_PREFIX, SERVING_PREFIX)
 
 
 def run_folder(prefix: str) -> tempfile.TemporaryDirectory[str]:
@@ -21,8 +23,8 @@ def run_folder(prefix: str) -> tempfile.TemporaryDirectory[str]:
 
 
 def remove_stale(folder: str | None = None) -> list[str]:
-    """Remove the run folders in ``folder`` (the temporary folder) whose manager is gone: bert-base's weights file
-    alone is 440 MB, an engine's export as much. A folder's name carries its manager's pid; folders without one are
+    """Remove the run folders in ``folder`` (the temporary folder) whose process is gone: bert-base's weights file
+    alone is 440 MB, an engine's export as much. A folder's name carries its process's pid; folders without one are
     left alone. Returns the folders removed."""
     removed = []
     for prefix in PREFIXES:

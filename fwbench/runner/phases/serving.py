@@ -31,6 +31,7 @@ from fwbench.runner import estimate
 from fwbench.runner.cell import Cell, parity
 from fwbench.runner.phases.base import Phase
 from fwbench.runner.phases.inference import mismatch_reason
+from fwbench.runner.tempfolders import SERVING_PREFIX, run_folder
 from fwbench.spec import DTYPES, Case, Settings
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class Serving(Phase):
         server_cpus = set(os.sched_getaffinity(0))
         cpus, shared = client_cpus(server_cpus)
         cell.result["serving_cpus"] = {"server": sorted(server_cpus), "client": cpus, "shared": shared}
-        with tempfile.TemporaryDirectory(prefix="fwbench-serving-") as folder:
+        with run_folder(SERVING_PREFIX) as folder:  # named after this worker: a killed one's is removed by the next run
             samples, responses = Path(folder) / "samples.npz", Path(folder) / "responses.npz"
             saved: dict[str, Any] = dict(arrays)
             np.savez(samples, **saved)
