@@ -32,6 +32,7 @@ from fwbench.runner.cell import Cell, parity
 from fwbench.runner.phases.base import Phase
 from fwbench.runner.phases.inference import mismatch_reason
 from fwbench.runner.tempfolders import SERVING_PREFIX, run_folder
+from fwbench.serving.loadgen import OFFLINE_DURATIONS
 from fwbench.spec import DTYPES, Case, Settings
 
 if TYPE_CHECKING:
@@ -52,9 +53,11 @@ def points_per_round() -> int:
 
 
 def load_budget_s(settings: Settings) -> float:
-    """The most seconds one round's load may take: each point's duration plus a request timeout (every query ends
-    by then) and LoadGen's overhead."""
-    return points_per_round() * (settings.serve_point_s + REQUEST_TIMEOUT_S + POINT_OVERHEAD_S)
+    """The most seconds one round's load may take: each point's duration, the wait for an empty queue before it and
+    a request timeout after it (every query ends by then: loadgen's module docstring), LoadGen's overhead, and the
+    Offline point's longer deadline."""
+    point = settings.serve_point_s + 2 * REQUEST_TIMEOUT_S + POINT_OVERHEAD_S
+    return points_per_round() * point + (OFFLINE_DURATIONS - 1) * settings.serve_point_s
 
 
 def client_cpus(server_cpus: set[int]) -> tuple[list[int], bool]:
