@@ -167,8 +167,10 @@ def _grid_flags(run: argparse.ArgumentParser) -> None:
         help="inference (default), training (one optimizer step per "
         "timed call; bf16: mixed precision, float32 master weights), fit (fp32; --epochs over a seeded "
         "in-memory dataset with each runtime's training loop: model.fit, Trainer.fit or a manual loop; "
-        "one sample per epoch) or data (an input pipeline's batches of a JPEG dataset: torch:dataloader, "
-        "tensorflow:data, grain:dataloader; one call per batch); overrides the suite's and every [[grid]]'s own phase",
+        "one sample per epoch), data (an input pipeline's batches of a JPEG dataset: torch:dataloader, "
+        "tensorflow:data, grain:dataloader; one call per batch) or serving (the runtime behind an HTTP server under "
+        "MLPerf LoadGen's load; --batch-sizes is the max batch; docs/serving.md); overrides the suite's and every "
+        "[[grid]]'s own phase",
     )
     grid.add_argument(
         "--dtype",

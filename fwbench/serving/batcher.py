@@ -5,8 +5,7 @@ Requests wait in one queue; a batch closes when it holds ``max_batch`` rows or w
 the queue past ``max_queue_rows`` is refused at once (:class:`Overloaded`, answered 503: a dropped request), and one
 that waited in the queue longer than ``max_wait_s`` is refused when its turn comes (its client has given up: the
 model does not compute answers nobody waits for), so an overloaded server sheds load instead of queueing without
-bound. ``max_batch`` 1 and delay 0 is the direct path: each
-request runs alone.
+bound. ``max_batch`` 1 and delay 0 is the direct path: each request runs alone.
 """
 
 from __future__ import annotations
@@ -30,18 +29,18 @@ class CallerThreadExecutor(Executor):
     backend was built and compiled: frameworks keep thread-local state, such as torch's inference mode)."""
 
     def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        self._calls.put((lambda: fn(*args, **kwargs), (), future))
+        self._calls.put((lambda: fn(*args, **kwargs), future))
         return future
 
     def cancel_pending(self) -> None:
         """Fail what was submitted and not run (after :meth:`serve_until`): nothing waits for a call never made."""
         while True:
             try:
-                _, _, future = self._calls.get_nowait()
+                _, future = self._calls.get_nowait()
             except queue.Empty:
                 return
             if future.set_running_or_notify_cancel():
@@ -51,15 +50,18 @@ class CallerThreadExecutor(Executor):
         """Run the submitted calls, in order, until ``done()`` holds (checked at least every ``poll_s``)."""
         while not done():
             try:
-                call, _, future = self._calls.get(timeout=poll_s)
+                call, future = self._calls.get(timeout=poll_s)
             except queue.Empty:
                 continue
             if not future.set_running_or_notify_cancel():
                 continue
             try:
                 future.set_result(call())
-            except BaseException as exc:
+            except Exception as exc:  # the batch's requests fail (500); the server goes on
                 future.set_exception(exc)
+            except BaseException as exc:  # Ctrl-C, exit: the batch fails and so does the worker
+                future.set_exception(exc)
+                raise
 
 
 class Overloaded(RuntimeError):

@@ -190,8 +190,9 @@ class Client:
 
         async def fetch() -> dict[str, Any] | None:
             try:
-                async with self.session.get(stats_url) as response:
-                    return dict(await response.json()) if response.status == 200 else None
+                async with asyncio.timeout(self.plan.request_timeout_s):  # a hung server: no counters, no hang
+                    async with self.session.get(stats_url) as response:
+                        return dict(await response.json()) if response.status == 200 else None
             except Exception:
                 return None
 

@@ -42,12 +42,13 @@ def _die_with_parent() -> None:  # pragma: no cover (runs in the child between f
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 now."""
-    sock = bind(0)
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
+def free_ports(count: int) -> list[int]:
+    """``count`` different ports free on 127.0.0.1 now (bound together, then released for TorchServe to take)."""
+    sockets = [bind(0) for _ in range(count)]
+    ports = [int(sock.getsockname()[1]) for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
 
 
 def java_version() -> str:
@@ -113,16 +114,22 @@ class TorchServe:
         config_file.write_text(json.dumps(config))  # JSON is YAML
         archiver = Path(sys.executable).with_name("torch-model-archiver")
         handler = Path(__file__).with_name("handler.py")
-        subprocess.run(
+        archived = subprocess.run(
             [str(archiver), "--model-name", self.name, "--version", "1.0", "--handler", str(handler),
              "--serialized-file", str(weights_file), "--config-file", str(config_file), "--export-path", str(store),
              "--archive-format", "no-archive", "--force"],
-            check=True, capture_output=True, timeout=300,
+            capture_output=True, text=True, timeout=300,
         )  # fmt: skip
+        if archived.returncode != 0:
+            lines = [line for line in (archived.stderr or archived.stdout).strip().splitlines() if line.strip()]
+            raise RuntimeError(
+                f"torch-model-archiver failed (exit {archived.returncode}): {lines[-1] if lines else ''}"
+            )
         if port:
             bind(port).close()  # PortInUse, in fwbench's words, before TorchServe says it in its log
-        self.inference_port = port or free_port()
-        self.management_port, metrics_port, grpc_inference, grpc_management = (free_port() for _ in range(4))
+        free = free_ports(5)
+        self.inference_port = port or free[4]
+        self.management_port, metrics_port, grpc_inference, grpc_management = free[:4]
         (folder / "log4j2.xml").write_text(QUIET_LOG4J)
         properties = {
             "inference_address": f"http://{HOST}:{self.inference_port}",
