@@ -158,14 +158,19 @@ def floor_at_same_load(floor_rounds: Sequence[ServingRound], rounds: Sequence[Se
 
 
 def serving_rows(results: Sequence[ResultRecord]) -> list[ServingRow]:
-    """Every ok serving cell, in stored order, with the floor of its model, max batch and sequence length."""
+    """Every ok serving cell, in stored order, with the floor of its run, machine, model, max batch, sequence length,
+    dtype and device."""
+
+    def floor_key(row: ResultRecord) -> tuple[object, ...]:
+        return (row.run_id, row.hardware_id, row.model, row.batch_size, row.seq_len, row.dtype, row.device)
+
     served = [r for r in results if r.phase == "serving" and r.status in ("ok", "mismatch") and r.serving is not None]
-    floors = {(r.model, r.batch_size, r.seq_len, r.dtype): r for r in served if r.runtime == FLOOR}
+    floors = {floor_key(r): r for r in served if r.runtime == FLOOR}
     out = []
     for row in served:
         assert row.serving is not None
         rounds = row.serving.rounds
-        floor = floors.get((row.model, row.batch_size, row.seq_len, row.dtype))
+        floor = floors.get(floor_key(row))
         floor_rounds = floor.serving.rounds if floor is not None and floor.serving is not None else ()
         out.append(
             ServingRow(

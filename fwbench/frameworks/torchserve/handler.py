@@ -25,7 +25,6 @@ class FwbenchHandler:
 
     def __init__(self) -> None:
         self.model: ServedModel | None = None
-        self.batches: dict[int, int] = {}
 
     def initialize(self, context: Any) -> None:
         from fwbench.frameworks import create_backend
@@ -72,7 +71,6 @@ class FwbenchHandler:
             names = [spec.name for spec in self.model.inputs]
             joined = {name: np.concatenate([p[1].inputs[name] for p in parsed]) for name in names}
             total = sum(p[2] for p in parsed)
-            self.batches[total] = self.batches.get(total, 0) + 1
             outputs = self.model.run(joined) if total <= self.model.max_batch else self._in_parts(parsed)
             offset = 0
             for index, request_obj, rows in parsed:
