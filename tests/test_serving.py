@@ -412,3 +412,20 @@ def test_a_killed_server_is_an_error_and_leaves_no_process(tmp_path: Path) -> No
     (row,) = _rows(db)
     assert row["status"] == "error" and "SIGKILL" in str(row["reason"]), row["reason"]
     assert marked_processes_left(marker) == []
+
+
+def test_phase_serving_leaves_the_load_generator_a_core_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --threads, a serving cell's budget is the physical cores less one (at least 1); other phases take
+    them all; --threads wins."""
+    from fwbench.measure import environment
+    from fwbench.runner import planner
+    from fwbench.runner.planner import PlanChoices, resolve_plan
+
+    monkeypatch.setattr(planner, "check_threads_fit", lambda settings: None)  # budgets beyond this test's own CPUs
+    for cores, served in ((4, 3), (2, 1), (1, 1)):
+        monkeypatch.setattr(environment, "physical_core_count", lambda cores=cores: cores)
+        serving = resolve_plan(PlanChoices(models="mlp", runtimes="floor:identity", phase="serving"))
+        inference = resolve_plan(PlanChoices(models="mlp", runtimes="torch:eager", phase="inference"))
+        assert (serving.settings.threads, inference.settings.threads) == (served, cores)
+    given = resolve_plan(PlanChoices(models="mlp", runtimes="floor:identity", phase="serving", settings={"threads": 2}))
+    assert given.settings.threads == 2

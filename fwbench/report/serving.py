@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from rich.markup import escape
 
 from fwbench.details import LoadPoint, ServingRound
-from fwbench.measure.rounds import t_quantile
+from fwbench.measure.rounds import Estimate, time_estimate
 from fwbench.store import ResultRecord
-from fwbench.units import format_significant, seconds_unit, significant_digits
+from fwbench.units import format_seconds_noise, format_significant, seconds_unit, significant_digits
 
 FLOOR = "floor:identity"
 SERVER_LABEL = "server@"  # the ladder's points (the peak probes sit at other loads in each round)
@@ -44,61 +44,46 @@ LEGEND = (
 )
 
 
-@dataclass(frozen=True)
-class Figure:
-    """The geometric mean over rounds and its 95% interval (a Student-t interval of the logs; None: fewer than 3
-    rounds), as fwbench's cell times: a round that stalled moves it less than it would an arithmetic mean."""
-
-    mean: float
-    low: float | None
-    high: float | None
-
-
-def over_rounds(values: Sequence[float | None]) -> Figure | None:
-    """The rounds' values (those measured and positive) as a :class:`Figure`; None when none was."""
-    logs = [math.log(v) for v in values if v is not None and math.isfinite(v) and v > 0]
-    if not logs:
-        return None
-    centre = sum(logs) / len(logs)
-    if len(logs) < 3:
-        return Figure(math.exp(centre), None, None)
-    sd = math.sqrt(sum((v - centre) ** 2 for v in logs) / (len(logs) - 1))
-    half = t_quantile(len(logs) - 1) * sd / math.sqrt(len(logs))
-    return Figure(math.exp(centre), math.exp(centre - half), math.exp(centre + half))
+def over_rounds(values: Sequence[float | None]) -> Estimate | None:
+    """The rounds' values (those measured and positive) as fwbench's cell times are estimated
+    (:func:`fwbench.measure.rounds.time_estimate`, each round one value): their geometric mean, with a Student-t
+    interval of the logs from 3 rounds; a round that stalled moves it less than an arithmetic mean. None when no
+    round measured one."""
+    return time_estimate([[v] for v in values if v is not None and math.isfinite(v)])
 
 
 def point_figure(
     rounds: Sequence[ServingRound], label: str, value: Callable[[LoadPoint], float | None]
-) -> Figure | None:
+) -> Estimate | None:
     """``value`` of the point ``label`` over the rounds."""
     return over_rounds([value(p) if (p := r.point(label)) is not None else None for r in rounds])
 
 
-def _digits(figure: Figure, scale: float = 1.0) -> int:
-    half = None if figure.low is None or figure.high is None else (figure.high - figure.low) / 2 / scale
-    return significant_digits(figure.mean / scale, half)
+def _digits(figure: Estimate, scale: float = 1.0) -> int:
+    half = None if figure.ci_low is None or figure.ci_high is None else (figure.ci_high - figure.ci_low) / 2 / scale
+    return significant_digits(figure.value / scale, half)
 
 
-def seconds_text(figure: Figure | None) -> str:
+def seconds_text(figure: Estimate | None) -> str:
     """``12.3 ms (11.0–13.9)``: the interval in the mean's unit, digits as many as it supports."""
     if figure is None:
         return "—"
-    scale, unit = seconds_unit(figure.mean)
+    scale, unit = seconds_unit(figure.value)
     digits = _digits(figure, scale)
-    text = f"{format_significant(figure.mean / scale, digits)} {unit}"
-    if figure.low is None or figure.high is None:
+    text = f"{format_significant(figure.value / scale, digits)} {unit}"
+    if figure.ci_low is None or figure.ci_high is None:
         return text
-    return f"{text} ({format_significant(figure.low / scale, 2)}–{format_significant(figure.high / scale, 2)})"
+    return f"{text} ({format_significant(figure.ci_low / scale, 2)}–{format_significant(figure.ci_high / scale, 2)})"
 
 
-def rate_text(figure: Figure | None) -> str:
+def rate_text(figure: Estimate | None) -> str:
     """``1330 (1200–1470)`` queries per second."""
     if figure is None:
         return "—"
-    text = format_significant(figure.mean, _digits(figure))
-    if figure.low is None or figure.high is None:
+    text = format_significant(figure.value, _digits(figure))
+    if figure.ci_low is None or figure.ci_high is None:
         return text
-    return f"{text} ({format_significant(figure.low, 2)}–{format_significant(figure.high, 2)})"
+    return f"{text} ({format_significant(figure.ci_low, 2)}–{format_significant(figure.ci_high, 2)})"
 
 
 @dataclass(frozen=True)
@@ -106,13 +91,13 @@ class ServingRow:
     """One ok serving cell's figures."""
 
     row: ResultRecord
-    unloaded_p50: Figure | None
-    capacity: Figure | None
-    p99_half: Figure | None
-    p99_ninety: Figure | None
-    peak: Figure | None
+    unloaded_p50: Estimate | None
+    capacity: Estimate | None
+    p99_half: Estimate | None
+    p99_ninety: Estimate | None
+    peak: Estimate | None
     lost: int
-    floor_p99_half: Figure | None
+    floor_p99_half: float | None  # seconds
     half_lost: bool  # the 50% point lost queries in some round
     ninety_lost: bool
     client_busy: float | None  # the load generator's highest CPU seconds per wall second over the points
@@ -130,7 +115,7 @@ def load_curve(rounds: Sequence[ServingRound], value: Callable[[LoadPoint], floa
     for points in ladder_steps(rounds):
         offered, measured = over_rounds([p.offered_qps for p in points]), over_rounds([value(p) for p in points])
         if offered is not None and measured is not None:
-            curve.append((offered.mean, measured.mean))
+            curve.append((offered.value, measured.value))
     return sorted(curve)
 
 
@@ -148,13 +133,12 @@ def value_at(curve: Sequence[tuple[float, float]], load: float) -> float | None:
     return None
 
 
-def floor_at_same_load(floor_rounds: Sequence[ServingRound], rounds: Sequence[ServingRound]) -> Figure | None:
-    """The floor's p99 at the offered load of ``rounds``' 50% point (no interval: an interpolation)."""
+def floor_at_same_load(floor_rounds: Sequence[ServingRound], rounds: Sequence[ServingRound]) -> float | None:
+    """The floor's p99 at the offered load of ``rounds``' 50% point, seconds (no interval: an interpolation)."""
     load = point_figure(rounds, "server@0.50", lambda p: p.offered_qps)
     if load is None:
         return None
-    value = value_at(load_curve(floor_rounds, lambda p: p.p99_s), load.mean)
-    return None if value is None else Figure(value, None, None)
+    return value_at(load_curve(floor_rounds, lambda p: p.p99_s), load.value)
 
 
 def serving_rows(results: Sequence[ResultRecord]) -> list[ServingRow]:
@@ -203,7 +187,7 @@ def serving_cells(item: ServingRow, markup: bool = True) -> list[str]:
         seconds_text(item.unloaded_p50), rate_text(item.capacity),
         seconds_text(item.p99_half) + (LOST_MARK if item.half_lost else ""),
         seconds_text(item.p99_ninety) + (LOST_MARK if item.ninety_lost else ""), rate_text(item.peak), str(item.lost),
-        seconds_text(item.floor_p99_half), "—" if item.client_busy is None else f"{item.client_busy:.0%}",
+        format_seconds_noise(item.floor_p99_half, None, None), "—" if item.client_busy is None else f"{item.client_busy:.0%}",
     ]  # fmt: skip
 
 
@@ -227,8 +211,8 @@ class ServingChange:
     peak_b: float | None
 
 
-def _mean(figure: Figure | None) -> float | None:
-    return None if figure is None else figure.mean
+def _mean(figure: Estimate | None) -> float | None:
+    return None if figure is None else figure.value
 
 
 def serving_changes(results_a: Sequence[ResultRecord], results_b: Sequence[ResultRecord]) -> list[ServingChange]:

@@ -24,7 +24,7 @@ def ladder_curve(rounds: Sequence[ServingRound]) -> list[tuple[float, float, flo
         offered = serving.over_rounds([p.offered_qps for p in points])
         centre = serving.over_rounds(p99)
         if offered is not None and centre is not None:
-            curve.append((offered.mean, centre.mean, min(p99), max(p99)))
+            curve.append((offered.value, centre.value, min(p99), max(p99)))
     return sorted(curve)
 
 
@@ -41,7 +41,7 @@ def latency_figure(rows: Sequence[ResultRecord], title: str) -> str:
                 continue
             xs = [c[0] for c in curve]
             ys = [c[1] * 1e3 for c in curve]
-            # the range around the geometric mean (clamped: exp(log x) may be x ± 1 ulp for one round)
+            # the range around the geometric mean (clamped: exp(mean log) may lie an ulp outside the rounds' range)
             errors = [[max(0.0, c[1] - c[2]) * 1e3 for c in curve], [max(0.0, c[3] - c[1]) * 1e3 for c in curve]]
             style = (
                 {"color": "black", "linestyle": "--", "marker": "s"}

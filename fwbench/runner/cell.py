@@ -131,15 +131,15 @@ class Cell:
     def build_backend(self, description: ModelDescription) -> Backend:
         """Stages import and build: the case's backend, created for its dtype and phase, with the thread budget
         and matmul precision applied, the model built from the job's weights."""
-        case, settings = self.job.case, self.job.settings
+        case = self.job.case
         self.stage("import")
-        from fwbench.frameworks import create_backend, import_runtime
+        from fwbench.frameworks import import_runtime
 
         import_runtime(case.runtime)
         self.pin_threads()
-        self.backend = backend = create_backend(case.runtime, case.device, settings, dtype=case.dtype, phase=case.phase)
-        self.result["threads_effective"] = backend.configure_threads(settings.threads, settings.interop_threads)
-        self.result["matmul_precision"] = backend.configure_precision()
+        self.backend, threads, precision = self._configured_backend()
+        backend = self.backend
+        self.result["threads_effective"], self.result["matmul_precision"] = threads, precision
         if case.dtype == "bf16" and case.device == "cpu":  # what bf16 speed means on this machine
             self.result["cpu_bf16_units"] = environment.cpu_bf16_units()
         if case.dtype == "int8" and case.device == "cpu":  # and int8's
@@ -154,15 +154,23 @@ class Cell:
             self.result["layout"] = backend.layout
         return backend
 
-    def another_backend(self, description: ModelDescription) -> Backend:
-        """One more backend of the case, configured and built like :meth:`build_backend`'s (after it, in its
-        process; no stage, nothing recorded): phase serving's backend for another compiled batch size."""
+    def _configured_backend(self) -> tuple[Backend, dict[str, Any], dict[str, object]]:
+        """A new backend of the case (its framework imported) with the thread budget and matmul precision applied,
+        and the framework's reports of both."""
         from fwbench.frameworks import create_backend
 
         case, settings = self.job.case, self.job.settings
         backend = create_backend(case.runtime, case.device, settings, dtype=case.dtype, phase=case.phase)
-        backend.configure_threads(settings.threads, settings.interop_threads)
-        backend.configure_precision()
+        return (
+            backend,
+            backend.configure_threads(settings.threads, settings.interop_threads),
+            backend.configure_precision(),
+        )
+
+    def another_backend(self, description: ModelDescription) -> Backend:
+        """One more backend of the case, configured and built like :meth:`build_backend`'s (after it, in its
+        process; no stage, nothing recorded): phase serving's backend for another compiled batch size."""
+        backend, _, _ = self._configured_backend()
         backend.build(description, self.weights(description))
         return backend
 

@@ -317,8 +317,9 @@ def resolve_plan(choices: PlanChoices) -> Plan:
     use_suite = choices.suite is not None or (choices.models is None and not data_flags)
     suite = load_suite(DEFAULT_SUITE if choices.suite is None else choices.suite) if use_suite else None
     cores = environment.physical_core_count()
-    # phase serving: one core is left to the load generator, which runs beside the server (fwbench.serving)
-    threads = max(1, cores - 1) if choices.phase == "serving" else cores
+    # a phase sets its cells' default budget (serving leaves the load generator a core); an unknown name is refused
+    # below, where the grid is checked
+    threads = get_phase(choices.phase).default_threads(cores) if choices.phase in phase_names() else cores
     settings_data: dict[str, Any] = {"threads": threads, "rounds": DEFAULT_ROUNDS}
     if suite is not None:
         settings_data.update(suite.settings)

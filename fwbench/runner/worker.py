@@ -13,22 +13,17 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import gc
 import os
-import signal
 import sys
 
-PR_SET_PDEATHSIG = 1
+from fwbench.orphans import die_with_parent
 
 
 def die_with_manager(manager_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies; exit now if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: fall back to the parent check alone
-        pass
+    """Ask the kernel to SIGKILL this process when its parent dies (not Linux: the parent check alone); exit now if
+    it already has."""
+    die_with_parent()
     if os.getppid() != manager_pid:
         os._exit(3)
 

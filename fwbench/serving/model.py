@@ -9,12 +9,13 @@ answered. Every runtime pads the same way, eager ones included, so the rows each
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from fwbench.models.base import ModelDescription
 from fwbench.serving.protocol import ProtocolError, datatype_of
 
 
@@ -26,6 +27,12 @@ class BatchRunner(Protocol):
     def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]: ...
 
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]: ...
+
+
+class CompilingRunner(BatchRunner, Protocol):
+    """A runner prepared for one shape before it is served (:func:`warmed_model`)."""
+
+    def compile(self, inputs: Sequence[Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -128,3 +135,23 @@ class ServedModel:
         names = [spec.name for spec in self.inputs]
         outputs = runner.to_numpy(runner.infer(runner.make_inputs(pad_rows({n: arrays[n] for n in names}, bucket))))
         return {name: np.ascontiguousarray(array[:rows]) for name, array in outputs.items()}
+
+
+def warmed_model(
+    name: str, platform: str, description: ModelDescription, buckets: Sequence[int], seq_len: int | None, seed: int,
+    warmup_calls: int, new_runner: Callable[[], CompilingRunner],
+) -> ServedModel:  # fmt: skip
+    """``description`` served from one runner per bucket (``new_runner()`` each, built), each compiled for its rows
+    and called ``1 + warmup_calls`` times on seeded inputs before any request: fwbench's server and its TorchServe
+    handler prepare the same way."""
+    runners: dict[int, BatchRunner] = {}
+    outputs: dict[str, np.ndarray] = {}
+    for bucket in buckets:
+        runner = new_runner()
+        inputs = runner.make_inputs(description.make_inputs(bucket, seq_len, seed))
+        runner.compile(inputs)
+        for _ in range(1 + warmup_calls):
+            outputs = runner.to_numpy(runner.infer(inputs))
+        runners[bucket] = runner
+    row = description.make_inputs(1, seq_len, seed)
+    return ServedModel(name, runners, specs_of(row), specs_of(outputs), platform)

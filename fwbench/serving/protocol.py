@@ -91,9 +91,10 @@ def _tensor_from_json(entry: Mapping[str, Any], binary: bytes | None) -> tuple[s
     return name, array.reshape(shape)
 
 
-def decode_request(body: bytes, header_length: str | None) -> InferRequest:
-    """The request in ``body``; ``header_length``: the ``Inference-Header-Content-Length`` header (binary extension)
-    or None (all JSON)."""
+def _decode(body: bytes, header_length: str | None, key: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(the JSON header, its tensors under ``key`` by name) of a body; ``header_length``: the
+    ``Inference-Header-Content-Length`` header (binary extension) or None (all JSON)."""
+    what, tensor = ("request", "input") if key == "inputs" else ("response", "output")
     if header_length is not None:
         try:
             split = int(header_length)
@@ -107,14 +108,14 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     try:
         header = json.loads(header_bytes)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"the request is not JSON: {exc}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list) or not header["inputs"]:
-        raise ProtocolError("the request must be an object with a non-empty inputs list")
-    offset, inputs = 0, {}
-    for entry in header["inputs"]:
+        raise ProtocolError(f"the {what} is not JSON: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get(key), list) or not header[key]:
+        raise ProtocolError(f"the {what} must be an object with a non-empty {key} list")
+    offset, tensors = 0, {}
+    for entry in header[key]:
         parameters = entry.get("parameters") if isinstance(entry, dict) else None
         if parameters is not None and not isinstance(parameters, dict):
-            raise ProtocolError(f"an input's parameters must be an object, got {parameters!r}")
+            raise ProtocolError(f"an {tensor}'s parameters must be an object, got {parameters!r}")
         size = (parameters or {}).get("binary_data_size")
         binary = None
         if size is not None:
@@ -122,11 +123,18 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
                 raise ProtocolError(f"binary_data_size {size!r} does not fit the {len(rest)} bytes after the header")
             binary, offset = rest[offset : offset + size], offset + size
         name, array = _tensor_from_json(entry, binary)
-        if name in inputs:
-            raise ProtocolError(f"input {name} is given twice")
-        inputs[name] = array
+        if name in tensors:
+            raise ProtocolError(f"{tensor} {name} is given twice")
+        tensors[name] = array
     if offset != len(rest):
-        raise ProtocolError(f"{len(rest) - offset} bytes after the header belong to no input")
+        raise ProtocolError(f"{len(rest) - offset} bytes after the header belong to no {tensor}")
+    return header, tensors
+
+
+def decode_request(body: bytes, header_length: str | None) -> InferRequest:
+    """The request in ``body``; ``header_length``: the ``Inference-Header-Content-Length`` header (binary extension)
+    or None (all JSON)."""
+    header, inputs = _decode(body, header_length, "inputs")
     parameters = header.get("parameters") or {}
     binary_outputs = bool(parameters.get("binary_data_output", False)) if isinstance(parameters, dict) else False
     request_id = header.get("id")
@@ -176,18 +184,6 @@ def encode_response(
 
 
 def decode_response(body: bytes, header_length: str | None) -> dict[str, np.ndarray]:
-    """The outputs of a response body by name (the client's side of :func:`encode_response`)."""
-    if header_length is not None:
-        split = int(header_length)
-        header, rest = json.loads(body[:split]), body[split:]
-    else:
-        header, rest = json.loads(body), b""
-    offset, outputs = 0, {}
-    for entry in header["outputs"]:
-        size = (entry.get("parameters") or {}).get("binary_data_size")
-        binary = None
-        if size is not None:
-            binary, offset = rest[offset : offset + size], offset + size
-        name, array = _tensor_from_json(entry, binary)
-        outputs[name] = array
-    return outputs
+    """The outputs of a response body by name (the client's side of :func:`encode_response`); ProtocolError for a
+    malformed one."""
+    return _decode(body, header_length, "outputs")[1]

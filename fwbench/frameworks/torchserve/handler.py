@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.serving.model import ServedModel, specs_of
+from fwbench.serving.model import ServedModel, warmed_model
 from fwbench.serving.protocol import HEADER_LENGTH, ProtocolError, decode_request, encode_response
 
 WEIGHTS_FILE = "weights.safetensors"
@@ -36,21 +36,19 @@ class FwbenchHandler:
         description = get_model(config["model"])
         weights = load_weights(description, Path(context.system_properties["model_dir"]) / WEIGHTS_FILE)
         settings = Settings(threads=int(config["threads"]), interop_threads=1, seed=int(config["seed"]))
-        seq_len = config.get("seq_len")
-        runners: dict[int, Any] = {}
-        outputs: dict[str, np.ndarray] = {}
-        for bucket in config["buckets"]:
+
+        def new_runner() -> Any:
             backend = create_backend("torch:eager", "cpu", settings)
             backend.configure_threads(settings.threads, settings.interop_threads)
             backend.configure_precision()
             backend.build(description, weights)
-            inputs = backend.make_inputs(description.make_inputs(int(bucket), seq_len, settings.seed))
-            backend.compile(inputs)
-            for _ in range(1 + int(config["warmup_calls"])):  # compiled and warm before the first request, as fwbench's
-                outputs = backend.to_numpy(backend.infer(inputs))
-            runners[int(bucket)] = backend
-        arrays = description.make_inputs(1, seq_len, settings.seed)
-        self.model = ServedModel(config["model"], runners, specs_of(arrays), specs_of(outputs), "torchserve")
+            return backend
+
+        buckets = [int(bucket) for bucket in config["buckets"]]
+        self.model = warmed_model(
+            config["model"], "torchserve", description, buckets, config.get("seq_len"), settings.seed,
+            int(config["warmup_calls"]), new_runner,
+        )  # fmt: skip
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """One TorchServe batch: an answer per request, in order."""

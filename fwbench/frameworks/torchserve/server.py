@@ -5,10 +5,8 @@ the cell's weights, a model config setting TorchServe's batching), then TorchSer
 
 from __future__ import annotations
 
-import ctypes
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,9 +22,10 @@ import psutil
 
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import save_weights
+from fwbench.orphans import die_with_parent
+from fwbench.ranks import free_ports
 from fwbench.serving.server import HOST, bind
 
-PR_SET_PDEATHSIG = 1
 READY_TIMEOUT_S = 180.0
 # TorchServe's own log4j2.xml writes an access-log line and metrics lines for every request; fwbench's server
 # writes none (uvicorn's access log is off): warnings and errors only, to the console (torchserve.log).
@@ -36,19 +35,6 @@ QUIET_LOG4J = """<?xml version="1.0" encoding="UTF-8"?>
   <Loggers><Root level="warn"><AppenderRef ref="STDOUT"/></Root></Loggers>
 </Configuration>
 """
-
-
-def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` different ports free on 127.0.0.1 now (bound together, then released for TorchServe to take)."""
-    sockets = [bind(0) for _ in range(count)]
-    ports = [int(sock.getsockname()[1]) for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def java_version() -> str:
@@ -175,7 +161,7 @@ class TorchServe:
     def __enter__(self) -> TorchServe:
         log = (self.folder / "torchserve.log").open("wb")
         self.proc = subprocess.Popen(
-            self.command(), cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            self.command(), cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self.ready():

@@ -51,6 +51,11 @@ class Phase(ABC):
     # the cell's before the framework is configured: fwbench.runner.scheduler): it builds through Cell.build_backend.
     starts_together: ClassVar[bool] = False
 
+    def default_threads(self, cores: int) -> int:
+        """The thread budget of this phase's cells when neither a flag nor a suite sets one, on ``cores`` physical
+        cores: all of them."""
+        return cores
+
     def dtype_unsupported(self, dtype: str) -> str | None:
         """None when this phase computes in ``dtype``, else why not."""
         if dtype in self.dtypes:

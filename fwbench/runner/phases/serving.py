@@ -86,6 +86,10 @@ class Serving(Phase):
     dtypes = DTYPES
     interleavable = False  # a server under load needs the machine: its rounds never overlap another cell's
 
+    def default_threads(self, cores: int) -> int:
+        """One core fewer (at least 1): the load generator's, beside the server."""
+        return max(1, cores - 1)
+
     def runtime_unsupported(self, info: RuntimeInfo, settings: Settings) -> str | None:
         if "serving" not in info.phases and "inference" not in info.phases:
             return f"{info.name} has no inference phase to serve"
@@ -155,23 +159,21 @@ class Serving(Phase):
         while the load generator runs ``plan``; the pass's result (loadgen.PassResult as JSON)."""
         from fwbench.serving.app import make_app
         from fwbench.serving.batcher import CallerThreadExecutor, DynamicBatcher
-        from fwbench.serving.model import ServedModel, specs_of
+        from fwbench.serving.model import warmed_model
         from fwbench.serving.server import HttpServer
 
         case, settings = cell.job.case, cell.job.settings
         cell.stage("compile")
-        runners: dict[int, Any] = {}
-        outputs: dict[str, np.ndarray] = {}
-        for bucket in buckets:
-            runner = backend if not runners else cell.another_backend(description)
-            inputs = runner.make_inputs(description.make_inputs(bucket, case.seq_len, settings.seed))
-            runner.compile(inputs)
-            for _ in range(1 + settings.warmup_calls):  # compiled and warm before the first request
-                outputs = runner.to_numpy(runner.infer(inputs))
-            runners[bucket] = runner
+        spare = [backend]  # the built backend serves the first bucket; each other bucket gets one more
+
+        def new_runner() -> Backend:
+            return spare.pop() if spare else cell.another_backend(description)
+
+        model = warmed_model(
+            case.model, f"fwbench:{case.runtime}", description, buckets, case.seq_len, settings.seed,
+            settings.warmup_calls, new_runner,
+        )  # fmt: skip
         cell.record_compile_report(backend)
-        row = description.make_inputs(1, case.seq_len, settings.seed)
-        model = ServedModel(case.model, runners, specs_of(row), specs_of(outputs), f"fwbench:{case.runtime}")
         executor = CallerThreadExecutor()  # the model runs here, on the thread that built and compiled it
         rows = QUEUE_BATCHES * case.batch_size
         batcher = DynamicBatcher(model, case.batch_size, settings.serve_max_delay_s, rows, executor, REQUEST_TIMEOUT_S)
