@@ -102,10 +102,27 @@ class OutputError:
 
 
 @dataclass(frozen=True)
+class FirstDivergence:
+    """``details.parity.divergence.first`` of a mismatch: the first checkpoint (or output) over its share of the
+    tolerance (fwbench.runner.divergence), its relative L2 error (None: not finite) and that share."""
+
+    name: str
+    rel_l2: float | None
+    limit: float | None
+
+    @classmethod
+    def parse(cls, raw: Any) -> FirstDivergence | None:
+        first = as_dict(as_dict(raw).get("first"))
+        name = as_str(first.get("name"))
+        return None if name is None else cls(name, as_float(first.get("rel_l2")), as_float(first.get("limit")))
+
+
+@dataclass(frozen=True)
 class ParityCheck:
     """``details.parity``: the check of one cell's outputs (inference) or first-step loss (training) against
     the float64 reference. ``ok`` None: the stored check has no verdict. ``shape``: (batch, seq or None)
-    it was checked at; ``outputs``: each output's error, by output name, in stored order."""
+    it was checked at; ``outputs``: each output's error, by output name, in stored order; ``first_divergence``: where
+    a mismatch starts (None: the check passed, or the runtime has no checkpoints)."""
 
     ok: bool | None = None
     reference: str | None = None
@@ -114,6 +131,7 @@ class ParityCheck:
     shape: tuple[int | None, ...] = ()
     outputs: Mapping[str, OutputError] = field(default_factory=dict)
     reference_loss: float | None = None
+    first_divergence: FirstDivergence | None = None
 
     @property
     def passed(self) -> bool:
@@ -144,6 +162,7 @@ class ParityCheck:
             shape=tuple(as_int(s) for s in shape) if isinstance(shape, list) else (),
             outputs=outputs,
             reference_loss=as_float(raw.get("reference_loss")),
+            first_divergence=FirstDivergence.parse(raw.get("divergence")),
         )
 
 

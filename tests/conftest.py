@@ -138,7 +138,7 @@ def plugin_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 # The test plugins that register models (fwbench_gelu_model imports fwbench_plugin_model): their registrations last
 # only as long as the test that loads them.
-MODEL_PLUGINS = ("fwbench_plugin_model", "fwbench_gelu_model")
+MODEL_PLUGINS = ("fwbench_plugin_model", "fwbench_gelu_model", "fwbench_faulty_models")
 
 
 def _forget_model_plugins() -> None:

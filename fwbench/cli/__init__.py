@@ -1,4 +1,4 @@
-"""The ``fwbench`` command line: one module per command (run, report, compare, verify, export, weights, listing for
+"""The ``fwbench`` command line: one module per command (run, report, compare, verify, diff, export, weights, listing for
 ``list``, env and peak for ``env --peak``, data for ``data make``, merge), the parser helpers and argument types in :mod:`fwbench.cli.common`.
 
 Bad input gets one line on stderr, exit status 2, and nothing written.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fwbench import __version__
-from fwbench.cli import compare, data, env, export, listing, merge, profile, report, run, verify, weights
+from fwbench.cli import compare, data, diff, env, export, listing, merge, profile, report, run, verify, weights
 from fwbench.cli.common import EXIT_USAGE, Parser, UsageError
 from fwbench.cli.run import plan_from_args, tensorboard_listener
 from fwbench.diskfull import DiskFull
@@ -25,7 +25,7 @@ __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main", "plan_from_args",
 
 DESCRIPTION = (
     "fwbench: benchmark deep-learning frameworks against each other, honestly "
-    "(run | verify | export | profile | weights | data | report | compare | merge | list | env)."
+    "(run | verify | diff | export | profile | weights | data | report | compare | merge | list | env)."
 )
 Command = Callable[[argparse.Namespace, Sequence[str]], int]
 # Each command's module registers its parser (add_parser) and runs it (command); in the order `--help` lists them.
@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Command]] = {
     "compare": (compare.add_parser, compare.command),
     "merge": (merge.add_parser, merge.command),
     "verify": (verify.add_parser, verify.command),
+    "diff": (diff.add_parser, diff.command),
     "export": (export.add_parser, export.command),
     "profile": (profile.add_parser, profile.command),
     "weights": (weights.add_parser, weights.command),

@@ -17,7 +17,7 @@ from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.report.table import make_console
-from fwbench.report.verify_table import parity_table, training_table
+from fwbench.report.verify_table import divergence_lines, parity_table, training_table
 from fwbench.runner.phases import get_phase, phase_names
 from fwbench.runner.planner import check_threads_fit, parse_names
 from fwbench.runner.tolerances import TRAINING_TOLERANCE
@@ -177,7 +177,10 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         checks += verify_model(
             name, runtime_names, settings, args.batch_size, args.seq_len, args.weights, args.dump, dtype=args.dtype
         )
-    make_console().print(parity_table(args.dtype, checks))
+    console = make_console()
+    console.print(parity_table(args.dtype, checks))
+    for line in divergence_lines(checks):
+        console.print(line)
     if args.dump is not None:
         print(f"outputs and inputs written under {args.dump}", file=sys.stderr)
     return 1 if any(not check.passed for check in checks) else 0

@@ -86,6 +86,14 @@ class KerasTrainingArch(Protocol):
         """A keras.Model sharing ``model``'s layers and variables whose one output is the training logits."""
 
 
+class KerasCheckpointArch(Protocol):
+    """keras (``fwbench diff``): the model's checkpoints (fwbench.models.checkpoints) as outputs of a sub-model."""
+
+    def checkpoint_model(self, model: Any, description: Any) -> Any:
+        """A keras.Model sharing ``model``'s layers and variables whose outputs are the model's outputs and every
+        checkpoint of ``description.checkpoint_names()``, by name (each the output of a layer of the graph)."""
+
+
 class WeightsModule(Protocol):
     """``<package>/weights.py``: reading a built model's variables back."""
 
@@ -186,6 +194,11 @@ def as_stateful_training_arch(module: ModuleType) -> StatefulTrainingArch | None
 def as_evaluated_arch(module: ModuleType) -> EvaluatedArch:
     require(module, EvaluatedArch)
     return cast(EvaluatedArch, module)
+
+
+def as_keras_checkpoint_arch(module: ModuleType) -> KerasCheckpointArch:
+    require(module, KerasCheckpointArch)
+    return cast(KerasCheckpointArch, module)
 
 
 def as_keras_training_arch(module: ModuleType) -> KerasTrainingArch:
@@ -470,6 +483,30 @@ class Backend(ABC):
     @abstractmethod
     def to_numpy(self, outputs: Sequence[Any]) -> dict[str, np.ndarray]:
         """Outputs by name as numpy arrays (for parity checks)."""
+
+    def checkpoints(self, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``fwbench diff`` and a parity mismatch's first divergence: one call at ``inputs`` (from
+        :meth:`make_inputs`, after :meth:`compile` for their shapes) of this mode's program built with the model's
+        checkpoints (``description.checkpoint_names()``, fwbench.models.checkpoints) as extra outputs: a compiled
+        mode compiles that program itself (tf.function, XLA, jax.jit, torch.compile, TorchScript, AOTInductor), so a
+        fault only the compiler makes shows where it appears. Returns (outputs as :meth:`to_numpy` gives them,
+        checkpoints by name as float32 numpy in the canonical layout: image tensors NCHW, see
+        :meth:`canonical_checkpoints`). The timed program is untouched. A runtime that runs an exported file raises
+        NotImplementedError: its file exposes the model's outputs only."""
+        raise NotImplementedError(
+            f"{self.framework}:{self.mode} runs an exported file, which exposes only the model's outputs"
+        )
+
+    def canonical_checkpoints(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Captured checkpoints as float32 in the canonical layout: a model computing channels-last (``layout``
+        NHWC, or "NHWC inside the call …") has its 4-D checkpoints transposed to NCHW, as the reference's are."""
+        channels_last = (self.layout or "").startswith("NHWC")
+
+        def canonical(array: np.ndarray) -> np.ndarray:
+            array = np.asarray(array, dtype=np.float32)
+            return array.transpose(0, 3, 1, 2) if channels_last and array.ndim == 4 else array
+
+        return {name: canonical(array) for name, array in arrays.items()}
 
     def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
         """What the built model's forward on ``inputs`` (from :meth:`make_inputs`) computes in, read from the

@@ -104,6 +104,18 @@ class ModelDescription(ABC):
         """A float64 numpy forward pass used as the parity reference, or None where there is none."""
         return None
 
+    def checkpoint_names(self) -> tuple[str, ...]:
+        """The named intermediate outputs every framework's implementation exposes (fwbench.models.checkpoints),
+        in forward order; empty for a model without any (its outputs are still compared)."""
+        return ()
+
+    def reference_checkpoints(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray] | None:
+        """The float64 reference's value at every checkpoint (:meth:`checkpoint_names`), or None where there is
+        none."""
+        return None
+
     # -- phase training (see fwbench/models/training.py) ------------------------------------------
     def training_unsupported(self) -> str | None:
         """None when the model has a training phase (targets, a loss, its reference), else why not."""

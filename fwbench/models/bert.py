@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.text import (
     attention,
     gelu_erf,
@@ -53,6 +54,14 @@ _GLOBAL_ROLES: dict[str, tuple[str | None, str | None]] = {
     "pooler": ("pooler.dense", None),
 }
 LAYER_ROLES = tuple(_LAYER_ROLES)
+# checkpoint -> (BERT name, DistilBERT name): the module of Hugging Face's model whose output the tensor is.
+# attention: after the attention's residual LayerNorm; ffn: the feed-forward's output projection, before the
+# residual; layer: the layer's output (after its second LayerNorm).
+_LAYER_CHECKPOINTS: dict[str, tuple[str, str]] = {
+    "attention": ("encoder.layer.{i}.attention.output", "transformer.layer.{i}.sa_layer_norm"),
+    "ffn": ("encoder.layer.{i}.output.dense", "transformer.layer.{i}.ffn.lin2"),
+    "layer": ("encoder.layer.{i}", "transformer.layer.{i}"),
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,26 @@ class Bert(ModelDescription):
                 raise KeyError(f"{self.name} has no {role}")
             prefix = found
         return f"{prefix}.{kind}"
+
+    def checkpoint(self, kind: str, layer: int | None = None) -> str:
+        """The shared name of a checkpoint: ``embeddings`` (after its LayerNorm), ``pooler``, or per layer
+        ``attention``, ``ffn``, ``layer`` (see _LAYER_CHECKPOINTS)."""
+        if kind in ("embeddings", "pooler"):
+            return kind
+        return _LAYER_CHECKPOINTS[kind][1 if self.config.distil else 0].format(i=layer)
+
+    def checkpoint_names(self) -> tuple[str, ...]:
+        names = [self.checkpoint("embeddings")]
+        for i in range(self.config.layers):
+            names += [self.checkpoint(kind, i) for kind in _LAYER_CHECKPOINTS]
+        return (*names, *(["pooler"] if self.has_pooler else []))
+
+    def reference_checkpoints(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        taps: dict[str, np.ndarray] = {}
+        self.reference_forward(weights, inputs, taps)
+        return taps
 
     @property
     def has_token_types(self) -> bool:
@@ -179,7 +208,9 @@ class Bert(ModelDescription):
     def frozen_in_training(self) -> tuple[str, ...]:
         return (self.param("pooler"), self.param("pooler", kind="bias")) if self.has_pooler else ()
 
-    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def reference_forward(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], taps: Taps = None
+    ) -> dict[str, np.ndarray]:
         c = self.config
         w = {name: value.astype(np.float64) for name, value in weights.items()}
 
@@ -194,15 +225,18 @@ class Bert(ModelDescription):
         x = w[self.param("word_embeddings")][ids] + w[self.param("position_embeddings")][np.arange(seq)]
         if self.has_token_types:
             x = x + w[self.param("token_type_embeddings")][inputs["token_type_ids"]]
-        x = norm(x, "embeddings_norm")
+        x = tap(taps, "embeddings", norm(x, "embeddings_norm"))
         allowed = inputs["attention_mask"].astype(bool)[:, None, :]  # (B, 1, S): keys a query may see
         for i in range(c.layers):
             context = attention(dense(x, "query", i), dense(x, "key", i), dense(x, "value", i), c.heads, allowed)
-            x = norm(x + dense(context, "attention_out", i), "attention_norm", i)
-            x = norm(x + dense(gelu_erf(dense(x, "ffn_in", i)), "ffn_out", i), "ffn_norm", i)
+            x = tap(
+                taps, self.checkpoint("attention", i), norm(x + dense(context, "attention_out", i), "attention_norm", i)
+            )
+            ffn = tap(taps, self.checkpoint("ffn", i), dense(gelu_erf(dense(x, "ffn_in", i)), "ffn_out", i))
+            x = tap(taps, self.checkpoint("layer", i), norm(x + ffn, "ffn_norm", i))
         outputs = {"last_hidden_state": x}
         if self.has_pooler:
-            outputs["pooler_output"] = np.tanh(dense(x[:, 0], "pooler"))
+            outputs["pooler_output"] = tap(taps, "pooler", np.tanh(dense(x[:, 0], "pooler")))
         return outputs
 
 

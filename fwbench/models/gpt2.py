@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.text import (
     attention,
     gelu_tanh,
@@ -114,28 +115,48 @@ class GPT2(ModelDescription):
         hidden = self.reference_hidden(weights, inputs)
         return tied_lm_reference_loss(hidden, weights["wte.weight"], targets["labels"], targets["label_weights"])
 
+    def checkpoint_names(self) -> tuple[str, ...]:
+        """``embeddings`` (tokens + positions), per layer ``h.{i}.attn`` and ``h.{i}.mlp`` (each block's output
+        before its residual sum) and ``h.{i}`` (the layer's output), then ``ln_f`` (the last hidden state)."""
+        layers = [f"h.{i}{part}" for i in range(self.config.layers) for part in (".attn", ".mlp", "")]
+        return ("embeddings", *layers, "ln_f")
+
+    def reference_checkpoints(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        taps: dict[str, np.ndarray] = {}
+        self.reference_hidden(weights, inputs, taps)
+        return taps
+
     def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         x = self.reference_hidden(weights, inputs)
         return {"last_hidden_state": x, "logits": x @ weights["wte.weight"].astype(np.float64).T}
 
-    def reference_hidden(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> np.ndarray:
+    def reference_hidden(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], taps: Taps = None
+    ) -> np.ndarray:
         """The float64 last hidden state (batch, seq, hidden), after ln_f."""
         c = self.config
         w = {name: value.astype(np.float64) for name, value in weights.items()}
         ids = inputs["input_ids"]
         seq = ids.shape[1]
-        x = w["wte.weight"][ids] + w["wpe.weight"][np.arange(seq)]
+        x = tap(taps, "embeddings", w["wte.weight"][ids] + w["wpe.weight"][np.arange(seq)])
         causal = np.tril(np.ones((seq, seq), dtype=bool))
         allowed = causal[None] & inputs["attention_mask"].astype(bool)[:, None, :]  # (B, S, S)
         for layer in range(c.layers):
             p = f"h.{layer}."
             a = layer_norm(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], c.layer_norm_eps)
             q, k, v = np.split(a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"], 3, axis=-1)
-            x = x + attention(q, k, v, c.heads, allowed) @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+            a = attention(q, k, v, c.heads, allowed) @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+            x = x + tap(taps, f"h.{layer}.attn", a)
             m = layer_norm(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], c.layer_norm_eps)
             m = gelu_tanh(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
-            x = x + m @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
-        return layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], c.layer_norm_eps)
+            x = tap(
+                taps,
+                f"h.{layer}",
+                x + tap(taps, f"h.{layer}.mlp", m @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]),
+            )
+        return tap(taps, "ln_f", layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], c.layer_norm_eps))
 
 
 GPT2_TINY = GPT2("gpt2-tiny", GPT2Config(layers=2, hidden=128, heads=2))

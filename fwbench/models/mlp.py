@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.training import class_targets, reference_loss
 from fwbench.spec import SpecError
 
@@ -73,13 +74,27 @@ class MLP(ModelDescription):
         """2·batch·Σ(in·out) for the matmuls."""
         return 2 * batch_size * sum(fan_in * fan_out for _, fan_in, fan_out in self.layers)
 
-    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def checkpoint_names(self) -> tuple[str, ...]:
+        """Every layer's output, after its ReLU (the last one is the logits)."""
+        return tuple(prefix for prefix, _, _ in self.layers)
+
+    def reference_forward(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], taps: Taps = None
+    ) -> dict[str, np.ndarray]:
         h = inputs["x"].astype(np.float64)
         for i, (prefix, _, _) in enumerate(self.layers):
             h = h @ weights[f"{prefix}.weight"].astype(np.float64).T + weights[f"{prefix}.bias"]
             if i < len(self.layers) - 1:
                 h = np.maximum(h, 0.0)
+            tap(taps, prefix, h)
         return {"logits": h}
+
+    def reference_checkpoints(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        taps: dict[str, np.ndarray] = {}
+        self.reference_forward(weights, inputs, taps)
+        return taps
 
     def training_unsupported(self) -> str | None:
         return None

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.training import class_targets, reference_loss
 from fwbench.spec import SpecError
 
@@ -262,12 +263,25 @@ class ResNet(ModelDescription):
     def parity_shape(self) -> tuple[int, int | None]:
         return 2, None
 
+    def checkpoint_names(self) -> tuple[str, ...]:
+        """``stem`` (after the max-pool), every block by its prefix (``layer1.0``, …: after its residual ReLU),
+        ``avgpool`` (the pooled features, (batch, features)) and ``fc`` (the logits). Image checkpoints are
+        channels-first (batch, channels, height, width), as the canonical inputs are."""
+        return ("stem", *(block.prefix for block in self.blocks), "avgpool", "fc")
+
+    def reference_checkpoints(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        taps: dict[str, np.ndarray] = {}
+        self._reference(weights, inputs, training=False, taps=taps)
+        return taps
+
     def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """float64 numpy, channels-last inside (convs as im2col + one matmul each), BN in inference form."""
         return {"logits": self._reference(weights, inputs, training=False)[0]}
 
     def _reference(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], training: bool
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], training: bool, taps: Taps = None
     ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray, int]]]:
         """(logits, batch statistics) in float64. ``training``: every BN normalises with its input's batch
         mean and biased variance over (N, H, W), recorded per BN as (mean, variance, N·H·W); otherwise with
@@ -288,13 +302,15 @@ class ResNet(ModelDescription):
 
         x = inputs["pixel_values"].astype(np.float64).transpose(0, 2, 3, 1)  # (B, H, W, C)
         x = max_pool_nhwc(conv_bn(x, self.stem, relu=True), kernel=3, stride=2, padding=1)
+        tap(taps, "stem", x.transpose(0, 3, 1, 2))
         for block in self.blocks:
             first, second, third = block.convs
             h = conv_bn(conv_bn(conv_bn(x, first, True), second, True), third, False)
             shortcut = conv_bn(x, block.downsample, False) if block.downsample else x
             x = np.maximum(h + shortcut, 0.0)
-        pooled = x.mean(axis=(1, 2))  # (B, features)
-        return pooled @ w["fc.weight"].T + w["fc.bias"], statistics
+            tap(taps, block.prefix, x.transpose(0, 3, 1, 2))
+        pooled = tap(taps, "avgpool", x.mean(axis=(1, 2)))  # (B, features)
+        return tap(taps, "fc", pooled @ w["fc.weight"].T + w["fc.bias"]), statistics
 
 
 # -- numpy building blocks (channels-last) ------------------------------------------------------

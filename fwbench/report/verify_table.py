@@ -112,3 +112,11 @@ def training_table(
             "ok" if check.passed else f"[red]mismatch: {escape(check.failure() or '')}[/]",
         )
     return table
+
+
+def divergence_lines(checks: Sequence[OutputCheck]) -> list[str]:
+    """One line per mismatching model × runtime whose worker located where it starts (rich markup)."""
+    found = {(c.model, c.runtime): c.divergence for c in checks if not c.passed and c.divergence}
+    return [
+        f"{escape(model)} {escape(runtime)}: [red]mismatch[/]{escape(note)}" for (model, runtime), note in found.items()
+    ]

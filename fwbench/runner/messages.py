@@ -51,6 +51,7 @@ class Job:
     budget_s: float | None = None  # interleaved: this round's timing budget, seconds (block calibration)
     profile_to: str | None = None  # fwbench profile: the folder for the raw trace
     profile_calls: int = 5  # fwbench profile: calls timed without the profiler, and as many under it
+    checkpoints: bool = False  # verify_output also holds the model's checkpoints (fwbench diff)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -66,6 +67,7 @@ class Job:
                 "budget_s": self.budget_s,
                 "profile_to": self.profile_to,
                 "profile_calls": self.profile_calls,
+                "checkpoints": self.checkpoints,
             }
         )
 
@@ -84,6 +86,7 @@ class Job:
             budget_s=data.get("budget_s"),
             profile_to=data.get("profile_to"),
             profile_calls=int(data.get("profile_calls", 5)),
+            checkpoints=bool(data.get("checkpoints", False)),
         )
 
 

@@ -90,6 +90,7 @@ def run_worker(
     round_index: int = 0,
     profile_to: str | None = None,
     profile_calls: int = 5,
+    checkpoints: bool = False,
 ) -> CellOutcome:
     """Run ``case`` start to end in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
     job = Job(
@@ -102,6 +103,7 @@ def run_worker(
         train_steps=train_steps,
         profile_to=profile_to,
         profile_calls=profile_calls,
+        checkpoints=checkpoints,
     )
     try:
         with start_worker(job) as worker:

@@ -29,6 +29,7 @@ from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.manager import run_worker
 from fwbench.runner.phases import get_phase
+from fwbench.runner.phases.inference import divergence_note
 from fwbench.runner.tolerances import TRAINING_TOLERANCE, TrainingTolerance, parity_tolerance, relative_errors
 from fwbench.spec import Case, Dtype, Settings
 
@@ -48,6 +49,9 @@ class OutputCheck:
     rel_l2_vs_reference: float | None = None
     max_abs_vs_reference: float | None = None
     tolerance: float | None = None
+    # Where the runtime's outputs start to differ from the reference, found by its worker when they do (one line,
+    # fwbench.runner.phases.inference.divergence_note); None when they are within the tolerance.
+    divergence: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -57,6 +61,48 @@ class OutputCheck:
             return False
         errors = (self.rel_l2_vs_first, self.rel_l2_vs_reference)
         return all(e is None or e <= self.tolerance for e in errors)
+
+
+@dataclass(frozen=True)
+class WorkerArrays:
+    """What one runtime's ``verify`` worker gave: its status (``skipped`` with the reason when it cannot run the
+    case), every array it saved by name (outputs; with checkpoints also ``checkpoint/<name>``, ``tapped/<name>``),
+    its result details and the .npz path (in the caller's scratch folder)."""
+
+    status: str
+    reason: str | None
+    arrays: dict[str, np.ndarray]
+    details: dict[str, Any]
+    path: Path | None = None
+
+
+def inference_arrays(
+    case: Case, settings: Settings, weights_path: Path | None, scratch: Path, *, checkpoints: bool = False
+) -> WorkerArrays:
+    """One verify worker of the inference ``case`` (nothing timed), its .npz written under ``scratch``;
+    ``checkpoints``: with the model's checkpoints (fwbench diff)."""
+    info = get_runtime(case.runtime)
+    missing = (
+        missing_requirement(info)
+        or missing_implementation(info, get_model(case.model).arch)
+        or get_phase("inference").runtime_refusal(info, case.dtype, settings)
+    )
+    if missing:
+        return WorkerArrays("skipped", missing, {}, {})
+    out_path = scratch / f"{case.runtime.replace(':', '_')}.npz"
+    outcome = run_worker(
+        case,
+        settings,
+        check_parity=False,
+        verify_output=str(out_path),
+        weights_path=str(weights_path) if weights_path else None,
+        checkpoints=checkpoints,
+    )
+    if outcome.status != "ok":
+        return WorkerArrays(outcome.status, outcome.reason, {}, outcome.details)
+    with np.load(out_path) as data:
+        arrays = {name: data[name] for name in data.files}
+    return WorkerArrays("ok", None, arrays, outcome.details, out_path)
 
 
 def verify_model(
@@ -88,31 +134,15 @@ def verify_model(
     first: dict[str, np.ndarray] | None = None
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
         for runtime in runtimes:
-            info = get_runtime(runtime)
-            missing = (
-                missing_requirement(info)
-                or missing_implementation(info, description.arch)
-                or get_phase("inference").runtime_refusal(info, dtype, settings)
-            )
-            if missing:
-                checks.append(OutputCheck(model, runtime, "skipped", missing))
-                continue
-            out_path = Path(scratch) / f"{runtime.replace(':', '_')}.npz"
             case = Case(model, runtime, batch_size=batch, seq_len=seq, dtype=dtype)
-            outcome = run_worker(
-                case,
-                settings,
-                check_parity=False,
-                verify_output=str(out_path),
-                weights_path=str(weights_path) if weights_path else None,
-            )
-            if outcome.status != "ok":
-                checks.append(OutputCheck(model, runtime, outcome.status, outcome.reason))
+            got = inference_arrays(case, settings, weights_path, Path(scratch))
+            if got.status != "ok" or got.path is None:
+                checks.append(OutputCheck(model, runtime, got.status, got.reason))
                 continue
-            with np.load(out_path) as data:
-                outputs = {name: data[name] for name in data.files}
+            outputs = got.arrays
+            divergence = divergence_note(got.details["divergence"]) if "divergence" in got.details else None
             if dump_dir is not None:
-                shutil.copyfile(out_path, dump_dir / model / out_path.name)
+                shutil.copyfile(got.path, dump_dir / model / got.path.name)
             if first is None:
                 first = outputs
             for name in description.output_names:
@@ -135,6 +165,7 @@ def verify_model(
                         vs_reference[0],
                         vs_reference[1],
                         parity_tolerance(model, dtype),
+                        divergence,
                     )
                 )
     return checks

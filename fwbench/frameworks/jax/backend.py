@@ -142,6 +142,25 @@ class JaxBackend(Backend):
     def infer(self, inputs: Sequence[Any]) -> tuple[jax.Array, ...]:
         return self._forward(self._params, *inputs)
 
+    def checkpoints(self, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """jit: ``jax.jit`` of the model's forward called with a checkpoint collector under the cell's precision
+        policy, the checkpoints extra outputs of the compiled program, called once with the compiled parameters.
+        distributed: the base class's NotImplementedError."""
+        if self.mode != "jit":
+            return super().checkpoints(inputs)
+        apply = self.model.apply
+        order: list[str] = []  # the names in forward order (a returned dict comes back with its keys sorted)
+
+        def tapped(params: Any, *x: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+            taps: dict[str, jax.Array] = {}
+            outputs = apply(params, *x, taps=taps)
+            order[:] = taps
+            return outputs, taps
+
+        outputs, taps = jax.jit(precision.scoped(self.dtype, tapped))(self._params, *inputs)
+        captured = {name: np.asarray(taps[name], dtype=np.float32) for name in order}
+        return self.to_numpy(outputs), self.canonical_checkpoints(captured)
+
     def sync(self, outputs: Any) -> None:
         jax.block_until_ready(outputs)  # every leaf: a jitted call returns before it finishes
 

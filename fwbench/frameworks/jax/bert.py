@@ -5,7 +5,8 @@ Returns ``(last_hidden_state[, pooler_output])``: (batch, seq, hidden) and (batc
 Pure functions over a parameter pytree; attention is ``jax.nn.dot_product_attention`` with a
 boolean key mask (True = attend); matmuls, attention and layer norms through ``precision`` (the
 --dtype policy). Canonical linear weights are (out, in); kernels here are
-(in, out), transposed once when loading.
+(in, out), transposed once when loading. ``taps``: the checkpoints (fwbench.models.checkpoints), recorded
+only when given a dict.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.bert import LAYER_ROLES, Bert, BertConfig
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.weightmap import transpose
 
 Params = dict[str, Any]
@@ -40,9 +42,19 @@ def layer_norm(p: Params, x: jax.Array, eps: float) -> jax.Array:
     return precision.layer_norm(x, p["scale"], p["bias"], eps)
 
 
-def encoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:
-    """x (B, S, H), allowed (B, 1, 1, S) bool → (B, S, H)."""
+def encoder_layer(
+    p: Params,
+    x: jax.Array,
+    allowed: jax.Array,
+    heads: int,
+    eps: float,
+    names: tuple[str, str, str] = ("", "", ""),
+    taps: Taps = None,
+) -> jax.Array:
+    """x (B, S, H), allowed (B, 1, 1, S) bool → (B, S, H). ``names``: its attention, feed-forward and layer
+    outputs' checkpoint names, recorded in ``taps`` when it is a dict."""
     b, s, h = x.shape
+    attention_name, ffn_name, layer_name = names
 
     def split(t: jax.Array) -> jax.Array:  # (B, S, H) -> (B, S, heads, H / heads)
         return t.reshape(b, s, heads, h // heads)
@@ -50,10 +62,13 @@ def encoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: 
     context = precision.attention(
         split(dense(p["query"], x)), split(dense(p["key"], x)), split(dense(p["value"], x)), allowed
     )
-    x = layer_norm(p["attention_norm"], x + dense(p["attention_out"], context.reshape(b, s, h)), eps)
-    return layer_norm(
-        p["ffn_norm"], x + dense(p["ffn_out"], jax.nn.gelu(dense(p["ffn_in"], x), approximate=False)), eps
+    x = tap(
+        taps,
+        attention_name,
+        layer_norm(p["attention_norm"], x + dense(p["attention_out"], context.reshape(b, s, h)), eps),
     )
+    ffn = tap(taps, ffn_name, dense(p["ffn_out"], jax.nn.gelu(dense(p["ffn_in"], x), approximate=False)))
+    return tap(taps, layer_name, layer_norm(p["ffn_norm"], x + ffn, eps))
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,21 +80,28 @@ class BertModule:
     with_token_types: bool
     with_pooler: bool
     params: Params
+    checkpoints: tuple[tuple[str, str, str], ...]  # per layer: its attention, feed-forward and layer outputs' names
 
     def apply(
-        self, params: Params, input_ids: jax.Array, attention_mask: jax.Array, token_type_ids: jax.Array | None = None
+        self,
+        params: Params,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        *,
+        taps: Taps = None,
     ) -> tuple[jax.Array, ...]:
         c = self.config
         seq = input_ids.shape[1]
         x = params["word_embeddings"][input_ids] + params["position_embeddings"][:seq]
         if self.with_token_types:
             x = x + params["token_type_embeddings"][token_type_ids]
-        x = layer_norm(params["embeddings_norm"], x, c.layer_norm_eps)
+        x = tap(taps, "embeddings", layer_norm(params["embeddings_norm"], x, c.layer_norm_eps))
         allowed = attention_mask.astype(jnp.bool_)[:, None, None, :]  # (B, 1, 1, S)
-        for layer in params["layers"]:
-            x = encoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps)
+        for layer, names in zip(params["layers"], self.checkpoints, strict=True):
+            x = encoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps, names, taps)
         if self.with_pooler:
-            return x, jnp.tanh(dense(params["pooler"], x[:, 0]))
+            return x, tap(taps, "pooler", jnp.tanh(dense(params["pooler"], x[:, 0])))
         return (x,)
 
 
@@ -128,7 +150,11 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
     if description.has_pooler:
         params["pooler"] = linear("pooler", h, h)
     canonical.check_all_used()
-    return BertModule(c, description.has_token_types, description.has_pooler, params)
+    checkpoints = tuple(
+        (description.checkpoint("attention", i), description.checkpoint("ffn", i), description.checkpoint("layer", i))
+        for i in range(c.layers)
+    )
+    return BertModule(c, description.has_token_types, description.has_pooler, params, checkpoints)
 
 
 def training_logits(model: BertModule, params: Params, *inputs: jax.Array) -> jax.Array:

@@ -2,7 +2,8 @@
 
 Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
 (batch, seq, hidden) and (batch, seq, vocab). Canonical Conv1D weights are already (in, out), the
-layout used here, so they load unchanged; ``logits = h @ wte.T``.
+layout used here, so they load unchanged; ``logits = h @ wte.T``. ``taps``: the checkpoints
+(fwbench.models.checkpoints), recorded only when given a dict.
 """
 
 from __future__ import annotations
@@ -17,21 +18,33 @@ import numpy as np
 from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.bert import dense, layer_norm
 from fwbench.frameworks.jax.weights import CanonicalParams
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES, GPT2Config
 
 Params = dict[str, Any]
 
 
-def decoder_layer(p: Params, x: jax.Array, allowed: jax.Array, heads: int, eps: float) -> jax.Array:
-    """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H)."""
+def decoder_layer(
+    p: Params,
+    x: jax.Array,
+    allowed: jax.Array,
+    heads: int,
+    eps: float,
+    names: tuple[str, str, str] = ("", "", ""),
+    taps: Taps = None,
+) -> jax.Array:
+    """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H). ``names``: its attention, MLP and layer outputs'
+    checkpoint names, recorded in ``taps`` when it is a dict."""
     b, s, h = x.shape
+    attention_name, mlp_name, layer_name = names
     q, k, v = (
         t.reshape(b, s, heads, h // heads)  # (B, S, heads, H / heads)
         for t in jnp.split(dense(p["c_attn"], layer_norm(p["ln_1"], x, eps)), 3, axis=-1)
     )
     context = precision.attention(q, k, v, allowed)
-    x = x + dense(p["attn_proj"], context.reshape(b, s, h))
-    return x + dense(p["mlp_proj"], jax.nn.gelu(dense(p["c_fc"], layer_norm(p["ln_2"], x, eps)), approximate=True))
+    x = x + tap(taps, attention_name, dense(p["attn_proj"], context.reshape(b, s, h)))
+    mlp = dense(p["mlp_proj"], jax.nn.gelu(dense(p["c_fc"], layer_norm(p["ln_2"], x, eps)), approximate=True))
+    return tap(taps, layer_name, x + tap(taps, mlp_name, mlp))
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,16 +54,19 @@ class GPT2Module:
 
     config: GPT2Config
     params: Params
+    checkpoints: tuple[tuple[str, str, str], ...]  # per layer: its attention, MLP and layer outputs' names
 
-    def apply(self, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def apply(
+        self, params: Params, input_ids: jax.Array, attention_mask: jax.Array, taps: Taps = None
+    ) -> tuple[jax.Array, jax.Array]:
         c = self.config
         seq = input_ids.shape[1]
-        x = params["wte"][input_ids] + params["wpe"][:seq]
+        x = tap(taps, "embeddings", params["wte"][input_ids] + params["wpe"][:seq])
         causal = jnp.tril(jnp.ones((seq, seq), dtype=jnp.bool_))
         allowed = causal[None, None] & attention_mask.astype(jnp.bool_)[:, None, None, :]  # (B, 1, S, S)
-        for layer in params["layers"]:
-            x = decoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps)
-        x = layer_norm(params["ln_f"], x, c.layer_norm_eps)
+        for layer, names in zip(params["layers"], self.checkpoints, strict=True):
+            x = decoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps, names, taps)
+        x = tap(taps, "ln_f", layer_norm(params["ln_f"], x, c.layer_norm_eps))
         return x, precision.matmul(x, params["wte"].T)
 
 
@@ -96,7 +112,7 @@ def build_model(description: GPT2, weights: dict[str, np.ndarray], device: str) 
             layer.setdefault(module, {})[leaf] = canonical.take(f"h.{i}.{suffix}", shape(module, leaf))
         params["layers"].append(layer)
     canonical.check_all_used()
-    return GPT2Module(c, params)
+    return GPT2Module(c, params, tuple((f"h.{i}.attn", f"h.{i}.mlp", f"h.{i}") for i in range(c.layers)))
 
 
 def training_logits(model: GPT2Module, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:

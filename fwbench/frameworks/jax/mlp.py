@@ -2,6 +2,7 @@
 
 Input ``x``: (batch, in_features) float32 → ``(logits,)`` with logits (batch, out_features).
 Canonical weights are (out, in); kernels here are (in, out), transposed once when loading.
+``taps``: every layer's output (after its ReLU) by its prefix (fwbench.models.checkpoints), when given a dict.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.weights import CanonicalParams
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.mlp import MLP
 from fwbench.models.weightmap import transpose
 
@@ -26,14 +28,16 @@ class MLPModule:
     so under ``jax.jit`` they are inputs of the compiled program, never baked-in constants."""
 
     params: Params
+    layer_names: tuple[str, ...]  # each layer's checkpoint (its canonical prefix)
 
-    def apply(self, params: Params, x: jax.Array) -> tuple[jax.Array]:
+    def apply(self, params: Params, x: jax.Array, taps: Taps = None) -> tuple[jax.Array]:
         """x (batch, in_features) → (logits (batch, out_features),)."""
         last = len(params["layers"]) - 1
-        for i, layer in enumerate(params["layers"]):
+        for i, (layer, name) in enumerate(zip(params["layers"], self.layer_names, strict=True)):
             x = precision.dense(x, layer["kernel"], layer["bias"])
             if i < last:
                 x = jax.nn.relu(x)
+            tap(taps, name, x)
         return (x,)
 
 
@@ -48,7 +52,7 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
         for prefix, fan_in, fan_out in description.layers
     ]
     canonical.check_all_used()
-    return MLPModule({"layers": layers})
+    return MLPModule({"layers": layers}, tuple(prefix for prefix, _, _ in description.layers))
 
 
 def inference_logits(model: MLPModule, params: Params, stats: Any, x: jax.Array) -> jax.Array:

@@ -22,6 +22,8 @@ BN normalises with its batch's mean and biased variance over (N, H, W), and the 
 are ``(1 − m)·running + m·batch`` (m = BN_MOMENTUM, torch's 0.1; the unbiased batch variance for the
 variance; no gradient flows into them). The backend's jitted step threads that state through (returned
 and fed back, donated like the parameters).
+``taps``: the checkpoints (fwbench.models.checkpoints), recorded as computed (image ones NHWC) only when given a
+dict; the backend hands them on NCHW.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from jax import lax
 
 from fwbench.frameworks.jax import precision
 from fwbench.frameworks.jax.weights import CanonicalParams
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
 from fwbench.models.weightmap import hwio, transpose
 
@@ -98,14 +101,21 @@ def bottleneck(p: Params, x: jax.Array, block: Block, conv_bn: ConvBN = conv_bn)
 
 
 def forward(
-    params: Params, pixel_values: jax.Array, stem: Conv, blocks: tuple[Block, ...], conv_bn: ConvBN = conv_bn
+    params: Params,
+    pixel_values: jax.Array,
+    stem: Conv,
+    blocks: tuple[Block, ...],
+    conv_bn: ConvBN = conv_bn,
+    taps: Taps = None,
 ) -> jax.Array:
-    """NCHW pixels → logits (B, classes), each conv + BN computed by ``conv_bn`` (inference or training form)."""
+    """NCHW pixels → logits (B, classes), each conv + BN computed by ``conv_bn`` (inference or training form);
+    the checkpoints recorded in ``taps`` when it is a dict (each block under its prefix)."""
     x = jnp.transpose(pixel_values, (0, 2, 3, 1))  # NCHW -> NHWC, inside the timed call
-    x = max_pool(jax.nn.relu(conv_bn(params["conv1"], x, stem)))  # (B, H/4, W/4, width)
+    x = tap(taps, "stem", max_pool(jax.nn.relu(conv_bn(params["conv1"], x, stem))))  # (B, H/4, W/4, width)
     for p, block in zip(params["layers"], blocks, strict=True):
-        x = bottleneck(p, x, block, conv_bn)
-    return dense(params["fc"], jnp.mean(x, axis=(1, 2)))  # (B, classes)
+        x = tap(taps, block.prefix, bottleneck(p, x, block, conv_bn))
+    pooled = tap(taps, "avgpool", jnp.mean(x, axis=(1, 2)))
+    return tap(taps, "fc", dense(params["fc"], pooled))  # (B, classes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,8 +130,8 @@ class ResNetModule:
     eps: float
     bn: dict[str, Params]  # per conv name: its BN's unfolded weight, bias, mean, var (phase training)
 
-    def apply(self, params: Params, pixel_values: jax.Array) -> tuple[jax.Array]:
-        return (forward(params, pixel_values, self.stem, self.blocks),)
+    def apply(self, params: Params, pixel_values: jax.Array, taps: Taps = None) -> tuple[jax.Array]:
+        return (forward(params, pixel_values, self.stem, self.blocks, taps=taps),)
 
 
 def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:

@@ -31,6 +31,11 @@ and, on jax, writing the state back into the model's variables after every call)
 ``model.predict``'s data adapter. ``sync`` blocks as the native backend does: on every output leaf
 for jax, a device sync on CUDA; on a CPU, TF and torch kernels have finished when the call returns.
 
+``checkpoints`` (``fwbench diff``): the arch module's ``checkpoint_model`` (the same layers and variables, the
+model's outputs plus every named checkpoint, each a layer's output in the functional graph), compiled as the timed
+model is and called once through ``predict_on_batch``, so jax and XLA compute the intermediates in one compiled
+program; the timed predict function is untouched.
+
 Reported in the dict ``configure_threads`` returns (stored as ``threads_effective``): ``keras_backend`` and
 ``jit_compile`` (what "auto" resolves to, by Keras' own resolution on a probe model; ``compile``
 checks the real model resolves the same, and sets :attr:`KerasBackend.jit_compile`). The image models are
@@ -56,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from fwbench import frameworks as registry
-from fwbench.frameworks.base import Backend, as_keras_training_arch
+from fwbench.frameworks.base import Backend, as_keras_checkpoint_arch, as_keras_training_arch
 from fwbench.frameworks.tensorflow.tracing import tracing_counters
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
@@ -196,6 +201,20 @@ class KerasBackend(Backend):
         if self._compiled is model:
             return
         model.compile(jit_compile="auto")
+        self._check_jit_compile(model)
+        self.jit_compile = bool(model.jit_compile)
+        model.make_predict_function()
+        self._predict = model.predict_function
+        if self.keras_backend == "jax":
+            # The state model.predict passes: the variables' jax arrays. Each call donates it and returns
+            # the next one (so, as during model.predict, which writes the state back only at its end, the
+            # model's own variables are stale once the first call has run).
+            self._state = self._variables_state()
+        self._output_names = self.description.output_names if self.description else ()
+        self._compiled = model
+
+    def _check_jit_compile(self, model: Any) -> None:
+        """RuntimeError unless ``model`` (compiled with jit_compile="auto") resolved as the probe model did."""
         if self._jit_compile_auto is None:  # configure_threads was skipped (in-process use)
             self._jit_compile_auto = self._resolve_auto_jit_compile()
         if bool(model.jit_compile) != self._jit_compile_auto:
@@ -203,25 +222,20 @@ class KerasBackend(Backend):
                 f"jit_compile='auto' resolved to {model.jit_compile} for {model.name} but to "
                 f"{self._jit_compile_auto} on the probe model reported by configure_threads"
             )
-        self.jit_compile = bool(model.jit_compile)
-        model.make_predict_function()
-        self._predict = model.predict_function
-        if self.keras_backend == "jax":
-            # The state model.predict passes: the variables' jax arrays. Each call donates it and returns
-            # the next one (so, as during model.predict, which writes the state back only at its end, the
-            # model's own variables are stale once the first call has run). Committed to the device (no
-            # copy: the variables' buffers) as every returned state is: an uncommitted first state would
-            # make the second call compile the program again.
-            import jax
 
-            from fwbench.frameworks.jax.weights import jax_device
+    def _variables_state(self) -> Any:
+        """keras:jax: the model's variables' jax arrays as the (trainable, non-trainable) state its predict
+        function takes. Committed to the device (no copy: the variables' buffers) as every returned state is: an
+        uncommitted first state would make the second call compile the program again."""
+        import jax
 
-            self._state = jax.device_put(
-                ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]),
-                jax_device(self.device),
-            )
-        self._output_names = self.description.output_names if self.description else ()
-        self._compiled = model
+        from fwbench.frameworks.jax.weights import jax_device
+
+        model = self.model
+        return jax.device_put(
+            ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables]),
+            jax_device(self.device),
+        )
 
     # -- the timed call -----------------------------------------------------------------------
     def infer(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
@@ -302,6 +316,33 @@ class KerasBackend(Backend):
         convert = self.keras.ops.convert_to_numpy
         names = self.description.output_names
         return {name: np.asarray(convert(t), dtype=np.float32) for name, t in zip(names, outputs)}
+
+    def checkpoints(self, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The arch's ``checkpoint_model`` (the model's layers and variables, its outputs plus every checkpoint as
+        a layer's output), compiled as :meth:`compile` compiles the timed model (``jit_compile="auto"``, the same
+        resolution) and called once through Keras' own ``predict_on_batch`` with the dict of inputs the timed call
+        gets: on jax one jax.jit program, on tensorflow a tf.function (XLA where "auto" gives it), on torch eager.
+        keras:jax first writes the state the timed calls carry back into the variables (their buffers were
+        donated), and afterwards takes the state again from the variables that predict_on_batch wrote back."""
+        if self.mode == "jax-dataparallel":
+            return super().checkpoints(inputs)
+        assert self.description is not None
+        sub = as_keras_checkpoint_arch(self.arch_module()).checkpoint_model(self.model, self.description)
+        sub.compile(jit_compile="auto")
+        self._check_jit_compile(sub)
+        carried = self.keras_backend == "jax" and self._compiled is self.model and self._state is not None
+        if carried:
+            trainable, non_trainable = self._state
+            for variable, value in zip(self.model.trainable_variables, trainable):
+                variable.assign(value)
+            for variable, value in zip(self.model.non_trainable_variables, non_trainable):
+                variable.assign(value)
+        results = sub.predict_on_batch(dict(zip(self._input_names, inputs)))
+        if carried:
+            self._state = self._variables_state()  # predict_on_batch donated the variables' buffers
+        outputs = {name: np.asarray(results[name], dtype=np.float32) for name in self.description.output_names}
+        captured = {name: np.asarray(results[name], dtype=np.float32) for name in self.description.checkpoint_names()}
+        return outputs, self.canonical_checkpoints(captured)
 
     def compile_counters(self) -> dict[str, int]:
         if self.keras_backend == "tensorflow":  # model.predict_function is a tf.function (reduce_retracing=True)

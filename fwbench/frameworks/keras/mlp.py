@@ -1,6 +1,7 @@
 """The MLP in Keras: a functional model of Dense layers, ReLU on all but the last.
 
-Input ``x``: (batch, in_features) float32 → ``{"logits": (batch, out_features)}``.
+Input ``x``: (batch, in_features) float32 → ``{"logits": (batch, out_features)}``. Each Dense layer is named
+after its checkpoint (fwbench.models.checkpoints: ``fcN``, its output after the ReLU): ``checkpoint_model``.
 Canonical weights are (out, in); Dense kernels are (in, out), transposed once when loading.
 """
 
@@ -36,6 +37,13 @@ def build_model(description: MLP, weights: dict[str, np.ndarray], device: str) -
         mapping[f"{prefix}.bias"] = f"{prefix}/bias"
     load_canonical(model, weights, mapping, transforms)
     return model
+
+
+def checkpoint_model(model: keras.Model, description: MLP) -> keras.Model:
+    """The functional model sharing ``model``'s layers and variables whose outputs are ``model``'s and every
+    checkpoint (fwbench.models.checkpoints): each layer's output (after its ReLU), by the layer's name."""
+    taps = {name: model.get_layer(name).output for name in description.checkpoint_names()}
+    return keras.Model(model.input, {**model.output, **taps}, name=f"{model.name}_checkpoints")
 
 
 def training_model(model: keras.Model, description: MLP) -> keras.Model:

@@ -8,7 +8,8 @@ with ``conv{n}``, ``bn{n}``, ``downsample_0`` / ``downsample_1`` sublayers). Pad
 asymmetrically where torch pads both sides; zero padding before the max-pool equals torch's -inf
 padding there, since the pool's input is a ReLU output (≥ 0). Batch norm runs in inference form
 (``training=False``) on its moving statistics, loaded from the canonical running_mean / running_var.
-Conv weights (out, in, kh, kw) become Conv2D kernels (kh, kw, in, out) when loading.
+Conv weights (out, in, kh, kw) become Conv2D kernels (kh, kw, in, out) when loading. Each checkpoint
+(fwbench.models.checkpoints) is the output of a layer called once (``checkpoint_layers``): ``checkpoint_model``.
 
 Phase training (``training_model``, trained by ``train_on_batch``, which calls the model with
 ``training=True``): every :class:`BatchNorm` normalises with its batch's mean and biased variance and
@@ -148,6 +149,23 @@ def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str
     transforms["fc.weight"] = transpose  # (classes, features) -> Dense (features, classes)
     load_canonical(model, weights, mapping, transforms)
     return model
+
+
+def checkpoint_layers(description: ResNet) -> dict[str, str]:
+    """Each checkpoint (``description.checkpoint_names()``) → the layer of the functional model whose output it
+    is (each called once): the stem's max-pool, every bottleneck block (after its residual ReLU), the average
+    pool, the classifier."""
+    layer_names = {"stem": "maxpool", "avgpool": "avgpool", "fc": "fc"}
+    layer_names.update({block.prefix: block.prefix.replace(".", "_") for block in description.blocks})
+    return {name: layer_names[name] for name in description.checkpoint_names()}
+
+
+def checkpoint_model(model: keras.Model, description: ResNet) -> keras.Model:
+    """The functional model sharing ``model``'s layers and variables whose outputs are ``model``'s and every
+    checkpoint by its name (fwbench.models.checkpoints); the image checkpoints NHWC, as the model computes
+    (the backend transposes them to the canonical NCHW)."""
+    taps = {name: model.get_layer(layer).output for name, layer in checkpoint_layers(description).items()}
+    return keras.Model(model.input, {**model.output, **taps}, name=f"{model.name}_checkpoints")
 
 
 def training_model(model: keras.Model, description: ResNet) -> keras.Model:

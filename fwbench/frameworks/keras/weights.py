@@ -1,6 +1,6 @@
 """Assign canonical numpy weights to a Keras model's variables through an explicit map, with shape asserts.
 
-Variables are addressed by their Keras path (``variable.path``, e.g. ``layers_0/query/kernel``: the
+Variables are addressed by their Keras path (``variable.path``, e.g. ``layers_0_attention/query/kernel``: the
 names of the layers that own it, then the variable's name), which is unique in a functional model.
 Layers are created with the :data:`OVERWRITTEN` initializer: ``load_canonical`` sets every variable,
 and Keras' random initializers would compile one random-number program per shape on jax (seconds

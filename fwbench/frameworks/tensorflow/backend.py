@@ -149,6 +149,27 @@ class TensorFlowBackend(Backend):
     def infer(self, inputs: Sequence[Any]) -> tuple[tf.Tensor, ...]:
         return self._forward(*inputs)
 
+    def checkpoints(self, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The model called with a checkpoint collector under the cell's precision policy: eagerly (eager), or as
+        a tf.function of the cell's input signature (function; ``jit_compile=True`` for xla) returning the
+        checkpoints as extra outputs of the compiled program; one call. savedmodel and multiworker: the base
+        class's NotImplementedError."""
+        if self.mode not in ("eager", "function", "xla"):
+            return super().checkpoints(inputs)
+        model = self.model
+
+        def tapped(*tensors: tf.Tensor) -> tuple[Any, dict[str, tf.Tensor]]:
+            taps: dict[str, tf.Tensor] = {}
+            return model(*tensors, taps=taps), taps
+
+        program = precision.scoped(self.dtype, tapped, xla=self.mode == "xla")
+        if self.mode != "eager":
+            signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
+            program = tf.function(program, input_signature=signature, jit_compile=self.mode == "xla")
+        outputs, taps = program(*inputs)
+        captured = {name: tf.cast(t, tf.float32).numpy() for name, t in taps.items()}
+        return self.to_numpy(outputs), self.canonical_checkpoints(captured)
+
     def sync(self, outputs: Any) -> None:
         if self.device == "cuda":
             tf.test.experimental.sync_devices()

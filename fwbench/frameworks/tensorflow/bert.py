@@ -7,6 +7,8 @@ every dense layer is one plain MatMul; Q, K and V are one matmul, their kernels 
 when loading. Attention is batched matmuls with an additive key mask (0 or -1e9 per key). Matmuls, attention and layer
 norms go through ``precision`` (the --dtype policy).
 Canonical linear weights are (out, in); kernels here are (in, out), transposed once when loading.
+``taps``: the checkpoints (fwbench.models.checkpoints), recorded only when given a dict; hidden states are
+recorded (batch, seq, hidden), reshaped only then (:func:`tap_hidden`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tensorflow as tf
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
 from fwbench.models.bert import Bert
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.weightmap import Transform, identity, transpose
 
 MASKED = -1e9  # added to the scores of excluded keys: exp underflows to exactly 0
@@ -46,12 +49,22 @@ def dims(input_ids: tf.Tensor) -> tuple[int | tf.Tensor, int | tf.Tensor]:
     return b, s
 
 
+def tap_hidden(taps: Taps, name: str, x: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor) -> tf.Tensor:
+    """``x`` (B·S, H), recorded as checkpoint ``name`` reshaped to (B, S, H) when capturing (``taps`` a dict): the
+    reshape is an op of the capturing program only, never of the timed one."""
+    if taps is not None:
+        taps[name] = tf.reshape(x, [b, s, -1])
+    return x
+
+
 class EncoderLayer(tf.Module):
     def __init__(self, description: Bert, i: int, variable: MakeVariable) -> None:
         super().__init__(name=f"layer_{i}")
         c = description.config
         h, inter = c.hidden, c.intermediate
         self.heads, self.eps = c.heads, c.layer_norm_eps
+        # the names of its attention, feed-forward and layer outputs (checkpoints)
+        self.checkpoints = tuple(description.checkpoint(kind, i) for kind in ("attention", "ffn", "layer"))
 
         def weight(role: str, shape: tuple[int, ...]) -> tf.Variable:
             return variable(description.param(role, i), shape, transpose if len(shape) == 2 else identity)
@@ -68,17 +81,21 @@ class EncoderLayer(tf.Module):
         self.ffn_out = weight("ffn_out", (inter, h)), bias("ffn_out", h)
         self.ffn_norm = weight("ffn_norm", (h,)), bias("ffn_norm", h)
 
-    def __call__(self, x: tf.Tensor, mask: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor) -> tf.Tensor:
+    def __call__(
+        self, x: tf.Tensor, mask: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor, taps: Taps = None
+    ) -> tf.Tensor:
         """x (B·S, H), mask (B, 1, 1, S) additive → (B·S, H)."""
         h = x.shape[-1]
         d = h // self.heads
+        attention_name, ffn_name, layer_name = self.checkpoints
         qkv = tf.reshape(dense(x, self.qkv_kernel, self.qkv_bias), [b, s, 3, self.heads, d])
         q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each (B, heads, S, d)
         context = precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(d)))  # (B, heads, S, d)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h])
         x = layer_norm(precision.add(x, dense(context, *self.attention_out)), *self.attention_norm, self.eps)
-        ffn = dense(gelu_erf(dense(x, *self.ffn_in)), *self.ffn_out)
-        return layer_norm(precision.add(x, ffn), *self.ffn_norm, self.eps)
+        tap_hidden(taps, attention_name, x, b, s)
+        ffn = tap_hidden(taps, ffn_name, dense(gelu_erf(dense(x, *self.ffn_in)), *self.ffn_out), b, s)
+        return tap_hidden(taps, layer_name, layer_norm(precision.add(x, ffn), *self.ffn_norm, self.eps), b, s)
 
 
 class BertModule(tf.Module):
@@ -109,7 +126,12 @@ class BertModule(tf.Module):
         canonical.check_all_used()
 
     def __call__(
-        self, input_ids: tf.Tensor, attention_mask: tf.Tensor, token_type_ids: tf.Tensor | None = None
+        self,
+        input_ids: tf.Tensor,
+        attention_mask: tf.Tensor,
+        token_type_ids: tf.Tensor | None = None,
+        *,
+        taps: Taps = None,
     ) -> tuple[tf.Tensor, ...]:
         b, s = dims(input_ids)
         h = self.word_embeddings.shape[-1]
@@ -117,12 +139,13 @@ class BertModule(tf.Module):
         if self.with_token_types:
             x = x + tf.gather(self.token_type_embeddings, token_type_ids)
         x = layer_norm(tf.reshape(x, [-1, h]), *self.embeddings_norm, self.eps)  # (B·S, H)
+        tap_hidden(taps, "embeddings", x, b, s)
         mask = key_mask(attention_mask)  # (B, 1, 1, S)
         for layer in self.layers:
-            x = layer(x, mask, b, s)
+            x = layer(x, mask, b, s, taps)
         x = tf.reshape(x, [b, s, h])
         if self.with_pooler:
-            return x, tf.tanh(dense(x[:, 0], *self.pooler))
+            return x, tap(taps, "pooler", tf.tanh(dense(x[:, 0], *self.pooler)))
         return (x,)
 
 

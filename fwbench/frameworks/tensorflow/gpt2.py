@@ -4,6 +4,7 @@ Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidd
 (batch, seq, hidden) and (batch, seq, vocab). tf.Module and tf ops, not Keras. Canonical Conv1D
 weights are (in, out), which is already the kernel layout here: no transpose when loading.
 Hidden states stay 2-D (batch·seq, hidden) between layers, so every dense layer is one MatMul.
+``taps``: the checkpoints (fwbench.models.checkpoints), recorded (batch, seq, hidden) only when given a dict.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
-from fwbench.frameworks.tensorflow.bert import MASKED, dense, dims, layer_norm
+from fwbench.frameworks.tensorflow.bert import MASKED, dense, dims, layer_norm, tap_hidden
 from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
+from fwbench.models.checkpoints import Taps
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
 from fwbench.models.weightmap import identity
 
@@ -30,6 +32,7 @@ class DecoderLayer(tf.Module):
         c = description.config
         h, inter = c.hidden, c.intermediate
         self.heads, self.eps = c.heads, c.layer_norm_eps
+        self.checkpoints = (f"h.{i}.attn", f"h.{i}.mlp", f"h.{i}")  # its attention, MLP and layer outputs
 
         def pair(suffix: str, shape: tuple[int, ...]) -> tuple[tf.Variable, tf.Variable]:
             """(weight, bias) of ``h.{i}.{suffix}``; Conv1D weights are (in, out) kernels as they are."""
@@ -45,16 +48,20 @@ class DecoderLayer(tf.Module):
         self.c_fc = pair("mlp.c_fc", (h, inter))
         self.mlp_proj = pair("mlp.c_proj", (inter, h))
 
-    def __call__(self, x: tf.Tensor, mask: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor) -> tf.Tensor:
+    def __call__(
+        self, x: tf.Tensor, mask: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor, taps: Taps = None
+    ) -> tf.Tensor:
         """x (B·S, H), mask (B, 1, S, S) additive → (B·S, H)."""
         h = x.shape[-1]
         d = h // self.heads
+        attention_name, mlp_name, layer_name = self.checkpoints
         qkv = tf.reshape(dense(layer_norm(x, *self.ln_1, self.eps), *self.c_attn), [b, s, 3, self.heads, d])
         q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each (B, heads, S, d)
         context = precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(d)))  # (B, heads, S, d)
-        x = precision.add(x, dense(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h]), *self.attn_proj))
+        attention = dense(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h]), *self.attn_proj)
+        x = precision.add(x, tap_hidden(taps, attention_name, attention, b, s))
         ffn = dense(gelu_tanh(dense(layer_norm(x, *self.ln_2, self.eps), *self.c_fc)), *self.mlp_proj)
-        return precision.add(x, ffn)
+        return tap_hidden(taps, layer_name, precision.add(x, tap_hidden(taps, mlp_name, ffn, b, s)), b, s)
 
 
 class GPT2Module(tf.Module):
@@ -71,16 +78,19 @@ class GPT2Module(tf.Module):
         self.ln_f = variable("ln_f.weight", (c.hidden,), identity), variable("ln_f.bias", (c.hidden,), identity)
         canonical.check_all_used()
 
-    def __call__(self, input_ids: tf.Tensor, attention_mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def __call__(
+        self, input_ids: tf.Tensor, attention_mask: tf.Tensor, taps: Taps = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
         b, s = dims(input_ids)
         h = self.wte.shape[-1]
         x = tf.reshape(tf.gather(self.wte, input_ids) + self.wpe[:s], [-1, h])  # (B·S, H)
+        tap_hidden(taps, "embeddings", x, b, s)
         causal = tf.linalg.band_part(tf.ones([s, s], tf.float32), -1, 0)  # (S, S), 1 on and below the diagonal
         allowed = causal[None, None] * tf.cast(attention_mask, tf.float32)[:, None, None, :]  # (B, 1, S, S)
         mask = (1.0 - allowed) * MASKED
         for layer in self.layers:
-            x = layer(x, mask, b, s)
-        x = layer_norm(x, *self.ln_f, self.eps)
+            x = layer(x, mask, b, s, taps)
+        x = tap_hidden(taps, "ln_f", layer_norm(x, *self.ln_f, self.eps), b, s)
         logits = precision.matmul(x, self.wte, transpose_b=True)  # tied LM head: (B·S, V)
         return tf.reshape(x, [b, s, h]), tf.reshape(logits, [b, s, -1])
 

@@ -2,6 +2,7 @@
 
 Input ``x``: (batch, in_features) float32 → ``(logits,)`` with logits (batch, out_features).
 Canonical weights are (out, in); kernels here are (in, out), transposed once when loading.
+``taps``: every layer's output (after its ReLU) by its prefix (fwbench.models.checkpoints), when given a dict.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.weights import CanonicalVariables
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.mlp import MLP
 from fwbench.models.weightmap import identity, transpose
 
@@ -20,6 +22,7 @@ class MLPModule(tf.Module):
         super().__init__(name="mlp")
         self.kernels: list[tf.Variable] = []
         self.biases: list[tf.Variable] = []
+        self.layer_names = tuple(prefix for prefix, _, _ in description.layers)  # each layer's checkpoint
         canonical = CanonicalVariables(weights)
         variable = canonical.take
         for prefix, fan_in, fan_out in description.layers:
@@ -27,12 +30,13 @@ class MLPModule(tf.Module):
             self.biases.append(variable(f"{prefix}.bias", (fan_out,), identity))
         canonical.check_all_used()
 
-    def __call__(self, x: tf.Tensor) -> tuple[tf.Tensor]:
+    def __call__(self, x: tf.Tensor, taps: Taps = None) -> tuple[tf.Tensor]:
         last = len(self.kernels) - 1
-        for i, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
+        for i, (kernel, bias, name) in enumerate(zip(self.kernels, self.biases, self.layer_names)):
             x = precision.dense(x, kernel, bias)
             if i < last:
                 x = tf.nn.relu(x)
+            tap(taps, name, x)
         return (x,)
 
 

@@ -13,6 +13,8 @@ Batch norm in inference form, ``(x - running_mean)·(weight / √(running_var + 
 computed as ``x·scale + shift`` with ``scale`` and ``shift`` precomputed (float32) when loading from
 the four canonical tensors, each used once (torch's eval BN is one fused op as well); ``scale`` and
 ``shift`` are not trainable.
+``taps``: the checkpoints (fwbench.models.checkpoints), recorded as computed (image ones NHWC) only when given a
+dict; the backend hands them on NCHW.
 
 Phase training (``training_logits``): the four BN tensors are kept as variables too (``weight`` and
 ``bias`` trainable, ``running_mean`` and ``running_var`` not), and every BN normalises with its batch's
@@ -29,6 +31,7 @@ import tensorflow as tf
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.bert import dense
 from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.resnet import BN_MOMENTUM, Block, Conv, ResNet
 from fwbench.models.weightmap import hwio, identity, transpose
 
@@ -94,6 +97,7 @@ class Bottleneck(tf.Module):
 
     def __init__(self, block: Block, eps: float, variable: MakeVariable) -> None:
         super().__init__(name=block.prefix.replace(".", "_"))
+        self.prefix = block.prefix  # its checkpoint's name
         first, second, third = block.convs
         self.conv1 = ConvBN(first, eps, variable)
         self.conv2 = ConvBN(second, eps, variable)
@@ -126,16 +130,17 @@ class ResNetModule(tf.Module):
         )
         canonical.check_all_used()
 
-    def __call__(self, pixel_values: tf.Tensor) -> tuple[tf.Tensor]:
-        return (self.forward(pixel_values, training=False),)
+    def __call__(self, pixel_values: tf.Tensor, taps: Taps = None) -> tuple[tf.Tensor]:
+        return (self.forward(pixel_values, training=False, taps=taps),)
 
-    def forward(self, pixel_values: tf.Tensor, training: bool) -> tf.Tensor:
+    def forward(self, pixel_values: tf.Tensor, training: bool, taps: Taps = None) -> tf.Tensor:
         """NCHW pixels → logits (B, classes); ``training``: BN on batch statistics, running ones updated."""
         x = tf.transpose(pixel_values, [0, 2, 3, 1])  # NCHW -> NHWC, inside the timed call
-        x = max_pool(tf.nn.relu(self.conv1(x, training)))  # (B, H/4, W/4, width)
+        x = tap(taps, "stem", max_pool(tf.nn.relu(self.conv1(x, training))))  # (B, H/4, W/4, width)
         for block in self.blocks:
-            x = block(x, training)
-        return dense(tf.reduce_mean(x, axis=[1, 2]), *self.fc)  # (B, classes)
+            x = tap(taps, block.prefix, block(x, training))
+        pooled = tap(taps, "avgpool", tf.reduce_mean(x, axis=[1, 2]))
+        return tap(taps, "fc", dense(pooled, *self.fc))  # (B, classes)
 
 
 def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:

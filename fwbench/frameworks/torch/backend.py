@@ -49,6 +49,24 @@ class Autocast(torch.nn.Module):
             return self.inner(*inputs)
 
 
+class Tapped(torch.nn.Module):
+    """``inner`` called with a checkpoint collector (fwbench.models.checkpoints): returns (its outputs, the
+    checkpoints by name), under ``torch.autocast(device_type, bfloat16)`` when ``device_type`` is given; what every
+    mode traces, compiles or calls for ``fwbench diff``."""
+
+    def __init__(self, inner: torch.nn.Module, device_type: str | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.device_type = device_type
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[Any, dict[str, torch.Tensor]]:
+        taps: dict[str, torch.Tensor] = {}
+        if self.device_type is None:
+            return self.inner(*inputs, taps=taps), taps
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+            return self.inner(*inputs, taps=taps), taps
+
+
 class TorchBackend(Backend):
     framework = "torch"
     # lightning: phase fit only (fit.py); ddp, ddp-compile: phase training as one of N ranks (distributed.py)
@@ -170,6 +188,28 @@ class TorchBackend(Backend):
 
     def infer(self, inputs: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         return self._forward(*inputs)
+
+    def checkpoints(self, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The model wrapped in :class:`Tapped`, then as the mode makes its program: called (eager), traced and
+        frozen (script), ``torch.compile``d (compile) or exported and AOT-compiled into a package of its own
+        (export); one call."""
+        self._enter_inference_mode()
+        tapped = Tapped(self.model, self.device if self.dtype == "bf16" else None).eval()
+        program: Callable[..., Any] = tapped
+        if self.mode == "script":
+            program = torch.jit.freeze(torch.jit.trace(tapped, tuple(inputs), check_trace=False, strict=False))
+        elif self.mode == "compile":
+            program = torch.compile(tapped, fullgraph=True, mode=self.settings.compile_mode)
+        elif self.mode == "export":
+            with tempfile.TemporaryDirectory(prefix="fwbench-aoti-") as folder:
+                exported = torch.export.export(tapped, tuple(inputs))
+                package = torch._inductor.aoti_compile_and_package(
+                    exported, package_path=os.path.join(folder, "tapped.pt2")
+                )
+                program = torch._inductor.aoti_load_package(package)
+        outputs, taps = program(*inputs)
+        captured = {name: t.detach().float().cpu().numpy() for name, t in taps.items()}
+        return self.to_numpy(outputs), self.canonical_checkpoints(captured)
 
     def sync(self, outputs: Any) -> None:
         if self.device == "cuda":

@@ -3,6 +3,7 @@
 Inputs: input_ids, attention_mask[, token_type_ids], each (batch, seq) int32.
 Returns ``(last_hidden_state[, pooler_output])``: (batch, seq, hidden) and (batch, hidden).
 Attention is ``F.scaled_dot_product_attention`` with a boolean key mask (True = attend).
+``taps``: the checkpoints (fwbench.models.checkpoints), recorded only when given a dict.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from torch import nn
 
 from fwbench.frameworks.torch.weights import load_canonical
 from fwbench.models.bert import LAYER_ROLES, Bert
+from fwbench.models.checkpoints import Taps, tap
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, checkpoints: tuple[str, ...]) -> None:
         super().__init__()
         self.heads = heads
+        self.checkpoints = checkpoints  # the names of its attention, feed-forward and layer outputs
         self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
         self.attention_out = nn.Linear(hidden, hidden)
         self.attention_norm = nn.LayerNorm(hidden, eps=eps)
@@ -27,8 +30,9 @@ class EncoderLayer(nn.Module):
         self.ffn_out = nn.Linear(intermediate, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, taps: Taps = None) -> torch.Tensor:
         b, s, h = x.shape
+        attention_name, ffn_name, layer_name = self.checkpoints
 
         def split(t: torch.Tensor) -> torch.Tensor:  # (B, S, H) -> (B, heads, S, H / heads)
             return t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
@@ -36,8 +40,11 @@ class EncoderLayer(nn.Module):
         context = F.scaled_dot_product_attention(
             split(self.query(x)), split(self.key(x)), split(self.value(x)), attn_mask=allowed
         )
-        x = self.attention_norm(x + self.attention_out(context.transpose(1, 2).reshape(b, s, h)))
-        return self.ffn_norm(x + self.ffn_out(F.gelu(self.ffn_in(x))))
+        x = tap(
+            taps, attention_name, self.attention_norm(x + self.attention_out(context.transpose(1, 2).reshape(b, s, h)))
+        )
+        ffn = tap(taps, ffn_name, self.ffn_out(F.gelu(self.ffn_in(x))))
+        return tap(taps, layer_name, self.ffn_norm(x + ffn))
 
 
 class BertModule(nn.Module):
@@ -51,24 +58,35 @@ class BertModule(nn.Module):
             self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden)
         self.embeddings_norm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
         self.layers = nn.ModuleList(
-            EncoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps) for _ in range(c.layers)
+            EncoderLayer(
+                c.hidden,
+                c.heads,
+                c.intermediate,
+                c.layer_norm_eps,
+                tuple(description.checkpoint(kind, i) for kind in ("attention", "ffn", "layer")),
+            )
+            for i in range(c.layers)
         )
         if self.with_pooler:
             self.pooler = nn.Linear(c.hidden, c.hidden)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        taps: Taps = None,
     ) -> tuple[torch.Tensor, ...]:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
         if self.with_token_types:
             x = x + self.token_type_embeddings(token_type_ids)
-        x = self.embeddings_norm(x)
+        x = tap(taps, "embeddings", self.embeddings_norm(x))
         allowed = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         for layer in self.layers:
-            x = layer(x, allowed)
+            x = layer(x, allowed, taps)
         if self.with_pooler:
-            return x, torch.tanh(self.pooler(x[:, 0]))
+            return x, tap(taps, "pooler", torch.tanh(self.pooler(x[:, 0])))
         return (x,)
 
 

@@ -2,7 +2,8 @@
 
 Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
 (batch, seq, hidden) and (batch, seq, vocab). Canonical Conv1D weights (in, out) are transposed
-once into nn.Linear's (out, in) when loading.
+once into nn.Linear's (out, in) when loading. ``taps``: the checkpoints (fwbench.models.checkpoints), recorded
+only when given a dict.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from fwbench.frameworks.torch.weights import load_canonical
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
 from fwbench.models.weightmap import Transform, transpose
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, name: str) -> None:
         super().__init__()
         self.heads = heads
+        self.checkpoints = (f"{name}.attn", f"{name}.mlp", name)  # its attention, MLP and layer outputs
         self.ln_1 = nn.LayerNorm(hidden, eps=eps)
         self.c_attn = nn.Linear(hidden, 3 * hidden)
         self.attn_proj = nn.Linear(hidden, hidden)
@@ -28,15 +31,20 @@ class DecoderLayer(nn.Module):
         self.c_fc = nn.Linear(hidden, intermediate)
         self.mlp_proj = nn.Linear(intermediate, hidden)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, taps: Taps = None) -> torch.Tensor:
         b, s, h = x.shape
+        attention_name, mlp_name, layer_name = self.checkpoints
         q, k, v = (
             t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
             for t in self.c_attn(self.ln_1(x)).split(h, dim=-1)
         )
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-        x = x + self.attn_proj(context.transpose(1, 2).reshape(b, s, h))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        x = x + tap(taps, attention_name, self.attn_proj(context.transpose(1, 2).reshape(b, s, h)))
+        return tap(
+            taps,
+            layer_name,
+            x + tap(taps, mlp_name, self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))),
+        )
 
 
 class GPT2Module(nn.Module):
@@ -46,19 +54,21 @@ class GPT2Module(nn.Module):
         self.wte = nn.Embedding(c.vocab_size, c.hidden)
         self.wpe = nn.Embedding(c.max_positions, c.hidden)
         self.layers = nn.ModuleList(
-            DecoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps) for _ in range(c.layers)
+            DecoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, f"h.{i}") for i in range(c.layers)
         )
         self.ln_f = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, taps: Taps = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         seq = input_ids.shape[1]
         positions = torch.arange(seq, device=input_ids.device)
-        x = self.wte(input_ids) + self.wpe(positions)
+        x = tap(taps, "embeddings", self.wte(input_ids) + self.wpe(positions))
         causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
         allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]  # (B, 1, S, S)
         for layer in self.layers:
-            x = layer(x, allowed)
-        x = self.ln_f(x)
+            x = layer(x, allowed, taps)
+        x = tap(taps, "ln_f", self.ln_f(x))
         return x, F.linear(x, self.wte.weight)
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from fwbench.frameworks.torch.weights import load_canonical
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.mlp import MLP
 
 
@@ -20,12 +21,14 @@ class MLPModule(nn.Module):
         for prefix, fan_in, fan_out in description.layers:
             self.add_module(prefix, nn.Linear(fan_in, fan_out))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+    def forward(self, x: torch.Tensor, taps: Taps = None) -> tuple[torch.Tensor]:
+        """``taps``: every layer's output by its name (fwbench.models.checkpoints), when given a dict."""
         last = len(self.layer_names) - 1
         for i, name in enumerate(self.layer_names):
             x = getattr(self, name)(x)
             if i < last:
                 x = torch.relu(x)
+            tap(taps, name, x)
         return (x,)
 
 

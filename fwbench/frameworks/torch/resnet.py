@@ -6,6 +6,7 @@ Attribute names are torchvision's (``conv1``, ``bn1``, ``layer{k}.{j}.conv{n}``,
 are loaded through the same strict map as the parameters (``weights.load_canonical``).
 Phase training: the backend puts the module in ``train()`` mode, so every nn.BatchNorm2d normalises with
 the batch's statistics and updates its running buffers (momentum 0.1, unbiased running variance).
+``taps``: the checkpoints (fwbench.models.checkpoints), recorded only when given a dict.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from fwbench.frameworks.torch.weights import load_canonical
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.resnet import BN_MOMENTUM, BN_SUFFIXES, Block, Conv, ResNet
 
 LAYOUT = "NCHW"
@@ -67,14 +69,19 @@ class ResNetModule(nn.Module):
             )
             start += count
         self.stages = len(c.blocks)
+        self.block_names = tuple(b.prefix for b in blocks)  # each block's checkpoint, in order
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c.features, c.num_classes)
 
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor]:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(pixel_values))))  # (B, width, H/4, W/4)
+    def forward(self, pixel_values: torch.Tensor, taps: Taps = None) -> tuple[torch.Tensor]:
+        x = tap(taps, "stem", self.maxpool(self.relu(self.bn1(self.conv1(pixel_values)))))  # (B, width, H/4, W/4)
+        index = 0
         for stage in range(self.stages):
-            x = getattr(self, f"layer{stage + 1}")(x)
-        return (self.fc(torch.flatten(self.avgpool(x), 1)),)  # (B, classes)
+            for block in getattr(self, f"layer{stage + 1}"):  # as nn.Sequential calls them
+                x = tap(taps, self.block_names[index], block(x))
+                index += 1
+        pooled = tap(taps, "avgpool", torch.flatten(self.avgpool(x), 1))
+        return (tap(taps, "fc", self.fc(pooled)),)  # (B, classes)
 
 
 def build_model(description: ResNet, weights: dict[str, np.ndarray], device: str) -> ResNetModule:

@@ -1,6 +1,7 @@
 """Phase inference: the timed call is one forward pass (``backend.make_step``: ``infer`` then ``sync``) at the
 cell's shape; after timing, with ``check_parity``, the outputs at the model's small parity shape against its
-float64 reference."""
+float64 reference; a mismatch names its first diverging checkpoint (fwbench.runner.divergence), found in the same
+worker from one more call of the program built with the checkpoints as extra outputs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import numpy as np
 
 from fwbench.models.base import ModelDescription
 from fwbench.runner.cell import Cell, parity
+from fwbench.runner.divergence import CHECKPOINT_KEY, TAPPED_KEY, first_divergence, layer_errors
 from fwbench.runner.phases.base import Phase
+from fwbench.runner.tolerances import parity_tolerance
 from fwbench.spec import DTYPES
 
 if TYPE_CHECKING:
@@ -26,6 +29,17 @@ def mismatch_reason(check: dict[str, Any]) -> str:
         f"outputs differ from the reference: {worst} relative L2 error "
         f"{errors.get('rel_l2', float('nan')):.3g} > {check['tolerance_rel_l2']:g}"
     )
+
+
+def divergence_note(divergence: dict[str, Any]) -> str:
+    """What a mismatch's reason adds about where it starts (:meth:`Inference.divergence`'s record)."""
+    if divergence.get("unavailable"):
+        return f"; no checkpoints to locate it: {divergence['unavailable']}"
+    first = divergence.get("first")
+    if first is None:
+        return "; every checkpoint within its share of the tolerance: it starts after the last one"
+    error = "not finite" if first["rel_l2"] is None else f"{first['rel_l2']:.2g}"
+    return f"; first divergence: {first['name']}, rel. error {error} > its share {first['limit']:.2g}"
 
 
 class Inference(Phase):
@@ -59,22 +73,70 @@ class Inference(Phase):
         inputs = backend.make_inputs(arrays)
         backend.compile(inputs)
         cell.record_compile_report(backend)
-        check = parity(backend.to_numpy(backend.infer(inputs)), reference, cell.job.case.dtype, description.name)
+        outputs = backend.to_numpy(backend.infer(inputs))
+        check = parity(outputs, reference, cell.job.case.dtype, description.name)
         check["shape"] = list(description.parity_shape())
         cell.result["parity"] = check
         cell.record_precision(backend, inputs)
         if not check["ok"]:
-            cell.fail_check(mismatch_reason(check))
+            check["divergence"] = self.divergence(cell, backend, description, (inputs, arrays), outputs)
+            cell.fail_check(mismatch_reason(check) + divergence_note(check["divergence"]))
+
+    def divergence(
+        self,
+        cell: Cell,
+        backend: Backend,
+        description: ModelDescription,
+        given: tuple[Any, dict[str, np.ndarray]],
+        outputs: dict[str, np.ndarray],
+    ) -> dict[str, Any]:
+        """Where ``outputs`` (of ``backend``'s timed program on ``given`` = (backend inputs it is compiled for, the
+        arrays they were made from)) start to differ from the float64 reference: ``layers`` (every checkpoint's and
+        output's error and share, in forward order; the checkpoints from one call of the program that returns
+        them), ``first`` (the first over its share, or None), or ``unavailable`` (why this runtime has none)."""
+        inputs, arrays = given
+        try:
+            _, captured = backend.checkpoints(inputs)
+        except NotImplementedError as exc:
+            return {"unavailable": str(exc)}
+        weights = cell.weights(description)
+        reference = description.reference_checkpoints(weights, arrays) or {}
+        errors = layer_errors(
+            outputs,
+            captured,
+            description.reference_forward(weights, arrays) or {},
+            reference,
+            parity_tolerance(description.name, cell.job.case.dtype),
+        )
+        first = first_divergence(errors)
+        return {"layers": [e.to_dict() for e in errors], "first": None if first is None else first.to_dict()}
 
     def verify(self, cell: Cell, backend: Backend, description: ModelDescription, output: Path) -> None:
-        """One compiled call at the case's shape, its outputs saved to ``output`` by name."""
+        """One compiled call at the case's shape, its outputs saved to ``output`` by name. With the job's
+        ``checkpoints`` (fwbench diff), also one call of the program with the checkpoints as extra outputs: each
+        saved as ``checkpoint/<name>`` and that program's outputs as ``tapped/<name>``
+        (``details.checkpoints_unavailable`` says why a runtime has none); without,
+        outputs out of the reference's tolerance are located in the worker (``details.divergence``)."""
         case, settings = cell.job.case, cell.job.settings
-        inputs = backend.make_inputs(description.make_inputs(case.batch_size, case.seq_len, settings.seed))
+        arrays = description.make_inputs(case.batch_size, case.seq_len, settings.seed)
+        inputs = backend.make_inputs(arrays)
         cell.stage("compile")
         backend.compile(inputs)
         cell.stage("first_call")
         outputs: dict[str, Any] = backend.to_numpy(backend.infer(inputs))
-        np.savez(output, **outputs)
+        saved = dict(outputs)
+        if cell.job.checkpoints:
+            try:
+                tapped, captured = backend.checkpoints(inputs)
+                saved.update({CHECKPOINT_KEY + name: array for name, array in captured.items()})
+                saved.update({TAPPED_KEY + name: array for name, array in tapped.items()})
+            except NotImplementedError as exc:
+                cell.result["checkpoints_unavailable"] = str(exc)
+        else:
+            reference = description.reference_forward(cell.weights(description), arrays)
+            if reference is not None and not parity(outputs, reference, case.dtype, description.name)["ok"]:
+                cell.result["divergence"] = self.divergence(cell, backend, description, (inputs, arrays), outputs)
+        np.savez(output, **saved)
         cell.result["status"] = "ok"
         cell.record_precision(backend, inputs)  # a graph off the policy makes it mismatch
         cell.stage("done")

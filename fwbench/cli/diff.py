@@ -1,0 +1,90 @@
+"""``fwbench diff``: where runtimes part from the float64 reference, layer by layer; exit 1 when any runtime diverges
+or fails."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fwbench.cli.common import positive_float, positive_int
+from fwbench.frameworks import get_runtime
+from fwbench.measure import environment
+from fwbench.models import get_model
+from fwbench.models.weights_io import load_weights
+from fwbench.report.diff_table import diff_table, verdict_lines
+from fwbench.report.table import make_console
+from fwbench.runner.diff import diff_model
+from fwbench.runner.planner import check_threads_fit, parse_names
+from fwbench.spec import DTYPES, Settings, SpecError
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``diff`` on the subcommand parsers ``commands``."""
+    diff = commands.add_parser(
+        "diff",
+        help="name the first layer where runtimes part from the float64 reference",
+        description="Run MODEL once in each runtime (each in its own worker) on the same input with the same weights, "
+        "returning the model's named checkpoints (embeddings, each layer's attention, feed-forward and output; "
+        "ResNet's stem and blocks; the MLP's layers) from the runtime's own program — compiled runtimes compile "
+        "them as extra outputs — and compare each with the float64 reference. A checkpoint may use its share of the "
+        "output tolerance (tolerance × sqrt(k / (n + 1)) for the k-th of n); the first over it is named per runtime. "
+        "Deployment engines are compared at their outputs only. Exit 1 when any runtime diverges or fails.",
+    )
+    diff.add_argument("model", help="one model name (fwbench list)")
+    diff.add_argument("--runtimes", required=True, help="comma-separated runtimes")
+    diff.add_argument(
+        "--phase", choices=("inference",), default="inference", help="inference: the forward pass (default)"
+    )
+    diff.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="fp32",
+        help="fp32; bf16: the one mixed-precision policy, to see how its error grows layer by layer; int8: the "
+        "deployment engines' quantisation (outputs only); sets the tolerance (default: fp32)",
+    )
+    diff.add_argument("--batch-size", type=positive_int, help="default: the model's parity shape (2)")
+    diff.add_argument("--seq-len", type=positive_int, help="default: the model's parity shape (16)")
+    diff.add_argument(
+        "--weights", type=Path, metavar="FILE", help="safetensors weights; default: the seeded canonical weights"
+    )
+    diff.add_argument("--format", choices=("table", "json"), default="table", help="default: table")
+    diff.add_argument("--threads", type=positive_int, help="intra-op threads (default: physical cores)")
+    diff.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    diff.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS", help="per runtime")
+
+
+def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    description = get_model(args.model)
+    runtime_names = parse_names("--runtimes", args.runtimes)
+    for name in runtime_names:
+        get_runtime(name)
+    if args.seq_len is not None:
+        problem = description.supports_seq_len(args.seq_len)
+        if problem:
+            raise SpecError(problem)
+    if args.weights is not None:
+        try:
+            load_weights(description, args.weights)
+        except (OSError, ValueError) as exc:
+            raise SpecError(str(exc)) from None
+    settings = Settings(
+        threads=args.threads or environment.physical_core_count(),
+        timeout_s=args.timeout,
+        max_time_s=min(5.0, args.timeout / 2),
+        seed=args.seed,
+    )
+    check_threads_fit(settings)
+    result = diff_model(
+        args.model, runtime_names, settings, args.batch_size, args.seq_len, args.weights, dtype=args.dtype
+    )
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        console = make_console()
+        console.print(diff_table(result))
+        for line in verdict_lines(result):
+            console.print(line)
+    return 1 if result.failed else 0

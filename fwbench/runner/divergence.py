@@ -1,0 +1,78 @@
+"""Where a runtime parts from the float64 reference: each checkpoint's error (fwbench.models.checkpoints) against its
+share of the model's output tolerance, and the first checkpoint over its share.
+
+The share: a model's outputs may be ``tolerance`` away from the reference (relative L2,
+fwbench.runner.tolerances.parity_tolerance); the k-th of n checkpoints, in forward order, with the outputs as the
+n+1-th step, may be ``tolerance · sqrt(k / (n + 1))`` away. Rounding errors of independent steps add up like a random
+walk, so the budget grows with the square root of the depth and reaches the whole tolerance at the outputs. A fault
+(a wrong epsilon, a transposed weight, another GELU) shows as a jump far above any share at the first checkpoint after
+it; a runtime that only rounds more (bf16) shows a steady growth. No framework is imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from fwbench.runner.tolerances import relative_errors
+
+CHECKPOINT_KEY = "checkpoint/"  # prefix of a checkpoint's array in a verify output (.npz): checkpoint/<name>
+TAPPED_KEY = "tapped/"  # prefix of an output of the program that returned the checkpoints: tapped/<name>
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """One compared tensor: a checkpoint (``kind`` "checkpoint") or a model output ("output"), its relative L2 and
+    max absolute error against the float64 reference, and its share of the tolerance (``limit``)."""
+
+    name: str
+    kind: str
+    rel_l2: float
+    max_abs: float
+    limit: float
+
+    @property
+    def diverged(self) -> bool:
+        """Over its share (a NaN or a shape that differs counts as over)."""
+        return not self.rel_l2 <= self.limit
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: an error that is not finite (NaN, or a tensor missing or of another shape) is None."""
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def share_of_tolerance(tolerance: float, position: int, count: int) -> float:
+    """The error the ``position``-th (1-based) of ``count`` compared steps may have: tolerance · sqrt(position/count)."""
+    return tolerance * math.sqrt(position / count)
+
+
+def layer_errors(
+    outputs: dict[str, np.ndarray],
+    checkpoints: dict[str, np.ndarray],
+    reference_outputs: dict[str, np.ndarray],
+    reference_checkpoints: dict[str, np.ndarray],
+    tolerance: float,
+) -> list[LayerError]:
+    """Every checkpoint of the reference (in its order) that ``checkpoints`` has, then every reference output, with
+    their errors and shares. ``checkpoints`` empty: the outputs only (a runtime that exposes nothing else). A
+    checkpoint or output the runtime lacks is an error of inf."""
+    count = len(reference_checkpoints) + 1
+    rows = []
+    if checkpoints:
+        for position, (name, expected) in enumerate(reference_checkpoints.items(), start=1):
+            got = checkpoints.get(name)
+            rel, worst = relative_errors(got, expected) if got is not None else (math.inf, math.inf)
+            rows.append(LayerError(name, "checkpoint", rel, worst, share_of_tolerance(tolerance, position, count)))
+    for name, expected in reference_outputs.items():
+        got = outputs.get(name)
+        rel, worst = relative_errors(got, expected) if got is not None else (math.inf, math.inf)
+        rows.append(LayerError(name, "output", rel, worst, tolerance))
+    return rows
+
+
+def first_divergence(errors: list[LayerError]) -> LayerError | None:
+    """The first tensor over its share, in forward order (None: none is)."""
+    return next((error for error in errors if error.diverged), None)
