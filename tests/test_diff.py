@@ -218,3 +218,47 @@ def test_diff_bad_input(args: list[str], fragment: str) -> None:
     result = run_cli("diff", *args)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert fragment in result.stderr
+
+
+# -- --phase training: the first step's loss and gradients ---------------------------------------------------------
+def test_diff_training_compares_every_trained_gradient_in_backward_order() -> None:
+    runtimes = ["torch:eager", "tensorflow:function", "keras:torch", "onnxruntime:torch"]
+    result = run_cli(
+        "diff", "mlp", "--phase", "training", "--runtimes", ",".join(runtimes), "--threads", "1", "--format", "json",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    diff = json.loads(result.stdout)
+    assert diff["phase"] == "training"
+    description = get_model("mlp")
+    backward = [p.name for p in reversed(description.param_schema())]
+    steps = {r["runtime"]: r["training"] for r in diff["runtimes"]}
+    for runtime in runtimes[:3]:
+        step = steps[runtime]
+        assert step["status"] == "ok" and step["gradients_against"] == "torch:eager", (runtime, step)
+        assert [g["name"] for g in step["gradients"]] == backward  # every trained tensor, the last layer's first
+        assert step["loss_rel_to_reference"] <= 1e-5 and step["first_gradient_divergence"] is None
+        assert all(g["rel_l2"] <= g["limit"] == 1e-3 for g in step["gradients"]), step
+    assert steps["torch:eager"]["gradients"][0]["rel_l2"] == 0.0  # the base against itself
+    assert (
+        steps["onnxruntime:torch"]["status"] == "skipped"
+        and "no training phase" in steps["onnxruntime:torch"]["reason"]
+    )
+
+
+def test_diff_training_finds_a_defect_of_the_backward_pass_alone(faulty_env: dict[str, str]) -> None:
+    from fwbench_faulty_models import GRADIENT_DEFECT, GRADIENT_MODEL
+
+    result = run_cli(
+        "diff", GRADIENT_MODEL, "--phase", "training", "--runtimes", "jax:jit,torch:compile", "--threads", "1",
+        "--format", "json", env=faulty_env, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    healthy, faulty = json.loads(result.stdout)["runtimes"]
+    assert healthy["first_divergence"] is None and faulty["first_divergence"] is None  # the forward agrees
+    assert healthy["training"]["first_gradient_divergence"] is None
+    first = faulty["training"]["first_gradient_divergence"]
+    assert first["name"] == GRADIENT_DEFECT and first["rel_l2"] > 10 * first["limit"], first
+    gradients = faulty["training"]["gradients"]
+    before = gradients[: [g["name"] for g in gradients].index(GRADIENT_DEFECT)]
+    assert before and all(g["rel_l2"] <= 0.1 * g["limit"] for g in before), before  # clean after it, in forward terms

@@ -14,7 +14,7 @@ from fwbench.frameworks import get_runtime
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
-from fwbench.report.diff_table import diff_table, verdict_lines
+from fwbench.report.diff_table import diff_table, training_table, verdict_lines
 from fwbench.report.table import make_console
 from fwbench.runner.diff import diff_model
 from fwbench.runner.planner import check_threads_fit, parse_names
@@ -36,7 +36,12 @@ def add_parser(commands: Any) -> None:
     diff.add_argument("model", help="one model name (fwbench list)")
     diff.add_argument("--runtimes", required=True, help="comma-separated runtimes")
     diff.add_argument(
-        "--phase", choices=("inference",), default="inference", help="inference: the forward pass (default)"
+        "--phase",
+        choices=("inference", "training"),
+        default="inference",
+        help="inference: the forward pass's checkpoints (default); training: also each runtime's first training step, "
+        "its loss against the float64 reference loss and every trained tensor's gradient against the first runtime's "
+        "(there is no float64 gradient), the first one over the tolerance named in backward order",
     )
     diff.add_argument(
         "--dtype",
@@ -77,14 +82,25 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed=args.seed,
     )
     check_threads_fit(settings)
+    if args.phase == "training" and args.dtype not in ("fp32", "bf16"):
+        raise SpecError(f"--phase training computes in fp32 or bf16, not {args.dtype}")
     result = diff_model(
-        args.model, runtime_names, settings, args.batch_size, args.seq_len, args.weights, dtype=args.dtype
+        args.model,
+        runtime_names,
+        settings,
+        args.batch_size,
+        args.seq_len,
+        args.weights,
+        dtype=args.dtype,
+        phase=args.phase,
     )
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2))
     else:
         console = make_console()
         console.print(diff_table(result))
+        if result.phase == "training":
+            console.print(training_table(result))
         for line in verdict_lines(result):
             console.print(line)
     return 1 if result.failed else 0

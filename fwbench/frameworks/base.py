@@ -420,9 +420,26 @@ class Backend(ABC):
         """This framework's checked ``fit.py`` (phase fit)."""
         return import_fit(self.package)
 
+    def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:
+        """``fwbench diff --phase training``: (the loss, as a train step returns it; the gradient of every array
+        :meth:`parameter_arrays` lists, in its order and layout, zeros where the loss has none), computed by this
+        mode's training program from the built weights, before any update. NotImplementedError where the runtime
+        does not hand its gradients out."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} does not hand out its gradients to fwbench")
+
+    def gradients(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[float, dict[str, np.ndarray]]:
+        """(loss, every canonical tensor's gradient by canonical name, canonical layout) of :meth:`gradient_arrays`."""
+        loss, arrays = self.gradient_arrays(inputs, targets)
+        return self.loss_value(loss), self.canonical_arrays(arrays)
+
     def trained_parameters(self) -> dict[str, np.ndarray]:
         """Every canonical tensor's current value (after the training steps taken so far) by canonical name,
-        in the canonical layout and shape, float32.
+        in the canonical layout and shape, float32 (:meth:`canonical_arrays` of :meth:`parameter_arrays`)."""
+        return self.canonical_arrays(self.parameter_arrays())
+
+    def canonical_arrays(self, values: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """``values``: arrays laid out as :meth:`parameter_arrays` lists the model's variables (their values, or gradients)
+        mapped back to every canonical tensor by canonical name, in the canonical layout and shape, float32.
 
         The inverse of the weight map is read off the forward map itself: the model is built once more
         (float32, same arch module and map) from probe weights whose elements hold their own global index
@@ -462,12 +479,11 @@ class Backend(ABC):
                     ids[i] = None  # not set from the canonical weights (e.g. a constant mask buffer)
                     continue
                 held += (value - 1) * base**digit
-        trained = self.parameter_arrays()
-        if len(trained) != len(ids):
-            raise ValueError(f"{self.framework}: {len(trained)} variables now, {len(ids)} in the probe model")
+        if len(values) != len(ids):
+            raise ValueError(f"{self.framework}: {len(values)} variables now, {len(ids)} in the probe model")
         flat = np.zeros(total, dtype=np.float32)
         covered = np.zeros(total, dtype=bool)
-        for held, array in zip(ids, trained):
+        for held, array in zip(ids, values):
             if held is not None:
                 flat[held.ravel()] = array.ravel()
                 covered[held.ravel()] = True

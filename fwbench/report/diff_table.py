@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from fwbench.runner.diff import ModelDiff, RuntimeDiff
+from fwbench.runner.diff import ModelDiff, RuntimeDiff, TrainingDiff
 
 FIRST_MARK = "◀ first"
 
@@ -45,6 +45,38 @@ def diff_table(diff: ModelDiff) -> Table:
     return table
 
 
+def training_table(diff: ModelDiff) -> Table:
+    """``--phase training``: per runtime its first step's loss against the float64 reference loss, and its gradients
+    against the first runtime's: the worst tensor and the first over the tolerance in backward order."""
+    table = Table(title=f"first training step, {diff.dtype}: loss against the float64 reference, gradients against "
+                  "the first runtime's (relative L2 per tensor)")  # fmt: skip
+    for column in ("runtime", "loss", "loss rel. error", "gradients against", "worst gradient", "first over"):
+        table.add_column(column)
+    for runtime in diff.runtimes:
+        step = runtime.training
+        if step is None or step.status != "ok":
+            reason = "—" if step is None else f"{step.status}: {step.reason or ''}"
+            table.add_row(escape(runtime.runtime), "—", "—", "—", "—", escape(reason))
+            continue
+        table.add_row(escape(runtime.runtime), *_step_cells(step))
+    return table
+
+
+def _step_cells(step: TrainingDiff) -> tuple[str, ...]:
+    worst = max(step.gradients, key=lambda g: g.rel_l2 if g.rel_l2 == g.rel_l2 else float("inf"), default=None)
+    first = step.first
+    loss_error = "—" if step.loss_rel is None else f"{step.loss_rel:.1e}"
+    if step.loss_diverged:
+        loss_error = f"[red]{loss_error} > {step.loss_tolerance:g}[/]"
+    return (
+        f"{step.loss:.6g}",
+        loss_error,
+        escape(step.against or "—"),
+        "—" if worst is None else f"{escape(worst.name)} {worst.rel_l2:.1e}",
+        "none" if first is None else f"[bold red]{escape(first.name)} {first.rel_l2:.1e} > {first.limit:g}[/]",
+    )
+
+
 def verdict_lines(diff: ModelDiff) -> list[str]:
     """One line per runtime (rich markup): its first divergence, no divergence, or why it has no errors to show."""
     lines = []
@@ -69,5 +101,10 @@ def verdict_lines(diff: ModelDiff) -> list[str]:
                 f"; [yellow]its program with checkpoints gives other outputs than the timed one "
                 f"(rel. L2 {runtime.tapped_rel_l2:.2g})[/]"
             )
+        step = runtime.training
+        if step is not None and step.status == "ok" and (step.first is not None or step.loss_diverged):
+            where = "" if step.first is None else f"first gradient over the tolerance: {escape(step.first.name)}"
+            loss = f"loss rel. error {step.loss_rel:.2g}" if step.loss_diverged else ""
+            verdict += f"; [bold red]training: {', '.join(filter(None, (loss, where)))}[/]"
         lines.append(f"{name}: {verdict}")
     return lines

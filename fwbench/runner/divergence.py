@@ -21,6 +21,11 @@ from fwbench.runner.tolerances import relative_errors
 
 CHECKPOINT_KEY = "checkpoint/"  # prefix of a checkpoint's array in a verify output (.npz): checkpoint/<name>
 TAPPED_KEY = "tapped/"  # prefix of an output of the program that returned the checkpoints: tapped/<name>
+GRADIENT_KEY = "gradient/"  # prefix of a trained tensor's gradient in a training diff output: gradient/<name>
+# Gradients have no float64 reference: each runtime's are compared with the first runtime's, tensor by tensor.
+# A tensor's error is ‖g − g₀‖ / max(‖g₀‖, GRADIENT_FLOOR · the median tensor's ‖g₀‖): the attention key biases' exact
+# gradient is 0 (softmax ignores a shift shared by every key), so theirs is rounding noise, ~1e-10 in fp32.
+GRADIENT_FLOOR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,28 @@ def layer_errors(
         got = outputs.get(name)
         rel, worst = relative_errors(got, expected) if got is not None else (math.inf, math.inf)
         rows.append(LayerError(name, "output", rel, worst, tolerance))
+    return rows
+
+
+def gradient_errors(
+    gradients: dict[str, np.ndarray], base: dict[str, np.ndarray], order: list[str], tolerance: float
+) -> list[LayerError]:
+    """Each tensor's gradient (kind "gradient") against the first runtime's ``base``, in ``order`` (backward order:
+    the last layer's parameters first, where a backward pass starts), within ``tolerance`` each (GRADIENT_FLOOR)."""
+    norms = [float(np.linalg.norm(np.asarray(g, np.float64))) for g in base.values()]
+    floor = GRADIENT_FLOOR * float(np.median([n for n in norms if n > 0] or [1.0]))
+    rows = []
+    for name in order:
+        expected, got = base.get(name), gradients.get(name)
+        if expected is None:
+            continue
+        if got is None or np.shape(got) != np.shape(expected):
+            rows.append(LayerError(name, "gradient", math.inf, math.inf, tolerance))
+            continue
+        difference = np.asarray(got, np.float64) - np.asarray(expected, np.float64)
+        scale = max(float(np.linalg.norm(np.asarray(expected, np.float64))), floor)
+        worst = float(np.max(np.abs(difference), initial=0.0))
+        rows.append(LayerError(name, "gradient", float(np.linalg.norm(difference)) / scale, worst, tolerance))
     return rows
 
 

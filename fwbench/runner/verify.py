@@ -76,20 +76,22 @@ class WorkerArrays:
     path: Path | None = None
 
 
-def inference_arrays(
+def verify_arrays(
     case: Case, settings: Settings, weights_path: Path | None, scratch: Path, *, checkpoints: bool = False
 ) -> WorkerArrays:
-    """One verify worker of the inference ``case`` (nothing timed), its .npz written under ``scratch``;
-    ``checkpoints``: with the model's checkpoints (fwbench diff)."""
-    info = get_runtime(case.runtime)
+    """One verify worker of ``case`` (nothing timed), its .npz written under ``scratch``; ``checkpoints``: with the
+    model's checkpoints (inference) or its first step's gradients (training) (fwbench diff)."""
+    info, phase, description = get_runtime(case.runtime), get_phase(case.phase), get_model(case.model)
     missing = (
         missing_requirement(info)
-        or missing_implementation(info, get_model(case.model).arch)
-        or get_phase("inference").runtime_refusal(info, case.dtype, settings)
+        or missing_implementation(info, description.arch)
+        or phase.runtime_refusal(info, case.dtype, settings)
+        or phase.dtype_unsupported(case.dtype)
+        or phase.unsupported(description, info, settings)
     )
     if missing:
         return WorkerArrays("skipped", missing, {}, {})
-    out_path = scratch / f"{case.runtime.replace(':', '_')}.npz"
+    out_path = scratch / f"{case.phase}_{case.runtime.replace(':', '_')}.npz"
     outcome = run_worker(
         case,
         settings,
@@ -135,14 +137,14 @@ def verify_model(
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
         for runtime in runtimes:
             case = Case(model, runtime, batch_size=batch, seq_len=seq, dtype=dtype)
-            got = inference_arrays(case, settings, weights_path, Path(scratch))
+            got = verify_arrays(case, settings, weights_path, Path(scratch))
             if got.status != "ok" or got.path is None:
                 checks.append(OutputCheck(model, runtime, got.status, got.reason))
                 continue
             outputs = got.arrays
             divergence = divergence_note(got.details["divergence"]) if "divergence" in got.details else None
             if dump_dir is not None:
-                shutil.copyfile(got.path, dump_dir / model / got.path.name)
+                shutil.copyfile(got.path, dump_dir / model / f"{runtime.replace(':', '_')}.npz")
             if first is None:
                 first = outputs
             for name in description.output_names:

@@ -12,6 +12,11 @@ Defects, and the checkpoint each must first show in:
   input weights 5× the seeded ones: with the seeded ones both GELUs agree within the fp32 tolerance);
 - ``attention-scale``: the attention scores scaled by 2/√d instead of 1/√d (the queries doubled before the framework's
   attention op) → ``encoder.layer.0.attention.output``.
+
+And one defect of the backward pass alone, in torch: ``bert-tiny-gelu-backward-torch``, whose GELU computes the exact
+forward but differentiates as Φ(x), forgetting x·φ(x). Its forward matches everywhere; its first gradient off, in
+backward order, is layer 1's feed-forward input bias (GRADIENT_DEFECT). That model's jax implementation is the real
+one, the base its gradients are compared with.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ DEFECTS = {
 }
 WRONG_EPS = 0.1
 FFN_IN_SCALE = 5.0  # tanh-gelu: the feed-forward input weights' factor (tests/test_diff.py writes those weights)
+GRADIENT_MODEL = "bert-tiny-gelu-backward-torch"
+GRADIENT_DEFECT = "encoder.layer.1.intermediate.dense.bias"
 
 
 def model_name(defect: str, framework: str) -> str:
@@ -76,7 +83,9 @@ def _code_defect(module: ModuleType, framework: str, defect: str) -> None:
     names = vars(module)
     if framework == "torch":
         F = names["F"]
-        if defect == "tanh-gelu":
+        if defect == "gelu-backward":
+            names["F"] = Patched(F, gelu=_gelu_without_its_density_term())
+        elif defect == "tanh-gelu":
             names["F"] = Patched(F, gelu=lambda x, approximate="none": F.gelu(x, approximate="tanh"))
         else:
             names["F"] = Patched(F, scaled_dot_product_attention=doubled_queries(F.scaled_dot_product_attention))
@@ -101,6 +110,27 @@ def _code_defect(module: ModuleType, framework: str, defect: str) -> None:
             names["ops"] = Patched(ops, dot_product_attention=doubled_queries(ops.dot_product_attention))
 
 
+def _gelu_without_its_density_term() -> Callable[..., Any]:
+    """Exact GELU whose backward is Φ(x) instead of Φ(x) + x·φ(x) (a torch.autograd.Function)."""
+    import torch
+
+    class WrongGelu(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x)
+            return torch.nn.functional.gelu(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            (x,) = ctx.saved_tensors
+            return grad * 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
+
+    def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+        return WrongGelu.apply(x)
+
+    return gelu
+
+
 def _load_defect(module: ModuleType, defect: str) -> None:
     """Wrap the copied file's build_model: another epsilon in the description it builds, or a transposed weight."""
     build = vars(module)["build_model"]
@@ -119,7 +149,9 @@ def _load_defect(module: ModuleType, defect: str) -> None:
 class _FaultyFiles(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Builds ``fwbench_faulty_models.<framework>_<defect>``: the framework's bert.py executed afresh, then patched."""
 
-    known = {module_name(d, f): (f, d) for d in DEFECTS for f in FRAMEWORKS}
+    known = {module_name(d, f): (f, d) for d in DEFECTS for f in FRAMEWORKS} | {
+        module_name("gelu-backward", "torch"): ("torch", "gelu-backward")
+    }
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         return importlib.util.spec_from_loader(fullname, self) if fullname in self.known else None
@@ -131,7 +163,7 @@ class _FaultyFiles(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         framework, defect = self.known[module.__name__]
         original = importlib.import_module(f"{builtin_package(framework)}.bert")
         exec(compile(inspect.getsource(original), str(original.__file__), "exec"), vars(module))
-        if defect in ("tanh-gelu", "attention-scale"):
+        if defect in ("tanh-gelu", "attention-scale", "gelu-backward"):
             _code_defect(module, framework, defect)
         else:
             _load_defect(module, defect)
@@ -149,3 +181,15 @@ for _defect in DEFECTS:
             {"arch": _arch, "implementations": {builtin_package(_framework): module_name(_defect, _framework)}},
         )
         register_model(_class(model_name(_defect, _framework), BERT_TINY.config))
+_class = type(
+    "FaultyBert_gelu_backward",
+    (Bert,),
+    {
+        "arch": "bert_torch_gelu_backward",
+        "implementations": {
+            builtin_package("torch"): module_name("gelu-backward", "torch"),
+            builtin_package("jax"): f"{builtin_package('jax')}.bert",
+        },
+    },
+)
+register_model(_class(GRADIENT_MODEL, BERT_TINY.config))

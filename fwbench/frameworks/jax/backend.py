@@ -223,6 +223,8 @@ class JaxBackend(Backend):
             return optax.apply_updates(params, updates), state, stats, loss
 
         jitted = jax.jit(train_step, donate_argnums=(0, 1, 2))
+        # gradient_arrays: the step's loss and gradients, without the update (not donating: a one-off)
+        self._gradients_of = (jax.jit(jax.value_and_grad(loss_fn, has_aux=True)), params, stats)
         # The state committed to the device as every returned state is (optax makes some leaves, such as
         # Adam's step count, uncommitted): otherwise the second call would compile the program again.
         carried = [params, jax.block_until_ready(place(optimizer.init(params))), stats]
@@ -235,6 +237,19 @@ class JaxBackend(Backend):
 
         self._train_state = carried  # the current parameters, optimizer state and model state (tests read them)
         return step
+
+    def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:
+        """jit: ``jax.jit(jax.value_and_grad(loss))`` of the step's loss, before the step's first update; the
+        gradient leaves in :meth:`parameter_arrays` order (zeros for the model state, which has none)."""
+        if self.mode != "jit":
+            return super().gradient_arrays(inputs, targets)
+        from fwbench.frameworks.jax.weights import parameter_arrays
+
+        self.make_train_step(inputs, targets)
+        program, params, stats = self._gradients_of
+        labels, weights = targets
+        (loss, _), gradients = program(params, stats, tuple(inputs), labels, weights)
+        return loss, parameter_arrays((gradients, jax.tree_util.tree_map(jnp.zeros_like, stats)))
 
     def _placement(self) -> Callable[[Any], Any]:
         """Where the training state lives: this process's device (jit), or every process whole (distributed)."""

@@ -298,6 +298,33 @@ class KerasBackend(Backend):
 
         return step
 
+    def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:
+        """Keras keeps a train step's gradients to itself, so they are read off one ``train_on_batch`` step of the
+        arch's training model (Keras' own step, loss and compilation, ``jit_compile="auto"``) with plain SGD of
+        learning rate 1 (no momentum, no decay): each trainable variable's change is its gradient, exact up to the
+        float32 rounding of the update (half an ulp of the variable per element). Zeros for the other variables
+        (frozen, or batch norm's moving statistics, which the step updates without a gradient)."""
+        if self.mode == "jax-dataparallel":
+            return super().gradient_arrays(inputs, targets)
+        assert self.description is not None
+        from fwbench.frameworks.keras import training
+        from fwbench.frameworks.keras.weights import floating_variables
+
+        if self.keras_backend == "torch":
+            self._make_variables_leaves()
+        model = as_keras_training_arch(self.arch_module()).training_model(self.model, self.description)
+        model.compile(optimizer=self.keras.optimizers.SGD(learning_rate=1.0), loss=training.loss(), jit_compile="auto")
+        variables = floating_variables(self.model)
+        before = self.parameter_arrays()
+        labels, weights = targets
+        loss = model.train_on_batch(dict(zip(self._input_names, inputs)), labels, sample_weight=weights)
+        trained = {id(v) for v in model.trainable_variables}
+        changes = [
+            (old.astype(np.float64) - new).astype(np.float32) if id(v) in trained else np.zeros_like(old)
+            for v, old, new in zip(variables, before, self.parameter_arrays())
+        ]
+        return loss, changes
+
     def _make_variables_leaves(self) -> None:
         """keras:torch: make each variable's torch tensor an autograd leaf again. Keras 3.15 creates a torch
         variable as ``Parameter(value).to(device)``; inside ``keras.device("cpu:0")`` (where the models are

@@ -51,11 +51,12 @@ def keras_device(device: str) -> str:
     return f"{kind}:0"
 
 
+def floating_variables(model: keras.Model) -> list[keras.Variable]:
+    """Every floating variable of ``model``, trainable or not, in ``model.weights`` order."""
+    return [v for v in model.weights if "float" in str(v.dtype)]
+
+
 def parameter_arrays(model: keras.Model) -> list[np.ndarray]:
-    """Every floating variable of ``model`` (``model.weights`` order, trainable or not) as float32 numpy
-    copies; after ``train_on_batch`` the variables hold the trained values."""
-    return [
-        np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32)
-        for v in model.weights
-        if "float" in str(v.dtype)
-    ]
+    """Every floating variable of ``model`` (:func:`floating_variables`) as float32 numpy copies; after
+    ``train_on_batch`` the variables hold the trained values."""
+    return [np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32) for v in floating_variables(model)]

@@ -221,18 +221,21 @@ class TensorFlowBackend(Backend):
             return worker_step
         loss_of, n_inputs = training.weighted_cross_entropy, len(inputs)
 
-        def train_step(*tensors: tf.Tensor) -> tf.Tensor:
+        def loss_and_gradients(*tensors: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
             batch, (labels, weights) = tensors[:n_inputs], tensors[n_inputs:]
             with tf.GradientTape() as tape:
                 loss = loss_of(tf.cast(logits_of(model, *batch), tf.float32), labels, weights)
-            gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+            return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+
+        def train_step(*tensors: tf.Tensor) -> tf.Tensor:
+            loss, gradients = loss_and_gradients(*tensors)
             optimizer.apply_gradients(zip(gradients, variables))
             return loss
 
         tensors = (*inputs, *targets)
+        self._gradients_of = (self._as_program(loss_and_gradients, tensors), variables, tensors)
+        train_step = self._as_program(train_step, tensors)
         if self.mode != "eager":
-            signature = [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
-            train_step = tf.function(train_step, input_signature=signature, jit_compile=self.mode == "xla")
             self._forward = train_step  # what compile_counters counts the traces of
         sync = self.sync
 
@@ -242,6 +245,26 @@ class TensorFlowBackend(Backend):
             return loss
 
         return step
+
+    def _as_program(self, function: Callable[..., Any], tensors: Sequence[tf.Tensor]) -> Callable[..., Any]:
+        """``function`` as the mode runs it: itself (eager), or a tf.function of ``tensors``' signature (function;
+        ``jit_compile=True`` for xla)."""
+        if self.mode == "eager":
+            return function
+        signature = [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
+        return tf.function(function, input_signature=signature, jit_compile=self.mode == "xla")
+
+    def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:
+        """eager, function, xla: the step's forward, loss and gradients (what :meth:`make_train_step` applies),
+        compiled as the step is, without the update."""
+        if self.mode not in ("eager", "function", "xla"):
+            return super().gradient_arrays(inputs, targets)
+        from fwbench.frameworks.tensorflow.weights import gradient_arrays
+
+        self.make_train_step(inputs, targets)
+        program, variables, tensors = self._gradients_of
+        loss, gradients = program(*tensors)
+        return loss, gradient_arrays(self.model, variables, gradients)
 
     def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
         if self.mode != "multiworker":

@@ -40,6 +40,19 @@ class CanonicalVariables:
         self.taker.check_all_used()
 
 
+def gradient_arrays(model: tf.Module, variables: list[tf.Variable], gradients: list[tf.Tensor]) -> list[np.ndarray]:
+    """The gradients of ``variables`` (a training step's, in that order) laid out as :func:`parameter_arrays` lists
+    the model's variables, float32; zeros for a variable not among them (frozen, or a running statistic)."""
+    by_variable = {v.ref(): g for v, g in zip(variables, gradients)}
+    return [
+        np.asarray(tf.cast(by_variable[v.ref()], tf.float32).numpy())
+        if v.ref() in by_variable
+        else np.zeros(v.shape, np.float32)
+        for v in model.variables
+        if v.dtype.is_floating
+    ]
+
+
 def parameter_arrays(model: tf.Module) -> list[np.ndarray]:
     """Every floating variable of ``model`` (``tf.Module.variables`` order) as float32 numpy copies."""
     return [np.asarray(tf.cast(v, tf.float32).numpy()) for v in model.variables if v.dtype.is_floating]

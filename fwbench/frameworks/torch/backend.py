@@ -296,6 +296,16 @@ class TorchBackend(Backend):
 
         return step
 
+    def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:
+        """eager, compile: one step of :meth:`make_train_step` (the timed step, compiled forward and backward for
+        compile), then each parameter's ``.grad``: the gradients that step applied."""
+        if self.mode not in ("eager", "compile"):
+            return super().gradient_arrays(inputs, targets)
+        from fwbench.frameworks.torch.weights import gradient_arrays
+
+        loss = self.make_train_step(inputs, targets)()
+        return loss, gradient_arrays(self.model)
+
     def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
         if self.mode not in ("ddp", "ddp-compile"):
             return super().allreduce_seconds(elements, repeats)

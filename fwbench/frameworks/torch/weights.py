@@ -40,6 +40,18 @@ def load_canonical(
     _WEIGHT_MAPS[module] = dict(mapping)
 
 
+def gradient_arrays(model: nn.Module) -> list[np.ndarray]:
+    """The gradient of each tensor :func:`parameter_arrays` lists, in its order and layout, float32: a parameter's
+    ``.grad`` (zeros where it has none: frozen, or not reached by the loss), zeros for a buffer."""
+    tensors: list[tuple[torch.Tensor, torch.Tensor | None]] = [(p, p.grad) for _, p in model.named_parameters()]
+    tensors += [(b, None) for n, b in model.named_buffers() if not n.endswith(NOT_CANONICAL_BUFFERS)]
+    return [
+        (torch.zeros_like(t) if g is None else g).detach().to("cpu", torch.float32).numpy().copy()
+        for t, g in tensors
+        if t.is_floating_point()
+    ]
+
+
 def variable_names(module: nn.Module, canonical: Iterable[str]) -> set[str]:
     """The parameter or buffer names of ``module`` the ``canonical`` tensors were loaded into (through the map
     :func:`load_canonical` checked); ValueError for a module not loaded by it or a name not in its map."""

@@ -15,6 +15,7 @@ from fwbench.frameworks import RuntimeInfo, get_runtime
 from fwbench.models.base import ModelDescription
 from fwbench.models.training import optimizer_spec
 from fwbench.runner.cell import Cell, recording
+from fwbench.runner.divergence import GRADIENT_KEY
 from fwbench.runner.phases.base import Phase
 from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, relative_errors
 from fwbench.spec import Case, Settings
@@ -158,13 +159,18 @@ class Training(Phase):
     def verify(self, cell: Cell, backend: Backend, description: ModelDescription, output: Path) -> None:
         """``job.train_steps`` optimizer steps on the case's fixed batch, nothing timed; saves to ``output``
         ``losses`` (steps,) float64, each step's loss before its update, and every trained parameter as
-        ``param/<canonical name>`` (canonical layout, float32)."""
+        ``param/<canonical name>`` (canonical layout, float32). With the job's ``checkpoints`` (``fwbench diff
+        --phase training``) instead: the first step's loss and the gradient of every trained tensor as
+        ``gradient/<canonical name>`` (``details.gradients_unavailable`` says why a runtime has none)."""
         case, settings = cell.job.case, cell.job.settings
         inputs = backend.make_inputs(
             cell.launcher.rows(description.make_inputs(case.global_batch, case.seq_len, settings.seed))
         )
         cell.stage("compile")
         targets = description.make_targets(case.global_batch, case.seq_len, settings.seed)
+        if cell.job.checkpoints:
+            self.save_gradients(cell, backend, description, (inputs, backend.make_targets(targets)), output)
+            return
         step = backend.make_train_step(inputs, backend.make_targets(cell.launcher.rows(targets)))
         cell.stage("first_call")
         losses = np.array([backend.loss_value(step()) for _ in range(cell.job.train_steps)], dtype=np.float64)
@@ -172,5 +178,25 @@ class Training(Phase):
         arrays.update((f"param/{name}", value) for name, value in backend.trained_parameters().items())
         if cell.launcher.writes_outputs:  # every rank holds the same parameters; one of them writes them
             np.savez(output, **arrays)
+        cell.result["status"] = "ok"
+        cell.stage("done")
+
+    def save_gradients(
+        self, cell: Cell, backend: Backend, description: ModelDescription, batch: tuple[Any, Any], output: Path
+    ) -> None:
+        """The loss and the gradients of the first training step on ``batch`` (backend inputs, targets), computed by
+        the runtime's training program, saved to ``output``: ``losses`` (1,) and ``gradient/<name>`` for every
+        tensor an optimizer updates (frozen tensors and running statistics have none)."""
+        cell.stage("first_call")
+        saved: dict[str, Any] = {}
+        try:
+            loss, gradients = backend.gradients(*batch)
+        except NotImplementedError as exc:
+            cell.result["gradients_unavailable"] = str(exc)
+        else:
+            untrained = {*description.frozen_in_training(), *description.running_statistics()}
+            saved["losses"] = np.array([loss], dtype=np.float64)
+            saved.update((f"{GRADIENT_KEY}{n}", g) for n, g in gradients.items() if n not in untrained)
+        np.savez(output, **saved)
         cell.result["status"] = "ok"
         cell.stage("done")
