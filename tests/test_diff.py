@@ -101,11 +101,15 @@ def test_layer_errors_name_the_first_checkpoint_over_its_share() -> None:
     for broken in ({k: v for k, v in got.items() if k != "a"}, {**got, "a": np.ones(5, np.float32)}, nan):
         first = first_divergence(layer_errors(out, broken, out, reference, 1e-4))
         assert first is not None and first.name == "a" and first.to_dict()["rel_l2"] is None
+    # A checkpoint that is an output under another name gets the output's whole tolerance.
+    aliased = layer_errors(out, got, out, {**reference, "c": out["y"]}, 1e-4)
+    assert aliased[2].limit == 1e-4 and aliased[1].limit < 1e-4
     # No checkpoints (an exported file): the outputs alone, with the whole tolerance.
     only_outputs = layer_errors(out, {}, out, reference, 1e-4)
     assert [(e.name, e.limit) for e in only_outputs] == [("y", 1e-4)] and first_divergence(only_outputs) is None
 
 
+@pytest.mark.slow
 # -- fwbench diff end to end ---------------------------------------------------------------------------------------
 def test_diff_of_unmodified_bert_tiny_shows_no_divergence_anywhere(tmp_path: Path) -> None:
     runtimes = "torch:eager,torch:script,tensorflow:function,jax:jit,keras:tensorflow,onnxruntime:torch"
@@ -124,6 +128,30 @@ def test_diff_of_unmodified_bert_tiny_shows_no_divergence_anywhere(tmp_path: Pat
             assert checkpoints == [] and "exposes only the model's outputs" in runtime["checkpoints_unavailable"]
         else:
             assert checkpoints == diff["checkpoints"] and runtime["tapped_outputs_rel_l2"] <= 1e-4, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "runtimes"),
+    [
+        # NHWC models' checkpoints come back NCHW (TensorFlow, JAX, Keras compute ResNet channels-last)
+        ("resnet-tiny", "torch:eager,tensorflow:function,jax:jit,keras:jax"),
+        pytest.param("gpt2-tiny", "torch:compile,tensorflow:xla,jax:jit,keras:torch", marks=pytest.mark.matrix),
+        pytest.param("mlp", "torch:eager,tensorflow:eager,keras:tensorflow", marks=pytest.mark.matrix),
+        pytest.param(
+            "bert-tiny", "torch:export,tensorflow:eager,keras:jax,tensorflow:savedmodel", marks=pytest.mark.matrix
+        ),
+    ],
+)
+def test_diff_of_every_model_in_every_framework_shows_no_divergence(model: str, runtimes: str) -> None:
+    result = run_cli("diff", model, "--runtimes", runtimes, "--threads", "1", "--format", "json", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    diff = json.loads(result.stdout)
+    for runtime in diff["runtimes"]:
+        assert runtime["status"] == "ok" and runtime["first_divergence"] is None, runtime
+        if runtime["checkpoints_unavailable"] is None:
+            checkpoints = [layer["name"] for layer in runtime["layers"] if layer["kind"] == "checkpoint"]
+            assert checkpoints == diff["checkpoints"] == list(get_model(model).checkpoint_names()), runtime["runtime"]
 
 
 def _weights_for(defect: str, model: str, folder: Path) -> list[str]:
@@ -162,6 +190,7 @@ def _diff_finds(defect: str, framework: str, env: dict[str, str], folder: Path) 
         assert all(layer["rel_l2"] <= 0.1 * layer["limit"] for layer in before), before  # clean up to it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("defect", sorted(DEFAULT_RUN))
 def test_diff_names_the_layer_where_a_defect_was_injected(
     defect: str, faulty_env: dict[str, str], tmp_path: Path
@@ -169,6 +198,7 @@ def test_diff_names_the_layer_where_a_defect_was_injected(
     _diff_finds(defect, DEFAULT_RUN[defect], faulty_env, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.matrix
 @pytest.mark.parametrize("framework", sorted(RUNTIMES))
 @pytest.mark.parametrize("defect", sorted(DEFAULT_RUN))
@@ -180,6 +210,7 @@ def test_diff_names_every_defect_in_every_framework(
     _diff_finds(defect, framework, faulty_env, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_mismatch_in_run_and_verify_names_its_first_divergence(faulty_env: dict[str, str], tmp_path: Path) -> None:
     model = "bert-tiny-attention-scale-torch"
     db = tmp_path / "r.db"
@@ -205,10 +236,36 @@ def test_a_mismatch_in_run_and_verify_names_its_first_divergence(faulty_env: dic
     )
 
 
+@pytest.mark.slow
+def test_diff_of_a_model_without_checkpoints_compares_its_outputs() -> None:
+    result = run_cli("diff", "gemm", "--runtimes", "torch:eager", "--threads", "1", "--format", "json", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (runtime,) = json.loads(result.stdout)["runtimes"]
+    assert [(layer["name"], layer["kind"]) for layer in runtime["layers"]] == [("y", "output")]
+    assert runtime["checkpoints_unavailable"] == "gemm has no checkpoints: its outputs are compared"
+
+
+@pytest.mark.slow
+def test_a_mismatch_that_cannot_be_located_stays_a_mismatch(plugin_env: dict[str, str], tmp_path: Path) -> None:
+    """Locating a mismatch is a diagnostic: where it cannot be done (a runtime without checkpoints), the cell is
+    still a mismatch, and its reason says why it was not located."""
+    db = tmp_path / "r.db"
+    run_cli(*run_args("--models", "mlp", "--runtimes", "fake:wrong", "--batch-sizes", "1", db=db, max_time=0.2),
+            env=plugin_env)  # fmt: skip
+    with Store.open(db) as store:
+        (row,) = store.results()
+    assert row.status == "mismatch", row.reason
+    assert "no checkpoints to locate it: fake:wrong exposes only the model's outputs" in (row.reason or "")
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
         (["nope", "--runtimes", "torch:eager"], "unknown model 'nope'"),
+        (["mlp", "--runtimes", "torch:eager,jax:jit,torch:eager"], "--runtimes names torch:eager more than once"),
+        (["mlp", "--runtimes", "torch:ddp"], "torch:ddp runs as several processes"),
+        (["mlp", "--runtimes", "torch:eager", "--phase", "training", "--dtype", "int8"], "computes in fp32, bf16 only"),
+        (["gemm", "--runtimes", "torch:eager", "--phase", "training"], "gemm has no training phase"),
         (["mlp", "--runtimes", "torch:nope"], "unknown runtime 'torch:nope'"),
         (["bert-tiny", "--runtimes", "torch:eager", "--seq-len", "600"], "exceeds bert-tiny's maximum of 512"),
         (["mlp", "--runtimes", "torch:eager", "--weights", "/etc/hostname"], "cannot read weights"),
@@ -220,6 +277,7 @@ def test_diff_bad_input(args: list[str], fragment: str) -> None:
     assert fragment in result.stderr
 
 
+@pytest.mark.slow
 # -- --phase training: the first step's loss and gradients ---------------------------------------------------------
 def test_diff_training_compares_every_trained_gradient_in_backward_order() -> None:
     runtimes = ["torch:eager", "tensorflow:function", "keras:torch", "onnxruntime:torch"]
@@ -246,6 +304,7 @@ def test_diff_training_compares_every_trained_gradient_in_backward_order() -> No
     )
 
 
+@pytest.mark.slow
 def test_diff_training_finds_a_defect_of_the_backward_pass_alone(faulty_env: dict[str, str]) -> None:
     from fwbench_faulty_models import GRADIENT_DEFECT, GRADIENT_MODEL
 

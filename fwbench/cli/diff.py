@@ -17,6 +17,7 @@ from fwbench.models.weights_io import load_weights
 from fwbench.report.diff_table import diff_table, training_table, verdict_lines
 from fwbench.report.table import make_console
 from fwbench.runner.diff import diff_model
+from fwbench.runner.phases import get_phase
 from fwbench.runner.planner import check_threads_fit, parse_names
 from fwbench.spec import DTYPES, Settings, SpecError
 
@@ -64,8 +65,12 @@ def add_parser(commands: Any) -> None:
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     description = get_model(args.model)
     runtime_names = parse_names("--runtimes", args.runtimes)
+    repeated = sorted({name for name in runtime_names if runtime_names.count(name) > 1})
+    if repeated:
+        raise SpecError(f"--runtimes names {', '.join(repeated)} more than once")
     for name in runtime_names:
-        get_runtime(name)
+        if get_runtime(name).distributed:
+            raise SpecError(f"{name} runs as several processes; fwbench diff compares runtimes of one process")
     if args.seq_len is not None:
         problem = description.supports_seq_len(args.seq_len)
         if problem:
@@ -82,8 +87,11 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed=args.seed,
     )
     check_threads_fit(settings)
-    if args.phase == "training" and args.dtype not in ("fp32", "bf16"):
-        raise SpecError(f"--phase training computes in fp32 or bf16, not {args.dtype}")
+    refused = get_phase(args.phase).dtype_unsupported(args.dtype) or (
+        description.training_unsupported() if args.phase == "training" else None
+    )
+    if refused:
+        raise SpecError(refused)
     result = diff_model(
         args.model,
         runtime_names,

@@ -507,11 +507,9 @@ class Backend(ABC):
         mode compiles that program itself (tf.function, XLA, jax.jit, torch.compile, TorchScript, AOTInductor), so a
         fault only the compiler makes shows where it appears. Returns (outputs as :meth:`to_numpy` gives them,
         checkpoints by name as float32 numpy in the canonical layout: image tensors NCHW, see
-        :meth:`canonical_checkpoints`). The timed program is untouched. A runtime that runs an exported file raises
-        NotImplementedError: its file exposes the model's outputs only."""
-        raise NotImplementedError(
-            f"{self.framework}:{self.mode} runs an exported file, which exposes only the model's outputs"
-        )
+        :meth:`canonical_checkpoints`). The timed program is untouched. NotImplementedError where the runtime exposes
+        the model's outputs only (an exported file)."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} exposes only the model's outputs (an exported file)")
 
     def canonical_checkpoints(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Captured checkpoints as float32 in the canonical layout: a model computing channels-last (``layout``

@@ -102,7 +102,9 @@ def verdict_lines(diff: ModelDiff) -> list[str]:
                 f"(rel. L2 {runtime.tapped_rel_l2:.2g})[/]"
             )
         step = runtime.training
-        if step is not None and step.status == "ok" and (step.first is not None or step.loss_diverged):
+        if step is not None and step.status not in ("ok", "skipped"):
+            verdict += f"; [red]training: {escape(step.status)}[/]: {escape(step.reason or '')}"
+        elif step is not None and step.status == "ok" and (step.first is not None or step.loss_diverged):
             where = "" if step.first is None else f"first gradient over the tolerance: {escape(step.first.name)}"
             loss = f"loss rel. error {step.loss_rel:.2g}" if step.loss_diverged else ""
             verdict += f"; [bold red]training: {', '.join(filter(None, (loss, where)))}[/]"

@@ -205,7 +205,7 @@ def diff_model(
                 unavailable = "the runtime returned no checkpoints"
             differs = missing_checkpoints(tuple(reference_checkpoints), captured) if captured else None
             if differs:
-                results.append(RuntimeDiff(runtime, "error", f"{runtime}: {differs}"))
+                results.append(RuntimeDiff(runtime, "error", f"{runtime}: {differs}", training=training))
                 continue
             agreement = [relative_errors(tapped[n], outputs[n])[0] for n in outputs if n in tapped]
             results.append(
@@ -245,7 +245,7 @@ def _training_diff(
     if not gradients:
         return TrainingDiff("skipped", got.details.get("gradients_unavailable") or "no gradients returned")
     loss = float(got.arrays["losses"][0])
-    loss_rel = None if reference_loss is None else abs(loss - reference_loss) / abs(reference_loss)
+    loss_rel = None if reference_loss is None else relative_errors(loss, reference_loss)[0]
     assert base is not None  # this runtime's gradients are the base when no earlier runtime had any
     order = [p.name for p in reversed(description.param_schema()) if p.name in base[1]]
     return TrainingDiff(

@@ -76,19 +76,25 @@ class WorkerArrays:
     path: Path | None = None
 
 
-def verify_arrays(
-    case: Case, settings: Settings, weights_path: Path | None, scratch: Path, *, checkpoints: bool = False
-) -> WorkerArrays:
-    """One verify worker of ``case`` (nothing timed), its .npz written under ``scratch``; ``checkpoints``: with the
-    model's checkpoints (inference) or its first step's gradients (training) (fwbench diff)."""
+def case_refusal(case: Case, settings: Settings) -> str | None:
+    """Why ``case`` cannot run here (its runtime not installed or without the model's architecture, the phase's
+    refusal of the runtime, the dtype or the model), None when it can; nothing is imported."""
     info, phase, description = get_runtime(case.runtime), get_phase(case.phase), get_model(case.model)
-    missing = (
+    return (
         missing_requirement(info)
         or missing_implementation(info, description.arch)
         or phase.runtime_refusal(info, case.dtype, settings)
         or phase.dtype_unsupported(case.dtype)
         or phase.unsupported(description, info, settings)
     )
+
+
+def verify_arrays(
+    case: Case, settings: Settings, weights_path: Path | None, scratch: Path, *, checkpoints: bool = False
+) -> WorkerArrays:
+    """One verify worker of ``case`` (nothing timed), its .npz written under ``scratch``; ``checkpoints``: with the
+    model's checkpoints (inference) or its first step's gradients (training) (fwbench diff)."""
+    missing = case_refusal(case, settings)
     if missing:
         return WorkerArrays("skipped", missing, {}, {})
     out_path = scratch / f"{case.phase}_{case.runtime.replace(':', '_')}.npz"
@@ -278,15 +284,14 @@ def verify_training(
     runs = [(runtime, count) for runtime in runtimes for count in ((None,) if procs is None else (1, procs))]
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
         for runtime, count in runs:
-            info = get_runtime(runtime)
-            missing = (
-                missing_requirement(info)
-                or missing_implementation(info, description.arch)
-                or get_phase("training").runtime_refusal(info, dtype, settings)
-                or get_phase("training").dtype_unsupported(dtype)
-            )
+            case = Case(
+                model, runtime, phase="training", batch_size=batch, seq_len=seq, dtype=dtype,
+                procs=count, scaling=None if count is None else "strong",
+            )  # fmt: skip
+            missing = case_refusal(case, settings)
             if missing is None and count is not None and count > 1:
-                missing = None if info.global_batch_norm else distributed_parity_unsupported(description)
+                global_batch_norm = get_runtime(runtime).global_batch_norm
+                missing = None if global_batch_norm else distributed_parity_unsupported(description)
                 if missing is None and runtime not in single:
                     missing = "its 1-process run did not end ok"
             if missing:
@@ -294,10 +299,6 @@ def verify_training(
                 continue
             label = runtime if count is None else f"{runtime}_p{count}"
             out_path = Path(scratch) / f"{label.replace(':', '_')}.npz"
-            case = Case(
-                model, runtime, phase="training", batch_size=batch, seq_len=seq, dtype=dtype,
-                procs=count, scaling=None if count is None else "strong",
-            )  # fmt: skip
             outcome = run_worker(
                 case,
                 settings,

@@ -270,24 +270,10 @@ class KerasBackend(Backend):
         the ``mixed_bfloat16`` policy with float32 embeddings, layer norms and residual stream (fwbench's policy,
         keras/precision.py): float32 variables and optimizer (the master weights), Dense and conv layers in
         bfloat16, the loss in float32 (a Keras loss computes in floatx)."""
-        assert self.description is not None
         from fwbench.frameworks.keras import training
         from fwbench.models.training import optimizer_spec
 
-        if self.keras_backend == "torch":
-            self._make_variables_leaves()
-        arch = as_keras_training_arch(self.arch_module())
-        model = arch.training_model(self.model, self.description)
-        expected = self.description.trained_tensor_count()  # BN moving statistics are non-trainable variables
-        if len(model.trainable_variables) != expected:
-            raise ValueError(
-                f"the training model has {len(model.trainable_variables)} trainable variables, expected {expected}"
-            )
-        model.compile(
-            optimizer=training.make_optimizer(optimizer_spec(self.settings.optimizer)),
-            loss=training.loss(),
-            jit_compile="auto",
-        )
+        model = self._training_model(training.make_optimizer(optimizer_spec(self.settings.optimizer)))
         self.jit_compile = bool(model.jit_compile)
         self._train_model = model
         x, (labels, weights) = dict(zip(self._input_names, inputs)), targets
@@ -298,29 +284,44 @@ class KerasBackend(Backend):
 
         return step
 
-    def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:
-        """Keras keeps a train step's gradients to itself, so they are read off one ``train_on_batch`` step of the
-        arch's training model (Keras' own step, loss and compilation, ``jit_compile="auto"``) with plain SGD of
-        learning rate 1 (no momentum, no decay): each trainable variable's change is its gradient, exact up to the
-        float32 rounding of the update (half an ulp of the variable per element). Zeros for the other variables
-        (frozen, or batch norm's moving statistics, which the step updates without a gradient)."""
-        if self.mode == "jax-dataparallel":
-            return super().gradient_arrays(inputs, targets)
+    def _training_model(self, optimizer: Any) -> Any:
+        """The arch's training model (the same layers and variables, the training logits its one output), checked
+        to train the canonical tensors an optimizer updates, compiled with ``optimizer``, Keras' loss and
+        ``jit_compile="auto"``."""
         assert self.description is not None
         from fwbench.frameworks.keras import training
-        from fwbench.frameworks.keras.weights import floating_variables
 
         if self.keras_backend == "torch":
             self._make_variables_leaves()
         model = as_keras_training_arch(self.arch_module()).training_model(self.model, self.description)
-        model.compile(optimizer=self.keras.optimizers.SGD(learning_rate=1.0), loss=training.loss(), jit_compile="auto")
+        expected = self.description.trained_tensor_count()  # BN moving statistics are non-trainable variables
+        if len(model.trainable_variables) != expected:
+            raise ValueError(
+                f"the training model has {len(model.trainable_variables)} trainable variables, expected {expected}"
+            )
+        model.compile(optimizer=optimizer, loss=training.loss(), jit_compile="auto")
+        return model
+
+    def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:
+        """Keras keeps a train step's gradients to itself, so they are read off one ``train_on_batch`` step of the
+        arch's training model (Keras' own step, loss and compilation, ``jit_compile="auto"``) with plain SGD of
+        learning rate 2**20 (no momentum, no decay): each trainable variable's change divided by it is its gradient
+        (the power of two scales exactly; the update's float32 rounding is half an ulp of lr·g per element, a relative
+        6e-8, once lr·g outweighs the variable). Zeros for the other variables (frozen, or batch norm's moving
+        statistics, which the step updates without a gradient)."""
+        if self.mode == "jax-dataparallel":
+            return super().gradient_arrays(inputs, targets)
+        from fwbench.frameworks.keras.weights import floating_variables
+
+        rate = 2.0**20
+        model = self._training_model(self.keras.optimizers.SGD(learning_rate=rate))
         variables = floating_variables(self.model)
         before = self.parameter_arrays()
         labels, weights = targets
         loss = model.train_on_batch(dict(zip(self._input_names, inputs)), labels, sample_weight=weights)
         trained = {id(v) for v in model.trainable_variables}
         changes = [
-            (old.astype(np.float64) - new).astype(np.float32) if id(v) in trained else np.zeros_like(old)
+            ((old.astype(np.float64) - new) / rate).astype(np.float32) if id(v) in trained else np.zeros_like(old)
             for v, old, new in zip(variables, before, self.parameter_arrays())
         ]
         return loss, changes

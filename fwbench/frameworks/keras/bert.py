@@ -2,25 +2,29 @@
 
 Inputs: input_ids, attention_mask[, token_type_ids], each (batch, seq) int32, passed as a dict.
 Returns ``{"last_hidden_state"[, "pooler_output"]}``: (batch, seq, hidden) and (batch, hidden).
-A functional model; each encoder layer is an attention block (a keras Layer of Dense / LayerNormalization
-sublayers, ending with the attention's residual LayerNorm), a feed-forward block (its Dense layers, before the
-residual), then the residual sum and the ffn LayerNorm in the functional graph, so that each checkpoint
-(fwbench.models.checkpoints) is the output of a layer called once: ``checkpoint_model`` adds them as outputs.
-Attention is ``keras.ops.dot_product_attention`` with a boolean key mask (True = attend). Embeddings, layer
+A functional model; each encoder layer is a keras Layer of Dense / LayerNormalization sublayers,
+attention is ``keras.ops.dot_product_attention`` with a boolean key mask (True = attend). Embeddings, layer
 norms and the encoder layers' residual stream are float32 under every policy (``precision``), Dense layers
 follow the global one.
 Canonical linear weights are (out, in); Dense kernels are (in, out), transposed once when loading.
+``checkpoint_model`` (fwbench diff): the same layers called once more in a second functional graph that also returns
+every checkpoint (fwbench.models.checkpoints), each encoder layer asked for its attention, feed-forward and layer
+outputs; the timed model's graph is not touched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import keras
 import numpy as np
-from keras import KerasTensor, layers, ops
+from keras import layers, ops
 
 from fwbench.frameworks.keras import precision
 from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
-from fwbench.models.bert import LAYER_ROLES, Bert, BertConfig
+from fwbench.models.bert import LAYER_ROLES, Bert
+from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.weightmap import Transform, transpose
 
 _LINEAR_ROLES = ("query", "key", "value", "attention_out", "ffn_in", "ffn_out")
@@ -46,22 +50,35 @@ class PositionEmbedding(layers.Embedding):
         return (input_shape[1], self.output_dim)
 
 
-class SelfAttention(layers.Layer):
-    """An encoder layer's attention block, post-LN: x (B, S, H), allowed (B, 1, 1, S) bool →
-    attention_norm(x + attention_out(attention(x))) (B, S, H), float32 (the residual stream)."""
-
-    def __init__(self, hidden: int, heads: int, eps: float, **kwargs: object) -> None:
+class EncoderLayer(layers.Layer):
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, **kwargs: object) -> None:
         super().__init__(dtype=precision.FLOAT32, **kwargs)  # the residual stream; its Dense layers: the policy's
-        self.heads, self.hidden = heads, hidden
+        self.heads, self.hidden, self.intermediate = heads, hidden, intermediate
         self.query, self.key, self.value = (dense(hidden, n) for n in ("query", "key", "value"))
         self.attention_out = dense(hidden, "attention_out")
         self.attention_norm = precision.layer_norm(eps, "attention_norm")
+        self.ffn_in = dense(intermediate, "ffn_in")
+        self.ffn_out = dense(hidden, "ffn_out")
+        self.ffn_norm = precision.layer_norm(eps, "ffn_norm")
 
     def build(self, x_shape, allowed_shape):  # type: ignore[no-untyped-def]
-        for layer in (self.query, self.key, self.value, self.attention_out, self.attention_norm):
-            layer.build((None, None, self.hidden))
+        hidden, intermediate = (None, None, self.hidden), (None, None, self.intermediate)
+        for layer in (
+            self.query,
+            self.key,
+            self.value,
+            self.attention_out,
+            self.attention_norm,
+            self.ffn_in,
+            self.ffn_norm,
+        ):
+            layer.build(hidden)
+        self.ffn_out.build(intermediate)
 
-    def call(self, x, allowed):  # type: ignore[no-untyped-def]
+    def call(self, x, allowed, checkpoints=False):  # type: ignore[no-untyped-def]
+        """x (B, S, H), allowed (B, 1, 1, S) bool → (B, S, H); with ``checkpoints``, a dict of the layer's
+        ``attention`` (after its residual LayerNorm), ``ffn`` (the feed-forward output, before its residual) and
+        ``layer`` (the output) instead."""
         b, s = ops.shape(x)[0], ops.shape(x)[1]
 
         def split(t):  # type: ignore[no-untyped-def]  # (B, S, H) -> (B, S, heads, H / heads)
@@ -71,51 +88,48 @@ class SelfAttention(layers.Layer):
             split(self.query(x)), split(self.key(x)), split(self.value(x)), mask=allowed
         )
         # ops.add: float32 residual + bfloat16 Dense output promotes to float32 on every backend (TF's + would not)
-        return self.attention_norm(ops.add(x, self.attention_out(ops.reshape(context, (b, s, self.hidden)))))
+        x = self.attention_norm(ops.add(x, self.attention_out(ops.reshape(context, (b, s, self.hidden)))))
+        if not checkpoints:
+            return self.ffn_norm(ops.add(x, self.ffn_out(ops.gelu(self.ffn_in(x), approximate=False))))
+        ffn = self.ffn_out(ops.gelu(self.ffn_in(x), approximate=False))
+        return {"attention": x, "ffn": ffn, "layer": self.ffn_norm(ops.add(x, ffn))}
 
 
-class FeedForward(layers.Layer):
-    """An encoder layer's feed-forward block before its residual: x (B, S, H) → ffn_out(gelu_erf(ffn_in(x)))
-    (B, S, H), in the Dense layers' (the policy's) dtype; a float32 layer, so its input stays float32 until
-    ffn_in casts it."""
+class WithCheckpoints(layers.Layer):
+    """A built encoder or decoder layer ``inner`` called for its checkpoints (``call(x, allowed, checkpoints=True)``,
+    a dict), in the checkpoint graph: a fresh layer over the same sublayers and variables, because Keras connects only
+    the first output of a layer called again with another output structure than its first call's."""
 
-    def __init__(self, hidden: int, intermediate: int, **kwargs: object) -> None:
-        super().__init__(dtype=precision.FLOAT32, **kwargs)
-        self.hidden, self.intermediate = hidden, intermediate
-        self.ffn_in = dense(intermediate, "ffn_in")
-        self.ffn_out = dense(hidden, "ffn_out")
+    def __init__(self, inner: layers.Layer, **kwargs: object) -> None:
+        super().__init__(dtype=inner.dtype_policy, name=f"{inner.name}_checkpoints", **kwargs)
+        self.inner = inner
 
-    def build(self, x_shape):  # type: ignore[no-untyped-def]
-        self.ffn_in.build((None, None, self.hidden))
-        self.ffn_out.build((None, None, self.intermediate))
+    def build(self, x_shape, allowed_shape):  # type: ignore[no-untyped-def]
+        pass  # the inner layer is built
 
-    def call(self, x):  # type: ignore[no-untyped-def]
-        return self.ffn_out(ops.gelu(self.ffn_in(x), approximate=False))
+    def call(self, x, allowed):  # type: ignore[no-untyped-def]
+        return self.inner.call(x, allowed, checkpoints=True)
 
 
-# checkpoint kind (Bert.checkpoint) -> the layer of encoder layer i whose output it is
-_CHECKPOINT_LAYERS = {"attention": "layers_{i}_attention", "ffn": "layers_{i}_ffn", "layer": "layers_{i}_ffn_norm"}
-# role -> the path of the layer of encoder layer i that holds its variables
-_ROLE_PATHS = {
-    **{role: f"layers_{{i}}_attention/{role}" for role in ("query", "key", "value", "attention_out", "attention_norm")},
-    **{role: f"layers_{{i}}_ffn/{role}" for role in ("ffn_in", "ffn_out")},
-    "ffn_norm": "layers_{i}_ffn_norm",  # a layer of the functional graph itself
-}
-assert set(_ROLE_PATHS) == set(LAYER_ROLES)
-
-
-def encoder_layer(x: KerasTensor, allowed: KerasTensor, c: BertConfig, i: int) -> KerasTensor:
-    """Encoder layer ``i`` on the functional graph's x (B, S, H): its attention block, feed-forward block,
-    then the residual sum and ``ffn_norm``, each a layer named after the layer (``layers_{i}_...``, _CHECKPOINT_LAYERS)
-    whose output is one of its checkpoints."""
-    names = {kind: name.format(i=i) for kind, name in _CHECKPOINT_LAYERS.items()}
-    x = SelfAttention(c.hidden, c.heads, c.layer_norm_eps, name=names["attention"])(x, allowed)
-    ffn = FeedForward(c.hidden, c.intermediate, name=names["ffn"])(x)
-    # ops.add: float32 residual + bfloat16 Dense output promotes to float32 on every backend (TF's + would not)
-    return precision.layer_norm(c.layer_norm_eps, names["layer"])(ops.add(x, ffn))
+Make = Callable[[str, Callable[[str], layers.Layer]], layers.Layer]  # (layer name, its constructor) -> the layer
 
 
 def bert_model(description: Bert) -> keras.Model:
+    inputs, outputs = bert_graph(description, lambda name, new: new(name))
+    return keras.Model(inputs, outputs, name=description.name)
+
+
+def checkpoint_model(model: keras.Model, description: Bert) -> keras.Model:
+    """A model over ``model``'s own layers (the same variables) whose outputs are its outputs and every checkpoint
+    of ``description.checkpoint_names()`` by name."""
+    taps: dict[str, Any] = {}
+    inputs, outputs = bert_graph(description, lambda name, new: model.get_layer(name), taps)
+    return keras.Model(inputs, {**outputs, **taps}, name=f"{model.name}_checkpoints")
+
+
+def bert_graph(description: Bert, make: Make, taps: Taps = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(inputs, outputs) of the functional graph, each layer from ``make`` (new, or the built model's); ``taps``:
+    also record every checkpoint."""
     c = description.config
     names = (
         ("input_ids", "attention_mask", "token_type_ids")
@@ -124,24 +138,35 @@ def bert_model(description: Bert) -> keras.Model:
     )
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in names}
     input_ids = inputs["input_ids"]
-    x = embedding(c.vocab_size, c.hidden, "word_embeddings")(input_ids)
-    x = x + PositionEmbedding(
-        c.max_positions,
-        c.hidden,
-        embeddings_initializer=OVERWRITTEN,
-        name="position_embeddings",
-        dtype=precision.FLOAT32,
+    x = make("word_embeddings", lambda name: embedding(c.vocab_size, c.hidden, name))(input_ids)
+    x = x + make(
+        "position_embeddings",
+        lambda name: PositionEmbedding(
+            c.max_positions, c.hidden, embeddings_initializer=OVERWRITTEN, name=name, dtype=precision.FLOAT32
+        ),
     )(input_ids)
     if description.has_token_types:
-        x = x + embedding(c.type_vocab_size, c.hidden, "token_type_embeddings")(inputs["token_type_ids"])
-    x = precision.layer_norm(c.layer_norm_eps, "embeddings_norm")(x)
+        types = make("token_type_embeddings", lambda name: embedding(c.type_vocab_size, c.hidden, name))
+        x = x + types(inputs["token_type_ids"])
+    x = make("embeddings_norm", lambda name: precision.layer_norm(c.layer_norm_eps, name))(x)
+    tap(taps, "embeddings", x)
     allowed = ops.cast(inputs["attention_mask"], "bool")[:, None, None, :]  # (B, 1, 1, S)
     for i in range(c.layers):
-        x = encoder_layer(x, allowed, c, i)
+        layer = make(
+            f"layers_{i}", lambda name: EncoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, name=name)
+        )
+        if taps is None:
+            x = layer(x, allowed)
+            continue
+        parts = WithCheckpoints(layer)(x, allowed)
+        for kind in ("attention", "ffn", "layer"):
+            tap(taps, description.checkpoint(kind, i), parts[kind])
+        x = parts["layer"]
     outputs = {"last_hidden_state": x}
     if description.has_pooler:
-        outputs["pooler_output"] = dense(c.hidden, "pooler", activation="tanh")(x[:, 0])
-    return keras.Model(inputs, outputs, name=description.name)
+        pooler = make("pooler", lambda name: dense(c.hidden, name, activation="tanh"))(x[:, 0])
+        outputs["pooler_output"] = tap(taps, "pooler", pooler)
+    return inputs, outputs
 
 
 _DENSE_NAMES = {"weight": "kernel", "bias": "bias"}  # Dense
@@ -149,8 +174,7 @@ _NORM_NAMES = {"weight": "gamma", "bias": "beta"}  # LayerNormalization
 
 
 def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) -> keras.Model:
-    """The encoder with the canonical weights: each role's canonical name mapped onto a variable path
-    (``layers_{i}_attention/query/kernel``, ``layers_{i}_ffn_norm/gamma``, …)."""
+    """The encoder with the canonical weights: each role's canonical name mapped onto a variable path."""
     with keras.device(keras_device(device)):
         model = bert_model(description)
     mapping = {
@@ -164,9 +188,10 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
         if description.has_pooler:
             mapping[description.param("pooler", kind=kind)] = f"pooler/{_DENSE_NAMES[kind]}"
         for i in range(description.config.layers):
-            for role, path in _ROLE_PATHS.items():
-                variable = (_DENSE_NAMES if role in _LINEAR_ROLES else _NORM_NAMES)[kind]
-                mapping[description.param(role, i, kind)] = f"{path.format(i=i)}/{variable}"
+            for role in _LINEAR_ROLES:
+                mapping[description.param(role, i, kind)] = f"layers_{i}/{role}/{_DENSE_NAMES[kind]}"
+            for role in _NORM_ROLES:
+                mapping[description.param(role, i, kind)] = f"layers_{i}/{role}/{_NORM_NAMES[kind]}"
     transforms: dict[str, Transform] = {name: transpose for name, path in mapping.items() if path.endswith("/kernel")}
     load_canonical(model, weights, mapping, transforms)
     return model
@@ -182,25 +207,6 @@ class TiedLogits(layers.Layer):
 
     def call(self, hidden):  # type: ignore[no-untyped-def]
         return ops.matmul(hidden, ops.transpose(self._table.embeddings))
-
-
-def checkpoint_layers(description: Bert) -> dict[str, str]:
-    """Each checkpoint (``description.checkpoint_names()``) → the layer of the functional model whose output it
-    is (each called once): the embeddings' LayerNorm, per encoder layer its attention block (after the attention
-    LayerNorm), its feed-forward block (the output projection, before the residual) and its ffn_norm, the
-    pooler."""
-    layer_names = {"embeddings": "embeddings_norm", "pooler": "pooler"}
-    for i in range(description.config.layers):
-        for kind, layer in _CHECKPOINT_LAYERS.items():
-            layer_names[description.checkpoint(kind, i)] = layer.format(i=i)
-    return {name: layer_names[name] for name in description.checkpoint_names()}
-
-
-def checkpoint_model(model: keras.Model, description: Bert) -> keras.Model:
-    """The functional model sharing ``model``'s layers and variables whose outputs are ``model``'s and every
-    checkpoint by its name (fwbench.models.checkpoints)."""
-    taps = {name: model.get_layer(layer).output for name, layer in checkpoint_layers(description).items()}
-    return keras.Model(model.input, {**model.output, **taps}, name=f"{model.name}_checkpoints")
 
 
 def training_model(model: keras.Model, description: Bert) -> keras.Model:

@@ -104,8 +104,7 @@ class TensorFlowBackend(Backend):
                 with tempfile.TemporaryDirectory(prefix="fwbench-savedmodel-") as folder:
                     self._forward = self._save_and_load(inputs, folder)  # the variables are in memory once loaded
             return
-        signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
-        self._forward = tf.function(self._call, input_signature=signature, jit_compile=self.mode == "xla")
+        self._forward = self._as_program(self._call, inputs)
 
     def save_artefact(self, inputs: Sequence[Any], path: str) -> dict[str, Any]:
         """savedmodel: the SavedModel folder written to ``path`` and reloaded from there."""
@@ -162,11 +161,7 @@ class TensorFlowBackend(Backend):
             taps: dict[str, tf.Tensor] = {}
             return model(*tensors, taps=taps), taps
 
-        program = precision.scoped(self.dtype, tapped, xla=self.mode == "xla")
-        if self.mode != "eager":
-            signature = [tf.TensorSpec(t.shape, t.dtype) for t in inputs]
-            program = tf.function(program, input_signature=signature, jit_compile=self.mode == "xla")
-        outputs, taps = program(*inputs)
+        outputs, taps = self._as_program(precision.scoped(self.dtype, tapped, xla=self.mode == "xla"), inputs)(*inputs)
         captured = {name: tf.cast(t, tf.float32).numpy() for name, t in taps.items()}
         return self.to_numpy(outputs), self.canonical_checkpoints(captured)
 

@@ -51,20 +51,15 @@ class Autocast(torch.nn.Module):
 
 class Tapped(torch.nn.Module):
     """``inner`` called with a checkpoint collector (fwbench.models.checkpoints): returns (its outputs, the
-    checkpoints by name), under ``torch.autocast(device_type, bfloat16)`` when ``device_type`` is given; what every
-    mode traces, compiles or calls for ``fwbench diff``."""
+    checkpoints by name); what every mode traces, compiles or calls for ``fwbench diff``."""
 
-    def __init__(self, inner: torch.nn.Module, device_type: str | None) -> None:
+    def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
-        self.device_type = device_type
 
     def forward(self, *inputs: torch.Tensor) -> tuple[Any, dict[str, torch.Tensor]]:
         taps: dict[str, torch.Tensor] = {}
-        if self.device_type is None:
-            return self.inner(*inputs, taps=taps), taps
-        with torch.autocast(self.device_type, dtype=torch.bfloat16):
-            return self.inner(*inputs, taps=taps), taps
+        return self.inner(*inputs, taps=taps), taps
 
 
 class TorchBackend(Backend):
@@ -123,9 +118,10 @@ class TorchBackend(Backend):
         else:
             self._forward = self._module()
 
-    def _module(self) -> torch.nn.Module:
-        """What the mode traces, compiles or calls: the model for fp32, the model under autocast for bf16."""
-        return Autocast(self.model, self.device).eval() if self.dtype == "bf16" else self.model
+    def _module(self, inner: torch.nn.Module | None = None) -> torch.nn.Module:
+        """What the mode traces, compiles or calls: the model (or ``inner``) for fp32, under autocast for bf16."""
+        inner = self.model if inner is None else inner
+        return Autocast(inner, self.device).eval() if self.dtype == "bf16" else inner
 
     def observe_precision(self, inputs: Sequence[Any]) -> dict[str, list[str]] | None:
         """The op classes' operand dtypes as dispatched in one eager call of what every mode traces (the model,
@@ -194,7 +190,7 @@ class TorchBackend(Backend):
         frozen (script), ``torch.compile``d (compile) or exported and AOT-compiled into a package of its own
         (export); one call."""
         self._enter_inference_mode()
-        tapped = Tapped(self.model, self.device if self.dtype == "bf16" else None).eval()
+        tapped = self._module(Tapped(self.model).eval())
         program: Callable[..., Any] = tapped
         if self.mode == "script":
             program = torch.jit.freeze(torch.jit.trace(tapped, tuple(inputs), check_trace=False, strict=False))

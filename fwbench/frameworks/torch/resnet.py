@@ -77,7 +77,11 @@ class ResNetModule(nn.Module):
         x = tap(taps, "stem", self.maxpool(self.relu(self.bn1(self.conv1(pixel_values)))))  # (B, width, H/4, W/4)
         index = 0
         for stage in range(self.stages):
-            for block in getattr(self, f"layer{stage + 1}"):  # as nn.Sequential calls them
+            layer = getattr(self, f"layer{stage + 1}")
+            if taps is None:  # the timed call: each stage's nn.Sequential, as torchvision calls it
+                x = layer(x)
+                continue
+            for block in layer:  # each block, as nn.Sequential calls them, its output recorded
                 x = tap(taps, self.block_names[index], block(x))
                 index += 1
         pooled = tap(taps, "avgpool", torch.flatten(self.avgpool(x), 1))

@@ -79,7 +79,7 @@ class Inference(Phase):
         cell.result["parity"] = check
         cell.record_precision(backend, inputs)
         if not check["ok"]:
-            check["divergence"] = self.divergence(cell, backend, description, (inputs, arrays), outputs)
+            check["divergence"] = self.divergence(cell, backend, description, (inputs, arrays), (outputs, reference))
             cell.fail_check(mismatch_reason(check) + divergence_note(check["divergence"]))
 
     def divergence(
@@ -88,28 +88,41 @@ class Inference(Phase):
         backend: Backend,
         description: ModelDescription,
         given: tuple[Any, dict[str, np.ndarray]],
-        outputs: dict[str, np.ndarray],
+        compared: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
     ) -> dict[str, Any]:
-        """Where ``outputs`` (of ``backend``'s timed program on ``given`` = (backend inputs it is compiled for, the
-        arrays they were made from)) start to differ from the float64 reference: ``layers`` (every checkpoint's and
-        output's error and share, in forward order; the checkpoints from one call of the program that returns
-        them), ``first`` (the first over its share, or None), or ``unavailable`` (why this runtime has none)."""
+        """Where the outputs of ``backend``'s timed program on ``given`` (backend inputs it is compiled for, the
+        arrays they were made from) start to differ from the float64 reference, ``compared`` = (those outputs, the
+        reference's): ``layers`` (every checkpoint's and output's error and share, in forward order; the checkpoints
+        from one call of the program that returns them), ``first`` (the first over its share, or None), or
+        ``unavailable`` (why there are no checkpoints, or why capturing them failed: locating a mismatch never
+        changes the cell's verdict)."""
         inputs, arrays = given
         try:
-            _, captured = backend.checkpoints(inputs)
+            _, captured = self.capture(backend, description, inputs)
         except NotImplementedError as exc:
             return {"unavailable": str(exc)}
-        weights = cell.weights(description)
-        reference = description.reference_checkpoints(weights, arrays) or {}
+        except Exception as exc:  # noqa: BLE001 (recorded: the diagnostic failed, the mismatch stands)
+            return {"unavailable": f"capturing the checkpoints failed: {type(exc).__name__}: {exc}"}
+        outputs, reference_outputs = compared
         errors = layer_errors(
             outputs,
             captured,
-            description.reference_forward(weights, arrays) or {},
-            reference,
+            reference_outputs,
+            description.reference_checkpoints(cell.weights(description), arrays) or {},
             parity_tolerance(description.name, cell.job.case.dtype),
         )
         first = first_divergence(errors)
         return {"layers": [e.to_dict() for e in errors], "first": None if first is None else first.to_dict()}
+
+    @staticmethod
+    def capture(
+        backend: Backend, description: ModelDescription, inputs: Any
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``backend.checkpoints(inputs)``; NotImplementedError for a model without checkpoints (its outputs are
+        what is compared)."""
+        if not description.checkpoint_names():
+            raise NotImplementedError(f"{description.name} has no checkpoints: its outputs are compared")
+        return backend.checkpoints(inputs)
 
     def verify(self, cell: Cell, backend: Backend, description: ModelDescription, output: Path) -> None:
         """One compiled call at the case's shape, its outputs saved to ``output`` by name. With the job's
@@ -127,7 +140,7 @@ class Inference(Phase):
         saved = dict(outputs)
         if cell.job.checkpoints:
             try:
-                tapped, captured = backend.checkpoints(inputs)
+                tapped, captured = self.capture(backend, description, inputs)
                 saved.update({CHECKPOINT_KEY + name: array for name, array in captured.items()})
                 saved.update({TAPPED_KEY + name: array for name, array in tapped.items()})
             except NotImplementedError as exc:
@@ -135,7 +148,8 @@ class Inference(Phase):
         else:
             reference = description.reference_forward(cell.weights(description), arrays)
             if reference is not None and not parity(outputs, reference, case.dtype, description.name)["ok"]:
-                cell.result["divergence"] = self.divergence(cell, backend, description, (inputs, arrays), outputs)
+                compared = (outputs, reference)
+                cell.result["divergence"] = self.divergence(cell, backend, description, (inputs, arrays), compared)
         np.savez(output, **saved)
         cell.result["status"] = "ok"
         cell.record_precision(backend, inputs)  # a graph off the policy makes it mismatch

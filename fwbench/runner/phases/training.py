@@ -169,7 +169,8 @@ class Training(Phase):
         cell.stage("compile")
         targets = description.make_targets(case.global_batch, case.seq_len, settings.seed)
         if cell.job.checkpoints:
-            self.save_gradients(cell, backend, description, (inputs, backend.make_targets(targets)), output)
+            batch = (inputs, backend.make_targets(cell.launcher.rows(targets)))
+            self.save_gradients(cell, backend, description, batch, output)
             return
         step = backend.make_train_step(inputs, backend.make_targets(cell.launcher.rows(targets)))
         cell.stage("first_call")
