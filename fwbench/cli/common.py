@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from fwbench.spec import MAX_COUNT, SpecError
+from fwbench.measure import environment
+from fwbench.runner.planner import check_threads_fit
+from fwbench.spec import MAX_COUNT, Settings, SpecError
 from fwbench.store import DEFAULT_DB, RunRecord, Store
 from fwbench.units import parse_bytes
 
@@ -168,6 +170,19 @@ def resolve_run(store: Store, run: RunId, db: str | Path, label: str, kind: str 
             f"{label} {run} is a {record.kind} run, not a {kind} run; {kind} runs in {db}: {known or 'none'}"
         )
     return record
+
+
+def untimed_settings(args: argparse.Namespace) -> Settings:
+    """The settings of ``verify`` and ``diff`` (nothing timed): ``--threads`` (default: physical cores), ``--timeout``
+    per worker, ``--seed``; checked to fit this machine's CPUs."""
+    settings = Settings(
+        threads=args.threads or environment.physical_core_count(),
+        timeout_s=args.timeout,
+        max_time_s=min(5.0, args.timeout / 2),
+        seed=args.seed,
+    )
+    check_threads_fit(settings)
+    return settings
 
 
 def given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:

@@ -9,17 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fwbench.cli.common import positive_float, positive_int
+from fwbench.cli.common import positive_float, positive_int, untimed_settings
 from fwbench.frameworks import get_runtime
-from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.report.diff_table import diff_table, training_table, verdict_lines
 from fwbench.report.table import make_console
 from fwbench.runner.diff import diff_model
 from fwbench.runner.phases import get_phase
-from fwbench.runner.planner import check_threads_fit, parse_names
-from fwbench.spec import DTYPES, Settings, SpecError
+from fwbench.runner.planner import parse_names
+from fwbench.spec import DTYPES, SpecError
 
 
 def add_parser(commands: Any) -> None:
@@ -78,15 +77,9 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.weights is not None:
         try:
             load_weights(description, args.weights)
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
             raise SpecError(str(exc)) from None
-    settings = Settings(
-        threads=args.threads or environment.physical_core_count(),
-        timeout_s=args.timeout,
-        max_time_s=min(5.0, args.timeout / 2),
-        seed=args.seed,
-    )
-    check_threads_fit(settings)
+    settings = untimed_settings(args)
     refused = get_phase(args.phase).dtype_unsupported(args.dtype) or (
         description.training_unsupported() if args.phase == "training" else None
     )

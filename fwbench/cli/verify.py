@@ -11,15 +11,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fwbench.cli.common import given, positive_float, positive_int, resolve_run, run_id
+from fwbench.cli.common import given, positive_float, positive_int, resolve_run, run_id, untimed_settings
 from fwbench.frameworks import distributed_runtimes, get_runtime, runtimes
-from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.report.table import make_console
 from fwbench.report.verify_table import divergence_lines, parity_table, training_table
 from fwbench.runner.phases import get_phase, phase_names
-from fwbench.runner.planner import check_threads_fit, parse_names
+from fwbench.runner.planner import parse_names
 from fwbench.runner.tolerances import TRAINING_TOLERANCE
 from fwbench.runner.verify import OutputCheck, TrainingCheck, verify_model, verify_training
 from fwbench.spec import DTYPES, OPTIMIZER_KINDS, Settings, SpecError
@@ -161,13 +160,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     models = parse_names("--models", args.models)
     runtime_names = parse_names("--runtimes", args.runtimes)
     _check_choices(args, models, runtime_names)
-    settings = Settings(
-        threads=args.threads or environment.physical_core_count(),
-        timeout_s=args.timeout,
-        max_time_s=min(5.0, args.timeout / 2),
-        seed=args.seed,
-    )
-    check_threads_fit(settings)
+    settings = untimed_settings(args)
     if getattr(args, "procs", None):  # every process gets as many threads, the 1-process run too
         settings = dataclasses.replace(settings, rank_threads=max(1, settings.threads // args.procs))
     if args.phase == "training":

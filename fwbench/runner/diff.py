@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fwbench.models import get_model
+from fwbench.models.base import ModelDescription
 from fwbench.models.checkpoints import missing_checkpoints
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.divergence import (
@@ -21,6 +22,7 @@ from fwbench.runner.divergence import (
     GRADIENT_KEY,
     TAPPED_KEY,
     LayerError,
+    finite,
     first_divergence,
     gradient_errors,
     layer_errors,
@@ -63,7 +65,7 @@ class RuntimeDiff:
             "reason": self.reason,
             "first_divergence": None if first is None else first.to_dict(),
             "checkpoints_unavailable": self.unavailable,
-            "tapped_outputs_rel_l2": self.tapped_rel_l2,
+            "tapped_outputs_rel_l2": finite(self.tapped_rel_l2),
             "layers": [layer.to_dict() for layer in self.layers],
             **({} if self.training is None else {"training": self.training.to_dict()}),
         }
@@ -102,8 +104,8 @@ class TrainingDiff:
         return {
             "status": self.status,
             "reason": self.reason,
-            "loss": self.loss,
-            "loss_rel_to_reference": self.loss_rel,
+            "loss": finite(self.loss),
+            "loss_rel_to_reference": finite(self.loss_rel),
             "loss_tolerance": self.loss_tolerance,
             "gradients_against": self.against,
             "first_gradient_divergence": None if first is None else first.to_dict(),
@@ -232,7 +234,7 @@ def diff_model(
 
 
 def _training_diff(
-    description: Any,
+    description: ModelDescription,
     dtype: str,
     got: WorkerArrays,
     gradients: dict[str, Any],

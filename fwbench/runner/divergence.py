@@ -28,6 +28,11 @@ GRADIENT_KEY = "gradient/"  # prefix of a trained tensor's gradient in a trainin
 GRADIENT_FLOOR = 1e-3
 
 
+def finite(value: float | None) -> float | None:
+    """``value`` for JSON, which has no inf or NaN: None in their place."""
+    return None if value is None or not math.isfinite(value) else value
+
+
 @dataclass(frozen=True)
 class LayerError:
     """One compared tensor: a checkpoint (``kind`` "checkpoint"), a model output ("output") or a trained tensor's
@@ -47,7 +52,7 @@ class LayerError:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: an error that is not finite (NaN, or a tensor missing or of another shape) is None."""
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        return {k: (finite(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 def share_of_tolerance(tolerance: float, position: int, count: int) -> float:
