@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from fwbench.measure import environment
+from fwbench.models.base import ModelDescription
+from fwbench.models.weights_io import load_weights
 from fwbench.runner.planner import check_threads_fit
 from fwbench.spec import MAX_COUNT, Settings, SpecError
 from fwbench.store import DEFAULT_DB, RunRecord, Store
@@ -170,6 +172,18 @@ def resolve_run(store: Store, run: RunId, db: str | Path, label: str, kind: str 
             f"{label} {run} is a {record.kind} run, not a {kind} run; {kind} runs in {db}: {known or 'none'}"
         )
     return record
+
+
+def check_model_options(description: ModelDescription, seq_len: int | None, weights: Path | None) -> None:
+    """SpecError (one line) for a ``--seq-len`` the model cannot take or a ``--weights`` file that does not fit it."""
+    problem = description.supports_seq_len(seq_len) if seq_len is not None else None
+    if problem:
+        raise SpecError(problem)
+    if weights is not None:
+        try:
+            load_weights(description, weights)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
 
 
 def untimed_settings(args: argparse.Namespace) -> Settings:

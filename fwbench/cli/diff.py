@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fwbench.cli.common import positive_float, positive_int, untimed_settings
+from fwbench.cli.common import check_model_options, positive_float, positive_int, untimed_settings
 from fwbench.frameworks import get_runtime
 from fwbench.models import get_model
-from fwbench.models.weights_io import load_weights
 from fwbench.report.diff_table import diff_table, training_table, verdict_lines
 from fwbench.report.table import make_console
 from fwbench.runner.diff import diff_model
@@ -70,15 +69,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     for name in runtime_names:
         if get_runtime(name).distributed:
             raise SpecError(f"{name} runs as several processes; fwbench diff compares runtimes of one process")
-    if args.seq_len is not None:
-        problem = description.supports_seq_len(args.seq_len)
-        if problem:
-            raise SpecError(problem)
-    if args.weights is not None:
-        try:
-            load_weights(description, args.weights)
-        except ValueError as exc:
-            raise SpecError(str(exc)) from None
+    check_model_options(description, args.seq_len, args.weights)
     settings = untimed_settings(args)
     refused = get_phase(args.phase).dtype_unsupported(args.dtype) or (
         description.training_unsupported() if args.phase == "training" else None

@@ -12,12 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fwbench.cli.common import positive_float, positive_int
+from fwbench.cli.common import check_model_options, positive_float, positive_int
 from fwbench.diskfull import DiskFull
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement, runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
-from fwbench.models.weights_io import load_weights
 from fwbench.runner.outcome import run_worker
 from fwbench.runner.planner import check_threads_fit
 from fwbench.spec import Case, Settings, SpecError
@@ -75,17 +74,9 @@ def _checked_case(args: argparse.Namespace) -> Case:
             f"--out {out}: {args.runtime} writes an {info.artefact}: the path must end in {info.artefact_suffix}"
         )
     batch, seq = description.parity_shape()
-    if args.seq_len is not None:
-        if not description.has_sequence:
-            raise SpecError(f"--seq-len: {args.model} has no sequence axis")
-        problem = description.supports_seq_len(args.seq_len)
-        if problem:
-            raise SpecError(problem)
-    if args.weights is not None:
-        try:
-            load_weights(description, args.weights)
-        except ValueError as exc:
-            raise SpecError(str(exc)) from None
+    if args.seq_len is not None and not description.has_sequence:
+        raise SpecError(f"--seq-len: {args.model} has no sequence axis")
+    check_model_options(description, args.seq_len, args.weights)
     seq_len = (args.seq_len or seq) if description.has_sequence else None
     return Case(args.model, args.runtime, batch_size=args.batch_size or batch, seq_len=seq_len)
 

@@ -11,10 +11,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fwbench.cli.common import given, positive_float, positive_int, resolve_run, run_id, untimed_settings
+from fwbench.cli.common import (
+    check_model_options,
+    given,
+    positive_float,
+    positive_int,
+    resolve_run,
+    run_id,
+    untimed_settings,
+)
 from fwbench.frameworks import distributed_runtimes, get_runtime, runtimes
 from fwbench.models import get_model
-from fwbench.models.weights_io import load_weights
 from fwbench.report.table import make_console
 from fwbench.report.verify_table import divergence_lines, parity_table, training_table
 from fwbench.runner.phases import get_phase, phase_names
@@ -119,16 +126,11 @@ def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: l
     if args.weights is not None:
         if len(models) != 1:
             raise SpecError("--weights holds one model's weights: give exactly one model")
-        try:
-            load_weights(get_model(models[0]), args.weights)
-        except ValueError as exc:
-            raise SpecError(str(exc)) from None
+        check_model_options(get_model(models[0]), None, args.weights)
     if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
         raise SpecError(f"--dump {args.dump} is not a folder")
     for name in models:
-        problem = get_model(name).supports_seq_len(args.seq_len) if args.seq_len is not None else None
-        if problem:
-            raise SpecError(problem)
+        check_model_options(get_model(name), args.seq_len, None)
 
 
 def _check_procs(args: argparse.Namespace, models: list[str], runtime_names: list[str]) -> None:

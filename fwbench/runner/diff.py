@@ -16,7 +16,6 @@ from typing import Any
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.checkpoints import missing_checkpoints
-from fwbench.models.weights_io import load_weights
 from fwbench.runner.divergence import (
     CHECKPOINT_KEY,
     GRADIENT_KEY,
@@ -28,7 +27,7 @@ from fwbench.runner.divergence import (
     layer_errors,
 )
 from fwbench.runner.tolerances import PARITY_REL_L2_TOLERANCE, gradient_tolerance, parity_tolerance, relative_errors
-from fwbench.runner.verify import WorkerArrays, verify_arrays
+from fwbench.runner.verify import WorkerArrays, verify_arrays, verify_shape, verify_weights
 from fwbench.spec import Case, Dtype, Settings, SpecError
 
 
@@ -161,10 +160,8 @@ def diff_model(
     """Each runtime's checkpoints and outputs at one input (default: the model's parity shape) against the float64
     reference (SpecError for a model without one); ``phase`` training: also its first training step."""
     description = get_model(model)
-    default_batch, default_seq = description.parity_shape()
-    batch = batch_size or default_batch
-    seq = (seq_len or default_seq) if description.has_sequence else None
-    weights = load_weights(description, weights_path) if weights_path else description.canonical_weights(settings.seed)
+    batch, seq = verify_shape(description, batch_size, seq_len)
+    weights = verify_weights(description, weights_path, settings.seed)
     arrays = description.make_inputs(batch, seq, settings.seed)
     reference_outputs = description.reference_forward(weights, arrays)
     if reference_outputs is None:

@@ -89,21 +89,50 @@ def case_refusal(case: Case, settings: Settings) -> str | None:
     )
 
 
+def verify_shape(description: ModelDescription, batch_size: int | None, seq_len: int | None) -> tuple[int, int | None]:
+    """(batch, seq) a verify or diff runs at: the given sizes, else the model's parity shape (seq None for a model
+    without a sequence axis)."""
+    default_batch, default_seq = description.parity_shape()
+    return batch_size or default_batch, (seq_len or default_seq) if description.has_sequence else None
+
+
+def verify_weights(description: ModelDescription, weights_path: Path | None, seed: int) -> dict[str, np.ndarray]:
+    """The weights every runtime of a verify or diff loads: the file's, else the seeded canonical ones."""
+    return load_weights(description, weights_path) if weights_path else description.canonical_weights(seed)
+
+
 def verify_arrays(
     case: Case, settings: Settings, weights_path: Path | None, scratch: Path, *, checkpoints: bool = False
 ) -> WorkerArrays:
-    """One verify worker of ``case`` (nothing timed), its .npz written under ``scratch``; ``checkpoints``: with the
-    model's checkpoints (inference) or its first step's gradients (training) (fwbench diff)."""
+    """One verify worker of ``case`` (nothing timed) unless it is refused (``skipped``, :func:`case_refusal`), its
+    .npz written under ``scratch``; ``checkpoints``: with the model's checkpoints (inference) or its first step's
+    gradients (training) (fwbench diff)."""
     missing = case_refusal(case, settings)
     if missing:
         return WorkerArrays("skipped", missing, {}, {})
-    out_path = scratch / f"{case.phase}_{case.runtime.replace(':', '_')}.npz"
+    return worker_arrays(case, settings, weights_path, scratch, checkpoints=checkpoints)
+
+
+def worker_arrays(
+    case: Case,
+    settings: Settings,
+    weights_path: Path | None,
+    scratch: Path,
+    *,
+    checkpoints: bool = False,
+    train_steps: int = 20,
+) -> WorkerArrays:
+    """One verify worker of ``case``, refusals already asked: its arrays from ``scratch/<phase>_<runtime>[_pN].npz``;
+    a training case takes ``train_steps`` steps."""
+    procs = "" if case.procs is None else f"_p{case.procs}"
+    out_path = scratch / f"{case.phase}_{case.runtime.replace(':', '_')}{procs}.npz"
     outcome = run_worker(
         case,
         settings,
         check_parity=False,
         verify_output=str(out_path),
         weights_path=str(weights_path) if weights_path else None,
+        train_steps=train_steps,
         checkpoints=checkpoints,
     )
     if outcome.status != "ok":
@@ -127,10 +156,8 @@ def verify_model(
     """Checks of every output of ``model`` in each runtime (first runtime = the comparison base), each
     runtime computing in ``dtype``."""
     description = get_model(model)
-    default_batch, default_seq = description.parity_shape()
-    batch = batch_size or default_batch
-    seq = (seq_len or default_seq) if description.has_sequence else None
-    weights = load_weights(description, weights_path) if weights_path else description.canonical_weights(settings.seed)
+    batch, seq = verify_shape(description, batch_size, seq_len)
+    weights = verify_weights(description, weights_path, settings.seed)
     arrays = description.make_inputs(batch, seq, settings.seed)
     reference = description.reference_forward(weights, arrays)
     del weights
@@ -274,9 +301,7 @@ def verify_training(
     unsupported = description.training_unsupported()
     if unsupported:
         return [TrainingCheck(model, runtime, "skipped", unsupported) for runtime in runtimes]
-    default_batch, default_seq = description.parity_shape()
-    batch = batch_size or default_batch
-    seq = (seq_len or default_seq) if description.has_sequence else None
+    batch, seq = verify_shape(description, batch_size, seq_len)
     tolerance = TRAINING_TOLERANCE[dtype]
     checks: list[TrainingCheck] = []
     first: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
@@ -297,25 +322,15 @@ def verify_training(
             if missing:
                 checks.append(TrainingCheck(model, runtime, "skipped", missing, procs=count))
                 continue
-            label = runtime if count is None else f"{runtime}_p{count}"
-            out_path = Path(scratch) / f"{label.replace(':', '_')}.npz"
-            outcome = run_worker(
-                case,
-                settings,
-                check_parity=False,
-                verify_output=str(out_path),
-                weights_path=str(weights_path) if weights_path else None,
-                train_steps=steps,
-            )
-            if outcome.status != "ok":
-                checks.append(TrainingCheck(model, runtime, outcome.status, outcome.reason, steps, procs=count))
+            got = worker_arrays(case, settings, weights_path, Path(scratch), train_steps=steps)
+            if got.status != "ok" or got.path is None:
+                checks.append(TrainingCheck(model, runtime, got.status, got.reason, steps, procs=count))
                 continue
-            with np.load(out_path) as data:
-                losses = data["losses"]
-                params = {name[len("param/") :]: data[name] for name in data.files if name.startswith("param/")}
+            losses = got.arrays["losses"]
+            params = {name[len("param/") :]: a for name, a in got.arrays.items() if name.startswith("param/")}
             if dump_dir is not None:
                 (dump_dir / model).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(out_path, dump_dir / model / f"training_{out_path.name}")
+                shutil.copyfile(got.path, dump_dir / model / got.path.name)  # training_<framework>_<mode>[_pN].npz
             against = None
             if count is not None and count > 1:
                 reference, against = single[runtime], f"{runtime} in 1 process"

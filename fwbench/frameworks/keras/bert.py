@@ -112,19 +112,31 @@ class WithCheckpoints(layers.Layer):
 
 
 Make = Callable[[str, Callable[[str], layers.Layer]], layers.Layer]  # (layer name, its constructor) -> the layer
+# (description, make, taps) -> (inputs, outputs) of a model's functional graph: bert_graph, gpt2.gpt2_graph
+Graph = Callable[[Any, Make, Taps], tuple[dict[str, Any], dict[str, Any]]]
 
 
-def bert_model(description: Bert) -> keras.Model:
-    inputs, outputs = bert_graph(description, lambda name, new: new(name))
+def graph_model(graph: Graph, description: Any) -> keras.Model:
+    """The model ``graph`` builds for ``description``, every layer new."""
+    inputs, outputs = graph(description, lambda name, new: new(name), None)
     return keras.Model(inputs, outputs, name=description.name)
 
 
-def checkpoint_model(model: keras.Model, description: Bert) -> keras.Model:
-    """A model over ``model``'s own layers (the same variables) whose outputs are its outputs and every checkpoint
-    of ``description.checkpoint_names()`` by name."""
+def graph_checkpoint_model(graph: Graph, model: keras.Model, description: Any) -> keras.Model:
+    """``graph`` built again over ``model``'s own layers (the same variables), its outputs ``model``'s and every
+    checkpoint of ``description.checkpoint_names()`` by name."""
     taps: dict[str, Any] = {}
-    inputs, outputs = bert_graph(description, lambda name, new: model.get_layer(name), taps)
+    inputs, outputs = graph(description, lambda name, new: model.get_layer(name), taps)
     return keras.Model(inputs, {**outputs, **taps}, name=f"{model.name}_checkpoints")
+
+
+def bert_model(description: Bert) -> keras.Model:
+    return graph_model(bert_graph, description)
+
+
+def checkpoint_model(model: keras.Model, description: Bert) -> keras.Model:
+    """A model over ``model``'s own layers whose outputs are its outputs and every checkpoint by name."""
+    return graph_checkpoint_model(bert_graph, model, description)
 
 
 def bert_graph(description: Bert, make: Make, taps: Taps = None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -17,7 +17,14 @@ import numpy as np
 from keras import layers, ops
 
 from fwbench.frameworks.keras import precision
-from fwbench.frameworks.keras.bert import Make, PositionEmbedding, WithCheckpoints, dense
+from fwbench.frameworks.keras.bert import (
+    Make,
+    PositionEmbedding,
+    WithCheckpoints,
+    dense,
+    graph_checkpoint_model,
+    graph_model,
+)
 from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
@@ -68,16 +75,12 @@ class CausalMask(layers.Layer):
 
 
 def gpt2_model(description: GPT2) -> keras.Model:
-    inputs, outputs = gpt2_graph(description, lambda name, new: new(name))
-    return keras.Model(inputs, outputs, name=description.name)
+    return graph_model(gpt2_graph, description)
 
 
 def checkpoint_model(model: keras.Model, description: GPT2) -> keras.Model:
-    """A model over ``model``'s own layers (the same variables) whose outputs are its outputs and every checkpoint
-    of ``description.checkpoint_names()`` by name."""
-    taps: dict[str, Any] = {}
-    inputs, outputs = gpt2_graph(description, lambda name, new: model.get_layer(name), taps)
-    return keras.Model(inputs, {**outputs, **taps}, name=f"{model.name}_checkpoints")
+    """A model over ``model``'s own layers whose outputs are its outputs and every checkpoint by name."""
+    return graph_checkpoint_model(gpt2_graph, model, description)
 
 
 def gpt2_graph(description: GPT2, make: Make, taps: Taps = None) -> tuple[dict[str, Any], dict[str, Any]]:
