@@ -12,16 +12,20 @@ export FWBENCH_TESTS_NEED_EXTRAS ?= all
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export KERAS_HOME ?= $(CURDIR)/.cache/keras
 
-.PHONY: bench test test-matrix test-avx2 format install clean oracles bench-zoo
+.PHONY: node-packages bench test test-matrix test-avx2 format install clean oracles bench-zoo
 
-install: $(STAMP)
+install: $(STAMP) node-packages
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --constraint constraints.txt --editable '.[all,test]'
 	touch $(STAMP)
 
-bench: $(STAMP)
+# The tfjs runtimes' Node.js packages (npm ci, once per lockfile; nothing without Node.js: those runtimes are skipped).
+node-packages:
+	scripts/ensure-node-packages
+
+bench: $(STAMP) node-packages
 	$(BIN)/fwbench run --suite quick --db results/fwbench.db
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format csv --out results/latest.csv
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format json --out results/latest.json
@@ -31,7 +35,7 @@ bench: $(STAMP)
 TEST_PROCS ?= $(shell $(BIN)/python -c "from fwbench.measure.environment import physical_core_count as n; print(max(1, n()))" 2>/dev/null || echo 1)
 CHECKED := fwbench tests benchmarks
 
-test: $(STAMP)
+test: $(STAMP) node-packages
 	scripts/ensure-chromium
 	scripts/ensure-java
 	$(BIN)/ruff check $(CHECKED)
@@ -43,7 +47,7 @@ test: $(STAMP)
 # The exhaustive runtime × model matrix beyond make test's (tests marked matrix: every training runtime on gpt2-tiny
 # and resnet-tiny, every framework's resnet-tiny fit loop, every deployment engine on every tiny model, ...).
 # CI runs it after make test.
-test-matrix: $(STAMP)
+test-matrix: $(STAMP) node-packages
 	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "matrix and not serial"
 	$(BIN)/python -m pytest -m "matrix and serial"
 
@@ -67,4 +71,4 @@ bench-zoo: oracles
 	$(BIN)/python benchmarks/zoo_speed.py --framework tensorflow
 
 clean:
-	rm -rf $(VENV) .cache *.egg-info
+	rm -rf $(VENV) .cache *.egg-info fwbench/frameworks/tfjs/node_modules

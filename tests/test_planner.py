@@ -164,3 +164,12 @@ def test_each_grid_plans_with_its_own_phase_and_dtype() -> None:
         build_grids_plan([inference, fit], Settings())
     with pytest.raises(SpecError, match="^phase fit with dtype 'bf16' cannot be run yet"):
         build_grids_plan([Grid(["mlp"], ["torch:eager"], [2], phase="fit", dtype="bf16")], Settings())
+
+
+def test_models_without_seq_lens_run_text_models_at_the_default_length() -> None:
+    from fwbench.runner.planner import DEFAULT_SEQ_LEN, PlanChoices, resolve_plan
+
+    plan = resolve_plan(PlanChoices(models="mlp,bert-tiny", runtimes="torch:eager"))
+    assert {(case.model, case.seq_len) for case in plan.cases} == {("mlp", None), ("bert-tiny", DEFAULT_SEQ_LEN)}
+    given = resolve_plan(PlanChoices(models="bert-tiny", runtimes="torch:eager", seq_lens="8,16"))
+    assert {case.seq_len for case in given.cases} == {8, 16}

@@ -144,7 +144,10 @@ def _grid_flags(run: argparse.ArgumentParser) -> None:
     grid.add_argument("--models", help="comma-separated model names (see `fwbench list`)")
     grid.add_argument("--runtimes", help="comma-separated framework:mode runtimes (see `fwbench list`)")
     grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
-    grid.add_argument("--seq-lens", help="comma-separated positive integers; ignored by models without a sequence axis")
+    grid.add_argument(
+        "--seq-lens",
+        help="comma-separated positive integers (default with --models: 128); ignored by models without a sequence axis",
+    )
     grid.add_argument(
         "--workers",
         help="--phase data: comma-separated loader worker counts, e.g. 0,1,2 (0: the loader's own process; "

@@ -69,6 +69,11 @@ class RuntimeInfo:
     procs_unsupported: str = ""
     # Why the runtime cannot run anywhere today (listed by ``fwbench list`` with this reason, refused in a plan).
     unavailable: str = ""
+    # A worker in another language: the Python module that says whether it can run here (``missing()``, beside
+    # ``requires``), whether it has a model file for an architecture (``missing_model(arch)``), and writes what it
+    # reads before the cell's worker process becomes it (``prepare(job, folder)`` → its command line;
+    # fwbench.runner.external). Empty: the Python worker runs the cell with ``module``'s backend.
+    external: str = ""
 
     @property
     def framework(self) -> str:
@@ -574,6 +579,37 @@ register_runtime(
     )
 )
 
+TFJS_NOTE = (
+    "Node.js, one thread: TF.js runs its WebAssembly backend single-threaded in Node.js (tensorflow/tfjs#3830), "
+    "and its plain JavaScript backend always; the cell's --threads is its CPU pinning only"
+)
+register_runtime(
+    RuntimeInfo(
+        name="tfjs:wasm",
+        module="",
+        requires=(),
+        description="TensorFlow.js 4.22 in Node.js, WebAssembly backend (XNNPACK kernels, SIMD): the models written "
+        "in TF.js ops, each call under tf.tidy",
+        note=TFJS_NOTE,
+        external="fwbench.frameworks.tfjs.external",
+        extras=(),
+        startup_s=1.5,
+    )
+)
+register_runtime(
+    RuntimeInfo(
+        name="tfjs:cpu",
+        module="",
+        requires=(),
+        description="TensorFlow.js 4.22 in Node.js, its plain JavaScript backend (the slow reference: no SIMD, no "
+        "native code)",
+        note=TFJS_NOTE,
+        external="fwbench.frameworks.tfjs.external",
+        extras=(),
+        startup_s=1.5,
+    )
+)
+
 LOADER_DESCRIPTION = "an input pipeline (phase data only): one timed call is the next batch out of the loader"
 LOADER_NOTE = (
     "its worker processes inherit the cell worker's CPU affinity (its --threads cores) and share them, none "
@@ -646,6 +682,9 @@ def missing_requirement(info: RuntimeInfo) -> str | None:
     for package in info.requires:
         if importlib.util.find_spec(package) is None:
             return f"{package} is not installed ({info.install_hint})"
+    if info.external:
+        missing: str | None = importlib.import_module(info.external).missing()
+        return missing
     return None
 
 
@@ -659,6 +698,9 @@ def missing_implementation(info: RuntimeInfo, arch: str) -> str | None:
     """None when the runtime's framework package (or a registered model, for it) has a model file for ``arch``,
     else why not. Plugin runtimes that name no package are not checked. No framework is imported (a plugin
     package's ``__init__`` is)."""
+    if info.external:
+        missing: str | None = importlib.import_module(info.external).missing_model(arch)
+        return missing
     if not _model_files_checked(info):
         return None
     try:

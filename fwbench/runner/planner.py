@@ -39,6 +39,7 @@ from fwbench.suites import CELL_SETTINGS, DEFAULT_SUITE, Grid, Suite, load_setti
 
 DEFAULT_ROUNDS = 3  # the command line's and the suites' rounds: the fewest that give a CI (Settings' own default is 1)
 DATA_BATCH = 32  # --phase data without --batch-sizes: a training batch, not the one-sample default
+DEFAULT_SEQ_LEN = 128  # --models without --seq-lens: the sequence length models with a sequence axis run at
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:
@@ -338,7 +339,9 @@ def resolve_plan(choices: PlanChoices) -> Plan:
         batch_sizes=parse_positive_ints("--batch-sizes", choices.batch_sizes)
         if choices.batch_sizes is not None
         else [DATA_BATCH if data_flags else 1],
-        seq_lens=parse_positive_ints("--seq-lens", choices.seq_lens) if choices.seq_lens is not None else [],
+        seq_lens=parse_positive_ints("--seq-lens", choices.seq_lens)
+        if choices.seq_lens is not None
+        else [DEFAULT_SEQ_LEN],
         workers=parse_worker_counts("--workers", choices.workers) if choices.workers is not None else [],
         procs=parse_positive_ints("--procs", choices.procs) if choices.procs is not None else [],
         scaling=parse_names("--scaling", choices.scaling) if choices.scaling is not None else [],

@@ -14,7 +14,8 @@ from fwbench.measure.processes import running
 WEIGHTS_PREFIX = "fwbench-weights-"  # the run's seeded weights (fwbench.runner.manager.SeededWeights)
 EXPORTS_PREFIX = "fwbench-exports-"  # a group's exported artefacts (fwbench.runner.manager.export_cache)
 SERVING_PREFIX = "fwbench-serving-"  # a serving worker's query samples, answers and TorchServe's model store
-PREFIXES = (WEIGHTS_PREFIX, EXPORTS_PREFIX, SERVING_PREFIX)
+WORKER_PREFIX = "fwbench-worker-"  # what a worker in another language reads (fwbench.runner.external), by its pid
+PREFIXES = (WEIGHTS_PREFIX, EXPORTS_PREFIX, SERVING_PREFIX, WORKER_PREFIX)
 
 
 def run_folder(prefix: str) -> tempfile.TemporaryDirectory[str]:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
 from fwbench.models import get_model
@@ -137,9 +139,18 @@ def worker_arrays(
     )
     if outcome.status != "ok":
         return WorkerArrays(outcome.status, outcome.reason, {}, outcome.details)
-    with np.load(out_path) as data:
-        arrays = {name: data[name] for name in data.files}
-    return WorkerArrays("ok", None, arrays, outcome.details, out_path)
+    return WorkerArrays("ok", None, read_worker_arrays(out_path), outcome.details, out_path)
+
+
+def read_worker_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays a verify worker wrote to ``path``: an .npz (Python workers), or a safetensors file (a worker in
+    another language, fwbench.runner.external), which is rewritten as .npz so that ``--dump`` copies one format."""
+    if zipfile.is_zipfile(path):
+        with np.load(path) as data:
+            return {name: data[name] for name in data.files}
+    arrays: dict[str, Any] = load_file(str(path))
+    np.savez(path, **arrays)
+    return arrays
 
 
 def verify_model(

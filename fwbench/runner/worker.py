@@ -43,9 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     cpus = [int(cpu) for cpu in args.cpus.split(",")]
     os.sched_setaffinity(0, [int(cpu) for cpu in args.start_cpus.split(",")] if args.start_cpus else cpus)
 
+    from fwbench.frameworks import get_runtime
     from fwbench.measure import stats
     from fwbench.measure.environment import thread_affinities
     from fwbench.runner.cell import Cell  # numpy and friends: only now, inside the affinity
+    from fwbench.runner.external import hand_over
     from fwbench.runner.messages import Job, result_message
     from fwbench.runner.phases import get_phase
 
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     with os.fdopen(args.result_fd, "w") as channel:
         cell = Cell(job, channel, sys.stdin, pin_to=cpus if args.start_cpus else None)
         try:
+            external = get_runtime(job.case.runtime).external
+            if external:  # a worker in another language: this process becomes it (never returns), or raises
+                hand_over(job, external, args.result_fd, cpus, args.manager_pid)
             result = cell.launcher.run(get_phase(job.case.phase), cell)
         except BaseException as exc:  # every failure becomes this cell's status, never a lost sweep
             result = cell.failure(exc)

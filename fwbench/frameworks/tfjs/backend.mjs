@@ -1,0 +1,82 @@
+// The TF.js backend of a cell: the core with its plain JavaScript ('cpu') or WebAssembly ('wasm') backend, the
+// model built from its <arch>.mjs file, inputs as tensors, and the timed step.
+import fs from 'node:fs';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
+import { CanonicalTensors, readSafetensors, tensorOf } from './weights.mjs';
+
+const require = createRequire(import.meta.url);
+
+/** The TF.js core with backend `mode` ('cpu' | 'wasm') set and ready. */
+export async function loadTf(mode) {
+  const tf = await import('@tensorflow/tfjs-core');
+  if (mode === 'cpu') await import('@tensorflow/tfjs-backend-cpu');
+  else if (mode === 'wasm') await import('@tensorflow/tfjs-backend-wasm');
+  else throw new Error(`tfjs has no mode ${mode} (cpu, wasm)`);
+  if (!(await tf.setBackend(mode))) throw new Error(`TF.js could not start its ${mode} backend`);
+  await tf.ready();
+  return tf;
+}
+
+/** The package versions in force ({name: version}). */
+export function versions(tf) {
+  const version = (name) => JSON.parse(fs.readFileSync(require.resolve(`${name}/package.json`), 'utf8')).version;
+  return {
+    node: process.versions.node,
+    v8: process.versions.v8,
+    'tfjs-core': tf.version_core,
+    'tfjs-backend-cpu': version('@tensorflow/tfjs-backend-cpu'),
+    'tfjs-backend-wasm': version('@tensorflow/tfjs-backend-wasm'),
+  };
+}
+
+/** What computes a cell's numbers (details.threads_effective and matmul_precision): one thread in Node.js. */
+export async function threadReport(tf, mode) {
+  if (mode === 'wasm') {
+    const wasm = await import('@tensorflow/tfjs-backend-wasm');
+    return {
+      intra_op: wasm.getThreadsCount(),
+      inter_op: 1,
+      simd: await tf.env().getAsync('WASM_HAS_SIMD_SUPPORT'),
+      multithread: await tf.env().getAsync('WASM_HAS_MULTITHREAD_SUPPORT'),
+      why: 'TF.js runs its WebAssembly backend single-threaded in Node.js (tensorflow/tfjs#3830)',
+    };
+  }
+  return { intra_op: 1, inter_op: 1, why: 'the plain JavaScript backend computes on the main thread' };
+}
+
+/** The model of `model` (cell.json's: its file, structure) built over the weights file at `weightsPath`. */
+export async function buildModel(tf, model, weightsPath) {
+  const { buildModel: build } = await import(pathToFileURL(path.resolve(model.file)).href);
+  const weights = new CanonicalTensors(tf, readSafetensors(weightsPath));
+  return build(tf, model.structure, weights);
+}
+
+/** {name: tf.Tensor} of the arrays in `arrays` whose names start with `prefix` (the prefix removed). */
+export function makeInputs(tf, arrays, prefix = '') {
+  const inputs = {};
+  for (const [name, array] of Object.entries(arrays)) if (name.startsWith(prefix)) inputs[name.slice(prefix.length)] = tensorOf(tf, array);
+  return inputs;
+}
+
+/** One forward on `inputs`, its outputs as {name: {shape, data: Float32Array}} (read back, then freed). */
+export function outputsOf(tf, forward, inputs) {
+  const outputs = tf.tidy(() => forward(inputs));
+  const arrays = {};
+  for (const [name, tensor] of Object.entries(outputs)) {
+    arrays[name] = { shape: tensor.shape, data: tensor.dataSync() };
+    tensor.dispose();
+  }
+  return arrays;
+}
+
+/** The timed call: one forward under tf.tidy, every tensor it made freed before it returns. The cpu and wasm
+ * backends run each kernel synchronously on this thread, so when it returns the work is done. */
+export function makeStep(tf, forward, inputs) {
+  return () => {
+    tf.tidy(() => {
+      forward(inputs);
+    });
+  };
+}

@@ -1,0 +1,21 @@
+// The MLP in TF.js ops: matMul + bias, ReLU between layers.
+// Input x: (batch, in_features) float32 → {logits: (batch, out_features)}. Canonical weights are (out, in); the
+// kernels here are (in, out), transposed once when the model is built.
+
+/** The MLP of `structure` ({layers: [[prefix, in, out], ...]}) over `weights` (CanonicalTensors). */
+export function buildModel(tf, structure, weights) {
+  const layers = structure.layers.map(([prefix]) => ({
+    kernel: weights.take(`${prefix}.weight`, (w) => tf.transpose(w)),
+    bias: weights.take(`${prefix}.bias`),
+  }));
+  weights.checkAllUsed();
+  const last = layers.length - 1;
+  return ({ x }) => {
+    let h = x;
+    layers.forEach(({ kernel, bias }, i) => {
+      h = tf.add(tf.matMul(h, kernel), bias);
+      if (i < last) h = tf.relu(h);
+    });
+    return { logits: h };
+  };
+}

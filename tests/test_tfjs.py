@@ -1,0 +1,181 @@
+"""TensorFlow.js in Node.js (tfjs:wasm, tfjs:cpu): cells run by the JavaScript worker through the same protocol,
+parity against the float64 reference, a defect in a JS model file caught, hangs and a killed manager handled."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import NEED_EXTRAS_ENV, REPO_DIR, run_args, run_cli
+from fwbench.frameworks.tfjs import external
+from fwbench.store.db import Store
+
+TFJS = ("tfjs:wasm", "tfjs:cpu")
+
+
+@pytest.fixture(autouse=True)
+def node_installed() -> None:
+    """Skip without Node.js and the packages, unless make test installed them (then their absence fails)."""
+    missing = external.missing()
+    if missing and os.environ.get(NEED_EXTRAS_ENV) == "all":
+        pytest.fail(f"the tfjs runtimes cannot run, but ${NEED_EXTRAS_ENV}=all: {missing}")
+    if missing:
+        pytest.skip(missing)
+
+
+def stored(db: Path) -> dict[tuple[str, str], tuple[str, str | None]]:
+    """(model, runtime) → (status, reason) of every stored cell."""
+    with Store.open(db) as store:
+        return {(row.model, row.runtime): (row.status, row.reason) for row in store.results()}
+
+
+def faulty_models(folder: Path, arch: str, old: str, new: str) -> dict[str, str]:
+    """The environment of a run whose tfjs model files come from ``folder``: this package's, with ``old`` replaced
+    by ``new`` in ``<arch>.mjs`` (which must contain it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in external.PACKAGE_DIR.glob("*.mjs"):
+        shutil.copy(source, folder / source.name)
+    path = folder / f"{arch}.mjs"
+    text = path.read_text()
+    assert old in text, f"{arch}.mjs no longer contains {old!r}"
+    path.write_text(text.replace(old, new))
+    return {**os.environ, external.MODELS_ENV: str(folder)}
+
+
+def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) -> None:
+    args = run_args(
+        *("--models", "mlp,bert-tiny,resnet-tiny", "--runtimes", "torch:eager," + ",".join(TFJS)),
+        *("--batch-sizes", "2", "--seq-lens", "8"),
+        db=db_path,
+        max_time=0.3,
+    )
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = run_cli(*args, env={**os.environ, "TMPDIR": str(scratch)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(scratch.glob("fwbench-worker-*")) == []  # each JavaScript worker removed the folder it read
+    cells = stored(db_path)
+    assert len(cells) == 9
+    assert all(status == "ok" for status, _ in cells.values()), cells
+    with Store.open(db_path) as store:
+        for row in store.results():
+            if not row.runtime.startswith("tfjs:"):
+                continue
+            details = row.details
+            assert details["parity"]["ok"] is True and details["parity"]["reference"] == "numpy-float64"
+            assert details["parity"]["tolerance_rel_l2"] == 1e-4
+            assert details["versions"]["tfjs-core"] == "4.22.0"
+            assert details["threads_effective"]["intra_op"] == 1
+            assert details["tfjs_tensors"]["before_timing"] == details["tfjs_tensors"]["after_timing"]
+            assert row.median_s is not None and row.median_s > 0
+            assert row.peak_memory_bytes is not None and row.peak_memory_bytes > 0
+            assert set(details["stage_seconds"]) >= {"start", "import", "build", "first_call", "warmup", "timing"}
+
+
+def test_verify_covers_tfjs_and_a_defect_in_a_js_model_file_is_a_mismatch(tmp_path: Path, db_path: Path) -> None:
+    clean = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager," + ",".join(TFJS))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert clean.stdout.count(" ok ") >= 6  # two outputs × three runtimes
+
+    env = faulty_models(tmp_path / "models", "bert", "Math.sqrt(d)), keyBias", "Math.sqrt(d) * 2), keyBias")
+    faulty = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager,tfjs:wasm", env=env)
+    assert faulty.returncode == 1, faulty.stdout + faulty.stderr
+    assert "mismatch" in faulty.stdout
+
+    args = run_args("--models", "bert-tiny", "--runtimes", "tfjs:cpu", "--seq-lens", "8", db=db_path, max_time=0.2)
+    assert run_cli(*args, env=env).returncode == 0
+    ((status, reason),) = stored(db_path).values()
+    assert status == "mismatch"
+    assert reason is not None and "outputs differ from the reference" in reason and "no checkpoints" in reason
+
+
+def node_workers(marker: str) -> list[int]:
+    """Pids of the JavaScript workers whose environment holds ``marker``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if b"worker.mjs" in cmdline and marker.encode() in environ:
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_a_hanging_tfjs_worker_is_a_timeout_and_leaves_no_process(tmp_path: Path, db_path: Path) -> None:
+    marker = f"{os.getpid()}-{time.time_ns()}"
+    env = faulty_models(tmp_path / "models", "mlp", "const last =", "for (;;);\n  const last =")
+    env["FWBENCH_TEST_MARKER"] = marker
+    args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", "8", db=db_path, max_time=0.2)
+    result = run_cli(*args, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ((status, reason),) = stored(db_path).values()
+    assert status == "timeout" and reason is not None and "during build" in reason
+    assert node_workers(marker) == []
+
+
+def test_kill_9_of_the_manager_leaves_no_node_process(tmp_path: Path, db_path: Path) -> None:
+    marker = f"{os.getpid()}-{time.time_ns()}"
+    env = faulty_models(tmp_path / "models", "mlp", "const last =", "for (;;);\n  const last =")
+    env["FWBENCH_TEST_MARKER"] = marker
+    args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", "300", db=db_path, max_time=0.2)
+    manager = subprocess.Popen(
+        [sys.executable, "-m", "fwbench", *args],
+        env=env,
+        cwd=REPO_DIR,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not node_workers(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert node_workers(marker), "no node worker started in time"
+    finally:
+        manager.send_signal(signal.SIGKILL)
+        manager.wait()
+    deadline = time.monotonic() + 10
+    while node_workers(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    leftover = node_workers(marker)
+    for pid in leftover:  # never leave one behind, also when the assertion fails
+        os.kill(pid, signal.SIGKILL)
+    assert leftover == [], "a node worker outlived its manager"
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_without_node_list_says_so_and_a_run_skips_tfjs(db_path: Path) -> None:
+    env = {**os.environ, external.NODE_ENV: "/nonexistent/node"}
+    listing = run_cli("list", env=env)
+    assert listing.returncode == 0
+    assert "Node.js is not installed" in listing.stdout
+    args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", db=db_path, max_time=0.2)
+    result = run_cli(*args, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ((status, reason),) = stored(db_path).values()
+    assert status == "skipped" and reason is not None and "Node.js is not installed" in reason
+
+
+def test_tfjs_cells_outside_interleaved_rounds_are_refused_with_the_reason(db_path: Path) -> None:
+    args = run_args("--models", "mlp", "--runtimes", "tfjs:cpu", "--interleave", "off", db=db_path, max_time=0.2)
+    assert run_cli(*args).returncode == 0
+    ((status, reason),) = stored(db_path).values()
+    assert status == "error" and reason is not None and "interleaved rounds only" in reason
+
+
+def test_a_model_without_a_js_file_is_skipped_with_the_reason() -> None:
+    from fwbench.frameworks import get_runtime, missing_implementation
+
+    assert missing_implementation(get_runtime("tfjs:wasm"), "gpt2") == "no tfjs implementation of gpt2 yet"
+    assert missing_implementation(get_runtime("tfjs:wasm"), "bert") is None
