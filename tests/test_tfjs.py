@@ -3,6 +3,7 @@ parity against the float64 reference, a defect in a JS model file caught, hangs 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import pytest
 
 from conftest import NEED_EXTRAS_ENV, REPO_DIR, run_args, run_cli
 from fwbench.frameworks.tfjs import external
+from fwbench.models import get_model
 from fwbench.store.db import Store
 
 TFJS = ("tfjs:wasm", "tfjs:cpu")
@@ -80,12 +82,15 @@ def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) ->
             assert set(details["stage_seconds"]) >= {"start", "import", "build", "first_call", "warmup", "timing"}
 
 
+ATTENTION_DEFECT = ("Math.sqrt(d)), keyBias", "Math.sqrt(d) * 2), keyBias")  # bert.mjs: scores scaled by 1/(2√d)
+
+
 def test_verify_covers_tfjs_and_a_defect_in_a_js_model_file_is_a_mismatch(tmp_path: Path, db_path: Path) -> None:
     clean = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager," + ",".join(TFJS))
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert clean.stdout.count(" ok ") >= 6  # two outputs × three runtimes
 
-    env = faulty_models(tmp_path / "models", "bert", "Math.sqrt(d)), keyBias", "Math.sqrt(d) * 2), keyBias")
+    env = faulty_models(tmp_path / "models", "bert", *ATTENTION_DEFECT)
     faulty = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager,tfjs:wasm", env=env)
     assert faulty.returncode == 1, faulty.stdout + faulty.stderr
     assert "mismatch" in faulty.stdout
@@ -93,8 +98,32 @@ def test_verify_covers_tfjs_and_a_defect_in_a_js_model_file_is_a_mismatch(tmp_pa
     args = run_args("--models", "bert-tiny", "--runtimes", "tfjs:cpu", "--seq-lens", "8", db=db_path, max_time=0.2)
     assert run_cli(*args, env=env).returncode == 0
     ((status, reason),) = stored(db_path).values()
-    assert status == "mismatch"
-    assert reason is not None and "outputs differ from the reference" in reason and "no checkpoints" in reason
+    assert status == "mismatch" and reason is not None and "outputs differ from the reference" in reason
+    assert "first divergence: encoder.layer.0.attention.output" in reason  # located by Python's check, in the cell
+
+
+def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(tmp_path: Path) -> None:
+    env = faulty_models(tmp_path / "models", "bert", *ATTENTION_DEFECT)
+    result = run_cli("diff", "bert-tiny", "--runtimes", ",".join(TFJS), "--format", "json", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    for runtime in json.loads(result.stdout)["runtimes"]:
+        assert runtime["status"] == "ok", runtime
+        first = runtime["first_divergence"]
+        assert first is not None and first["name"] == "encoder.layer.0.attention.output", first
+        assert first["rel_l2"] > 3 * first["limit"]
+        before = runtime["layers"][: [layer["name"] for layer in runtime["layers"]].index(first["name"])]
+        assert all(layer["rel_l2"] <= 0.1 * layer["limit"] for layer in before), before
+
+
+@pytest.mark.parametrize("model", ["mlp", "bert-tiny", "resnet-tiny"])
+def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(model: str) -> None:
+    result = run_cli("diff", model, "--runtimes", "torch:eager," + ",".join(TFJS), "--format", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    diff = json.loads(result.stdout)
+    for runtime in diff["runtimes"]:
+        assert runtime["status"] == "ok" and runtime["first_divergence"] is None, runtime
+        checkpoints = [layer["name"] for layer in runtime["layers"] if layer["kind"] == "checkpoint"]
+        assert checkpoints == list(get_model(model).checkpoint_names()), runtime["runtime"]  # ResNet's: NCHW
 
 
 def node_workers(marker: str) -> list[int]:

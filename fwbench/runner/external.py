@@ -7,19 +7,26 @@ restarts with the new program: the preparation's numpy arrays are not counted), 
 and parent-death signal, the result pipe (``--result-fd``) and stdin (the job line was read before: an interleaved
 job's commands come only after the worker's ``ready``). The worker speaks the protocol of
 :mod:`fwbench.runner.messages`; docs/architecture.md says what it must do.
+
+Its parity check stays Python's: the worker writes its outputs (and checkpoints) at the parity shape to a
+safetensors file and runs ``python -m fwbench.runner.external compare FOLDER FILE`` (:func:`compare`), which prints
+the check and, for a mismatch, its reason with the first diverging checkpoint, as one JSON line.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from fwbench.runner.divergence import finite
 from fwbench.runner.messages import Job
 from fwbench.runner.tempfolders import WORKER_PREFIX
 
@@ -40,3 +47,63 @@ def hand_over(job: Job, external: str, result_fd: int, cpus: Sequence[int], mana
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def compare(folder: Path, got: Path) -> dict[str, Any]:
+    """The parity check of a worker in another language: the outputs in ``got`` (safetensors, by name; checkpoints
+    as ``checkpoint/<name>``) against the float64 reference its folder holds (``cell.json``'s ``parity`` file:
+    ``input/<name>``, ``reference/<name>``). Returns ``parity`` (fwbench.runner.cell.parity's record, with the
+    shape, and ``divergence`` when it fails) and ``reason`` (the mismatch's line, None when it passes)."""
+    from safetensors.numpy import load_file
+
+    from fwbench.models import get_model
+    from fwbench.models.weights_io import load_weights
+    from fwbench.runner.cell import parity
+    from fwbench.runner.divergence import CHECKPOINT_KEY
+    from fwbench.runner.phases.inference import divergence_note, located, mismatch_reason
+
+    cell = json.loads((folder / "cell.json").read_text())
+    description = get_model(cell["model"]["name"])
+    dtype = cell["job"]["case"]["dtype"]
+    stored = load_file(cell["parity"])
+    arrays = {name.removeprefix("input/"): value for name, value in stored.items() if name.startswith("input/")}
+    reference = {name.removeprefix("reference/"): v for name, v in stored.items() if name.startswith("reference/")}
+    written = load_file(str(got))
+    outputs = {name: value for name, value in written.items() if not name.startswith(CHECKPOINT_KEY)}
+    captured = {name.removeprefix(CHECKPOINT_KEY): v for name, v in written.items() if name.startswith(CHECKPOINT_KEY)}
+    check = parity(outputs, reference, dtype, description.name)
+    check["shape"] = cell["parity_shape"]
+    if check["ok"]:
+        return {"parity": check, "reason": None}
+    if captured:
+        weights = load_weights(description, Path(cell["weights"]))
+        check["divergence"] = located(description, dtype, weights, arrays, (outputs, reference), captured)
+    else:
+        check["divergence"] = {"unavailable": f"{description.name} has no checkpoints: its outputs are compared"}
+    return {"parity": check, "reason": mismatch_reason(check) + divergence_note(check["divergence"])}
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as None: JSON that any language parses (no Infinity, no NaN)."""
+    if isinstance(value, float):
+        return finite(value)
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fwbench: services for workers in other languages")
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("compare", help="print the parity check of a worker's outputs as one JSON line")
+    check.add_argument("folder", type=Path, help="the worker's prepared folder (cell.json)")
+    check.add_argument("got", type=Path, help="the worker's outputs at the parity shape (safetensors)")
+    args = parser.parse_args(argv)
+    print(json.dumps(json_safe(compare(args.folder, args.got))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

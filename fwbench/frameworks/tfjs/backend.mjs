@@ -60,14 +60,19 @@ export function makeInputs(tf, arrays, prefix = '') {
   return inputs;
 }
 
-/** One forward on `inputs`, its outputs as {name: {shape, data: Float32Array}} (read back, then freed). */
-export function outputsOf(tf, forward, inputs) {
-  const outputs = tf.tidy(() => forward(inputs));
+/** One forward on `inputs`, read back as {name: {shape, data}}: its outputs, and with `checkpoints` also every
+ * checkpoint the model records as `checkpoint/<name>`, from the same call (TF.js runs eagerly: the taps only keep
+ * tensors the forward computes anyway, so these outputs are the timed program's). Every tensor is freed. */
+export function arraysOf(tf, forward, inputs, checkpoints = false) {
+  const tensors = tf.tidy(() => {
+    const taps = checkpoints ? {} : null;
+    const named = { ...forward(inputs, taps) };
+    for (const [name, tensor] of Object.entries(taps ?? {})) named[`checkpoint/${name}`] = tensor;
+    return named;
+  });
   const arrays = {};
-  for (const [name, tensor] of Object.entries(outputs)) {
-    arrays[name] = { shape: tensor.shape, data: tensor.dataSync() };
-    tensor.dispose();
-  }
+  for (const [name, tensor] of Object.entries(tensors)) arrays[name] = { shape: tensor.shape, data: tensor.dataSync() };
+  tf.dispose(Object.values(tensors));
   return arrays;
 }
 

@@ -1,7 +1,10 @@
+import { tap } from './checkpoints.mjs';
+
 // The BERT family in TF.js ops: post-LN encoder, exact (erf) GELU, learned absolute positions, an optional pooler.
 // Inputs input_ids, attention_mask (and token_type_ids), (batch, seq) int32 → {last_hidden_state (batch, seq,
 // hidden), pooler_output (batch, hidden)}. Weights by the canonical names the structure lists per role (Hugging
 // Face's); linear weights are (out, in), their kernels here (in, out), transposed once when the model is built.
+// `taps`: embeddings, per layer its attention, ffn and layer checkpoints (structure.checkpoints), pooler.
 
 const SQRT_HALF = Math.SQRT1_2;
 const MASKED = -1e9; // added to the scores of padded keys: exp underflows to exactly 0 in float32
@@ -63,22 +66,23 @@ export function buildModel(tf, structure, weights) {
   weights.checkAllUsed();
   const eps = config.layer_norm_eps;
 
-  return ({ input_ids: ids, attention_mask: mask, token_type_ids: types }) => {
+  return ({ input_ids: ids, attention_mask: mask, token_type_ids: types }, taps = null) => {
     const [b, s] = ids.shape;
     let x = tf.add(tf.gather(word, ids), tf.gather(position, tf.range(0, s, 1, 'int32')));
     if (tokenType !== null) x = tf.add(x, tf.gather(tokenType, types));
-    x = layerNorm(tf, x, embeddingsNorm, eps);
+    x = tap(taps, 'embeddings', layerNorm(tf, x, embeddingsNorm, eps));
     const keyBias = tf.reshape(tf.mul(tf.sub(1, tf.cast(mask, 'float32')), MASKED), [b, 1, 1, s]);
-    for (const layer of layers) {
+    layers.forEach((layer, i) => {
+      const [attentionName, ffnName, layerName] = structure.checkpoints[i];
       const context = attention(tf, dense(tf, x, layer.query), dense(tf, x, layer.key), dense(tf, x, layer.value), config.heads, keyBias);
-      x = layerNorm(tf, tf.add(x, dense(tf, context, layer.attentionOut)), layer.attentionNorm, eps);
-      const ffn = dense(tf, geluErf(tf, dense(tf, x, layer.ffnIn)), layer.ffnOut);
-      x = layerNorm(tf, tf.add(x, ffn), layer.ffnNorm, eps);
-    }
+      x = tap(taps, attentionName, layerNorm(tf, tf.add(x, dense(tf, context, layer.attentionOut)), layer.attentionNorm, eps));
+      const ffn = tap(taps, ffnName, dense(tf, geluErf(tf, dense(tf, x, layer.ffnIn)), layer.ffnOut));
+      x = tap(taps, layerName, layerNorm(tf, tf.add(x, ffn), layer.ffnNorm, eps));
+    });
     const outputs = { last_hidden_state: x };
     if (pooler !== null) {
       const first = tf.reshape(tf.slice(x, [0, 0, 0], [b, 1, config.hidden]), [b, config.hidden]);
-      outputs.pooler_output = tf.tanh(dense(tf, first, pooler));
+      outputs.pooler_output = tap(taps, 'pooler', tf.tanh(dense(tf, first, pooler)));
     }
     return outputs;
   };

@@ -2,7 +2,7 @@
 what it reads (:func:`prepare`), written by the cell's Python worker before that process becomes ``node
 worker.mjs`` (fwbench.runner.external). Numpy and safetensors only: no framework is imported.
 
-What :func:`prepare` writes into the cell's folder (removed by the JavaScript worker once it has read it):
+What :func:`prepare` writes into the cell's folder (removed by the JavaScript worker when it ends):
 
 - ``cell.json``: the job as the manager sent it (``job``), the model's name, architecture and structure (``model``:
   what its ``<arch>.mjs`` builds from), its input and output names, the parity tolerance and shape, and the paths
@@ -11,7 +11,8 @@ What :func:`prepare` writes into the cell's folder (removed by the JavaScript wo
   canonical names and layouts (torch's: linear weights (out, in), convolutions (out, in, kh, kw));
 - ``inputs.safetensors``: the inputs at the cell's shape (int32 token ids, float32 pixels, channels first);
 - ``parity.safetensors``: the inputs at the model's parity shape (``input/<name>``) and the float64 reference
-  outputs on them (``reference/<name>``).
+  outputs on them (``reference/<name>``), which ``python -m fwbench.runner.external compare`` checks the worker's
+  outputs and checkpoints against.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -103,8 +105,10 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
         }
         globals_ = ["word_embeddings", "position_embeddings", "embeddings_norm"]
         globals_ += ["token_type_embeddings", "pooler"] if description.has_token_types else []
+        kinds = ("attention", "ffn", "layer")
         return {
             "config": dataclasses.asdict(config),
+            "checkpoints": [[description.checkpoint(kind, i) for kind in kinds] for i in range(config.layers)],
             "token_types": description.has_token_types,
             "pooler": description.has_pooler,
             "layers": names,
@@ -165,6 +169,7 @@ def prepare(job: Job, folder: Path) -> list[str]:
         "parity_shape": list(description.parity_shape()),
         "tolerance_rel_l2": parity_tolerance(description.name, case.dtype),
         "folder": str(folder),
+        "python": sys.executable,  # the parity check: python -m fwbench.runner.external compare
         "prepare_s": time.perf_counter() - started,
     }
     (folder / "cell.json").write_text(json.dumps(cell))

@@ -7,16 +7,16 @@
 // enters and exactly one result as JSON lines on --result-fd; an interleaved job's commands arrive on stdin, one JSON
 // line each (calibrate, block, finish). Calls are timed with process.hrtime.bigint(); each call runs under tf.tidy,
 // so no tensor outlives it; the first call is timed apart, then the warm-up, then the manager's blocks.
+import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import readline from 'node:readline';
 import { parseArgs } from 'node:util';
-import { buildModel, loadTf, makeInputs, makeStep, outputsOf, threadReport, versions } from './backend.mjs';
+import { arraysOf, buildModel, loadTf, makeInputs, makeStep, threadReport, versions } from './backend.mjs';
 import { readSafetensors, writeSafetensors } from './weights.mjs';
 
 const HF2019_NUMBER = 3; // fwbench.measure.timer: calls per block of the 2019 protocol
 const SETTLE_RATIO = 1.5; // fwbench.measure.timer.warm_up: a call this close to the fastest counts as settled
 const MAX_SETTLE_CALLS = 50;
-const NO_CHECKPOINTS = 'the tfjs models have no checkpoints yet: their outputs are compared';
 
 const { values: args } = parseArgs({
   options: { 'result-fd': { type: 'string' }, 'manager-pid': { type: 'string' }, folder: { type: 'string' } },
@@ -100,41 +100,6 @@ function calibrateBlock(step, minBlock, budget) {
   }
 }
 
-// -- parity (fwbench.runner.cell.parity and tolerances.relative_errors) ------------------------------------------
-function relativeErrors(got, expected) {
-  if (got.shape.length !== expected.shape.length || got.shape.some((n, i) => n !== expected.shape[i])) return [Infinity, Infinity];
-  let difference = 0;
-  let reference = 0;
-  let maxAbs = 0;
-  for (let i = 0; i < expected.data.length; i++) {
-    const d = got.data[i] - expected.data[i];
-    difference += d * d;
-    reference += expected.data[i] * expected.data[i];
-    maxAbs = Math.max(maxAbs, Math.abs(d));
-  }
-  return [Math.sqrt(difference) / (Math.sqrt(reference) || 1), maxAbs];
-}
-
-function parity(outputs, reference, tolerance) {
-  const perOutput = {};
-  let ok = Object.keys(outputs).length === Object.keys(reference).length;
-  for (const [name, expected] of Object.entries(reference)) {
-    if (!(name in outputs)) {
-      ok = false;
-      continue;
-    }
-    const [relL2, maxAbs] = relativeErrors(outputs[name], expected);
-    perOutput[name] = { rel_l2: relL2, max_abs: maxAbs };
-    ok = ok && relL2 <= tolerance;
-  }
-  return { ok, reference: 'numpy-float64', tolerance_rel_l2: tolerance, outputs: perOutput };
-}
-
-function mismatchReason(check) {
-  const [worst, errors] = Object.entries(check.outputs).reduce((a, b) => (b[1].rel_l2 > a[1].rel_l2 ? b : a), ['?', { rel_l2: NaN }]);
-  return `outputs differ from the reference: ${worst} relative L2 error ${Number(errors.rel_l2).toPrecision(3)} > ${check.tolerance_rel_l2}`;
-}
-
 // -- the cell ----------------------------------------------------------------------------------------------------
 class Cell {
   constructor(prepared) {
@@ -174,7 +139,6 @@ class Cell {
     const forward = await buildModel(tf, prepared.model, prepared.weights);
     const inputs = makeInputs(tf, readSafetensors(prepared.inputs));
     const parityArrays = prepared.parity === null ? null : readSafetensors(prepared.parity);
-    fs.rmSync(prepared.folder, { recursive: true, force: true }); // everything it held is read
     this.result.layout = 'NHWC inside the model (channels-last convolutions)';
     if (prepared.model.arch !== 'resnet') delete this.result.layout;
 
@@ -249,27 +213,35 @@ class Cell {
     };
   }
 
-  /** After timing: the outputs at the parity shape against the float64 reference; a failure makes it mismatch. */
+  /** After timing: the outputs (and checkpoints) at the parity shape, checked against the float64 reference by
+   * Python (fwbench.runner.external compare: the tolerance, and where a mismatch starts); a failure makes it
+   * mismatch. */
   checkParity(tf, forward, arrays) {
     this.stage('parity');
-    const reference = {};
-    for (const [name, array] of Object.entries(arrays)) if (name.startsWith('reference/')) reference[name.slice(10)] = array;
+    const { folder, python } = this.prepared;
+    const got = `${folder}/parity-outputs.safetensors`;
     const inputs = makeInputs(tf, arrays, 'input/');
-    const check = parity(outputsOf(tf, forward, inputs), reference, this.prepared.tolerance_rel_l2);
-    check.shape = this.prepared.parity_shape;
-    this.result.parity = check;
+    writeSafetensors(got, arraysOf(tf, forward, inputs, true));
+    tf.dispose(Object.values(inputs));
+    const check = spawnSync(python, ['-m', 'fwbench.runner.external', 'compare', folder, got], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    if (check.status !== 0) throw new Error(`the parity check (${python} -m fwbench.runner.external compare) ended with status ${check.status ?? check.signal}`);
+    const { parity, reason } = JSON.parse(check.stdout.trim().split('\n').at(-1));
+    this.result.parity = parity;
     this.result.precision = { policy: this.job.case.dtype, observable: false };
-    if (!check.ok) {
-      check.divergence = { unavailable: NO_CHECKPOINTS };
-      Object.assign(this.result, { status: 'mismatch', reason: `${mismatchReason(check)}; no checkpoints to locate it: ${NO_CHECKPOINTS}`, samples_s: [] });
-    }
+    if (reason !== null) Object.assign(this.result, { status: 'mismatch', reason, samples_s: [] });
   }
 
-  /** fwbench verify / diff: one call at the cell's shape, its outputs written to the job's verify_output. */
+  /** fwbench verify / diff: one call at the cell's shape, its outputs written to the job's verify_output; with the
+   * job's checkpoints (fwbench diff) also each checkpoint (checkpoint/<name>) and that call's outputs (tapped/<name>:
+   * the same call). */
   verify(tf, forward, inputs) {
     this.stage('first_call');
-    writeSafetensors(this.job.verify_output, outputsOf(tf, forward, inputs));
-    if (this.job.checkpoints) this.result.checkpoints_unavailable = NO_CHECKPOINTS;
+    const arrays = arraysOf(tf, forward, inputs, this.job.checkpoints);
+    for (const name of this.prepared.model.outputs) if (this.job.checkpoints) arrays[`tapped/${name}`] = arrays[name];
+    writeSafetensors(this.job.verify_output, arrays);
     this.result.status = 'ok';
     this.result.precision = { policy: this.job.case.dtype, observable: false };
     this.stage('done');
@@ -299,8 +271,9 @@ let result;
 try {
   result = await cell.run();
 } catch (error) {
-  fs.rmSync(prepared.folder, { recursive: true, force: true });
   result = cell.failure(error);
+} finally {
+  fs.rmSync(prepared.folder, { recursive: true, force: true }); // what the Python worker prepared, read
 }
 result.cpus = cpuList(allowedCpus());
 result.thread_cpu_lists = threadCpuLists();

@@ -42,6 +42,29 @@ def divergence_note(divergence: dict[str, Any]) -> str:
     return f"; first divergence: {first['name']}, rel. error {error} > its share {first['limit']:.2g}"
 
 
+def located(
+    description: ModelDescription,
+    dtype: str,
+    weights: dict[str, np.ndarray],
+    arrays: dict[str, np.ndarray],
+    compared: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
+    captured: dict[str, np.ndarray],
+) -> dict[str, Any]:
+    """Where outputs that fail parity start to differ: ``compared`` = (a runtime's outputs on ``arrays``, the
+    float64 reference's), ``captured`` the runtime's checkpoints in the same call; the record of
+    :meth:`Inference.divergence` (``layers``, ``first``)."""
+    outputs, reference_outputs = compared
+    errors = layer_errors(
+        outputs,
+        captured,
+        reference_outputs,
+        description.reference_checkpoints(weights, arrays) or {},
+        parity_tolerance(description.name, dtype),
+    )
+    first = first_divergence(errors)
+    return {"layers": [e.to_dict() for e in errors], "first": None if first is None else first.to_dict()}
+
+
 class Inference(Phase):
     """build → compile → first call → warm-up → timed samples → parity."""
 
@@ -103,16 +126,7 @@ class Inference(Phase):
             return {"unavailable": str(exc)}
         except Exception as exc:  # noqa: BLE001 (recorded: the diagnostic failed, the mismatch stands)
             return {"unavailable": f"capturing the checkpoints failed: {type(exc).__name__}: {exc}"}
-        outputs, reference_outputs = compared
-        errors = layer_errors(
-            outputs,
-            captured,
-            reference_outputs,
-            description.reference_checkpoints(cell.weights(description), arrays) or {},
-            parity_tolerance(description.name, cell.job.case.dtype),
-        )
-        first = first_divergence(errors)
-        return {"layers": [e.to_dict() for e in errors], "first": None if first is None else first.to_dict()}
+        return located(description, cell.job.case.dtype, cell.weights(description), arrays, compared, captured)
 
     @staticmethod
     def capture(
