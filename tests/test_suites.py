@@ -35,6 +35,7 @@ def test_builtin_suites_all_load_and_plan() -> None:
         "runtimes",
         "serving",
         "serving-full",
+        "tfjs",
         "training",
     ]
     for name in builtin_suites():

@@ -80,6 +80,8 @@ def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) ->
             assert row.median_s is not None and row.median_s > 0
             assert row.peak_memory_bytes is not None and row.peak_memory_bytes > 0
             assert set(details["stage_seconds"]) >= {"start", "import", "build", "first_call", "warmup", "timing"}
+            if row.model == "resnet-tiny":  # channels last, as TensorFlow's model
+                assert details["layout"].startswith("NHWC")
 
 
 ATTENTION_DEFECT = ("Math.sqrt(d)), keyBias", "Math.sqrt(d) * 2), keyBias")  # bert.mjs: scores scaled by 1/(2√d)
@@ -208,3 +210,15 @@ def test_a_model_without_a_js_file_is_skipped_with_the_reason() -> None:
 
     assert missing_implementation(get_runtime("tfjs:wasm"), "gpt2") == "no tfjs implementation of gpt2 yet"
     assert missing_implementation(get_runtime("tfjs:wasm"), "bert") is None
+
+
+def test_the_estimate_counts_tfjs_on_one_thread_at_its_share_of_the_nominal_throughput() -> None:
+    from fwbench.frameworks import get_runtime
+    from fwbench.runner.estimate import PER_CALL_OVERHEAD_S, call_s
+    from fwbench.spec import Settings
+
+    settings = Settings(threads=2)
+    native = call_s(10**10, settings, "torch:eager") - PER_CALL_OVERHEAD_S
+    for name in TFJS:
+        share = get_runtime(name).throughput_share
+        assert call_s(10**10, settings, name) - PER_CALL_OVERHEAD_S == pytest.approx(native * 2 / share)

@@ -52,6 +52,10 @@ class RuntimeInfo:
     native: bool = False  # its framework's own, plainest fast runtime (one per framework)
     extras: tuple[str, ...] = ()  # the fwbench pip extras that install ``requires``; empty: (framework,)
     startup_s: float = 2.0  # seconds to start a worker and import the framework (2-core AMD EPYC, warm cache)
+    # The estimate's call time (fwbench.runner.estimate): the share of the nominal FLOP/s per thread the runtime
+    # reaches, and the threads it computes on whatever --threads is (None: all of them).
+    throughput_share: float = 1.0
+    threads_used: int | None = None
     compile_s: float = 0.0  # seconds the mode compiles a small model before or in its first call
     package: str = ""
     # What ``fwbench export`` writes for it (a deployment artefact, in words; its path must end in
@@ -594,6 +598,8 @@ register_runtime(
         external="fwbench.frameworks.tfjs.external",
         extras=(),
         startup_s=1.5,
+        throughput_share=0.15,  # 4-7 GFLOP/s on bert-tiny and resnet-tiny (2-core Xeon, docs/runtimes.md)
+        threads_used=1,
     )
 )
 register_runtime(
@@ -607,6 +613,8 @@ register_runtime(
         external="fwbench.frameworks.tfjs.external",
         extras=(),
         startup_s=1.5,
+        throughput_share=0.008,  # 0.2-0.4 GFLOP/s (2-core Xeon, docs/runtimes.md)
+        threads_used=1,
     )
 )
 

@@ -33,9 +33,13 @@ def startup_and_compile_s(runtime: str) -> tuple[float, float]:
     return (DEFAULT_STARTUP_S, DEFAULT_COMPILE_S) if info is None else (info.startup_s, info.compile_s)
 
 
-def call_s(flops: int | None, settings: Settings) -> float:
-    """Seconds of one call of ``flops`` FLOPs at the nominal throughput of ``settings.threads`` threads."""
-    return PER_CALL_OVERHEAD_S + (flops or 0) / (NOMINAL_FLOPS_PER_S_PER_THREAD * settings.threads)
+def call_s(flops: int | None, settings: Settings, runtime: str | None = None) -> float:
+    """Seconds of one call of ``flops`` FLOPs at the nominal throughput of ``settings.threads`` threads, or of the
+    threads ``runtime`` computes on, at the share of it the runtime reaches (its registry record)."""
+    info = None if runtime is None else runtimes().get(runtime)
+    threads = settings.threads if info is None or info.threads_used is None else info.threads_used
+    share = 1.0 if info is None else info.throughput_share
+    return PER_CALL_OVERHEAD_S + (flops or 0) / (NOMINAL_FLOPS_PER_S_PER_THREAD * share * threads)
 
 
 def timing_s(call: float, settings: Settings) -> float:

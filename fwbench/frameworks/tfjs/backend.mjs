@@ -46,11 +46,12 @@ export async function threadReport(tf, mode) {
   return { intra_op: 1, inter_op: 1, why: 'the plain JavaScript backend computes on the main thread' };
 }
 
-/** The model of `model` (cell.json's: its file, structure) built over the weights file at `weightsPath`. */
+/** The model of `model` (cell.json's: its file, structure) built over the weights file at `weightsPath`:
+ * {forward (inputs, taps) → outputs, layout (the file's LAYOUT, where it says one)}. */
 export async function buildModel(tf, model, weightsPath) {
-  const { buildModel: build } = await import(pathToFileURL(path.resolve(model.file)).href);
+  const file = await import(pathToFileURL(path.resolve(model.file)).href);
   const weights = new CanonicalTensors(tf, readSafetensors(weightsPath));
-  return build(tf, model.structure, weights);
+  return { forward: file.buildModel(tf, model.structure, weights), layout: file.LAYOUT };
 }
 
 /** {name: tf.Tensor} of the arrays in `arrays` whose names start with `prefix` (the prefix removed). */

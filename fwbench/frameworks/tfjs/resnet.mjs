@@ -7,6 +7,8 @@ import { tap } from './checkpoints.mjs';
 // the filters here are (kh, kw, in, out), transposed once when the model is built. `taps`: stem (after the max-pool),
 // every block by its prefix, avgpool, fc; image checkpoints channels first, as the canonical ones.
 
+export const LAYOUT = 'NHWC inside the call (NCHW input transposed as its first op)';
+
 /** One conv (structure: {name, bn, stride, padding}) and its batch norm, with their tensors taken. */
 function convBn(tf, weights, conv) {
   const bn = (suffix) => weights.take(`${conv.bn}.${suffix}`);

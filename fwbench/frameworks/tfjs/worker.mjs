@@ -107,7 +107,7 @@ class Cell {
     this.job = prepared.job;
     this.result = { stage_seconds: {} };
     this.stageName = 'start';
-    this.stageStarted = seconds() - process.uptime(); // the start stage: the Python worker and this process's start
+    this.stageStarted = seconds() - process.uptime(); // stage start: this process's start (the preparation: prepare_s)
     this.result.prepare_s = prepared.prepare_s;
     const stdin = readline.createInterface({ input: process.stdin, terminal: false });
     this.commands = stdin[Symbol.asyncIterator]();
@@ -136,15 +136,14 @@ class Cell {
     this.result.versions = versions(tf);
 
     this.stage('build');
-    const forward = await buildModel(tf, prepared.model, prepared.weights);
+    const { forward, layout } = await buildModel(tf, prepared.model, prepared.weights);
     const inputs = makeInputs(tf, readSafetensors(prepared.inputs));
     const parityArrays = prepared.parity === null ? null : readSafetensors(prepared.parity);
-    this.result.layout = 'NHWC inside the model (channels-last convolutions)';
-    if (prepared.model.arch !== 'resnet') delete this.result.layout;
+    if (layout !== undefined) this.result.layout = layout;
 
     if (job.verify_output !== null) return this.verify(tf, forward, inputs);
     if (!job.interleaved) {
-      throw new Error('tfjs cells are timed in interleaved rounds only (the stopping rule of --no-interleave is scipy\'s, in Python)');
+      throw new Error("tfjs cells are timed in interleaved rounds only (--interleave off stops on scipy's rule, in Python)");
     }
     const step = makeStep(tf, forward, inputs);
     this.stage('first_call');

@@ -109,7 +109,7 @@ class Phase(ABC):
         """Seconds one cell may take, worker start-up to stored result, over its rounds (an order of magnitude):
         a fresh worker's start-up, build, compile (twice: once more at the parity shape) and warm-up per round, and
         the timing budget (shared by the rounds; interleaved, the pauses between workers' blocks add to it)."""
-        call = estimate.call_s(self.flops_per_call(get_model(case.model), case, settings), settings)
+        call = estimate.call_s(self.flops_per_call(get_model(case.model), case, settings), settings, case.runtime)
         timing = estimate.timing_s(call, settings)
         fixed = estimate.setup_s(case) + (1 + max(2, settings.warmup_calls)) * call
         if settings.interleave:

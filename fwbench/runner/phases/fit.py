@@ -149,7 +149,7 @@ class Fit(Phase):
         per-step cost), plus decoding every image each epoch (1 core) when the fit reads --input images."""
         samples = self.samples(settings) or settings.fit_samples
         decode_s = samples * estimate.IMAGE_S if settings.fit_source == "input" else 0.0
-        call = estimate.call_s(self.step_flops(get_model(case.model), case), settings)
+        call = estimate.call_s(self.step_flops(get_model(case.model), case), settings, case.runtime)
         steps = settings.epochs * (samples // case.global_batch)
         timing = steps * (call + estimate.FIT_STEP_OVERHEAD_S) + settings.epochs * decode_s
         return settings.rounds * (estimate.setup_s(case) + timing)
