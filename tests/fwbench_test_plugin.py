@@ -122,3 +122,12 @@ register_runtime(
     )
 )
 register_runtime(RuntimeInfo("missing:eager", __name__, ("fwbench_no_such_framework",), "never installed"))
+register_runtime(  # a worker in another language, here a plain Python script that speaks only the protocol
+    RuntimeInfo(
+        "fakeext:numpy",
+        "",
+        (),
+        "test-only external worker (tests/fake_external_worker.py)",
+        external="fwbench_fake_external",
+    )
+)

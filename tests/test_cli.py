@@ -34,7 +34,8 @@ RUN = ["run", "--models", "mlp", "--runtimes", "torch:eager"]
         (["--models", "mlp", "--runtimes", "torch:turbo"], "unknown runtime 'torch:turbo'; allowed:"),
         (
             ["--suite", "nightly"],
-            "unknown suite 'nightly'; allowed: bf16, bf16-training, data, deploy, distributed, hf2019, mlp, quick, runtimes, serving, serving-full, training",
+            "unknown suite 'nightly'; allowed: bf16, bf16-training, data, deploy, distributed, hf2019, mlp, quick, "
+            "runtimes, serving, serving-full, tfjs, training",
         ),
         ([*RUN[1:], "--batch-sizes", "0"], "--batch-sizes '0': every value must be a positive integer"),
         ([*RUN[1:], "--batch-sizes", "-3"], "--batch-sizes '-3'"),

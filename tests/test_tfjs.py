@@ -1,5 +1,6 @@
 """TensorFlow.js in Node.js (tfjs:wasm, tfjs:cpu): cells run by the JavaScript worker through the same protocol,
-parity against the float64 reference, a defect in a JS model file caught, hangs and a killed manager handled."""
+parity against the float64 reference, a defect in a JS model file caught and located, hangs and a killed manager
+handled; the hand-over to a worker in another language also without Node.js (fwbench_fake_external)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,12 +18,15 @@ import pytest
 from conftest import NEED_EXTRAS_ENV, REPO_DIR, run_args, run_cli
 from fwbench.frameworks.tfjs import external
 from fwbench.models import get_model
+from fwbench.runner.tempfolders import EXTERNAL_PREFIX, remove_stale
 from fwbench.store.db import Store
 
 TFJS = ("tfjs:wasm", "tfjs:cpu")
+ATTENTION_DEFECT = ("Math.sqrt(d)), keyBias", "Math.sqrt(d) * 2), keyBias")  # bert.mjs: scores scaled by 1/(2√d)
+HANG = ("const last =", "for (;;);\n  const last =")  # mlp.mjs: never finishes building
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def node_installed() -> None:
     """Skip without Node.js and the packages, unless make test installed them (then their absence fails)."""
     missing = external.missing()
@@ -33,10 +36,20 @@ def node_installed() -> None:
         pytest.skip(missing)
 
 
+needs_node = pytest.mark.usefixtures("node_installed")
+
+
 def stored(db: Path) -> dict[tuple[str, str], tuple[str, str | None]]:
     """(model, runtime) → (status, reason) of every stored cell."""
     with Store.open(db) as store:
         return {(row.model, row.runtime): (row.status, row.reason) for row in store.results()}
+
+
+def scratch_env(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[dict[str, str], Path]:
+    """``env`` (default: this process's) with a temporary folder of the test's own, and that folder."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    return {**(env or os.environ), "TMPDIR": str(scratch)}, scratch
 
 
 def faulty_models(folder: Path, arch: str, old: str, new: str) -> dict[str, str]:
@@ -52,6 +65,31 @@ def faulty_models(folder: Path, arch: str, old: str, new: str) -> dict[str, str]
     return {**os.environ, external.MODELS_ENV: str(folder)}
 
 
+def cmdline(pid: int) -> bytes:
+    """Process ``pid``'s command line (empty once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def external_workers(marker: str) -> list[int]:
+    """Pids of the processes whose environment holds ``FWBENCH_TEST_MARKER=marker`` (a run's workers, whatever
+    program they became, and what they started)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if f"FWBENCH_TEST_MARKER={marker}".encode() in environ.split(b"\0"):
+                pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+@needs_node
 def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) -> None:
     args = run_args(
         *("--models", "mlp,bert-tiny,resnet-tiny", "--runtimes", "torch:eager," + ",".join(TFJS)),
@@ -59,11 +97,10 @@ def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) ->
         db=db_path,
         max_time=0.3,
     )
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    result = run_cli(*args, env={**os.environ, "TMPDIR": str(scratch)})
+    env, scratch = scratch_env(tmp_path)
+    result = run_cli(*args, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert list(scratch.glob("fwbench-worker-*")) == []  # each JavaScript worker removed the folder it read
+    assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []  # each JavaScript worker removed the folder it read
     cells = stored(db_path)
     assert len(cells) == 9
     assert all(status == "ok" for status, _ in cells.values()), cells
@@ -84,26 +121,47 @@ def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) ->
                 assert details["layout"].startswith("NHWC")
 
 
-ATTENTION_DEFECT = ("Math.sqrt(d)), keyBias", "Math.sqrt(d) * 2), keyBias")  # bert.mjs: scores scaled by 1/(2√d)
+@pytest.mark.slow
+@needs_node
+def test_the_2019_protocol_times_tfjs_in_blocks_of_three(db_path: Path) -> None:
+    args = run_args("--models", "mlp", "--runtimes", "tfjs:cpu", "--protocol", "hf2019", db=db_path)
+    assert run_cli(*args).returncode == 0
+    with Store.open(db_path) as store:
+        (row,) = store.results()
+    assert row.status == "ok" and row.calls_per_sample == 3
 
 
-def test_verify_covers_tfjs_and_a_defect_in_a_js_model_file_is_a_mismatch(tmp_path: Path, db_path: Path) -> None:
+def verify_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
+    """``fwbench verify ARGS --format json``: its exit status and report."""
+    result = run_cli("verify", *args, "--format", "json", env=env)
+    return result.returncode, json.loads(result.stdout)
+
+
+@pytest.mark.slow
+@needs_node
+def test_verify_covers_tfjs_and_a_defect_in_a_js_model_file_is_a_located_mismatch(
+    tmp_path: Path, db_path: Path
+) -> None:
     clean = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager," + ",".join(TFJS))
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    assert clean.stdout.count(" ok ") >= 6  # two outputs × three runtimes
+    rows = [line for line in clean.stdout.splitlines() if "tfjs:" in line]
+    assert len(rows) == 4 and all(line.rstrip(" │").endswith("ok") for line in rows), rows  # 2 outputs × 2 runtimes
 
     env = faulty_models(tmp_path / "models", "bert", *ATTENTION_DEFECT)
     faulty = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager,tfjs:wasm", env=env)
     assert faulty.returncode == 1, faulty.stdout + faulty.stderr
     assert "mismatch" in faulty.stdout
+    assert "encoder.layer.0.attention.output" in faulty.stdout  # located by the worker, as a Python worker's
 
     args = run_args("--models", "bert-tiny", "--runtimes", "tfjs:cpu", "--seq-lens", "8", db=db_path, max_time=0.2)
     assert run_cli(*args, env=env).returncode == 0
     ((status, reason),) = stored(db_path).values()
     assert status == "mismatch" and reason is not None and "outputs differ from the reference" in reason
-    assert "first divergence: encoder.layer.0.attention.output" in reason  # located by Python's check, in the cell
+    assert "first divergence: encoder.layer.0.attention.output" in reason
 
 
+@pytest.mark.slow
+@needs_node
 def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(tmp_path: Path) -> None:
     env = faulty_models(tmp_path / "models", "bert", *ATTENTION_DEFECT)
     result = run_cli("diff", "bert-tiny", "--runtimes", ",".join(TFJS), "--format", "json", env=env)
@@ -117,6 +175,8 @@ def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(tmp_path: Path) -> 
         assert all(layer["rel_l2"] <= 0.1 * layer["limit"] for layer in before), before
 
 
+@pytest.mark.slow
+@needs_node
 @pytest.mark.parametrize("model", ["mlp", "bert-tiny", "resnet-tiny"])
 def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(model: str) -> None:
     result = run_cli("diff", model, "--runtimes", "torch:eager," + ",".join(TFJS), "--format", "json")
@@ -128,69 +188,64 @@ def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(
         assert checkpoints == list(get_model(model).checkpoint_names()), runtime["runtime"]  # ResNet's: NCHW
 
 
-def node_workers(marker: str) -> list[int]:
-    """Pids of the JavaScript workers whose environment holds ``marker``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-                environ = (proc / "environ").read_bytes()
-            except OSError:
-                continue
-            if b"worker.mjs" in cmdline and marker.encode() in environ:
-                pids.append(int(proc.name))
-    return pids
-
-
-def test_a_hanging_tfjs_worker_is_a_timeout_and_leaves_no_process(tmp_path: Path, db_path: Path) -> None:
+@pytest.mark.slow
+@needs_node
+def test_a_hanging_tfjs_worker_is_a_timeout_and_leaves_nothing(tmp_path: Path, db_path: Path) -> None:
     marker = f"{os.getpid()}-{time.time_ns()}"
-    env = faulty_models(tmp_path / "models", "mlp", "const last =", "for (;;);\n  const last =")
+    env, scratch = scratch_env(tmp_path, faulty_models(tmp_path / "models", "mlp", *HANG))
     env["FWBENCH_TEST_MARKER"] = marker
-    args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", "8", db=db_path, max_time=0.2)
+    args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", "30", db=db_path, max_time=0.2)
     result = run_cli(*args, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     ((status, reason),) = stored(db_path).values()
-    assert status == "timeout" and reason is not None and "during build" in reason
-    assert node_workers(marker) == []
+    assert status == "timeout" and reason is not None and "exceeded --timeout 30 s" in reason
+    assert external_workers(marker) == []
+    assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []  # the manager removed what the killed worker left
 
 
+@pytest.mark.slow
+@needs_node
 def test_kill_9_of_the_manager_leaves_no_node_process(tmp_path: Path, db_path: Path) -> None:
     marker = f"{os.getpid()}-{time.time_ns()}"
-    env = faulty_models(tmp_path / "models", "mlp", "const last =", "for (;;);\n  const last =")
+    env, scratch = scratch_env(tmp_path, faulty_models(tmp_path / "models", "mlp", *HANG))
     env["FWBENCH_TEST_MARKER"] = marker
     args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", "300", db=db_path, max_time=0.2)
     manager = subprocess.Popen(
-        [sys.executable, "-m", "fwbench", *args],
-        env=env,
-        cwd=REPO_DIR,
-        stdout=subprocess.DEVNULL,
+        [sys.executable, "-m", "fwbench", *args], env=env, cwd=REPO_DIR, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )
+    )  # fmt: skip
+
+    def node_workers() -> list[int]:
+        return [pid for pid in external_workers(marker) if b"worker.mjs" in cmdline(pid)]
+
     try:
         deadline = time.monotonic() + 120
-        while not node_workers(marker) and time.monotonic() < deadline:
+        while not node_workers() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert node_workers(marker), "no node worker started in time"
+        assert node_workers(), "no node worker started in time"
     finally:
         manager.send_signal(signal.SIGKILL)
         manager.wait()
     deadline = time.monotonic() + 10
-    while node_workers(marker) and time.monotonic() < deadline:
+    while external_workers(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    leftover = node_workers(marker)
+    leftover = external_workers(marker)
     for pid in leftover:  # never leave one behind, also when the assertion fails
         os.kill(pid, signal.SIGKILL)
-    assert leftover == [], "a node worker outlived its manager"
-    with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert leftover == [], "a worker outlived its manager"
+    # its folder is the next run's to remove (named after the dead worker's pid: fwbench.runner.tempfolders)
+    left = sorted(str(path) for path in scratch.glob(f"{EXTERNAL_PREFIX}*"))
+    assert sorted(path for path in remove_stale(str(scratch)) if EXTERNAL_PREFIX in path) == left
+    assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []
 
 
-def test_without_node_list_says_so_and_a_run_skips_tfjs(db_path: Path) -> None:
+def test_without_node_list_says_so_and_a_run_skips_tfjs(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(external.NODE_ENV, "/nonexistent/node")
+    expected = "Node.js is not installed ($FWBENCH_NODE=/nonexistent/node is not an executable): install Node.js 18.0.0"
+    assert (external.missing() or "").startswith(expected)
     env = {**os.environ, external.NODE_ENV: "/nonexistent/node"}
     listing = run_cli("list", env=env)
-    assert listing.returncode == 0
-    assert "Node.js is not installed" in listing.stdout
+    assert listing.returncode == 0 and "Node.js is not installed" in listing.stdout
     args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", db=db_path, max_time=0.2)
     result = run_cli(*args, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -200,12 +255,13 @@ def test_without_node_list_says_so_and_a_run_skips_tfjs(db_path: Path) -> None:
 
 def test_tfjs_cells_outside_interleaved_rounds_are_refused_with_the_reason(db_path: Path) -> None:
     args = run_args("--models", "mlp", "--runtimes", "tfjs:cpu", "--interleave", "off", db=db_path, max_time=0.2)
-    assert run_cli(*args).returncode == 0
-    ((status, reason),) = stored(db_path).values()
-    assert status == "error" and reason is not None and "interleaved rounds only" in reason
+    result = run_cli(*args)
+    assert result.returncode == 2  # asked for by name: bad input, one line, before anything runs
+    assert "tfjs:cpu is timed in interleaved rounds only" in result.stderr
+    assert not db_path.exists()
 
 
-def test_a_model_without_a_js_file_is_skipped_with_the_reason() -> None:
+def test_a_model_without_a_js_file_is_refused_with_the_reason() -> None:
     from fwbench.frameworks import get_runtime, missing_implementation
 
     assert missing_implementation(get_runtime("tfjs:wasm"), "gpt2") == "no tfjs implementation of gpt2 yet"
@@ -222,3 +278,25 @@ def test_the_estimate_counts_tfjs_on_one_thread_at_its_share_of_the_nominal_thro
     for name in TFJS:
         share = get_runtime(name).throughput_share
         assert call_s(10**10, settings, name) - PER_CALL_OVERHEAD_S == pytest.approx(native * 2 / share)
+
+
+# -- a worker in another language, without Node.js: tests/fake_external_worker.py --------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(("scale", "status"), [("1", "ok"), ("1.01", "mismatch")])
+def test_a_worker_in_another_language_runs_a_cell_through_the_protocol(
+    plugin_env: dict[str, str], tmp_path: Path, db_path: Path, scale: str, status: str
+) -> None:
+    env, scratch = scratch_env(tmp_path, {**plugin_env, "FAKE_EXTERNAL_SCALE": scale})
+    args = run_args("--models", "mlp", "--runtimes", "fakeext:numpy", db=db_path, rounds=2, max_time=0.4)
+    result = run_cli(*args, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    with Store.open(db_path) as store:
+        (row,) = store.results()
+    assert row.status == status, row.reason
+    assert row.details["parity"]["shape"] == [2, None]  # checked by python -m fwbench.runner.external compare
+    if status == "ok":
+        assert row.median_s is not None and row.median_s > 0 and row.calls_per_sample is not None
+    else:
+        assert row.reason is not None and row.reason.startswith("outputs differ from the reference: logits")
+        assert "no checkpoints to locate it" in row.reason  # the fake worker writes its outputs only
+    assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []

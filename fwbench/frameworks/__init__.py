@@ -596,7 +596,6 @@ register_runtime(
         "in TF.js ops, each call under tf.tidy",
         note=TFJS_NOTE,
         external="fwbench.frameworks.tfjs.external",
-        extras=(),
         startup_s=1.5,
         throughput_share=0.15,  # 4-7 GFLOP/s on bert-tiny and resnet-tiny (2-core Xeon, docs/runtimes.md)
         threads_used=1,
@@ -611,7 +610,6 @@ register_runtime(
         "native code)",
         note=TFJS_NOTE,
         external="fwbench.frameworks.tfjs.external",
-        extras=(),
         startup_s=1.5,
         throughput_share=0.008,  # 0.2-0.4 GFLOP/s (2-core Xeon, docs/runtimes.md)
         threads_used=1,

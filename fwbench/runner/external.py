@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -26,16 +27,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fwbench.runner.divergence import finite
+from fwbench.orphans import die_with_parent
 from fwbench.runner.messages import Job
-from fwbench.runner.tempfolders import WORKER_PREFIX
+from fwbench.runner.tempfolders import EXTERNAL_PREFIX
 
 
 def hand_over(job: Job, external: str, result_fd: int, cpus: Sequence[int], manager_pid: int) -> NoReturn:
     """Prepare ``job`` for the worker of module ``external`` and exec it on ``cpus`` with the protocol's arguments
     (``--result-fd``, ``--manager-pid``, ``--folder``: what it reads, its to remove). Raises (the folder removed)
     when preparing or starting fails: the Python worker reports that as the cell's error."""
-    folder = tempfile.mkdtemp(prefix=f"{WORKER_PREFIX}{os.getpid()}-")
+    folder = tempfile.mkdtemp(prefix=f"{EXTERNAL_PREFIX}{os.getpid()}-")
     try:
         command = importlib.import_module(external).prepare(job, Path(folder))
         os.sched_setaffinity(0, cpus)  # a worker started beside others: the new program starts on the cell's CPUs
@@ -52,15 +53,16 @@ def hand_over(job: Job, external: str, result_fd: int, cpus: Sequence[int], mana
 def compare(folder: Path, got: Path) -> dict[str, Any]:
     """The parity check of a worker in another language: the outputs in ``got`` (safetensors, by name; checkpoints
     as ``checkpoint/<name>``) against the float64 reference its folder holds (``cell.json``'s ``parity`` file:
-    ``input/<name>``, ``reference/<name>``). Returns ``parity`` (fwbench.runner.cell.parity's record, with the
-    shape, and ``divergence`` when it fails) and ``reason`` (the mismatch's line, None when it passes)."""
+    ``input/<name>``, ``reference/<name>``). Returns ``parity`` (fwbench.runner.cell.parity's record with the shape,
+    and ``divergence`` when it fails) and ``reason`` (the mismatch's line; None when it passes), as the Python
+    worker's check (fwbench.runner.phases.inference.verdict)."""
     from safetensors.numpy import load_file
 
     from fwbench.models import get_model
     from fwbench.models.weights_io import load_weights
     from fwbench.runner.cell import parity
     from fwbench.runner.divergence import CHECKPOINT_KEY
-    from fwbench.runner.phases.inference import divergence_note, located, mismatch_reason
+    from fwbench.runner.phases.inference import located, verdict
 
     cell = json.loads((folder / "cell.json").read_text())
     description = get_model(cell["model"]["name"])
@@ -73,20 +75,21 @@ def compare(folder: Path, got: Path) -> dict[str, Any]:
     captured = {name.removeprefix(CHECKPOINT_KEY): v for name, v in written.items() if name.startswith(CHECKPOINT_KEY)}
     check = parity(outputs, reference, dtype, description.name)
     check["shape"] = cell["parity_shape"]
-    if check["ok"]:
-        return {"parity": check, "reason": None}
-    if captured:
+
+    def locate() -> dict[str, Any]:
+        if not captured:
+            return {"unavailable": f"{description.name} has no checkpoints: its outputs are compared"}
         weights = load_weights(description, Path(cell["weights"]))
-        check["divergence"] = located(description, dtype, weights, arrays, (outputs, reference), captured)
-    else:
-        check["divergence"] = {"unavailable": f"{description.name} has no checkpoints: its outputs are compared"}
-    return {"parity": check, "reason": mismatch_reason(check) + divergence_note(check["divergence"])}
+        return located(description, dtype, weights, arrays, (outputs, reference), captured)
+
+    return {"parity": check, "reason": verdict(check, locate)}
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float as None: JSON that any language parses (no Infinity, no NaN)."""
-    if isinstance(value, float):
-        return finite(value)
+    """``value`` as JSON any language parses: a non-finite float as the string ``__fwbench_<Infinity|-Infinity|NaN>__``
+    (the worker turns it back into Python's JSON literal when it sends its result, so the stored value stays inf)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"__fwbench_{json.dumps(value)}__"
     if isinstance(value, dict):
         return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -99,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("compare", help="print the parity check of a worker's outputs as one JSON line")
     check.add_argument("folder", type=Path, help="the worker's prepared folder (cell.json)")
-    check.add_argument("got", type=Path, help="the worker's outputs at the parity shape (safetensors)")
+    check.add_argument("got", type=Path, help="the worker's outputs at the compared shape (safetensors)")
+    parent = os.getppid()
+    die_with_parent()  # no orphan when the worker is killed, and (below) no inherited end of its result pipe
+    if os.getppid() != parent:
+        return 3
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     args = parser.parse_args(argv)
     print(json.dumps(json_safe(compare(args.folder, args.got))))
     return 0

@@ -22,7 +22,7 @@ from fwbench.frameworks import runtimes as registered_runtimes
 from fwbench.measure import environment
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
-from fwbench.runner.phases import check_case, get_phase, phase_names
+from fwbench.runner.phases import Phase, check_case, get_phase, phase_names
 from fwbench.spec import (
     DTYPES,
     MAX_COUNT,
@@ -178,7 +178,11 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
         info = get_runtime(runtime)
         if info.unavailable:
             raise SpecError(f"runtime {runtime} is not available: {info.unavailable}")
-        unsupported = phase.runtime_refusal(info, dtype, settings) or phase.unsupported(model, info, settings)
+        unsupported = (
+            phase.runtime_refusal(info, dtype, settings)
+            or phase.unsupported(model, info, settings)
+            or schedule_refusal(info, phase, settings)
+        )
         lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
         if model.has_sequence and not lengths:
             raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
@@ -306,6 +310,15 @@ class PlanChoices:
     dtype: str | None = None
     device: str | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # Settings field name -> value, from flags
+
+
+def schedule_refusal(info: RuntimeInfo, phase: Phase, settings: Settings) -> str | None:
+    """Why ``info``'s cells cannot be timed as ``settings`` schedule them (None when they can): a worker in another
+    language (``RuntimeInfo.external``) times the manager's interleaved blocks only; the stopping rule of one cell
+    after another (``--interleave off``) is scipy's, in the Python worker."""
+    if info.external and not (settings.interleave and phase.interleaves(settings)):
+        return f"{info.name} is timed in interleaved rounds only (its worker is not Python: --interleave off has no stopping rule there)"
+    return None
 
 
 def resolve_plan(choices: PlanChoices) -> Plan:

@@ -25,6 +25,7 @@ from fwbench.measure.environment import cpus_one_per_core
 from fwbench.measure.memory import peak_rss_bytes
 from fwbench.measure.noise import process_cpu_seconds
 from fwbench.runner.messages import Job, thread_environment
+from fwbench.runner.tempfolders import remove_external_folders
 
 POLL_INTERVAL_S = 0.1  # the manager wakes rarely: it shares the worker's cores
 STDERR_TAIL_BYTES = 64 * 1024
@@ -290,6 +291,7 @@ class WorkerProcess:
             return
         self._closed = True
         self.kill()
+        remove_external_folders(self.proc.pid)  # a worker in another language killed before it removed its own
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()

@@ -14,8 +14,8 @@ from fwbench.measure.processes import running
 WEIGHTS_PREFIX = "fwbench-weights-"  # the run's seeded weights (fwbench.runner.manager.SeededWeights)
 EXPORTS_PREFIX = "fwbench-exports-"  # a group's exported artefacts (fwbench.runner.manager.export_cache)
 SERVING_PREFIX = "fwbench-serving-"  # a serving worker's query samples, answers and TorchServe's model store
-WORKER_PREFIX = "fwbench-worker-"  # what a worker in another language reads (fwbench.runner.external), by its pid
-PREFIXES = (WEIGHTS_PREFIX, EXPORTS_PREFIX, SERVING_PREFIX, WORKER_PREFIX)
+EXTERNAL_PREFIX = "fwbench-external-"  # what a worker in another language reads (fwbench.runner.external), by its pid
+PREFIXES = (WEIGHTS_PREFIX, EXPORTS_PREFIX, SERVING_PREFIX, EXTERNAL_PREFIX)
 
 
 def run_folder(prefix: str) -> tempfile.TemporaryDirectory[str]:
@@ -35,3 +35,10 @@ def remove_stale(folder: str | None = None) -> list[str]:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(str(path))
     return removed
+
+
+def remove_external_folders(pid: int) -> None:
+    """Remove what worker ``pid`` was prepared as a worker in another language and left (it was killed: a timeout, a
+    memory limit, a crash); nothing when there is none."""
+    for path in Path(tempfile.gettempdir()).glob(f"{EXTERNAL_PREFIX}{pid}-*"):
+        shutil.rmtree(path, ignore_errors=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,29 +127,25 @@ def worker_arrays(
     a training case takes ``train_steps`` steps."""
     procs = "" if case.procs is None else f"_p{case.procs}"
     out_path = scratch / f"{case.phase}_{case.runtime.replace(':', '_')}{procs}.npz"
+    external = bool(get_runtime(case.runtime).external)  # a worker in another language writes safetensors
+    written = out_path.with_suffix(".safetensors") if external else out_path
     outcome = run_worker(
         case,
         settings,
         check_parity=False,
-        verify_output=str(out_path),
+        verify_output=str(written),
         weights_path=str(weights_path) if weights_path else None,
         train_steps=train_steps,
         checkpoints=checkpoints,
     )
     if outcome.status != "ok":
         return WorkerArrays(outcome.status, outcome.reason, {}, outcome.details)
-    return WorkerArrays("ok", None, read_worker_arrays(out_path), outcome.details, out_path)
-
-
-def read_worker_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays a verify worker wrote to ``path``: an .npz (Python workers), or a safetensors file (a worker in
-    another language, fwbench.runner.external), which is rewritten as .npz so that ``--dump`` copies one format."""
-    if zipfile.is_zipfile(path):
-        with np.load(path) as data:
-            return {name: data[name] for name in data.files}
-    arrays: dict[str, Any] = load_file(str(path))
-    np.savez(path, **arrays)
-    return arrays
+    if external:  # kept as .npz like every runtime's, for --dump
+        arrays: dict[str, Any] = load_file(str(written))
+        np.savez(out_path, **arrays)
+        written.unlink()
+    with np.load(out_path) as data:
+        return WorkerArrays("ok", None, {name: data[name] for name in data.files}, outcome.details, out_path)
 
 
 def verify_model(

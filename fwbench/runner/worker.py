@@ -28,6 +28,19 @@ def die_with_manager(manager_pid: int) -> None:
         os._exit(3)
 
 
+def read_line(fd: int) -> str:
+    """One line from ``fd``, read a byte at a time: nothing after it is taken from the pipe, so what follows stays
+    there for ``sys.stdin`` (an interleaved job's commands) or for the program this process may become
+    (fwbench.runner.external)."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        data += byte
+    return data.decode()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fwbench worker: runs one cell (started by the manager).")
     parser.add_argument("--result-fd", type=int, required=True, help="file descriptor for JSON result lines")
@@ -52,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from fwbench.runner.phases import get_phase
 
     stats.load()  # the timer's stopping rule needs scipy.stats inside the timed window: imported here, untimed
-    job = Job.from_json(sys.stdin.readline())  # one line; an interleaved job's commands follow on stdin
+    job = Job.from_json(read_line(0))  # one line; an interleaved job's commands follow on stdin
     with os.fdopen(args.result_fd, "w") as channel:
         cell = Cell(job, channel, sys.stdin, pin_to=cpus if args.start_cpus else None)
         try:

@@ -1,10 +1,10 @@
 // The TF.js backend of a cell: the core with its plain JavaScript ('cpu') or WebAssembly ('wasm') backend, the
-// model built from its <arch>.mjs file, inputs as tensors, and the timed step.
+// model built from its <arch>.mjs file, and what is called on it (the timed step, outputs and checkpoints read back).
 import fs from 'node:fs';
 import path from 'node:path';
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
-import { CanonicalTensors, readSafetensors, tensorOf } from './weights.mjs';
+import { CanonicalTensors, readSafetensors } from './weights.mjs';
 
 const require = createRequire(import.meta.url);
 
@@ -31,7 +31,7 @@ export function versions(tf) {
   };
 }
 
-/** What computes a cell's numbers (details.threads_effective and matmul_precision): one thread in Node.js. */
+/** What computes a cell's numbers (details.threads_effective): one thread in Node.js. */
 export async function threadReport(tf, mode) {
   if (mode === 'wasm') {
     const wasm = await import('@tensorflow/tfjs-backend-wasm');
@@ -52,13 +52,6 @@ export async function buildModel(tf, model, weightsPath) {
   const file = await import(pathToFileURL(path.resolve(model.file)).href);
   const weights = new CanonicalTensors(tf, readSafetensors(weightsPath));
   return { forward: file.buildModel(tf, model.structure, weights), layout: file.LAYOUT };
-}
-
-/** {name: tf.Tensor} of the arrays in `arrays` whose names start with `prefix` (the prefix removed). */
-export function makeInputs(tf, arrays, prefix = '') {
-  const inputs = {};
-  for (const [name, array] of Object.entries(arrays)) if (name.startsWith(prefix)) inputs[name.slice(prefix.length)] = tensorOf(tf, array);
-  return inputs;
 }
 
 /** One forward on `inputs`, read back as {name: {shape, data}}: its outputs, and with `checkpoints` also every

@@ -2,17 +2,18 @@
 what it reads (:func:`prepare`), written by the cell's Python worker before that process becomes ``node
 worker.mjs`` (fwbench.runner.external). Numpy and safetensors only: no framework is imported.
 
-What :func:`prepare` writes into the cell's folder (removed by the JavaScript worker when it ends):
+What :func:`prepare` writes into the cell's folder (the JavaScript worker removes it before it exits; the manager
+removes what a killed worker left):
 
-- ``cell.json``: the job as the manager sent it (``job``), the model's name, architecture and structure (``model``:
-  what its ``<arch>.mjs`` builds from), its input and output names, the parity tolerance and shape, and the paths
-  below;
+- ``cell.json``: the job as the manager sent it (``job``), the model's name, model file, structure (what its
+  ``<arch>.mjs`` builds from) and output names (``model``), fwbench.measure.timer's constants (``timer``), the
+  compared shape, the Python that checks parity, and the paths below;
 - the weights (the job's ``weights_path``, else ``weights.safetensors``: the seeded canonical set), float32, in the
   canonical names and layouts (torch's: linear weights (out, in), convolutions (out, in, kh, kw));
 - ``inputs.safetensors``: the inputs at the cell's shape (int32 token ids, float32 pixels, channels first);
-- ``parity.safetensors``: the inputs at the model's parity shape (``input/<name>``) and the float64 reference
-  outputs on them (``reference/<name>``), which ``python -m fwbench.runner.external compare`` checks the worker's
-  outputs and checkpoints against.
+- ``parity.safetensors``: the inputs at the compared shape (:func:`compared_shape`; ``input/<name>``) and the float64
+  reference outputs on them (``reference/<name>``), which ``python -m fwbench.runner.external compare`` checks the
+  worker's outputs and checkpoints against.
 """
 
 from __future__ import annotations
@@ -32,16 +33,16 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from fwbench.measure.timer import HF2019_NUMBER, MAX_SETTLE_CALLS, SETTLE_RATIO
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.runner.messages import Job
-from fwbench.runner.tolerances import parity_tolerance
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 WORKER_SCRIPT = PACKAGE_DIR / "worker.mjs"
 NODE_PACKAGES = ("@tensorflow/tfjs-core", "@tensorflow/tfjs-backend-cpu", "@tensorflow/tfjs-backend-wasm")
-MIN_NODE_MAJOR = 18  # the oldest Node.js the packages and the worker's syntax are tested on (this machine: 20)
+MIN_NODE = (18, 0, 0)  # the oldest Node.js the packages and the worker's syntax need (tested here on 20)
 NODE_ENV = "FWBENCH_NODE"  # the Node.js executable to run (default: node on PATH)
 MODELS_ENV = "FWBENCH_TFJS_MODELS"  # a folder of <arch>.mjs files used instead of this package's (model development)
 INSTALL_HINT = "make install (it runs scripts/ensure-node-packages)"
@@ -53,25 +54,48 @@ def node_executable() -> str | None:
 
 
 @functools.cache
-def node_version(executable: str) -> tuple[int, ...] | None:
-    """``executable``'s version (``node --version``), None when it does not answer like Node.js."""
+def node_identity(executable: str) -> tuple[tuple[int, ...], str] | None:
+    """``executable``'s version and the path of the binary it really is (``process.execPath``: a version manager's
+    shim resolved, so that the worker execs Node.js itself), None when it does not answer like Node.js."""
+    script = "console.log(process.versions.node + ' ' + process.execPath)"
     try:
-        answer = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=20).stdout
+        answer = subprocess.run([executable, "-e", script], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    found = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)\s*", answer)
-    return tuple(int(part) for part in found.groups()) if found else None
+    found = re.fullmatch(r"(\d+)\.(\d+)\.(\d+) (.+?)\s*", answer)
+    if found is None:
+        return None
+    return tuple(int(part) for part in found.groups()[:3]), found.group(4)
+
+
+def node_path() -> str:
+    """The Node.js binary the worker runs as (:func:`node_identity`); RuntimeError when there is none."""
+    executable = node_executable()
+    identity = None if executable is None else node_identity(executable)
+    if identity is None:
+        raise RuntimeError(missing() or "Node.js is not installed")
+    return identity[1]
+
+
+def dotted(version: tuple[int, ...]) -> str:
+    """``(18, 0, 0)`` as ``18.0.0``."""
+    return ".".join(map(str, version))
 
 
 def missing() -> str | None:
     """None when the tfjs runtimes can run here, else why not (Node.js absent or too old, packages not installed)."""
     executable = node_executable()
     if executable is None:
-        return f"Node.js is not installed (no node on PATH): install Node.js {MIN_NODE_MAJOR} or later, then {INSTALL_HINT}"
-    version = node_version(executable)
-    if version is None or version[0] < MIN_NODE_MAJOR:
-        found = "an unreadable version" if version is None else "v" + ".".join(map(str, version))
-        return f"{executable} is {found}; the tfjs runtimes need Node.js {MIN_NODE_MAJOR} or later"
+        where = (
+            f"${NODE_ENV}={os.environ[NODE_ENV]} is not an executable"
+            if os.environ.get(NODE_ENV)
+            else "no node on PATH"
+        )
+        return f"Node.js is not installed ({where}): install Node.js {dotted(MIN_NODE)} or later, then {INSTALL_HINT}"
+    identity = node_identity(executable)
+    if identity is None or identity[0] < MIN_NODE:
+        found = "an unreadable version" if identity is None else f"v{dotted(identity[0])}"
+        return f"{executable} is {found}; the tfjs runtimes need Node.js {dotted(MIN_NODE)} or later"
     for package in NODE_PACKAGES:
         if not (PACKAGE_DIR / "node_modules" / package / "package.json").is_file():
             return f"{package} is not installed in {PACKAGE_DIR / 'node_modules'} ({INSTALL_HINT})"
@@ -104,7 +128,8 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
             for role in LAYER_ROLES
         }
         globals_ = ["word_embeddings", "position_embeddings", "embeddings_norm"]
-        globals_ += ["token_type_embeddings", "pooler"] if description.has_token_types else []
+        globals_ += ["token_type_embeddings"] if description.has_token_types else []
+        globals_ += ["pooler"] if description.has_pooler else []
         kinds = ("attention", "ffn", "layer")
         return {
             "config": dataclasses.asdict(config),
@@ -126,15 +151,39 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
     raise NotImplementedError(f"the tfjs worker has no structure for {arch} models")
 
 
+def compared_shape(job: Job, description: ModelDescription) -> tuple[int, int | None] | None:
+    """The shape whose outputs the worker's check compares with the float64 reference: a timed cell's parity shape
+    (``check_parity``), a verify job's own (outputs off the reference are located, as the Python worker does), none
+    for ``fwbench diff`` (it compares itself) or without a check."""
+    if job.verify_output is not None:
+        return None if job.checkpoints else (job.case.batch_size, job.case.seq_len)
+    return description.parity_shape() if job.check_parity else None
+
+
+def write_reference(
+    description: ModelDescription, weights: dict[str, np.ndarray], shape: tuple[int, int | None], seed: int, path: Path
+) -> bool:
+    """The inputs at ``shape`` (``input/<name>``) and the float64 reference outputs on them (``reference/<name>``)
+    written to ``path``; False when the model has no reference (nothing written)."""
+    arrays = description.make_inputs(*shape, seed)
+    reference = description.reference_forward(weights, arrays)
+    if reference is None:
+        return False
+    tensors = {f"input/{name}": value for name, value in arrays.items()}
+    tensors.update({f"reference/{name}": np.asarray(value, dtype=np.float64) for name, value in reference.items()})
+    save_file(tensors, str(path))
+    return True
+
+
 def prepare(job: Job, folder: Path) -> list[str]:
     """Write what the JavaScript worker of ``job`` reads into ``folder`` (module docstring); returns the command
     line that starts it (the worker adds its protocol's arguments)."""
     started = time.perf_counter()
     case, seed = job.case, job.settings.seed
     description = get_model(case.model)
-    executable = node_executable()
-    if executable is None or missing():
-        raise RuntimeError(missing() or "Node.js is not installed")
+    unavailable = missing()
+    if unavailable:
+        raise RuntimeError(unavailable)
     if job.weights_path is not None:
         weights = load_weights(description, Path(job.weights_path))  # checked against the schema here, once
         weights_path = job.weights_path
@@ -143,34 +192,25 @@ def prepare(job: Job, folder: Path) -> list[str]:
         weights_path = str(folder / "weights.safetensors")
         save_file({name: np.ascontiguousarray(value) for name, value in weights.items()}, weights_path)
     save_file(description.make_inputs(case.batch_size, case.seq_len, seed), str(folder / "inputs.safetensors"))
-    parity_path = None
-    if job.check_parity and job.verify_output is None:
-        arrays = description.make_inputs(*description.parity_shape(), seed)
-        reference = description.reference_forward(weights, arrays)
-        if reference is not None:
-            parity_path = str(folder / "parity.safetensors")
-            tensors = {f"input/{name}": value for name, value in arrays.items()}
-            tensors.update(
-                {f"reference/{name}": np.asarray(value, dtype=np.float64) for name, value in reference.items()}
-            )
-            save_file(tensors, parity_path)
+    shape = compared_shape(job, description)
+    parity_path = folder / "parity.safetensors"
+    compared = shape is not None and write_reference(description, weights, shape, seed, parity_path)
     cell = {
         "job": json.loads(job.to_json()),
         "model": {
             "name": description.name,
-            "arch": description.arch,
             "file": str(models_dir() / f"{description.arch}.mjs"),
             "structure": model_structure(description),
             "outputs": list(description.output_names),
         },
         "weights": weights_path,
         "inputs": str(folder / "inputs.safetensors"),
-        "parity": parity_path,
-        "parity_shape": list(description.parity_shape()),
-        "tolerance_rel_l2": parity_tolerance(description.name, case.dtype),
+        "parity": str(parity_path) if compared else None,
+        "parity_shape": list(shape) if compared and shape is not None else None,
+        "timer": {"hf2019_number": HF2019_NUMBER, "settle_ratio": SETTLE_RATIO, "max_settle_calls": MAX_SETTLE_CALLS},
         "folder": str(folder),
         "python": sys.executable,  # the parity check: python -m fwbench.runner.external compare
         "prepare_s": time.perf_counter() - started,
     }
     (folder / "cell.json").write_text(json.dumps(cell))
-    return [executable, str(WORKER_SCRIPT)]
+    return [node_path(), str(WORKER_SCRIPT)]

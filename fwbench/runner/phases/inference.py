@@ -5,6 +5,7 @@ worker from one more call of the program built with the checkpoints as extra out
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,16 @@ def divergence_note(divergence: dict[str, Any]) -> str:
         return "; every checkpoint within its share of the tolerance: it starts after the last one"
     error = "not finite" if first["rel_l2"] is None else f"{first['rel_l2']:.2g}"
     return f"; first divergence: {first['name']}, rel. error {error} > its share {first['limit']:.2g}"
+
+
+def verdict(check: dict[str, Any], locate: Callable[[], dict[str, Any]]) -> str | None:
+    """The verdict of a parity check (:func:`fwbench.runner.cell.parity`): None when it passed; else the mismatch's
+    reason, with where it starts (``check["divergence"]``, set from ``locate()``: :meth:`Inference.divergence`'s
+    record)."""
+    if check["ok"]:
+        return None
+    check["divergence"] = locate()
+    return mismatch_reason(check) + divergence_note(check["divergence"])
 
 
 def located(
@@ -101,9 +112,11 @@ class Inference(Phase):
         check["shape"] = list(description.parity_shape())
         cell.result["parity"] = check
         cell.record_precision(backend, inputs)
-        if not check["ok"]:
-            check["divergence"] = self.divergence(cell, backend, description, (inputs, arrays), (outputs, reference))
-            cell.fail_check(mismatch_reason(check) + divergence_note(check["divergence"]))
+        reason = verdict(
+            check, lambda: self.divergence(cell, backend, description, (inputs, arrays), (outputs, reference))
+        )
+        if reason is not None:
+            cell.fail_check(reason)
 
     def divergence(
         self,
