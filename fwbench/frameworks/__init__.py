@@ -597,7 +597,7 @@ register_runtime(
         note=TFJS_NOTE,
         external="fwbench.frameworks.tfjs.external",
         startup_s=1.5,
-        throughput_share=0.15,  # 4-7 GFLOP/s on bert-tiny and resnet-tiny (2-core Xeon, docs/runtimes.md)
+        throughput_share=0.15,  # 4-17 GFLOP/s (2-core Xeon, docs/runtimes.md)
         threads_used=1,
     )
 )
@@ -611,7 +611,7 @@ register_runtime(
         note=TFJS_NOTE,
         external="fwbench.frameworks.tfjs.external",
         startup_s=1.5,
-        throughput_share=0.008,  # 0.2-0.4 GFLOP/s (2-core Xeon, docs/runtimes.md)
+        throughput_share=0.008,  # 0.2-0.7 GFLOP/s (2-core Xeon, docs/runtimes.md)
         threads_used=1,
     )
 )
