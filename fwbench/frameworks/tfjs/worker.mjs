@@ -281,7 +281,11 @@ let ended = false;
 function end(result) {
   if (ended) return;
   ended = true;
-  fs.rmSync(args.folder, { recursive: true, force: true });
+  try {
+    fs.rmSync(args.folder, { recursive: true, force: true });
+  } catch {
+    // left for the manager, which removes a worker's folder when it closes it
+  }
   try {
     result.cpus = cpuList(allowedCpus());
     result.thread_cpu_lists = threadCpuLists();
