@@ -62,6 +62,7 @@ _LAYER_CHECKPOINTS: dict[str, tuple[str, str]] = {
     "ffn": ("encoder.layer.{i}.output.dense", "transformer.layer.{i}.ffn.lin2"),
     "layer": ("encoder.layer.{i}", "transformer.layer.{i}"),
 }
+LAYER_CHECKPOINT_KINDS = tuple(_LAYER_CHECKPOINTS)  # per layer, in forward order: attention, ffn, layer
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,15 @@ class Bert(ModelDescription):
             return kind
         return _LAYER_CHECKPOINTS[kind][1 if self.config.distil else 0].format(i=layer)
 
+    def layer_checkpoints(self, layer: int) -> tuple[str, str, str]:
+        """Layer ``layer``'s checkpoints, one per LAYER_CHECKPOINT_KINDS (attention, ffn, layer), in that order."""
+        attention, ffn, output = (self.checkpoint(kind, layer) for kind in LAYER_CHECKPOINT_KINDS)
+        return attention, ffn, output
+
     def checkpoint_names(self) -> tuple[str, ...]:
         names = [self.checkpoint("embeddings")]
         for i in range(self.config.layers):
-            names += [self.checkpoint(kind, i) for kind in _LAYER_CHECKPOINTS]
+            names += self.layer_checkpoints(i)
         return (*names, *(["pooler"] if self.has_pooler else []))
 
     def reference_checkpoints(

@@ -150,10 +150,7 @@ def build_model(description: Bert, weights: dict[str, np.ndarray], device: str) 
     if description.has_pooler:
         params["pooler"] = linear("pooler", h, h)
     canonical.check_all_used()
-    checkpoints = tuple(
-        (description.checkpoint("attention", i), description.checkpoint("ffn", i), description.checkpoint("layer", i))
-        for i in range(c.layers)
-    )
+    checkpoints = tuple(description.layer_checkpoints(i) for i in range(c.layers))
     return BertModule(c, description.has_token_types, description.has_pooler, params, checkpoints)
 
 

@@ -23,7 +23,7 @@ from keras import layers, ops
 
 from fwbench.frameworks.keras import precision
 from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
-from fwbench.models.bert import LAYER_ROLES, Bert
+from fwbench.models.bert import LAYER_CHECKPOINT_KINDS, LAYER_ROLES, Bert
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.weightmap import Transform, transpose
 
@@ -111,6 +111,18 @@ class WithCheckpoints(layers.Layer):
         return self.inner.call(x, allowed, checkpoints=True)
 
 
+def call_layer(layer: layers.Layer, x: Any, allowed: Any, taps: Taps, names: dict[str, str]) -> Any:
+    """``layer(x, allowed)`` (an encoder or decoder layer) in a functional graph; with ``taps`` (the checkpoint
+    graph), called through :class:`WithCheckpoints` instead, each part it returns tapped under ``names[part]``, and
+    its ``layer`` part returned."""
+    if taps is None:
+        return layer(x, allowed)
+    parts = WithCheckpoints(layer)(x, allowed)
+    for part, name in names.items():
+        tap(taps, name, parts[part])
+    return parts["layer"]
+
+
 Make = Callable[[str, Callable[[str], layers.Layer]], layers.Layer]  # (layer name, its constructor) -> the layer
 # (description, make, taps) -> (inputs, outputs) of a model's functional graph: bert_graph, gpt2.gpt2_graph
 Graph = Callable[[Any, Make, Taps], tuple[dict[str, Any], dict[str, Any]]]
@@ -167,13 +179,7 @@ def bert_graph(description: Bert, make: Make, taps: Taps = None) -> tuple[dict[s
         layer = make(
             f"layers_{i}", lambda name: EncoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, name=name)
         )
-        if taps is None:
-            x = layer(x, allowed)
-            continue
-        parts = WithCheckpoints(layer)(x, allowed)
-        for kind in ("attention", "ffn", "layer"):
-            tap(taps, description.checkpoint(kind, i), parts[kind])
-        x = parts["layer"]
+        x = call_layer(layer, x, allowed, taps, dict(zip(LAYER_CHECKPOINT_KINDS, description.layer_checkpoints(i))))
     outputs = {"last_hidden_state": x}
     if description.has_pooler:
         pooler = make("pooler", lambda name: dense(c.hidden, name, activation="tanh"))(x[:, 0])

@@ -20,7 +20,7 @@ from fwbench.frameworks.keras import precision
 from fwbench.frameworks.keras.bert import (
     Make,
     PositionEmbedding,
-    WithCheckpoints,
+    call_layer,
     dense,
     graph_checkpoint_model,
     graph_model,
@@ -114,13 +114,7 @@ def gpt2_graph(description: GPT2, make: Make, taps: Taps = None) -> tuple[dict[s
         layer = make(
             f"layers_{i}", lambda name: DecoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, name=name)
         )
-        if taps is None:
-            x = layer(x, allowed)
-            continue
-        parts = WithCheckpoints(layer)(x, allowed)
-        for part, suffix in (("attn", ".attn"), ("mlp", ".mlp"), ("layer", "")):
-            tap(taps, f"h.{i}{suffix}", parts[part])
-        x = parts["layer"]
+        x = call_layer(layer, x, allowed, taps, {"attn": f"h.{i}.attn", "mlp": f"h.{i}.mlp", "layer": f"h.{i}"})
     x = tap(taps, "ln_f", make("ln_f", lambda name: precision.layer_norm(c.layer_norm_eps, name))(x))
     return inputs, {"last_hidden_state": x, "logits": wte(x, reverse=True)}
 

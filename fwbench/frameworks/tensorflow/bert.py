@@ -64,7 +64,7 @@ class EncoderLayer(tf.Module):
         h, inter = c.hidden, c.intermediate
         self.heads, self.eps = c.heads, c.layer_norm_eps
         # the names of its attention, feed-forward and layer outputs (checkpoints)
-        self.checkpoints = tuple(description.checkpoint(kind, i) for kind in ("attention", "ffn", "layer"))
+        self.checkpoints = description.layer_checkpoints(i)
 
         def weight(role: str, shape: tuple[int, ...]) -> tf.Variable:
             return variable(description.param(role, i), shape, transpose if len(shape) == 2 else identity)

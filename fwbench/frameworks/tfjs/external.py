@@ -130,10 +130,9 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
         globals_ = ["word_embeddings", "position_embeddings", "embeddings_norm"]
         globals_ += ["token_type_embeddings"] if description.has_token_types else []
         globals_ += ["pooler"] if description.has_pooler else []
-        kinds = ("attention", "ffn", "layer")
         return {
             "config": dataclasses.asdict(config),
-            "checkpoints": [[description.checkpoint(kind, i) for kind in kinds] for i in range(config.layers)],
+            "checkpoints": [list(description.layer_checkpoints(i)) for i in range(config.layers)],
             "token_types": description.has_token_types,
             "pooler": description.has_pooler,
             "layers": names,

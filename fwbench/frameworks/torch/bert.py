@@ -58,13 +58,7 @@ class BertModule(nn.Module):
             self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden)
         self.embeddings_norm = nn.LayerNorm(c.hidden, eps=c.layer_norm_eps)
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                c.hidden,
-                c.heads,
-                c.intermediate,
-                c.layer_norm_eps,
-                tuple(description.checkpoint(kind, i) for kind in ("attention", "ffn", "layer")),
-            )
+            EncoderLayer(c.hidden, c.heads, c.intermediate, c.layer_norm_eps, description.layer_checkpoints(i))
             for i in range(c.layers)
         )
         if self.with_pooler:
