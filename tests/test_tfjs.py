@@ -188,13 +188,22 @@ def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(
         assert checkpoints == list(get_model(model).checkpoint_names()), runtime["runtime"]  # ResNet's: NCHW
 
 
-@pytest.mark.slow
-@needs_node
-def test_a_hanging_tfjs_worker_is_a_timeout_and_leaves_nothing(tmp_path: Path, db_path: Path) -> None:
+def hanging_run(tmp_path: Path, db_path: Path, timeout_s: int) -> tuple[list[str], dict[str, str], Path, str]:
+    """A run of tfjs:wasm on an mlp.mjs that never finishes building: its arguments, environment (marked with a
+    FWBENCH_TEST_MARKER of its own), temporary folder and marker."""
     marker = f"{os.getpid()}-{time.time_ns()}"
     env, scratch = scratch_env(tmp_path, faulty_models(tmp_path / "models", "mlp", *HANG))
     env["FWBENCH_TEST_MARKER"] = marker
-    args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", "30", db=db_path, max_time=0.2)
+    args = run_args(
+        "--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", str(timeout_s), db=db_path, max_time=0.2
+    )  # fmt: skip
+    return args, env, scratch, marker
+
+
+@pytest.mark.slow
+@needs_node
+def test_a_hanging_tfjs_worker_is_a_timeout_and_leaves_nothing(tmp_path: Path, db_path: Path) -> None:
+    args, env, scratch, marker = hanging_run(tmp_path, db_path, 30)
     result = run_cli(*args, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     ((status, reason),) = stored(db_path).values()
@@ -206,10 +215,7 @@ def test_a_hanging_tfjs_worker_is_a_timeout_and_leaves_nothing(tmp_path: Path, d
 @pytest.mark.slow
 @needs_node
 def test_kill_9_of_the_manager_leaves_no_node_process(tmp_path: Path, db_path: Path) -> None:
-    marker = f"{os.getpid()}-{time.time_ns()}"
-    env, scratch = scratch_env(tmp_path, faulty_models(tmp_path / "models", "mlp", *HANG))
-    env["FWBENCH_TEST_MARKER"] = marker
-    args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", "--timeout", "300", db=db_path, max_time=0.2)
+    args, env, scratch, marker = hanging_run(tmp_path, db_path, 300)
     manager = subprocess.Popen(
         [sys.executable, "-m", "fwbench", *args], env=env, cwd=REPO_DIR, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

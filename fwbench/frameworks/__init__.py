@@ -587,34 +587,28 @@ TFJS_NOTE = (
     "Node.js, one thread: TF.js runs its WebAssembly backend single-threaded in Node.js (tensorflow/tfjs#3830), "
     "and its plain JavaScript backend always; the cell's --threads is its CPU pinning only"
 )
-register_runtime(
-    RuntimeInfo(
-        name="tfjs:wasm",
-        module="",
-        requires=(),
-        description="TensorFlow.js 4.22 in Node.js, WebAssembly backend (XNNPACK kernels, SIMD): the models written "
-        "in TF.js ops, each call under tf.tidy",
-        note=TFJS_NOTE,
-        external="fwbench.frameworks.tfjs.external",
-        startup_s=1.5,
-        throughput_share=0.15,  # 4-17 GFLOP/s (2-core Xeon, docs/runtimes.md)
-        threads_used=1,
+for _mode, _description, _share in (
+    # share: 4-17 GFLOP/s and 0.2-0.7 GFLOP/s measured on a 2-core Xeon (docs/runtimes.md)
+    (
+        "wasm",
+        "WebAssembly backend (XNNPACK kernels, SIMD): the models written in TF.js ops, each call under tf.tidy",
+        0.15,
+    ),
+    ("cpu", "its plain JavaScript backend (the slow reference: no SIMD, no native code)", 0.008),
+):
+    register_runtime(
+        RuntimeInfo(
+            name=f"tfjs:{_mode}",
+            module="",
+            requires=(),
+            description=f"TensorFlow.js 4.22 in Node.js, {_description}",
+            note=TFJS_NOTE,
+            external="fwbench.frameworks.tfjs.external",
+            startup_s=1.5,
+            throughput_share=_share,
+            threads_used=1,
+        )
     )
-)
-register_runtime(
-    RuntimeInfo(
-        name="tfjs:cpu",
-        module="",
-        requires=(),
-        description="TensorFlow.js 4.22 in Node.js, its plain JavaScript backend (the slow reference: no SIMD, no "
-        "native code)",
-        note=TFJS_NOTE,
-        external="fwbench.frameworks.tfjs.external",
-        startup_s=1.5,
-        throughput_share=0.008,  # 0.2-0.7 GFLOP/s (2-core Xeon, docs/runtimes.md)
-        threads_used=1,
-    )
-)
 
 LOADER_DESCRIPTION = "an input pipeline (phase data only): one timed call is the next batch out of the loader"
 LOADER_NOTE = (

@@ -144,8 +144,10 @@ def worker_arrays(
         arrays: dict[str, Any] = load_file(str(written))
         np.savez(out_path, **arrays)
         written.unlink()
-    with np.load(out_path) as data:
-        return WorkerArrays("ok", None, {name: data[name] for name in data.files}, outcome.details, out_path)
+    else:
+        with np.load(out_path) as data:
+            arrays = {name: data[name] for name in data.files}
+    return WorkerArrays("ok", None, arrays, outcome.details, out_path)
 
 
 def verify_model(

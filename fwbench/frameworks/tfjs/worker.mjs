@@ -194,12 +194,14 @@ class Cell {
     };
   }
 
-  /** One call on `inputs` with the checkpoints, written to `path` (outputs by name, checkpoint/<name>); its arrays. */
-  capture(inputs, path) {
+  /** One call on `inputs` with the checkpoints, written to the folder's `<name>.safetensors` (outputs by name,
+   * checkpoint/<name>): [its path, its arrays]. */
+  capture(inputs, name) {
     const arrays = this.backend.arraysOf(this.tf, this.forward, inputs, true);
     this.tf.dispose(Object.values(inputs));
+    const path = `${this.folder}/${name}.safetensors`;
     this.write(path, arrays);
-    return arrays;
+    return [path, arrays];
   }
 
   write(path, arrays) {
@@ -224,17 +226,11 @@ class Cell {
    * the cell mismatch (its reason names the first diverging checkpoint). */
   checkParity() {
     this.stage('parity');
-    const { parity, reason } = this.compare(this.captureTo(this.parityInputs(), 'parity-outputs'));
+    const [path] = this.capture(this.parityInputs(), 'parity-outputs');
+    const { parity, reason } = this.compare(path);
     this.result.parity = parity;
     this.result.precision = { policy: this.job.case.dtype, observable: false };
     if (reason !== null) Object.assign(this.result, { status: 'mismatch', reason, samples_s: [] });
-  }
-
-  /** `capture` into the folder's `<name>.safetensors`; its path. */
-  captureTo(inputs, name) {
-    const path = `${this.folder}/${name}.safetensors`;
-    this.capture(inputs, path);
-    return path;
   }
 
   /** fwbench verify / diff: one call at the cell's shape, its outputs written to the job's verify_output; with the
@@ -242,8 +238,7 @@ class Cell {
    * the same call); without, outputs off the reference are located (details.divergence), as the Python worker does. */
   verify(inputs) {
     this.stage('first_call');
-    const path = `${this.folder}/verify-outputs.safetensors`;
-    const arrays = this.capture(inputs, path);
+    const [path, arrays] = this.capture(inputs, 'verify-outputs');
     const outputs = {};
     for (const name of this.prepared.model.outputs) outputs[name] = arrays[name];
     if (this.job.checkpoints) {
