@@ -24,7 +24,7 @@ from typing import Any
 
 from fwbench.frameworks import create_backend
 from fwbench.measure import environment
-from fwbench.runner.messages import thread_environment
+from fwbench.messages import thread_environment
 from fwbench.spec import Settings
 
 TOKENS, HIDDEN, FFN, BATCH, SEQ, HEADS = 1024, 768, 3072, 8, 128, 12

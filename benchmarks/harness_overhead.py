@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 from fwbench.measure import environment, timer
 from fwbench.measure.stats import order_statistic_median_ci
+from fwbench.messages import thread_environment
 from fwbench.runner.manager import run_worker, worker_cpus
-from fwbench.runner.messages import thread_environment
 from fwbench.spec import Case, Settings
 
 

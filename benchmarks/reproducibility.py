@@ -38,9 +38,8 @@ import numpy as np
 from scipy import stats
 
 from fwbench.measure.rounds import blocks_by_round, time_estimate
-from fwbench.report.flags import rel_half_width
-from fwbench.report.summary import compare_cells, pair_summaries, runtimes_in
 from fwbench.report.walltime import wall_time
+from fwbench.speedups import compare_cells, pair_summaries, rel_half_width, runtimes_in
 from fwbench.store import ResultRecord, Store
 from fwbench.store.moderation import moderate
 

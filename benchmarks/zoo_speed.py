@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fwbench.measure import environment
-from fwbench.runner.messages import thread_environment
+from fwbench.messages import thread_environment
 
 
 def hf_torch_model(description: Any) -> Any:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 
 PR_SET_PDEATHSIG = 1
@@ -16,3 +17,11 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def die_with_manager(manager_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (not Linux: the parent check alone); exit now if
+    it already has (its parent is no longer ``manager_pid``)."""
+    die_with_parent()
+    if os.getppid() != manager_pid:
+        os._exit(3)

@@ -147,7 +147,7 @@ class Case:
 
 
 # The fields that name a cell, in Case's order: a stored row has each as a column, and every key that matches rows
-# (fwbench.report.summary.KEY_FIELDS, compare's, the by-machine view's) is made of them.
+# (fwbench.speedups.KEY_FIELDS, compare's, the by-machine view's) is made of them.
 CASE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Case))
 
 

@@ -149,7 +149,7 @@ def _forget_model_plugins() -> None:
 def loaded_model_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[dict[str, str]]:
     """For a fixture: the model plugin ``module`` imported afresh here (the model and runtime registries restored
     afterwards) and named for every subprocess; yields the environment a subprocess gets."""
-    import fwbench.frameworks as registry
+    import fwbench.frameworks.registry as registry
     import fwbench.models as models
     import fwbench.plugins
 

@@ -14,9 +14,9 @@ from safetensors.numpy import save_file
 
 from fwbench.frameworks.tfjs.external import compared_shape, write_reference
 from fwbench.measure.timer import HF2019_NUMBER
+from fwbench.messages import Job
 from fwbench.models import get_model
 from fwbench.models.mlp import MLP
-from fwbench.runner.messages import Job
 
 WORKER = Path(__file__).with_name("fake_external_worker.py")
 

@@ -16,10 +16,11 @@ import pytest
 import fwbench.spec
 from conftest import loaded_model_plugin, require, run_args, run_cli
 from fwbench.frameworks import RuntimeInfo
+from fwbench.messages import Job
 from fwbench.models.base import ModelDescription
 from fwbench.runner import phases
 from fwbench.runner.cell import Cell
-from fwbench.runner.messages import Job
+from fwbench.runner.launchers import launcher_for
 from fwbench.runner.phases import Phase, check_case, estimate_s, get_phase
 from fwbench.runner.planner import build_plan
 from fwbench.spec import Case, Settings, SpecError
@@ -86,6 +87,7 @@ def test_a_phase_is_one_file_and_the_planner_asks_it(echo: Phase) -> None:
         check_case(Case("mlp", "torch:ddp", "echo", 2, procs=2, scaling="weak"), settings)  # type: ignore[arg-type]
 
     cell = Cell(Job(plan.cases[0], settings), io.StringIO())
-    result = cell.launcher.run(echo, cell)
+    launcher = cell.launcher = launcher_for(cell.job)
+    result = launcher.run(echo, cell)
     assert result["status"] == "ok" and result["samples_s"], result
     assert set(result["stage_seconds"]) >= {"start", "import", "build", "compile", "first_call", "warmup", "timing"}

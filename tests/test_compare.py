@@ -14,8 +14,8 @@ from fwbench.cli import main
 from fwbench.measure.rounds import unpaired_ratio
 from fwbench.report.compare import compare_results
 from fwbench.report.export import to_json
-from fwbench.report.summary import holm
 from fwbench.spec import Case, Settings
+from fwbench.speedups import holm
 from fwbench.store import ResultRecord, Store
 from report_store import Cell, add_run, blocks_of, timed
 

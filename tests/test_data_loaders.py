@@ -33,10 +33,10 @@ ONE_LEVEL = 1.0 / (255.0 * float(transforms.STD.min()))  # one uint8 step after 
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("images")
     images.make_images(folder, n=10, size=64, seed=5)
-    from fwbench.frameworks.tensorflow.data import write_tfrecords
+    from fwbench.frameworks.tensorflow.data import write_packed as write_tfrecords
 
     write_tfrecords(folder, images.read_labels(folder), 3)  # 10 images in 3 shards: 4, 3, 3
-    from fwbench.frameworks.grain.data import write_array_records
+    from fwbench.frameworks.grain.data import write_packed as write_array_records
 
     write_array_records(folder, images.read_labels(folder), 3)  # 10 images in 3 files: 3, 3, 4
     return folder

@@ -298,7 +298,7 @@ def _data_store(path: Path, inference: bool = False) -> Path:
 def test_reports_show_the_worker_count_of_data_cells(tmp_path: Path) -> None:
     from fwbench.report.export import spreadsheet_tables, to_csv
     from fwbench.report.html import to_html
-    from fwbench.report.summary import compare_cells
+    from fwbench.speedups import compare_cells
     from fwbench.store import Store
 
     with Store.open(_data_store(tmp_path / "d.db"), readonly=True) as store:
@@ -340,8 +340,8 @@ def test_a_fit_from_the_default_images_writes_them_first(monkeypatch: pytest.Mon
 def test_loaders_beside_other_phases_are_compared_with_their_own_baseline(tmp_path: Path) -> None:
     """A run with torch:eager rows and data rows: the report's default baseline (torch:eager) has no data cell,
     so the loaders are compared with their first, torch:dataloader; an asked-for baseline is kept strictly."""
-    from fwbench.report.summary import grouped_pairs
     from fwbench.report.table import report_tables
+    from fwbench.speedups import grouped_pairs
     from fwbench.store import Store
 
     with Store.open(_data_store(tmp_path / "d.db", inference=True), readonly=True) as store:

@@ -34,9 +34,9 @@ from fwbench.report.export import CSV_COLUMNS, to_csv
 from fwbench.report.flags import bf16_units_flag, cell_flags
 from fwbench.report.machines import CELL_FIELDS
 from fwbench.report.scaling import scaling_rows
-from fwbench.report.summary import KEY_FIELDS
 from fwbench.report.table import _loader_cells
 from fwbench.spec import CASE_FIELDS, Case, Plan, Settings
+from fwbench.speedups import KEY_FIELDS
 from fwbench.store import ResultRecord, RunRecord
 from fwbench.store.records import COLUMN_NAMES
 from fwbench.units import format_bytes

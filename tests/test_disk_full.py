@@ -28,9 +28,9 @@ import pytest
 from conftest import REPO_DIR, run_cli
 from fwbench.cli import main
 from fwbench.diskfull import DiskFull, disk_full_cause, disk_full_report
+from fwbench.messages import Job
 from fwbench.runner import manager
 from fwbench.runner.cell import Cell
-from fwbench.runner.messages import Job
 from fwbench.runner.outcome import CellOutcome
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store

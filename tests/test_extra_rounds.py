@@ -14,11 +14,11 @@ from fwbench.cli.run import print_budget
 from fwbench.details import RoundsStop
 from fwbench.diskfull import DiskFull, disk_full_report
 from fwbench.measure.rounds import Block, blocks_by_round, paired_log_ratios, paired_speedup, time_estimate
-from fwbench.report.flags import relative_half_width
 from fwbench.runner.extra_rounds import choose, group_widest, minimum_only
 from fwbench.runner.manager import CellOutcome, Recorder, execute
 from fwbench.runner.scheduler import CellRounds, GroupRun, merge_rounds
 from fwbench.spec import Case, Plan, Settings
+from fwbench.speedups import relative_half_width
 from fwbench.store import ResultRecord, Store
 
 FAST = Settings(threads=1, max_time_s=0.3, timeout_s=60, rounds=3, min_block_s=0.01, settle_s=0.01)

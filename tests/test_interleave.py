@@ -19,11 +19,11 @@ from fwbench.cli.common import duration, non_negative_duration
 from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
 from fwbench.measure.rounds import blocks_by_round
 from fwbench.measure.settle import QUIET_S, settle
+from fwbench.messages import Job
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from fwbench.runner import manager, scheduler, tempfolders
 from fwbench.runner.manager import CellOutcome, execute
-from fwbench.runner.messages import Job
 from fwbench.runner.process import WorkerProcess, worker_cpus
 from fwbench.runner.scheduler import comparison_groups, group_key, order_generator
 from fwbench.spec import Case, Plan, Settings, SpecError

@@ -162,8 +162,8 @@ class _Observed:
 def test_a_cell_off_the_policy_is_a_mismatch_and_a_failed_look_is_recorded() -> None:
     import io
 
+    from fwbench.messages import Job
     from fwbench.runner.cell import Cell
-    from fwbench.runner.messages import Job
     from fwbench.spec import Case
 
     def recorded(seen: Any) -> dict[str, Any]:

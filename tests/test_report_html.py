@@ -17,9 +17,9 @@ from fwbench.cli import main
 from fwbench.frameworks import runtimes
 from fwbench.report import html as report_html
 from fwbench.report.html import to_html
-from fwbench.report.summary import GroupedPair, compare_cells, grouped_pairs, split_groups
 from fwbench.runner.scheduler import group_key
 from fwbench.spec import Case, Plan, Settings
+from fwbench.speedups import GroupedPair, compare_cells, grouped_pairs, split_groups
 from fwbench.store import ResultRecord, Store
 from headless_chromium import chromium_path, inspect_page
 from report_store import Cell, add_run, blocks_of, timed

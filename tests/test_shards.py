@@ -18,8 +18,8 @@ from fwbench.cli import main
 from fwbench.measure.environment import hardware_record, machine_ids, machine_record, physical_core_count, record_id
 from fwbench.report.compare import compare_runs
 from fwbench.report.export import spreadsheet_tables
-from fwbench.report.summary import grouped_pairs
 from fwbench.spec import Case, Plan, Settings, ShardSpec, SkippedCase, SpecError, group_key
+from fwbench.speedups import grouped_pairs
 from fwbench.store import Store, StoreError
 from fwbench.store.merge import merge_stores
 from report_store import Cell, add_run, timed

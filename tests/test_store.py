@@ -323,7 +323,7 @@ def test_resume_reads_settled_parity_from_typed_records(db_path: Path) -> None:
 def test_migration_2_keeps_runs_of_schema_1_readable(db_path: Path) -> None:
     """A database written before rounds (schema 1) gains the group, schedule, rounds, noise and machine columns and
     the blocks table; its rows read as one round of unpaired samples, with no CI claimed by the reports."""
-    from fwbench.report.summary import compare_cells
+    from fwbench.speedups import compare_cells
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(db_path, isolation_level=None)

@@ -1,4 +1,4 @@
-"""Runtime-vs-baseline statistics (fwbench.report.summary) against scipy on fixed, seeded samples."""
+"""Runtime-vs-baseline statistics (fwbench.speedups) against scipy on fixed, seeded samples."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from scipy import stats
 
 from fwbench.measure.rounds import paired_log_ratios, paired_speedup, unpaired_ratio
-from fwbench.report.summary import (
+from fwbench.spec import Case
+from fwbench.speedups import (
     ALPHA,
     BOOTSTRAP_SEED,
     N_RESAMPLES,
@@ -22,7 +23,6 @@ from fwbench.report.summary import (
     resolve_baseline,
     row_ratio,
 )
-from fwbench.spec import Case
 from fwbench.store import ResultRecord, Store
 from report_store import Cell, add_run, timed
 

@@ -8,7 +8,6 @@ where ``--input`` would find it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from fwbench.cli.common import Parser, non_negative_int, positive_int
 from fwbench.datasets import images, text
 from fwbench.datasets.manifest import Manifest, write_manifest
 from fwbench.diskfull import DiskFull, disk_full_report
+from fwbench.frameworks import missing_requirement, packing_loader_module, runtimes
 from fwbench.spec import SpecError
 
 DEFAULT_SHARDS = 8
@@ -74,22 +74,17 @@ def _write(args: argparse.Namespace, folder: Path) -> tuple[Manifest, str]:
         return text.make_text(folder, args.n, args.seed), "no packed variant"
     arguments: dict[str, Any] = images.write_images(folder, args.n, args.size, args.seed, args.classes)
     labels, shards, packed = images.read_labels(folder), min(args.shards, args.n), []
-    if importlib.util.find_spec("tensorflow") is not None:
-        from fwbench.frameworks.tensorflow import data as tensorflow_data  # imports TensorFlow
-
-        tensorflow_data.write_tfrecords(folder, labels, shards)
-        arguments["tfrecord_shards"] = shards
-        packed.append(f"{shards} TFRecord shards")
-    else:
-        packed.append("TFRecord shards skipped: tensorflow is not installed")
-    if importlib.util.find_spec("grain") is not None and importlib.util.find_spec("array_record") is not None:
-        from fwbench.frameworks.grain import data as grain_data  # imports Grain
-
-        grain_data.write_array_records(folder, labels, shards)
-        arguments["array_record_shards"] = shards
-        packed.append(f"{shards} ArrayRecord files")
-    else:
-        packed.append("ArrayRecord files skipped: grain is not installed")
+    for info in runtimes().values():  # each loader that reads a packed format: its data.py writes it
+        if not info.packed:
+            continue
+        missing = missing_requirement(info)
+        if missing is not None:
+            packed.append(f"{info.packed} skipped: {missing}")
+            continue
+        loader = packing_loader_module(info)  # imports the loader's framework
+        loader.write_packed(folder, labels, shards)
+        arguments[loader.PACKED_ARGUMENT] = shards
+        packed.append(f"{shards} {info.packed}")
     return write_manifest(folder, "images", images.dataset_name(args.size), arguments), ", ".join(packed)
 
 

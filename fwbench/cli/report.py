@@ -27,7 +27,6 @@ from fwbench.report.export import to_csv, to_json, write_csv_dir
 from fwbench.report.machines import machine_tables
 from fwbench.report.peak import latest_peak
 from fwbench.report.profile_table import profile_groups, profile_tables
-from fwbench.report.summary import DEFAULT_BASELINE, resolve_baseline
 from fwbench.report.table import (
     PIPE_WIDTH,
     make_console,
@@ -39,6 +38,7 @@ from fwbench.report.table import (
 )
 from fwbench.report.tensorboard import write_results
 from fwbench.spec import SpecError
+from fwbench.speedups import DEFAULT_BASELINE, resolve_baseline
 from fwbench.store import DEFAULT_DB, ResultRecord, Store
 
 REPORT_FORMATS = ("table", "json", "csv", "markdown")

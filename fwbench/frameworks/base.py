@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol, cast
@@ -151,6 +151,27 @@ class ProfilerModule(Protocol):
         seconds in all, on the worker's clock) and ``profiler`` (name and version)."""
 
 
+class LoaderModule(Protocol):
+    """A loader runtime's ``data.py`` (phase data: the same names in torch/, tensorflow/ and grain/)."""
+
+    LAYOUT: str  # the batches' image layout, NCHW or NHWC
+    PACKED: str | None  # the dataset folder's subfolder --data-source packed reads; None: the image files
+
+    def configure_threads(self, threads: int) -> int: ...
+
+    def batches(self, source: Any, batch_size: int, packed: bool) -> Generator[Any, None, None]: ...
+
+    def versions(self) -> dict[str, str]: ...
+
+
+class PackingLoaderModule(Protocol):
+    """A loader's ``data.py`` that also writes its packed format (``fwbench data make``)."""
+
+    PACKED_ARGUMENT: str  # the manifest argument holding the number of packed files
+
+    def write_packed(self, folder: Path, labels: list[tuple[str, int]], shards: int) -> list[Path]: ...
+
+
 class ModelFileError(TypeError):
     """A model file lacks something its role requires."""
 
@@ -219,6 +240,16 @@ def as_weights(module: ModuleType) -> WeightsModule:
 def as_fit(module: ModuleType) -> FitModule:
     require(module, FitModule)
     return cast(FitModule, module)
+
+
+def as_loader(module: ModuleType) -> LoaderModule:
+    require(module, LoaderModule)
+    return cast(LoaderModule, module)
+
+
+def as_packing_loader(module: ModuleType) -> PackingLoaderModule:
+    require(module, PackingLoaderModule)
+    return cast(PackingLoaderModule, module)
 
 
 # -- where the model files are ------------------------------------------------------------------------
@@ -294,7 +325,7 @@ class Backend(ABC):
 
     framework: ClassVar[str]
     modes: ClassVar[tuple[str, ...]]
-    # Its outputs are its inputs (phase serving's floor, fwbench.serving.floor): parity is checked against them.
+    # Its outputs are its inputs (phase serving's floor, fwbench.frameworks.floor.backend): parity is checked against them.
     echoes_inputs: ClassVar[bool] = False
 
     def __init__(

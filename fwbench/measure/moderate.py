@@ -114,6 +114,14 @@ class VariancePrior:
         }
 
 
+@dataclass(frozen=True)
+class RunPriors:
+    """The priors of one run on one machine: of cell times and of paired log ratios (None: too few to fit)."""
+
+    times: VariancePrior | None
+    pairs: VariancePrior | None
+
+
 def trigamma_inverse(value: float) -> float:
     """y with trigamma(y) = ``value`` (> 0): limma's Newton iteration."""
     from scipy import special

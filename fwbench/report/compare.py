@@ -6,7 +6,7 @@ the time ratio B/A of the two cells' round-level estimates (> 1: B is slower), i
 from the rounds of both runs (Student-t, Welch; :mod:`fwbench.measure.rounds`), Holm-adjusted over every cell
 both runs completed with a p-value. The CI counts the variation between worker processes, so two runs of the
 same code do not differ "significantly" from process-to-process noise; a cell with fewer than 3 rounds on a
-side has no CI and is never significant (:mod:`fwbench.report.summary` has the statistics). A cell is a *regression* when the
+side has no CI and is never significant (:mod:`fwbench.speedups` has the statistics). A cell is a *regression* when the
 difference is significant and B/A > 1 + threshold, an *improvement* when it is significant and
 B/A < 1 / (1 + threshold); a cell that was ``ok`` in A and is not in B is *broken* (also a regression
 for the exit status). Summaries are geometric means of B/A over the cells both runs completed. Two warnings come
@@ -23,17 +23,9 @@ from typing import Any, Literal
 from rich.markup import escape
 
 from fwbench.report.serving import ServingChange, serving_changes
-from fwbench.report.summary import (
-    ALPHA,
-    cell_key,
-    estimates,
-    geometric_mean_ci,
-    machine_labels,
-    runtimes_in,
-    sample_median,
-)
 from fwbench.report.table import TableData, plain, ratio_text
 from fwbench.spec import CASE_FIELDS
+from fwbench.speedups import ALPHA, cell_key, estimates, geometric_mean_ci, machine_labels, runtimes_in, sample_median
 from fwbench.store import ResultRecord, RunRecord
 from fwbench.units import format_percent, format_seconds, format_seconds_noise, second_axis_text, short_id
 

@@ -2,7 +2,7 @@
 machine, model, runtime, phase, shape and device, what the lower precision buys (fp32 time ÷ its time) and what it
 costs (its error against the float64 reference beside fp32's). The two dtypes ran in different comparison groups,
 so the ratio is unpaired: the ratio of the two cells' round-level estimates, with a Welch CI over rounds
-(:func:`fwbench.report.summary.row_ratio`; none below 3 rounds)."""
+(:func:`fwbench.speedups.row_ratio`; none below 3 rounds)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rich.markup import escape
 
 from fwbench.report.flags import parity_by_pair, parity_key
-from fwbench.report.summary import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
+from fwbench.speedups import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
 from fwbench.store import ResultRecord
 from fwbench.units import format_seconds
 

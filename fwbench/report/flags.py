@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
+from fwbench.speedups import rel_half_width
 from fwbench.store import ResultRecord
 
 NOISY_REL_CI = 0.05  # an ok cell whose 95% CI half-width exceeds this fraction of its median is noisy
@@ -15,19 +16,6 @@ NOT_CHECKED = "—"
 
 # (run, model, runtime, dtype, device, processes): cells that share one check
 ParityKey = tuple[int, str, str, str, str, int | None]
-
-
-def relative_half_width(value: float | None, low: float | None, high: float | None) -> float | None:
-    """Half a CI's width over its estimate (0.05 = ±5%); None without a CI or a positive estimate."""
-    if value is None or low is None or high is None or not value > 0:
-        return None
-    return float((high - low) / 2 / value)
-
-
-def rel_half_width(row: ResultRecord) -> float | None:
-    """The record's CI half-width over the median (0.01 = ±1%: moderated over its run when read with it,
-    fwbench.store.moderation), or None."""
-    return relative_half_width(row.median_s, row.ci_low_s, row.ci_high_s)
 
 
 def is_noisy(row: ResultRecord) -> bool:

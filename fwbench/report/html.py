@@ -39,11 +39,14 @@ from fwbench.report.flags import (
     is_noisy,
     precision_flags,
     precision_key,
-    rel_half_width,
     samples_text,
 )
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
-from fwbench.report.summary import (
+from fwbench.report.table import throughput_headers
+from fwbench.report.throughput import format_rate, throughput
+from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
+from fwbench.spec import shape_text
+from fwbench.speedups import (
     ALPHA,
     CellComparison,
     GroupedPair,
@@ -51,13 +54,10 @@ from fwbench.report.summary import (
     cell_key,
     grouped_pairs,
     pair_summary,
+    rel_half_width,
     runtimes_in,
     split_groups,
 )
-from fwbench.report.table import throughput_headers
-from fwbench.report.throughput import format_rate, throughput
-from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
-from fwbench.spec import shape_text
 from fwbench.store import ResultRecord, RunRecord
 from fwbench.units import (
     format_bytes,

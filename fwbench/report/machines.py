@@ -10,10 +10,10 @@ from typing import Any
 
 from rich.markup import escape
 
-from fwbench.report.summary import cell_key, machine_labels
 from fwbench.report.table import RIGHT_COLUMNS, TableData, median_cell
 from fwbench.report.throughput import format_rate, rates
 from fwbench.spec import CASE_FIELDS
+from fwbench.speedups import cell_key, machine_labels
 from fwbench.store import ResultRecord
 from fwbench.units import second_axis_text, short_id
 

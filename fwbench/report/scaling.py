@@ -5,7 +5,7 @@ Scaling efficiency = throughput(N) / (N × throughput(1)): 1 is perfect, 1/N mea
 one. Throughput counts the global batch, so weak scaling (each process keeps its batch) gives t₁ / t_N and strong
 scaling (the global batch split) t₁ / (N · t_N); phase fit's call is an epoch of the whole dataset whatever the
 batch, so its efficiency is t₁ / (N · t_N) and its samples/s the dataset's samples over the epoch; the 95% CI is the paired speed-up's t₁ / t_N
-(:func:`fwbench.report.summary.row_ratio`, over rounds), scaled the same way. Communication's share is the median of
+(:func:`fwbench.speedups.row_ratio`, over rounds), scaled the same way. Communication's share is the median of
 a bare all-reduce of the trained parameters' size (float32, through the runtime's own collectives; stored by each
 cell after its steps) over the median step.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from rich.markup import escape
 
 from fwbench.report.dtypes import median_text
-from fwbench.report.summary import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
 from fwbench.report.throughput import format_rate, rates
+from fwbench.speedups import KEY_FIELDS, RatioEstimate, cell_key, row_ratio, sample_median
 from fwbench.store import ResultRecord
 from fwbench.units import format_seconds
 

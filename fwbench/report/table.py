@@ -35,11 +35,12 @@ from fwbench.report.flags import (
     parity_mark,
     precision_flags,
     precision_key,
-    rel_half_width,
     samples_text,
 )
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
-from fwbench.report.summary import (
+from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
+from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
+from fwbench.speedups import (
     ALPHA,
     CellComparison,
     GroupedPair,
@@ -47,11 +48,10 @@ from fwbench.report.summary import (
     cell_key,
     grouped_pairs,
     machine_labels,
+    rel_half_width,
     resolve_baseline,
     runtimes_in,
 )
-from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
-from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
 from fwbench.store import ResultRecord
 from fwbench.units import (
     decimals_for,

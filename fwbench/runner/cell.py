@@ -12,7 +12,6 @@ beside others on other CPUs moves every thread, those included, with :meth:`Cell
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import time
@@ -20,18 +19,17 @@ import timeit
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from fwbench.details import CompileHealth, PrecisionCheck
 from fwbench.diskfull import disk_full_report
 from fwbench.measure import environment, memory, noise, timer
+from fwbench.messages import Job, message, stage_message
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
 from fwbench.precision import policy_mismatches
-from fwbench.runner.launchers import SingleProcess, launcher_for
-from fwbench.runner.messages import Job, message, stage_message
 from fwbench.runner.tolerances import parity_tolerance, relative_errors
 
 if TYPE_CHECKING:
@@ -71,6 +69,41 @@ def recording(step: Callable[[], object], losses: list[object]) -> Callable[[], 
     return recorded
 
 
+class Launcher(Protocol):
+    """How a process carries out a cell's phase, as the cell and the phases ask it (the implementations, one process,
+    a rank of a --procs cell and profiled, are :mod:`fwbench.runner.launchers`')."""
+
+    writes_outputs: bool  # fwbench verify: this process writes the cell's outputs
+
+    def rows(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This process's rows of a global batch (every array's first axis)."""
+        ...
+
+    def row_groups(self, global_batch: int) -> list[slice]:
+        """The rows of a global batch each process of the cell computes on, in rank order."""
+        ...
+
+    def warm_up(self, step: Callable[[], object], settings: Any, counters: Callable[[], dict[str, int]]) -> list[float]:
+        """The warm-up calls' seconds."""
+        ...
+
+    def synchronise(self, backend: Backend) -> None:
+        """Before the compile counters' window and before every timed block or epoch."""
+        ...
+
+    def together(self, backend: Backend) -> Callable[[], None] | None:
+        """What the cell's processes call to start an epoch together (None: one process)."""
+        ...
+
+    def measure(self, cell: Cell, backend: Backend, step: Callable[[], object]) -> timer.TimingResult:
+        """After warm-up: the timed window, or the profiler's calls."""
+        ...
+
+    def after_steps(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
+        """After a training cell's timed steps."""
+        ...
+
+
 class Cell:
     """The job's cell in this worker: reports each stage on ``channel`` as it enters it and builds ``result``
     (the worker's result message: stored fields, the rest ``details``; ``stage_seconds`` by stage). An
@@ -88,12 +121,20 @@ class Cell:
         self.result: dict[str, Any] = {"stage_seconds": {}}
         self._stage_started = time.perf_counter()
         self._stage = "start"
+        self._launcher: Launcher | None = None
 
-    @functools.cached_property
-    def launcher(self) -> SingleProcess:
-        """How this process carries out the phase (one process, a rank of a --procs cell, profiled): made on first
-        use, inside the worker's guard, so a malformed rank environment is this cell's error."""
-        return launcher_for(self.job)
+    @property
+    def launcher(self) -> Launcher:
+        """How this process carries out the phase (one process, a rank of a --procs cell, profiled;
+        :func:`fwbench.runner.launchers.launcher_for`): set by the worker inside its guard, so a malformed rank
+        environment is this cell's error."""
+        if self._launcher is None:
+            raise RuntimeError("the cell has no launcher yet (the worker sets one: fwbench.runner.launchers)")
+        return self._launcher
+
+    @launcher.setter
+    def launcher(self, launcher: Launcher) -> None:
+        self._launcher = launcher
 
     def pin_threads(self) -> None:
         """A worker started beside others: move every thread to the cell's CPUs (once). Called right after the

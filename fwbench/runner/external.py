@@ -6,7 +6,7 @@ So the manager sees one process from start to end, as for every cell: the same p
 restarts with the new program: the preparation's numpy arrays are not counted), the same CPU pinning, process group
 and parent-death signal, the result pipe (``--result-fd``) and stdin (the job line was read before: an interleaved
 job's commands come only after the worker's ``ready``). The worker speaks the protocol of
-:mod:`fwbench.runner.messages`; docs/architecture.md says what it must do.
+:mod:`fwbench.messages`; docs/architecture.md says what it must do.
 
 Its parity check stays Python's: the worker writes its outputs (and checkpoints) at the parity shape to a
 safetensors file and runs ``python -m fwbench.runner.external compare FOLDER FILE`` (:func:`compare`), which prints
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fwbench.messages import Job
 from fwbench.orphans import die_with_parent
-from fwbench.runner.messages import Job
 from fwbench.runner.tempfolders import EXTERNAL_PREFIX
 
 

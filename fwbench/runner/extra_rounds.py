@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 from fwbench.details import RoundsStop
 from fwbench.measure.rounds import MIN_ROUNDS_FOR_CI
-from fwbench.report.flags import rel_half_width, relative_half_width
-from fwbench.report.summary import DEFAULT_BASELINE, compare_cells, runtimes_in
 from fwbench.runner.scheduler import GroupRun
 from fwbench.spec import Settings
+from fwbench.speedups import DEFAULT_BASELINE, compare_cells, rel_half_width, relative_half_width, runtimes_in
 from fwbench.store import ResultRecord
 from fwbench.units import format_percent
 

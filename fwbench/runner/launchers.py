@@ -23,9 +23,9 @@ import numpy as np
 
 from fwbench.details import DistributedDetails
 from fwbench.measure import timer
+from fwbench.messages import Job
 from fwbench.models.base import ModelDescription
 from fwbench.ranks import RankInfo, rank_rows
-from fwbench.runner.messages import Job
 
 if TYPE_CHECKING:
     from fwbench.frameworks.base import Backend

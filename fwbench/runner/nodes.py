@@ -36,8 +36,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fwbench.messages import Job
 from fwbench.ranks import free_ports, gloo_interface
-from fwbench.runner.messages import Job
 from fwbench.runner.process import POLL_INTERVAL_S, WorkerFailure, WorkerProcess, ended_early, worker_cpus
 from fwbench.spec import Plan, processes_per_node
 

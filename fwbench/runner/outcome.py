@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from fwbench.measure.rounds import Block
-from fwbench.runner.messages import Job
+from fwbench.messages import Job
 from fwbench.runner.process import WorkerFailure
 from fwbench.runner.rankset import start_worker
 from fwbench.spec import Case, Settings

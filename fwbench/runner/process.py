@@ -24,7 +24,7 @@ from typing import IO, Any
 from fwbench.measure.environment import cpus_one_per_core
 from fwbench.measure.memory import peak_rss_bytes
 from fwbench.measure.noise import process_cpu_seconds
-from fwbench.runner.messages import Job, thread_environment
+from fwbench.messages import Job, thread_environment
 from fwbench.runner.tempfolders import remove_external_folders
 
 POLL_INTERVAL_S = 0.1  # the manager wakes rarely: it shares the worker's cores

@@ -4,7 +4,7 @@ Each rank is a :class:`~fwbench.runner.process.WorkerProcess` of its own (fresh 
 dies with the manager) pinned to cores no other rank has, with ``threads / N`` threads (or ``--rank-threads``) and
 its identity in its environment (:class:`fwbench.ranks.RankInfo`: rank, world size, 127.0.0.1 and a free port, a
 rendezvous file in a temporary folder). The rank set speaks the worker protocol
-(:mod:`fwbench.runner.messages`): a command goes to every rank; a message is awaited from every rank and answered
+(:mod:`fwbench.messages`): a command goes to every rank; a message is awaited from every rank and answered
 as one — a block lasts as long as its slowest rank, resident memory is the ranks' sum (``--memory-limit`` applies
 to it, polled), a result is rank 0's with every rank's figures beside it.
 
@@ -35,9 +35,9 @@ from typing import Any
 
 from fwbench.details import RankDetail, Rendezvous, RendezvousNode, StageSeconds
 from fwbench.measure import timer
+from fwbench.messages import STAGES, Job
 from fwbench.ranks import LOOPBACK, RankInfo, free_ports, gloo_interface
 from fwbench.runner import nodes
-from fwbench.runner.messages import STAGES, Job
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import POLL_INTERVAL_S, WorkerFailure, WorkerProcess, worker_cpus
 from fwbench.spec import rank_threads

@@ -52,7 +52,7 @@ from fwbench.measure.noise import NoiseTotals
 from fwbench.measure.rounds import Block, blocks_by_round, time_estimate
 from fwbench.measure.settle import settle
 from fwbench.measure.timer import HF2019_REPEAT
-from fwbench.runner.messages import Job
+from fwbench.messages import Job
 from fwbench.runner.outcome import CellOutcome, check_memory, failed, outcome_from_result, run_worker, spread_fields
 from fwbench.runner.phases import get_phase
 from fwbench.runner.process import WorkerFailure, WorkerProcess

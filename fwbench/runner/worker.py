@@ -4,7 +4,7 @@ It pins itself to the CPUs given by ``--cpus`` before anything heavier than the 
 is imported (the manager has already put the thread-budget variables in its environment); started beside other
 workers with ``--start-cpus``, it imports on those instead and moves every thread to ``--cpus`` once its framework
 is imported, before the framework is configured or builds anything. Then it reads a
-:class:`~fwbench.runner.messages.Job` on stdin and runs its case's phase (:mod:`fwbench.runner.phases`) on a
+:class:`~fwbench.messages.Job` on stdin and runs its case's phase (:mod:`fwbench.runner.phases`) on a
 :class:`~fwbench.runner.cell.Cell`. It reports stages and one result as JSON lines on the file descriptor
 given by ``--result-fd``, and dies with its manager.
 """
@@ -17,15 +17,7 @@ import gc
 import os
 import sys
 
-from fwbench.orphans import die_with_parent
-
-
-def die_with_manager(manager_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (not Linux: the parent check alone); exit now if
-    it already has."""
-    die_with_parent()
-    if os.getppid() != manager_pid:
-        os._exit(3)
+from fwbench.orphans import die_with_manager
 
 
 def read_line(fd: int) -> str:
@@ -59,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     from fwbench.frameworks import get_runtime
     from fwbench.measure import stats
     from fwbench.measure.environment import thread_affinities
+    from fwbench.messages import Job, result_message
     from fwbench.runner.cell import Cell  # numpy and friends: only now, inside the affinity
     from fwbench.runner.external import hand_over
-    from fwbench.runner.messages import Job, result_message
+    from fwbench.runner.launchers import launcher_for
     from fwbench.runner.phases import get_phase
 
     stats.load()  # the timer's stopping rule needs scipy.stats inside the timed window: imported here, untimed
@@ -72,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             external = get_runtime(job.case.runtime).external
             if external:  # a worker in another language: this process becomes it (never returns), or raises
                 hand_over(job, external, args.result_fd, cpus, args.manager_pid)
-            result = cell.launcher.run(get_phase(job.case.phase), cell)
+            launcher = cell.launcher = launcher_for(job)
+            result = launcher.run(get_phase(job.case.phase), cell)
         except BaseException as exc:  # every failure becomes this cell's status, never a lost sweep
             result = cell.failure(exc)
         result["cpus"] = sorted(os.sched_getaffinity(0))

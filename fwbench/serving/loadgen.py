@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from fwbench.details import LoadPoint
+from fwbench.orphans import die_with_manager
 from fwbench.serving.protocol import HEADER_LENGTH, decode_response, encode_request
 
 SINGLE_STREAM, OFFLINE, SERVER = "SingleStream", "Offline", "Server"
@@ -427,8 +428,6 @@ if __name__ == "__main__":
     parser.add_argument("--cpus", required=True, help="comma-separated CPUs to pin to")
     parser.add_argument("--parent", type=int, required=True, help="the serving worker's pid: die with it")
     args = parser.parse_args()
-    from fwbench.runner.worker import die_with_manager
-
     die_with_manager(args.parent)
     os.sched_setaffinity(0, [int(cpu) for cpu in args.cpus.split(",")])
     sys.exit(main())

@@ -10,7 +10,7 @@ runs merged from shards alike.
   when its group was stored, which is what the database's columns hold, and what :meth:`Store.result` gives: one
   cell read alone, as the live TensorBoard writer and ``--resume`` read it, has no run to be moderated over).
 - Speed-ups: every two ``ok`` cells measured together (one comparison group, interleaved) give a unit from their
-  paired log ratios; the report's paired speed-ups use that prior (:func:`fwbench.report.summary.row_ratio`),
+  paired log ratios; the report's paired speed-ups use that prior (:func:`fwbench.speedups.row_ratio`),
   whichever baseline it is asked for.
 """
 
@@ -20,21 +20,12 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from fwbench.measure.moderate import Unit, VariancePrior, fit_prior
+from fwbench.measure.moderate import RunPriors, Unit, fit_prior
 from fwbench.measure.rounds import blocks_by_round, paired_log_ratios, ratio_unit, time_estimate, time_unit
 from fwbench.store.records import CellInterval, ResultRecord
 
 RunMachine = tuple[int, str | None, str | None]  # (run_id, hardware_id, hostname): the cells one prior is fitted over
-
-
-@dataclass(frozen=True)
-class RunPriors:
-    """The priors of one run on one machine: of cell times and of paired log ratios (None: too few to fit)."""
-
-    times: VariancePrior | None
-    pairs: VariancePrior | None
 
 
 def measured_together(numerator: ResultRecord, denominator: ResultRecord) -> bool:

@@ -14,7 +14,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fwbench.details import (
     FIRST_RESULT_STAGES,
@@ -38,14 +38,12 @@ from fwbench.details import (
     as_dict,
 )
 from fwbench.measure.environment import machine_ids
+from fwbench.measure.moderate import RunPriors
 from fwbench.measure.noise import NoiseTotals, contention
 from fwbench.measure.rounds import Block, blocks_by_round
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
 from fwbench.profile.summary import OpRow, ProfileSummary
-
-if TYPE_CHECKING:
-    from fwbench.store.moderation import RunPriors
 
 __all__ = [  # the details records are fwbench.details'; these names stay importable from here
     "COLUMN_NAMES",

@@ -38,6 +38,7 @@ LAYOUT = "NHWC"
 ARRAY_RECORDS = "arrayrecords"  # the folder of ArrayRecord files inside a dataset folder
 SOURCES = ("files", "arrayrecord")
 PACKED = ARRAY_RECORDS  # --data-source packed: the ArrayRecord files
+PACKED_ARGUMENT = "array_record_shards"  # the manifest's count of them
 _HEADER = struct.Struct("<qq")  # an ArrayRecord record: label, index (little-endian int64), then the JPEG bytes
 
 if not flags.FLAGS.is_parsed():
@@ -52,7 +53,7 @@ def array_record_name(index: int, shards: int) -> str:
     return f"images-{index:05d}-of-{shards:05d}.array_record"
 
 
-def write_array_records(folder: Path, labels: list[tuple[str, int]], shards: int) -> list[Path]:
+def write_packed(folder: Path, labels: list[tuple[str, int]], shards: int) -> list[Path]:
     """Write ``folder/arrayrecords/`` with ``shards`` files holding the images ``labels`` lists ((file, label)
     relative to ``folder``) in contiguous, balanced runs (shard j: images ⌊j·n/k⌋ to ⌊(j+1)·n/k⌋ − 1, none
     empty when n ≥ k), so that reading the shards in order gives file order. A record is the label and index as

@@ -52,16 +52,14 @@ native backend is the fp32 one, since Keras, not it, does the casting.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from fwbench import frameworks as registry
+from fwbench.frameworks import registry
 from fwbench.frameworks.base import Backend, as_keras_checkpoint_arch, as_keras_training_arch
+from fwbench.frameworks.keras3 import import_keras, refuse_other_backend
 from fwbench.frameworks.tensorflow.tracing import tracing_counters
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
@@ -69,39 +67,6 @@ from fwbench.spec import Settings
 DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}  # case dtype -> Keras' global dtype policy
 # Inputs the descriptions give channels-first (batch, C, H, W): transposed to (batch, H, W, C) in make_inputs.
 _CHANNELS_FIRST_INPUTS = frozenset({"pixel_values"})
-
-
-def _check_backend(keras: ModuleType, backend: str) -> None:
-    active = keras.backend.backend()
-    if active != backend:
-        raise RuntimeError(
-            f"keras:{backend} needs Keras' {backend} backend, but keras was imported with the "
-            f"{active} backend in this process (KERAS_BACKEND is read once, when keras is first "
-            f"imported): run keras:{backend} in a fresh process"
-        )
-
-
-def refuse_other_backend(backend: str) -> None:
-    """RuntimeError if keras is already loaded in this process with a backend other than ``backend``."""
-    loaded = sys.modules.get("keras")
-    if loaded is not None:
-        _check_backend(loaded, backend)
-
-
-def import_keras(backend: str, device: str) -> ModuleType:
-    """keras, imported with ``backend`` as its backend; RuntimeError if it is (already) loaded with another."""
-    refuse_other_backend(backend)
-    if "keras" not in sys.modules:
-        os.environ["KERAS_BACKEND"] = backend
-        if backend == "torch":  # where keras.ops create tensors inside a call (arange, ones, ...)
-            os.environ["KERAS_TORCH_DEVICE"] = "cuda" if device == "cuda" else "cpu"
-    import keras
-
-    _check_backend(keras, backend)  # e.g. a keras that ignores KERAS_BACKEND
-    image_format = keras.config.image_data_format()
-    if image_format != "channels_last":
-        raise RuntimeError(f"keras image_data_format is {image_format!r}; the Keras models here are channels_last")
-    return keras
 
 
 # A mode that is not a Keras backend's name runs on this Keras backend.
@@ -270,10 +235,10 @@ class KerasBackend(Backend):
         the ``mixed_bfloat16`` policy with float32 embeddings, layer norms and residual stream (fwbench's policy,
         keras/precision.py): float32 variables and optimizer (the master weights), Dense and conv layers in
         bfloat16, the loss in float32 (a Keras loss computes in floatx)."""
-        from fwbench.frameworks.keras import training
+        from fwbench.frameworks.keras3.optimizers import make_optimizer
         from fwbench.models.training import optimizer_spec
 
-        model = self._training_model(training.make_optimizer(optimizer_spec(self.settings.optimizer)))
+        model = self._training_model(make_optimizer(optimizer_spec(self.settings.optimizer)))
         self.jit_compile = bool(model.jit_compile)
         self._train_model = model
         x, (labels, weights) = dict(zip(self._input_names, inputs)), targets

@@ -18,7 +18,7 @@ from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend, as_keras_training_arch
 from fwbench.frameworks.keras.backend import _CHANNELS_FIRST_INPUTS
 from fwbench.frameworks.keras.training import loss as keras_loss
-from fwbench.frameworks.keras.training import make_optimizer
+from fwbench.frameworks.keras3.optimizers import make_optimizer
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
 from fwbench.models.training import optimizer_spec
 

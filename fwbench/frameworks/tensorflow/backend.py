@@ -24,9 +24,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port  # IsMklEnabled: whether TF runs its oneDNN kernels
 
-from fwbench.frameworks import get_runtime
 from fwbench.frameworks.base import Backend, as_training_arch
-from fwbench.frameworks.keras.backend import import_keras
+from fwbench.frameworks.keras3 import import_keras
+from fwbench.frameworks.registry import get_runtime
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.tracing import tracing_counters
 from fwbench.spec import Settings
@@ -189,7 +189,7 @@ class TensorFlowBackend(Backend):
         the float32 variables."""
         assert self.description is not None
         import_keras("tensorflow", self.device)  # Keras 3's optimizers, on its tensorflow backend
-        from fwbench.frameworks.keras.training import make_optimizer
+        from fwbench.frameworks.keras3.optimizers import make_optimizer
         from fwbench.frameworks.tensorflow import training
         from fwbench.models.training import optimizer_spec
 

@@ -29,6 +29,7 @@ from fwbench.datasets.images import LoaderInput
 TFRECORDS = "tfrecords"  # the folder of shards inside a dataset folder
 LAYOUT = "NHWC"
 PACKED = TFRECORDS  # --data-source packed: the TFRecord shards
+PACKED_ARGUMENT = "tfrecord_shards"  # the manifest's count of them
 
 
 def shard_name(index: int, shards: int) -> str:
@@ -36,7 +37,7 @@ def shard_name(index: int, shards: int) -> str:
     return f"images-{index:05d}-of-{shards:05d}.tfrecord"
 
 
-def write_tfrecords(folder: Path, labels: list[tuple[str, int]], shards: int) -> list[Path]:
+def write_packed(folder: Path, labels: list[tuple[str, int]], shards: int) -> list[Path]:
     """Write ``folder/tfrecords/`` with ``shards`` shards of the images ``labels`` lists ((file, label) relative to
     ``folder``). Returns the shard paths."""
     out = folder / TFRECORDS

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend, as_evaluated_arch, as_training_arch
-from fwbench.frameworks.keras.backend import import_keras
+from fwbench.frameworks.keras3 import import_keras
 from fwbench.frameworks.tensorflow import data as tf_data
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
@@ -39,7 +39,7 @@ def fit(
     if backend.mode != "function":
         raise NotImplementedError(f"tensorflow:{backend.mode} has no fit phase")
     import_keras("tensorflow", backend.device)  # Keras 3's optimizers, on its tensorflow backend
-    from fwbench.frameworks.keras.training import make_optimizer
+    from fwbench.frameworks.keras3.optimizers import make_optimizer
 
     arch = as_training_arch(backend.arch_module())
     evaluated = as_evaluated_arch(backend.arch_module())

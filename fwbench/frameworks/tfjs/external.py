@@ -34,10 +34,10 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from fwbench.measure.timer import HF2019_NUMBER, MAX_SETTLE_CALLS, SETTLE_RATIO
+from fwbench.messages import Job
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.weights_io import load_weights
-from fwbench.runner.messages import Job
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 WORKER_SCRIPT = PACKAGE_DIR / "worker.mjs"

@@ -1,5 +1,5 @@
 // fwbench's worker for TF.js in Node.js: one cell, speaking the same protocol as the Python worker
-// (fwbench/runner/messages.py; docs/architecture.md, "A worker in another language").
+// (fwbench/messages.py; docs/architecture.md, "A worker in another language").
 //
 // The cell's Python worker prepared its folder (fwbench/frameworks/tfjs/external.py: cell.json with the job, the
 // model's structure, weights, inputs, the float64 reference) and became this process (execve: same pid, CPU

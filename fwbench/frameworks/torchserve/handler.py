@@ -27,7 +27,7 @@ class FwbenchHandler:
         self.model: ServedModel | None = None
 
     def initialize(self, context: Any) -> None:
-        from fwbench.frameworks import create_backend
+        from fwbench.frameworks.registry import create_backend
         from fwbench.models import get_model
         from fwbench.models.weights_io import load_weights
         from fwbench.spec import Settings

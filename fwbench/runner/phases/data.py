@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib
 import os
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 from fwbench.datasets.folders import changed_packed_files, corrupt_images, image_dataset
 from fwbench.datasets.images import LoaderInput
 from fwbench.details import CorruptFile, DataDetails, FirstBatch, PssPeak
-from fwbench.frameworks import get_runtime
+from fwbench.frameworks import get_runtime, loader_module
 from fwbench.measure import memory, noise, processes
 from fwbench.models.base import ModelDescription
 from fwbench.runner import estimate
@@ -141,7 +140,7 @@ class Data(Phase):
         info = get_runtime(case.runtime)
 
         cell.stage("import")
-        loader: Any = importlib.import_module(info.module)
+        loader = loader_module(info)
         cell.pin_threads()
         cell.result["threads_effective"] = loader.configure_threads(settings.threads)
         cell.result["versions"] = loader.versions()

@@ -1,5 +1,6 @@
 """Runtime-vs-baseline comparisons of stored cells: per-cell speed-ups with CIs and significance, and a
-summary per runtime pair. Framework-free; statistics with scipy.
+summary per runtime pair; what the reports show and the runner's extra rounds decide on. Framework-free; statistics
+with scipy.
 
 Semantics (each is tested):
 
@@ -162,6 +163,19 @@ def row_ratio(numerator: ResultRecord, denominator: ResultRecord) -> RatioEstima
         estimate.dof,
         estimate.moderated,
     )
+
+
+def relative_half_width(value: float | None, low: float | None, high: float | None) -> float | None:
+    """Half a CI's width over its estimate (0.05 = ±5%); None without a CI or a positive estimate."""
+    if value is None or low is None or high is None or not value > 0:
+        return None
+    return float((high - low) / 2 / value)
+
+
+def rel_half_width(row: ResultRecord) -> float | None:
+    """The record's CI half-width over the median (0.01 = ±1%: moderated over its run when read with it,
+    fwbench.store.moderation), or None."""
+    return relative_half_width(row.median_s, row.ci_low_s, row.ci_high_s)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
