@@ -25,13 +25,17 @@ $(STAMP): pyproject.toml constraints.txt
 node-packages:
 	scripts/ensure-node-packages
 
+# The quick suite into the store, then the latest run as CSV, JSON and the HTML page; the last line names them all.
 bench: $(STAMP) node-packages
 	$(BIN)/fwbench run --suite quick --db results/fwbench.db
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format csv --out results/latest.csv
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --format json --out results/latest.json
+	$(BIN)/fwbench report --db results/fwbench.db --run latest --html results/latest.html
+	@echo "make bench wrote: results/fwbench.db (every run), results/latest.csv, results/latest.json, results/latest.html"
 
-# Lint, format and type checks, then the tests: the parallel part in one pytest-xdist process per physical core
-# (each pinned to its own core, tests/conftest.py), then the tests that need the whole machine.
+# Lint, format, type and import-contract checks (pyproject.toml's [tool.importlinter]), then the tests: the parallel
+# part in one pytest-xdist process per physical core (each pinned to its own core, tests/conftest.py), then the tests
+# that need the whole machine.
 TEST_PROCS ?= $(shell $(BIN)/python -c "from fwbench.measure.environment import physical_core_count as n; print(max(1, n()))" 2>/dev/null || echo 1)
 CHECKED := fwbench tests benchmarks
 
@@ -41,6 +45,7 @@ test: $(STAMP) node-packages
 	$(BIN)/ruff check $(CHECKED)
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "not serial and not matrix"
 	$(BIN)/python -m pytest -m "serial and not matrix"
 

@@ -5,7 +5,7 @@ The worker writes one ``{"type": "stage", ...}`` line as it enters each stage an
 after warm-up the worker writes ``{"type": "ready", ...}`` (its resident peak) and then serves the commands the
 manager writes on its stdin, one JSON line each: ``{"command": "calibrate"}`` → the calls per block →
 ``{"type": "calibrated", ...}`` (not sent in a later round where the manager already chose the calls:
-:func:`fwbench.runner.scheduler.equal_blocks`); ``{"command": "block", "calls": n}`` → one timed block of ``n`` calls
+:func:`fwbench.runner.interleave.equal_blocks`); ``{"command": "block", "calls": n}`` → one timed block of ``n`` calls
 → ``{"type": "block", ...}``; ``{"command": "finish"}`` → its remaining stages and the result, after which a
 single-process worker exits without the interpreter's teardown. Framework chatter on stdout/stderr never mixes in,
 because results travel on their own file descriptor. The thread budget reaches the worker's native

@@ -62,6 +62,15 @@ def _check_positive_int(name: str, value: object) -> None:
         raise SpecError(f"{name} must be a positive integer up to {MAX_COUNT}, got {value!r}")
 
 
+def _is_number_in(value: object, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> bool:
+    """Whether ``value`` is an int or float (not a bool) from ``low`` to ``high`` (each bound excluded when open)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    above = low < value if low_open else low <= value
+    below = value < high if high_open else value <= high
+    return above and below
+
+
 @dataclass(frozen=True, order=True)
 class Case:
     """One cell of a sweep. ``seq_len`` is None for models without a sequence axis. Phase data: ``model`` is the
@@ -326,6 +335,17 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        # The checks by theme, in this order (the first invalid setting names the error).
+        self._check_workers()
+        self._check_rounds()
+        self._check_data()
+        self._check_serving()
+        self._check_fit()
+        self._check_timing()
+        self._check_limits()
+
+    def _check_workers(self) -> None:
+        """Threads, nodes and how a worker is talked to and compiles and trains."""
         _check_positive_int("threads", self.threads)
         _check_positive_int("interop threads", self.interop_threads)
         _check_positive_int("node count", self.nodes)
@@ -334,28 +354,24 @@ class Settings:
         _check_choice("protocol", self.protocol, PROTOCOLS)
         _check_choice("compile mode", self.compile_mode, COMPILE_MODES)
         _check_choice("optimizer", self.optimizer, OPTIMIZER_KINDS)
+
+    def _check_rounds(self) -> None:
+        """Warm-up calls, rounds, the budget of extra rounds and how the rounds are spread and interleaved."""
         _check_positive_int("warm-up calls", self.warmup_calls)
         _check_positive_int("rounds", self.rounds)
         _check_positive_int("max rounds", self.max_rounds)
         for name, value in (("target CI", self.target_ci), ("budget", self.budget_s)):
-            if value is not None and (
-                not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf
-            ):
+            if value is not None and not _is_number_in(value, 0, math.inf, low_open=True, high_open=True):
                 raise SpecError(f"{name} must be a positive finite number, got {value!r}")
-        if (
-            not isinstance(self.spread_s, (int, float))
-            or isinstance(self.spread_s, bool)
-            or not 0 <= self.spread_s < math.inf
-        ):
+        if not _is_number_in(self.spread_s, 0, math.inf, high_open=True):
             raise SpecError(f"spread must be a finite number of seconds of at least 0, got {self.spread_s!r}")
         if not isinstance(self.interleave, bool):
             raise SpecError(f"interleave must be true or false, got {self.interleave!r}")
-        if (
-            not isinstance(self.settle_s, (int, float))
-            or isinstance(self.settle_s, bool)
-            or not 0 <= self.settle_s < 10
-        ):
+        if not _is_number_in(self.settle_s, 0, 10, high_open=True):
             raise SpecError(f"settle time must be a number of seconds from 0 to 10, got {self.settle_s!r}")
+
+    def _check_data(self) -> None:
+        """Phase data's images and loaders, and what phase fit reads (epochs, source, workers, samples)."""
         _check_positive_int("epochs", self.epochs)
         _check_positive_int("crop", self.crop)
         _check_positive_int("data batches", self.data_batches)
@@ -369,12 +385,15 @@ class Settings:
         if self.data_input is not None and (not isinstance(self.data_input, str) or not self.data_input):
             raise SpecError(f"data input must be a folder path, got {self.data_input!r}")
         _check_positive_int("fit samples", self.fit_samples)
+
+    def _check_serving(self) -> None:
+        """Phase serving's batcher delay, load points, latency bound and port."""
         for name, value, top in (
             ("max queue delay", self.serve_max_delay_s, 1.0),
             ("p99 bound", self.serve_p99_bound_s, 60.0),
             ("load point duration", self.serve_point_s, 600.0),
         ):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= top:
+            if not _is_number_in(value, 0, top):
                 raise SpecError(f"{name} must be a number of seconds from 0 to {top:g}, got {value!r}")
         if self.serve_point_s < 0.1 or self.serve_p99_bound_s <= 0:
             raise SpecError("a load point lasts at least 0.1 s and the p99 bound is above 0")
@@ -384,22 +403,31 @@ class Settings:
             or not 0 <= self.serve_port < 65536
         ):
             raise SpecError(f"port must be an integer from 0 to 65535, got {self.serve_port!r}")
+
+    def _check_fit(self) -> None:
+        """Phase fit's epochs (epoch 1 compiles) and logging folder."""
         if self.epochs < 2:
             raise SpecError(f"epochs must be at least 2 (epoch 1 includes compilation), got {self.epochs}")
         if self.fit_logging is not None and (not isinstance(self.fit_logging, str) or not self.fit_logging):
             raise SpecError(f"fit logging must be a directory path, got {self.fit_logging!r}")
+
+    def _check_timing(self) -> None:
+        """A cell's time limits, its CI target and block time, and its warm-up."""
         for name, value in (
             ("max time", self.max_time_s),
             ("timeout", self.timeout_s),
             ("target relative CI", self.target_rel_ci),
             ("min block time", self.min_block_s),
         ):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+            if not _is_number_in(value, 0, math.inf, low_open=True, high_open=True):
                 raise SpecError(f"{name} must be a positive finite number, got {value!r}")
         if self.max_time_s >= self.timeout_s:
             raise SpecError(f"max time {self.max_time_s:g} s must be below the timeout {self.timeout_s:g} s")
         if self.warmup_calls < 2:
             raise SpecError(f"warm-up calls must be at least 2, got {self.warmup_calls}")
+
+    def _check_limits(self) -> None:
+        """The worker's memory limit and the seed."""
         limit = self.memory_limit_bytes
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit < 2**63):
             raise SpecError(f"memory limit must be a positive number of bytes below 2**63, got {limit!r}")

@@ -326,16 +326,16 @@ def test_the_rank_set_stores_where_its_ranks_met_as_before() -> None:
 
 
 def test_the_scheduler_stores_its_rounds_and_sub_groups_as_before() -> None:
-    from fwbench.runner import scheduler
+    from fwbench.runner import cell_rounds
     from fwbench.runner.outcome import CellOutcome
 
     case = Case("mlp", "torch:eager")
-    cell = scheduler.CellRounds(case)
+    cell = cell_rounds.CellRounds(case)
     for index, first_call in enumerate((0.5, 0.25)):
         fields = {"first_call_s": first_call, "calls_per_sample": 4, "peak_memory_bytes": 100 + index}
         cell.rounds.append(CellOutcome(case, "ok", None, [1e-3], fields, {"stage_seconds": {"start": 0.1}}, []))
     cell.started_together.add(1)  # round 2's workers started side by side: its first call is not a result
-    merged = scheduler.merge_rounds(cell, "g", "interleaved")
+    merged = cell_rounds.merge_rounds(cell, "g", "interleaved")
     stages = {"stage_seconds": {"start": 0.1}}
     assert merged.details["round_details"] == [
         {"first_call_s": 0.5, "calls_per_sample": 4, "peak_memory_bytes": 100, **stages, "started_together": False},
@@ -357,7 +357,7 @@ def test_the_scheduler_stores_the_sub_groups_of_a_split_group(
             cells[case.key].rounds.append(CellOutcome(case, "ok", None, [1e-3], {"first_call_s": 0.1}, {}, []))
         return cycle, counts[index]
 
-    monkeypatch.setattr(scheduler, "_interleaved_round", one_round)
+    monkeypatch.setattr(scheduler, "interleaved_round", one_round)
     cases = [Case("mlp", "torch:eager"), Case("mlp", "jax:jit")]
     outcomes = scheduler.run_group(cases, Settings(rounds=3, interleave=True), {})
     for outcome in outcomes:  # stored only when a round was split; then every round's count

@@ -23,8 +23,9 @@ from conftest import REPO_DIR, listening_off_loopback, run_args, run_cli
 from fwbench.frameworks import distributed_runtimes, get_runtime
 from fwbench.models import get_model
 from fwbench.ranks import ENV_PREFIX, rank_rows
+from fwbench.runner.interleave_start import start_order
 from fwbench.runner.rankset import combine, combine_results
-from fwbench.runner.scheduler import run_group, start_order
+from fwbench.runner.scheduler import run_group
 from fwbench.runner.verify import TrainingCheck, distributed_parity_unsupported, verify_training
 from fwbench.spec import Case, Scaling, Settings, SpecError, group_key
 from fwbench.store import Store
@@ -131,21 +132,21 @@ def test_a_rounds_start_order_keeps_each_runtimes_process_counts_together() -> N
 def test_another_worker_fits_by_its_own_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """A live 2-process cell's peak is its processes' sum: what a 1-process cell needs next is one process's share
     of it (× the headroom), what a 2-process cell needs is the sum."""
-    from fwbench.runner import scheduler
+    from fwbench.runner import interleave_start
 
     two = Case("bert-base", "torch:ddp", "training", 8, 128, procs=2, scaling="weak")
     # no worker process (None): what fits reads only a live cell's case and peak
-    live = [scheduler._Live(two, None, 1, 1.0, 8 * 2**30)]  # type: ignore[arg-type]
-    monkeypatch.setattr(scheduler, "memory_available_bytes", lambda: 11 * 2**30)
-    assert scheduler._fits_another(live, Settings(), procs=1)  # 1.5 × 4 GiB < 11 GiB
-    assert not scheduler._fits_another(live, Settings(), procs=2)  # 1.5 × 8 GiB > 11 GiB
+    live = [interleave_start.LiveWorker(two, None, 1, 1.0, 8 * 2**30)]  # type: ignore[arg-type]
+    monkeypatch.setattr(interleave_start, "memory_available_bytes", lambda: 11 * 2**30)
+    assert interleave_start._fits_another(live, Settings(), procs=1)  # 1.5 × 4 GiB < 11 GiB
+    assert not interleave_start._fits_another(live, Settings(), procs=2)  # 1.5 × 8 GiB > 11 GiB
     # a runtime's cells start in one sub-group or the next: memory for all of them before its first one starts
     jax = [Case("bert-base", "jax:distributed", "training", 8, 128, procs=n, scaling="weak") for n in (1, 2)]
-    assert scheduler._processes_needed(jax, live, Settings()) == 3
-    started = [*live, scheduler._Live(jax[0], None, 1, 1.0, 4 * 2**30)]  # type: ignore[arg-type]
-    assert scheduler._processes_needed(jax[1:], started, Settings()) == 2
+    assert interleave_start._processes_needed(jax, live, Settings()) == 3
+    started = [*live, interleave_start.LiveWorker(jax[0], None, 1, 1.0, 4 * 2**30)]  # type: ignore[arg-type]
+    assert interleave_start._processes_needed(jax[1:], started, Settings()) == 2
     single = [Case("mlp", "torch:eager", "inference", 1)]
-    assert scheduler._processes_needed(single, [], Settings()) == 1
+    assert interleave_start._processes_needed(single, [], Settings()) == 1
 
 
 def test_a_rank_set_answers_as_its_slowest_rank_and_sums_memory() -> None:

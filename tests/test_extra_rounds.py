@@ -14,9 +14,10 @@ from fwbench.cli.run import print_budget
 from fwbench.details import RoundsStop
 from fwbench.diskfull import DiskFull, disk_full_report
 from fwbench.measure.rounds import Block, blocks_by_round, paired_log_ratios, paired_speedup, time_estimate
+from fwbench.runner.cell_rounds import CellRounds, merge_rounds
 from fwbench.runner.extra_rounds import choose, group_widest, minimum_only
 from fwbench.runner.manager import CellOutcome, Recorder, execute
-from fwbench.runner.scheduler import CellRounds, GroupRun, merge_rounds
+from fwbench.runner.scheduler import GroupRun
 from fwbench.spec import Case, Plan, Settings
 from fwbench.speedups import relative_half_width
 from fwbench.store import ResultRecord, Store

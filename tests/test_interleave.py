@@ -22,7 +22,7 @@ from fwbench.measure.settle import QUIET_S, settle
 from fwbench.messages import Job
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
-from fwbench.runner import manager, scheduler, tempfolders
+from fwbench.runner import cell_rounds, interleave, interleave_start, manager, scheduler, tempfolders
 from fwbench.runner.manager import CellOutcome, execute
 from fwbench.runner.process import WorkerProcess, worker_cpus
 from fwbench.runner.scheduler import comparison_groups, group_key, order_generator
@@ -58,13 +58,13 @@ def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(
     two workers. Only round 1 calibrates: round 2 times blocks of round 1's calls."""
     cases = (fake("sleep"), fake("slowsync"), fake("spike"))
     calibrated: list[tuple[str, int]] = []
-    calibrate = scheduler._calibrate
+    calibrate = interleave._calibrate
 
-    def spy(item: Any, cell: scheduler.CellRounds, settings: Settings, round_index: int) -> None:
+    def spy(item: Any, cell: cell_rounds.CellRounds, settings: Settings, round_index: int) -> None:
         calibrated.append((item.case.runtime, round_index))
         calibrate(item, cell, settings, round_index)
 
-    monkeypatch.setattr(scheduler, "_calibrate", spy)
+    monkeypatch.setattr(interleave, "_calibrate", spy)
     run_id = run(db_path, Plan(cases, FAST))
     assert sorted(calibrated) == sorted((case.runtime, 0) for case in cases)
     with Store.open(db_path, readonly=True) as store:
@@ -104,13 +104,13 @@ def test_a_round_whose_blocks_overrun_their_plan_ends_early(
     """Blocks that take far longer than calibrated (here: the calibration reported 20 times too fast, as after a
     slowdown) end the round once they took OVERRUN × the plan, after at least MIN_CYCLES cycles, instead of running
     the hundreds of cycles the plan asked for."""
-    calibrate = scheduler._calibrate
+    calibrate = interleave._calibrate
 
-    def too_fast(item: Any, cell: scheduler.CellRounds, settings: Settings, round_index: int) -> None:
+    def too_fast(item: Any, cell: cell_rounds.CellRounds, settings: Settings, round_index: int) -> None:
         calibrate(item, cell, settings, round_index)
         item.block_s /= 20
 
-    monkeypatch.setattr(scheduler, "_calibrate", too_fast)
+    monkeypatch.setattr(interleave, "_calibrate", too_fast)
     settings = dataclasses.replace(FAST, max_time_s=1.2)  # a round's share 0.6 s: hundreds of cycles planned
     run_id = run(db_path, Plan((fake("sleep"), fake("slowsync")), settings))
     with Store.open(db_path, readonly=True) as store:
@@ -120,7 +120,7 @@ def test_a_round_whose_blocks_overrun_their_plan_ends_early(
         for blocks in blocks_by_round(row.blocks):
             # planned: ≥ 300 cycles (a share of 0.6 s over blocks reported as ≤ 2 ms); a block takes about its
             # calibrated time, 20 × what was reported, so OVERRUN × the plan is spent after about a tenth of them
-            assert scheduler.MIN_CYCLES <= len(blocks) < 100, len(blocks)
+            assert interleave.MIN_CYCLES <= len(blocks) < 100, len(blocks)
 
 
 def test_round_one_gives_every_adaptive_worker_blocks_as_long_as_the_longest() -> None:
@@ -130,20 +130,20 @@ def test_round_one_gives_every_adaptive_worker_blocks_as_long_as_the_longest() -
     settings = Settings(max_time_s=6.0, rounds=3)  # a round's share 2 s: blocks of at most 0.4 s
     fast, slow = fake("sleep"), fake("slowsync")
     ranks = Case("mlp", "fake:sleep", phase="training", procs=2, scaling="weak")
-    cells = {case.key: scheduler.CellRounds(case) for case in (fast, slow, ranks)}
+    cells = {case.key: cell_rounds.CellRounds(case) for case in (fast, slow, ranks)}
 
     def live(case: Case, calls: int, block_s: float) -> Any:
-        return scheduler._Live(case, cast(Any, None), calls, block_s, 0)
+        return interleave_start.LiveWorker(case, cast(Any, None), calls, block_s, 0)
 
     items = [live(fast, 64, 0.05), live(slow, 1, 0.2), live(ranks, 2, 0.01)]
-    scheduler.equal_blocks(items, cells, settings)
+    interleave.equal_blocks(items, cells, settings)
     assert [(item.calls, round(item.block_s, 9)) for item in items] == [(256, 0.2), (1, 0.2), (2, 0.01)]
     assert cells[fast.key].calibration == (256, pytest.approx(0.2)) and cells[ranks.key].calibration is None
     items = [live(fast, 64, 0.05), live(slow, 1, 1.5)]  # a slow block longer than 2 s / MIN_CYCLES
-    scheduler.equal_blocks(items, cells, settings)
+    interleave.equal_blocks(items, cells, settings)
     assert [item.calls for item in items] == [round(64 * 0.4 / 0.05), 1]
     items = [live(fast, 3, 0.05), live(slow, 3, 0.2)]
-    scheduler.equal_blocks(items, cells, dataclasses.replace(settings, protocol="hf2019"))
+    interleave.equal_blocks(items, cells, dataclasses.replace(settings, protocol="hf2019"))
     assert [item.calls for item in items] == [3, 3]
 
 
@@ -346,16 +346,16 @@ def test_a_check_of_a_cells_first_round_stays_when_a_later_round_fails() -> None
     """The manager settles a pair's parity on a cell's first round (other groups of its window rely on it): when
     the cell fails in a later minimum round, its stored failure keeps that round's parity and precision checks."""
     case = fake("sleep")
-    cell = scheduler.CellRounds(case)
+    cell = cell_rounds.CellRounds(case)
     checks = {"parity": {"ok": True, "worst_rel_l2": 1e-7}, "precision": {"policy": "fp32"}}
     cell.rounds.append(CellOutcome(case, "ok", None, fields={"first_call_s": 0.1}, details=dict(checks)))
     cell.fail(CellOutcome(case, "timeout", "no answer in 60 s"), 1, dataclasses.replace(FAST, rounds=3))
-    merged = scheduler.merge_rounds(cell, "g", "interleaved")
+    merged = cell_rounds.merge_rounds(cell, "g", "interleaved")
     assert merged.status == "timeout" and merged.reason == "no answer in 60 s (round 2 of 3)"
     assert {key: merged.details[key] for key in checks} == checks
-    failed_first = scheduler.CellRounds(case)
+    failed_first = cell_rounds.CellRounds(case)
     failed_first.fail(CellOutcome(case, "error", "boom"), 0, FAST)
-    assert "parity" not in scheduler.merge_rounds(failed_first, "g", "interleaved").details
+    assert "parity" not in cell_rounds.merge_rounds(failed_first, "g", "interleaved").details
 
 
 def test_groups_are_cut_into_windows_of_at_most_the_spread_seconds(monkeypatch: pytest.MonkeyPatch) -> None:

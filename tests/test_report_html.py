@@ -15,8 +15,8 @@ import pytest
 
 from fwbench.cli import main
 from fwbench.frameworks import runtimes
-from fwbench.report import html as report_html
-from fwbench.report.html import to_html
+from fwbench.report.html import figures as html_figures
+from fwbench.report.html import markup, models, page, to_html
 from fwbench.runner.scheduler import group_key
 from fwbench.spec import Case, Plan, Settings
 from fwbench.speedups import GroupedPair, compare_cells, grouped_pairs, split_groups
@@ -201,7 +201,7 @@ def test_page_has_no_network_references(store_path: Path) -> None:
         assert (attrs.get("src") or "data:").startswith("data:"), (tag, attrs)
         assert (attrs.get("href") or "#").startswith("#"), (tag, attrs)
     csp = [a["content"] for t, a in tags_of(page) if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
-    assert csp == [report_html.CSP] and "default-src 'none'" in report_html.CSP
+    assert csp == [markup.CSP] and "default-src 'none'" in markup.CSP
 
 
 def test_plots_are_inline_png_data(store_path: Path) -> None:
@@ -234,8 +234,8 @@ def test_page_sections_and_full_table(store_path: Path) -> None:
 
 
 def test_plot_limits_say_what_is_summarised(store_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(report_html, "MAX_PLOT_GROUPS", 1)
-    monkeypatch.setattr(report_html, "MAX_LINE_PANELS", 1)
+    monkeypatch.setattr(models, "MAX_PLOT_GROUPS", 1)
+    monkeypatch.setattr(html_figures, "MAX_LINE_PANELS", 1)
     page = page_of(store_path)
     assert "Plots for the first 1 of 2 model groups" in page
     assert "Panels for 1 of 2 sequence lengths (16)" not in page  # the hostile model's group is not plotted
@@ -244,7 +244,7 @@ def test_plot_limits_say_what_is_summarised(store_path: Path, monkeypatch: pytes
         n_results = len(store.results())
     table = page[page.index('<section id="results">') :]
     assert table.count("<tr") - 1 == n_results
-    monkeypatch.setattr(report_html, "MAX_PLOT_GROUPS", 2)
+    monkeypatch.setattr(models, "MAX_PLOT_GROUPS", 2)
     assert "Panels for 1 of 2 sequence lengths (16)" in page_of(store_path)
 
 
@@ -264,13 +264,13 @@ def test_page_comparisons_are_the_summary_modules(store_path: Path, monkeypatch:
         )
     assert any(c.ci_low is not None for pair in pairs for c in pair.cells)
     seen: list[str] = []
-    real = report_html.grouped_pairs
+    real = page.grouped_pairs
 
     def spied(rows: Sequence[ResultRecord], baseline: str) -> list[GroupedPair]:
         seen.append(baseline)
         return real(rows, baseline)
 
-    monkeypatch.setattr(report_html, "grouped_pairs", spied)
+    monkeypatch.setattr(page, "grouped_pairs", spied)
     page_of(store_path)
     assert seen == ["torch:eager"]
 
@@ -308,13 +308,13 @@ PLUGIN_RUNTIME = "someones-plugin:an-exported-graph-with-a-very-long-name-that-o
 def figures_of(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every matplotlib figure the page of the store at ``path`` shows, in page order (saved as the page saves them)."""
     figures: list[Any] = []
-    real = report_html._png
+    real = html_figures.png
 
     def kept(fig: Any, alt: str) -> str:
         figures.append(fig)
         return real(fig, alt)
 
-    monkeypatch.setattr(report_html, "_png", kept)
+    monkeypatch.setattr(html_figures, "png", kept)
     page_of(path)
     return figures
 
@@ -398,7 +398,7 @@ def test_browser_check_catches_errors_and_broken_images(tmp_path: Path) -> None:
     locked = tmp_path / "locked.html"
     locked.write_text(
         f'<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" '
-        f'content="{report_html.CSP}"><title>t</title></head><body>'
+        f'content="{markup.CSP}"><title>t</title></head><body>'
         '<img alt="net" src="http://127.0.0.1:9/x.png">'
         '<img alt="corrupt" src="data:image/png;base64,iVBORw0KGgoAAAANSUhEUg==">'
         "<script>document.title = 'ran'</script></body></html>"

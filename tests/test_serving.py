@@ -338,6 +338,8 @@ def test_serving_cells_answer_under_load_with_parity_checked(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     assert marked_processes_left(marker) == []  # every server, load generator and TorchServe process ended
     assert "Serving under load" in done.stdout and "floor p99 @ 50%" in done.stdout
+    # serving's own tables only: no speed-up over a baseline (the floor is no runtime to be "faster" than)
+    assert "speed-up over" not in done.stdout and "vs torch:eager" not in done.stdout
     rows = {row["runtime"]: row for row in _rows(db)}
     for runtime, row in rows.items():
         assert row["status"] == "ok", (runtime, row["reason"])
@@ -375,6 +377,8 @@ def test_serving_cells_answer_under_load_with_parity_checked(tmp_path: Path) -> 
         assert seen.errors == [] and "Serving under load" in seen.body_text
         plots = [i for i in seen.images if str(i.get("alt", "")).startswith("p99 latency against offered load")]
         assert len(plots) == 1 and plots[0]["complete"] and plots[0]["naturalWidth"] > 200, seen.images
+        assert len(seen.images) == 1, seen.images  # no heat map, no latency-against-shape plot, no empty panel
+        assert "Summary against the baseline" not in seen.body_text and "Per model" not in seen.body_text
 
 
 @pytest.mark.slow

@@ -347,7 +347,7 @@ def test_merge_leaves_a_cells_unfinished_rounds_to_the_sources_resume(tmp_path: 
 
 
 def test_a_failed_merge_leaves_an_older_target_as_it_was(tmp_path: Path) -> None:
-    from fwbench.store.db import MIGRATIONS, migrate
+    from fwbench.store.schema import MIGRATIONS, migrate
 
     plan = plan_of(["mlp"], [1, 2], ["torch:eager"])
     good, foreign = tmp_path / "good.db", tmp_path / "x.db"

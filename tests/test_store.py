@@ -12,8 +12,8 @@ import pytest
 from fwbench.details import LoadPoint
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import SCHEMA_VERSION, ResultRecord, Store, StoreError
-from fwbench.store.db import MIGRATIONS, migrate
 from fwbench.store.records import CompileHealth, OutputError, StepLossParts
+from fwbench.store.schema import MIGRATIONS, migrate
 
 PLAN = Plan((Case("mlp", "torch:eager", batch_size=1), Case("mlp", "torch:eager", batch_size=2)), Settings())
 

@@ -68,6 +68,35 @@ def test_verify_fails_on_a_runtime_that_computes_something_else(plugin_env: dict
     assert "mismatch (> 0.0001)" in text and "error: worker killed by SIGSEGV" in text and "skipped" in text
 
 
+@pytest.mark.parametrize("runtimes", [("fake:wrong", "fake:sleep"), ("fake:sleep", "fake:wrong")])
+def test_a_defect_in_the_first_runtime_fails_that_runtime_alone(
+    plugin_env: dict[str, str], runtimes: tuple[str, str]
+) -> None:
+    """The verdict judges each runtime against the float64 reference, whatever the order of --runtimes: a broken
+    first runtime (fake:wrong) is a mismatch, a correct runtime after it (fake:sleep, the reference itself) stays ok;
+    the error against the first runtime is still printed, for information."""
+    result = run_cli("verify", "--models", "mlp", "--runtimes", ",".join(runtimes), "--threads", "1", env=plugin_env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = {
+        cells[2]: cells for line in result.stdout.splitlines() if len(cells := [c.strip() for c in line.split("│")]) > 7
+    }
+    vs_first, vs_reference = (float(cell.split()[0]) for cell in rows["fake:sleep"][5:7])
+    assert rows["fake:sleep"][7] == "ok" and vs_reference == 0.0, rows
+    assert (vs_first == 0.0) if runtimes[0] == "fake:sleep" else (vs_first > 0.1), rows  # shown, not judged
+    assert rows["fake:wrong"][7] == "mismatch (> 0.0001)", rows
+    assert "whatever the order of --runtimes" in " ".join(result.stdout.split())
+
+
+def test_without_a_reference_the_verdict_judges_the_first_runtime() -> None:
+    from fwbench.runner.verify import OutputCheck
+
+    def check(vs_first: float, vs_reference: float | None) -> OutputCheck:
+        return OutputCheck("m", "r", "ok", None, "y", (2,), vs_first, 0.0, vs_reference, 0.0, 1e-4)
+
+    assert check(0.5, 1e-7).passed and not check(1e-7, 0.5).passed  # the reference decides, not the first runtime
+    assert check(1e-7, None).passed and not check(0.5, None).passed  # no reference: the first runtime decides
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -15,7 +15,8 @@ from typing import Any
 from fwbench import __version__
 from fwbench.cli import compare, data, diff, env, export, listing, merge, profile, report, run, verify, weights
 from fwbench.cli.common import EXIT_USAGE, Parser, UsageError
-from fwbench.cli.run import plan_from_args, tensorboard_listener
+from fwbench.cli.run import tensorboard_listener
+from fwbench.cli.run_plan import plan_from_args
 from fwbench.diskfull import DiskFull
 from fwbench.runner.planner import suite_plan
 from fwbench.spec import SpecError

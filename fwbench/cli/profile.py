@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from fwbench import __version__
 from fwbench.cli.common import DB_HELP, directory, positive_float, positive_int, terminate_on_sigterm
-from fwbench.cli.run import plan_choices
+from fwbench.cli.run_plan import plan_choices
 from fwbench.diskfull import DiskFull, cells_kept, low_space_cause
 from fwbench.measure import environment
 from fwbench.profile.cells import profiled_cell

@@ -25,7 +25,7 @@ from fwbench.cli.common import (
 )
 from fwbench.report.export import to_csv, to_json, write_csv_dir
 from fwbench.report.machines import machine_tables
-from fwbench.report.peak import latest_peak
+from fwbench.report.peak import Peak, latest_peak
 from fwbench.report.profile_table import profile_groups, profile_tables
 from fwbench.report.table import (
     PIPE_WIDTH,
@@ -39,7 +39,7 @@ from fwbench.report.table import (
 from fwbench.report.tensorboard import write_results
 from fwbench.spec import SpecError
 from fwbench.speedups import DEFAULT_BASELINE, resolve_baseline
-from fwbench.store import DEFAULT_DB, ResultRecord, Store
+from fwbench.store import DEFAULT_DB, ResultRecord, RunRecord, Store
 
 REPORT_FORMATS = ("table", "json", "csv", "markdown")
 
@@ -148,6 +148,8 @@ def machines_report(results: Sequence[ResultRecord], report_format: str, console
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``fwbench report``: ``--profile``'s tables, or the stored results: the files asked for (``--csv``, ``--html``,
+    ``--tensorboard``), then the report printed or written to ``--out`` (none with only files asked for)."""
     check_output_file("--out", args.out)
     check_output_file("--html", args.html)
     if args.profile:
@@ -162,47 +164,78 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         baseline = resolve_baseline(results, args.baseline)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
-    if args.csv is not None:
-        if args.csv.exists() and not args.csv.is_dir():
-            raise SpecError(f"--csv {args.csv} is not a folder")
-        try:
-            written = write_csv_dir(results, args.csv, peak)
-        except OSError as exc:
-            raise SpecError(f"--csv {args.csv}: cannot write it: {exc.strerror or exc}") from None
-        print(f"wrote {len(written)} CSV files to {args.csv}", file=sys.stderr)
-    if args.html is not None:
-        from fwbench.report.html import to_html  # matplotlib: imported only when a page is written
-
-        page = to_html(runs, results, baseline=baseline, peak=peak, source=str(args.db))
-        _write_text("--html", args.html, page)
-        print(f"wrote {args.html} ({len(page.encode()) / 2**20:.2f} MiB)", file=sys.stderr)
-    if args.tensorboard is not None:
-        try:
-            folders = write_results(args.tensorboard, results, {r.id: r.settings for r in runs})
-        except OSError as exc:
-            raise SpecError(f"--tensorboard {args.tensorboard}: cannot write it: {exc.strerror or exc}") from None
-        print(
-            f"wrote {len(folders)} TensorBoard runs to {args.tensorboard} (tensorboard --logdir {args.tensorboard})",
-            file=sys.stderr,
-        )
+    _write_csv(args, results, peak)
+    _write_html(args, runs, results, baseline, peak)
+    _write_tensorboard(args, runs, results)
     if (args.html is not None or args.tensorboard is not None) and args.format is None and args.out is None:
         return 0
-    report_format = args.format or "table"
-    if args.by == "machine":
-        text = machines_report(results, report_format, console_out=args.out is not None)
-    elif report_format == "json":
-        text = to_json(runs, results, peak) + "\n"
-    elif report_format == "csv":
-        text = to_csv(results, peak)
-    elif report_format == "markdown":
-        text = markdown_report(results, f"fwbench results in {args.db}", peak, args.baseline)
-    else:
-        console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if args.out else make_console()
-        print_results(results, console, title=f"fwbench results in {args.db}", peak=peak, baseline=args.baseline)
-        text = console.export_text() if args.out else ""
+    text = report_text(args, runs, results, peak)
     if args.out is not None:
         _write_text("--out", args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _write_csv(args: argparse.Namespace, results: Sequence[ResultRecord], peak: Peak | None) -> None:
+    """``--csv DIR``: the 2019 spreadsheet layout and results.csv written into DIR."""
+    if args.csv is None:
+        return
+    if args.csv.exists() and not args.csv.is_dir():
+        raise SpecError(f"--csv {args.csv} is not a folder")
+    try:
+        written = write_csv_dir(results, args.csv, peak)
+    except OSError as exc:
+        raise SpecError(f"--csv {args.csv}: cannot write it: {exc.strerror or exc}") from None
+    print(f"wrote {len(written)} CSV files to {args.csv}", file=sys.stderr)
+
+
+def _write_html(
+    args: argparse.Namespace,
+    runs: Sequence[RunRecord],
+    results: Sequence[ResultRecord],
+    baseline: str | None,
+    peak: Peak | None,
+) -> None:
+    """``--html FILE``: the self-contained HTML report written to FILE."""
+    if args.html is None:
+        return
+    from fwbench.report.html import to_html  # matplotlib: imported only when a page is written
+
+    page = to_html(runs, results, baseline=baseline, peak=peak, source=str(args.db))
+    _write_text("--html", args.html, page)
+    print(f"wrote {args.html} ({len(page.encode()) / 2**20:.2f} MiB)", file=sys.stderr)
+
+
+def _write_tensorboard(args: argparse.Namespace, runs: Sequence[RunRecord], results: Sequence[ResultRecord]) -> None:
+    """``--tensorboard DIR``: a TensorBoard run per cell written under DIR."""
+    if args.tensorboard is None:
+        return
+    try:
+        folders = write_results(args.tensorboard, results, {r.id: r.settings for r in runs})
+    except OSError as exc:
+        raise SpecError(f"--tensorboard {args.tensorboard}: cannot write it: {exc.strerror or exc}") from None
+    print(
+        f"wrote {len(folders)} TensorBoard runs to {args.tensorboard} (tensorboard --logdir {args.tensorboard})",
+        file=sys.stderr,
+    )
+
+
+def report_text(
+    args: argparse.Namespace, runs: Sequence[RunRecord], results: Sequence[ResultRecord], peak: Peak | None
+) -> str:
+    """The report in ``--format`` (default table) to write to ``--out``; a table with no ``--out`` is printed now
+    (the text returned is then empty)."""
+    report_format = args.format or "table"
+    if args.by == "machine":
+        return machines_report(results, report_format, console_out=args.out is not None)
+    if report_format == "json":
+        return to_json(runs, results, peak) + "\n"
+    if report_format == "csv":
+        return to_csv(results, peak)
+    if report_format == "markdown":
+        return markdown_report(results, f"fwbench results in {args.db}", peak, args.baseline)
+    console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO()) if args.out else make_console()
+    print_results(results, console, title=f"fwbench results in {args.db}", peak=peak, baseline=args.baseline)
+    return console.export_text() if args.out else ""

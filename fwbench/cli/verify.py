@@ -40,12 +40,19 @@ def add_parser(commands: Any) -> None:
         "verify",
         help="check that runtimes compute the same outputs with the same weights",
         description="Build each model in each runtime (each in its own worker) with the same weights and inputs, "
-        "compare every output with the first runtime's and with the float64 numpy reference (relative L2 "
-        "error ≤ 1e-4 for fp32), print a table, and exit 1 on any mismatch or failure. --phase training compares "
-        "N optimizer steps' loss curves and trained parameters instead.",
+        "compare every output with the float64 numpy reference (relative L2 error ≤ 1e-4 for fp32: the verdict, "
+        "whatever the order of --runtimes) and, for information, with the first runtime's, print a table, and exit "
+        "1 on any mismatch or failure. --phase training compares N optimizer steps' loss curves and trained "
+        "parameters with the first runtime's instead (there is no float64 reference for them).",
     )
     verify.add_argument("--models", required=True, help="comma-separated model names")
-    verify.add_argument("--runtimes", required=True, help="comma-separated runtimes; the first is the comparison base")
+    verify.add_argument(
+        "--runtimes",
+        required=True,
+        help="comma-separated runtimes; the first is the base of the 'vs first runtime' column (information; "
+        "the verdict is against the float64 reference) and, with --phase training, of the verdict: put a trusted "
+        "runtime first there",
+    )
     verify.add_argument(
         "--weights",
         type=Path,
@@ -112,25 +119,36 @@ def _check_choices(args: argparse.Namespace, models: list[str], runtime_names: l
         if training_only:
             raise SpecError(f"{', '.join(training_only)}: only with --phase training")
     else:
-        if (args.db is None) != (args.run is None):
-            raise SpecError("--db and --run go together: the run whose training cells a mismatch marks")
-        training = get_phase("training")
-        if training.dtype_unsupported(args.dtype):
-            raise SpecError(f"--phase training computes in {', '.join(training.dtypes)} only, not {args.dtype}")
-        for name in runtime_names:
-            lacking = training.runtime_unsupported(get_runtime(name), Settings())
-            if lacking:
-                with_training = [n for n, r in runtimes().items() if "training" in r.phases]
-                raise SpecError(f"--phase training: {lacking}; runtimes with training: {', '.join(with_training)}")
-        _check_procs(args, models, runtime_names)
+        _check_training(args, models, runtime_names)
+    _check_files(args, models)
+    for name in models:
+        check_model_options(get_model(name), args.seq_len, None)
+
+
+def _check_training(args: argparse.Namespace, models: list[str], runtime_names: list[str]) -> None:
+    """``--phase training``: refuse --db without --run (or the other way), a dtype it does not compute in, a runtime
+    without training, and --procs that do not fit (:func:`_check_procs`)."""
+    if (args.db is None) != (args.run is None):
+        raise SpecError("--db and --run go together: the run whose training cells a mismatch marks")
+    training = get_phase("training")
+    if training.dtype_unsupported(args.dtype):
+        raise SpecError(f"--phase training computes in {', '.join(training.dtypes)} only, not {args.dtype}")
+    for name in runtime_names:
+        lacking = training.runtime_unsupported(get_runtime(name), Settings())
+        if lacking:
+            with_training = [n for n, r in runtimes().items() if "training" in r.phases]
+            raise SpecError(f"--phase training: {lacking}; runtimes with training: {', '.join(with_training)}")
+    _check_procs(args, models, runtime_names)
+
+
+def _check_files(args: argparse.Namespace, models: list[str]) -> None:
+    """Refuse --weights with more than one model or weights that do not fit it, and a --dump that is not a folder."""
     if args.weights is not None:
         if len(models) != 1:
             raise SpecError("--weights holds one model's weights: give exactly one model")
         check_model_options(get_model(models[0]), None, args.weights)
     if args.dump is not None and args.dump.exists() and not args.dump.is_dir():
         raise SpecError(f"--dump {args.dump} is not a folder")
-    for name in models:
-        check_model_options(get_model(name), args.seq_len, None)
 
 
 def _check_procs(args: argparse.Namespace, models: list[str], runtime_names: list[str]) -> None:

@@ -479,52 +479,33 @@ class Backend(ABC):
         Variables whose probe values are not indices (not set from the canonical weights) are left out;
         ValueError if some canonical element is held by no variable."""
         assert self.description is not None, "build() first"
-        description = self.description
-        arch = as_arch(self.arch_module())
-        schema = {spec.name: tuple(spec.shape) for spec in description.param_schema()}
+        schema = {spec.name: tuple(spec.shape) for spec in self.description.param_schema()}
         sizes = {name: int(np.prod(shape, dtype=np.int64)) for name, shape in schema.items()}
+        ids = self._probe_ids(schema, sizes)
+        if len(values) != len(ids):
+            raise ValueError(f"{self.framework}: {len(values)} variables now, {len(ids)} in the probe model")
+        return _canonical_from_ids(self.framework, ids, values, schema, sizes)
+
+    def _probe_ids(self, schema: dict[str, tuple[int, ...]], sizes: dict[str, int]) -> list[np.ndarray | None]:
+        """For every variable of the model (:meth:`model_arrays` order), the global canonical index each of its
+        elements was set from, read off builds from probe weights (:meth:`canonical_arrays`); None for a variable
+        not set from the canonical weights."""
+        assert self.description is not None, "build() first"
+        arch = as_arch(self.arch_module())
         total = sum(sizes.values())
         base, digits = 2**22, 1
         while base**digits < total:
             digits += 1
         ids: list[np.ndarray | None] = []
         for digit in range(digits):
-            offset, probe = 0, {}
-            for name, shape in schema.items():
-                index = np.arange(offset, offset + sizes[name], dtype=np.int64)
-                probe[name] = ((index // base**digit) % base + 1).astype(np.float32).reshape(shape)
-                offset += sizes[name]
-            model = arch.build_model(description, probe, self.device)
+            probe = _probe_weights(schema, sizes, base, digit)
+            model = arch.build_model(self.description, probe, self.device)
             arrays = self.model_arrays(model)
             del model, probe
             if not ids:
                 ids = [np.zeros(a.shape, dtype=np.int64) for a in arrays]
-            for i, array in enumerate(arrays):
-                held = ids[i]
-                if held is None:
-                    continue
-                value = np.rint(array).astype(np.int64)
-                if not (
-                    np.array_equal(value, array) and value.min(initial=1) >= 1 and value.max(initial=1) <= base
-                ) or (digit == 0 and array.size > 1 and value.min() == value.max()):
-                    ids[i] = None  # not set from the canonical weights (e.g. a constant mask buffer)
-                    continue
-                held += (value - 1) * base**digit
-        if len(values) != len(ids):
-            raise ValueError(f"{self.framework}: {len(values)} variables now, {len(ids)} in the probe model")
-        flat = np.zeros(total, dtype=np.float32)
-        covered = np.zeros(total, dtype=bool)
-        for held, array in zip(ids, values):
-            if held is not None:
-                flat[held.ravel()] = array.ravel()
-                covered[held.ravel()] = True
-        result, offset = {}, 0
-        for name, shape in schema.items():
-            if not covered[offset : offset + sizes[name]].all():
-                raise ValueError(f"{self.framework}: canonical tensor {name} is not (fully) held by any variable")
-            result[name] = flat[offset : offset + sizes[name]].reshape(shape).copy()
-            offset += sizes[name]
-        return result
+            _add_probe_digit(ids, arrays, base, digit)
+        return ids
 
     # -- results and diagnostics --------------------------------------------------------------
     @abstractmethod
@@ -606,3 +587,58 @@ class Backend(ABC):
     def is_oom(self, exc: BaseException) -> bool:
         """Whether ``exc`` is this framework's out-of-memory error."""
         return isinstance(exc, MemoryError)
+
+
+def _probe_weights(
+    schema: dict[str, tuple[int, ...]], sizes: dict[str, int], base: int, digit: int
+) -> dict[str, np.ndarray]:
+    """Probe weights of ``schema``: each element holds digit ``digit`` (base ``base``) of its global canonical index,
+    plus 1 (never 0), float32 (exact below 2**24)."""
+    offset, probe = 0, {}
+    for name, shape in schema.items():
+        index = np.arange(offset, offset + sizes[name], dtype=np.int64)
+        probe[name] = ((index // base**digit) % base + 1).astype(np.float32).reshape(shape)
+        offset += sizes[name]
+    return probe
+
+
+def _add_probe_digit(ids: list[np.ndarray | None], arrays: list[np.ndarray], base: int, digit: int) -> None:
+    """Add digit ``digit`` read off a probe build's variables ``arrays`` to each variable's indices ``ids`` (in
+    place); a variable whose values are no probe digits (not set from the canonical weights, e.g. a constant mask
+    buffer) becomes None."""
+    for i, array in enumerate(arrays):
+        held = ids[i]
+        if held is None:
+            continue
+        value = np.rint(array).astype(np.int64)
+        if not (np.array_equal(value, array) and value.min(initial=1) >= 1 and value.max(initial=1) <= base) or (
+            digit == 0 and array.size > 1 and value.min() == value.max()
+        ):
+            ids[i] = None
+            continue
+        held += (value - 1) * base**digit
+
+
+def _canonical_from_ids(
+    framework: str,
+    ids: list[np.ndarray | None],
+    values: list[np.ndarray],
+    schema: dict[str, tuple[int, ...]],
+    sizes: dict[str, int],
+) -> dict[str, np.ndarray]:
+    """Every canonical tensor by name, float32, its elements taken from ``values`` (the variables) where ``ids``
+    say each came from; ValueError if some canonical element is held by no variable."""
+    total = sum(sizes.values())
+    flat = np.zeros(total, dtype=np.float32)
+    covered = np.zeros(total, dtype=bool)
+    for held, array in zip(ids, values):
+        if held is not None:
+            flat[held.ravel()] = array.ravel()
+            covered[held.ravel()] = True
+    result, offset = {}, 0
+    for name, shape in schema.items():
+        if not covered[offset : offset + sizes[name]].all():
+            raise ValueError(f"{framework}: canonical tensor {name} is not (fully) held by any variable")
+        result[name] = flat[offset : offset + sizes[name]].reshape(shape).copy()
+        offset += sizes[name]
+    return result

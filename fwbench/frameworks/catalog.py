@@ -399,8 +399,9 @@ register_runtime(
 register_runtime(
     RuntimeInfo(
         name="floor:identity",
-        module="fwbench.frameworks.floor.backend",
+        module=builtin_module("floor", "backend"),
         requires=("numpy",),
+        model_files=False,
         description="phase serving only: a model whose outputs are its inputs, through the same server, batcher and "
         "load generator: what the harness alone costs",
         phases=("serving",),

@@ -88,6 +88,8 @@ class RuntimeInfo:
     # ``fwbench data make`` packs them into for it (words: "TFRecord shards"; its data.py writes them). Empty: it reads
     # the image files either way.
     packed: str = ""
+    # False: the runtime builds no model of a framework (the serving floor echoes its inputs): every model is its.
+    model_files: bool = True
 
     @property
     def framework(self) -> str:
@@ -185,8 +187,9 @@ def missing_requirement(info: RuntimeInfo) -> str | None:
 
 def _model_files_checked(info: RuntimeInfo) -> bool:
     """Whether the runtime builds models from its package's model files: every built-in runtime and every
-    plugin runtime that names its package (others, such as test doubles, build their models themselves)."""
-    return bool(info.package) or info.module.startswith(f"{builtin_package(info.framework)}.")
+    plugin runtime that names its package (others, such as test doubles, build their models themselves); not a
+    runtime that builds none (``model_files`` False)."""
+    return info.model_files and (bool(info.package) or info.module.startswith(f"{builtin_package(info.framework)}."))
 
 
 def missing_implementation(info: RuntimeInfo, arch: str) -> str | None:

@@ -68,7 +68,7 @@ def _group_key(row: ResultRecord) -> tuple[Any, ...]:
 
 def fit_rows(results: Sequence[ResultRecord]) -> list[ResultRecord]:
     """The ok phase-fit rows with their fit details."""
-    return [r for r in results if r.phase == "fit" and r.status == "ok" and r.fit is not None]
+    return [r for r in results if r.status == "ok" and r.fit is not None]
 
 
 def overhead_tables(results: Sequence[ResultRecord]) -> list[dict[str, Any]]:

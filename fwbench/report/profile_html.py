@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fwbench.report.html import CSP, CSS, _table, environment_section, esc
+from fwbench.report.html.markup import document, esc, table
+from fwbench.report.html.sections import environment_section
 from fwbench.report.profile_table import (
     CATEGORY_SECTION_ENDS,
     TOP_OP_HEADERS,
@@ -23,12 +24,12 @@ def group_section(group: ProfileGroup) -> str:
     classes = ["end" if index + 1 in CATEGORY_SECTION_ENDS else "" for index in range(len(rows))]
     parts = [
         f"<h3>{esc(group.title)}</h3>",
-        _table([esc(h) for h in headers], [[esc(v) for v in row] for row in rows], range(1, len(headers)), classes),
+        table([esc(h) for h in headers], [[esc(v) for v in row] for row in rows], range(1, len(headers)), classes),
     ]
     for runtime, cell in group.cells.items():
         if isinstance(cell, str):
             continue
-        ops = _table(list(TOP_OP_HEADERS), [[esc(v) for v in row] for row in top_op_rows(cell)], (2, 3))
+        ops = table(list(TOP_OP_HEADERS), [[esc(v) for v in row] for row in top_op_rows(cell)], (2, 3))
         parts.append(
             f"<details><summary>{esc(runtime)}: top ops by self time</summary>{ops}"
             f"<p class=small>trace <code>{esc(cell.trace)}</code> ({esc(cell.profiler)})</p></details>"
@@ -51,10 +52,4 @@ def profile_page(run: RunRecord, groups: Sequence[ProfileGroup], source: str) ->
             environment_section([run]),
         ]
     )
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>fwbench profiles</title><style>{CSS}tr.end td{{border-bottom:2px solid #999}}</style></head>"
-        f"<body>\n{body}\n</body></html>\n"
-    )
+    return document("fwbench profiles", body, "tr.end td{border-bottom:2px solid #999}")

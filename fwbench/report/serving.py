@@ -148,7 +148,7 @@ def serving_rows(results: Sequence[ResultRecord]) -> list[ServingRow]:
     def floor_key(row: ResultRecord) -> tuple[object, ...]:
         return (row.run_id, row.hardware_id, row.model, row.batch_size, row.seq_len, row.dtype, row.device)
 
-    served = [r for r in results if r.phase == "serving" and r.status in ("ok", "mismatch") and r.serving is not None]
+    served = [r for r in results if r.status in ("ok", "mismatch") and r.serving is not None]
     floors = {floor_key(r): r for r in served if r.runtime == FLOOR}
     out = []
     for row in served:

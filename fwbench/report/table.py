@@ -9,7 +9,7 @@ Tables are built once as :class:`TableData` (rich markup cells) and rendered for
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from fwbench.report.flags import (
     samples_text,
 )
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
+from fwbench.report.phases import compared_rows, section_rows, sections_of
 from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
 from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
 from fwbench.speedups import (
@@ -464,6 +465,41 @@ def evidence_line(pairs: Sequence[GroupedPair]) -> str | None:
     return text + "."
 
 
+def serving_tables(rows: Sequence[ResultRecord]) -> tuple[list[TableData], str]:
+    """Phase serving's table (load points, capacity, the floor) and its legend."""
+    served = serving.serving_rows(rows)
+    cells = [serving.serving_cells(item) for item in served]
+    return ([TableData(serving.TITLE, list(serving.HEADERS), serving.RIGHT, cells)] if served else []), serving.LEGEND
+
+
+def fit_tables(rows: Sequence[ResultRecord]) -> tuple[list[TableData], str]:
+    """Phase fit's tables (high-level APIs against the manual loops, one per run and model) and their legend."""
+    return [
+        TableData(escape(table["title"]), list(FIT_HEADERS), FIT_RIGHT, fit_table_cells(table), fit_section_ends(table))
+        for table in overhead_tables(rows)
+    ], FIT_LEGEND
+
+
+# A phase's own tables, by the section name the phase gives them (fwbench.report.phases): its rows → (tables, legend).
+PHASE_TABLES: dict[str, Callable[[Sequence[ResultRecord]], tuple[list[TableData], str]]] = {
+    "serving": serving_tables,
+    "fit": fit_tables,
+}
+
+
+def _extra_tables(results: Sequence[ResultRecord]) -> list[tuple[list[TableData], str]]:
+    """The tables after the per-model ones, each with its legend line: bf16 / int8 cells beside the same runtime's
+    fp32 ones, data-parallel cells beside their 1-process cells, then each phase's own tables (serving, fit), given
+    that phase's rows."""
+    reduced = [dtypes.dtype_cells(c) for c in dtypes.dtype_comparisons(results)]
+    scaled = [scaling.scaling_cells(c) for c in scaling.scaling_rows(results)]
+    return [
+        ([TableData(dtypes.TITLE, list(dtypes.HEADERS), dtypes.RIGHT, reduced)] if reduced else [], dtypes.LEGEND),
+        ([TableData(scaling.TITLE, list(scaling.HEADERS), scaling.RIGHT, scaled)] if scaled else [], scaling.LEGEND),
+        *(PHASE_TABLES[name](section_rows(results, name)) for name in sections_of(results) if name in PHASE_TABLES),
+    ]
+
+
 def report_tables(
     results: Sequence[ResultRecord], title: str | None = None, peak: Peak | None = None, baseline: str | None = None
 ) -> tuple[list[TableData], list[str]]:
@@ -471,9 +507,10 @@ def report_tables(
     share a group) and the legend lines. ``baseline`` as :func:`resolve_baseline` (ValueError when absent)."""
     if not results:
         return [], []
-    chosen = resolve_baseline(results, baseline)
+    compared = compared_rows(results)  # the phases whose runtimes are compared by their time per call
+    chosen = resolve_baseline(compared, baseline) if compared else None
     # not asked for: a group without the chosen baseline (phase data's loaders beside fit rows) takes its own
-    pairs = grouped_pairs(results, chosen, fallback=baseline is None) if chosen else []
+    pairs = grouped_pairs(compared, chosen, fallback=baseline is None) if chosen else []
     shown = chosen if pairs else None  # no other runtime to compare: no speed-up column
     tables = result_tables(results, title, peak, shown, pairs)
     if peak:
@@ -493,42 +530,12 @@ def report_tables(
             f"machine {short_id(key)}: {label}; speed-ups pair cells of this machine only"
             for key, label in machines.items()
         )
-    evidence = evidence_line(pairs)
-    if evidence:
-        lines.insert(1, evidence)
-    reduced = dtypes.dtype_comparisons(results)
-    if reduced:  # bf16 / int8 cells beside the same runtime's fp32 ones
-        tables.append(
-            TableData(dtypes.TITLE, list(dtypes.HEADERS), dtypes.RIGHT, [dtypes.dtype_cells(c) for c in reduced])
-        )
-        lines.append(dtypes.LEGEND)
-    scaled = scaling.scaling_rows(results)
-    if scaled:  # data-parallel cells beside their 1-process cells
-        tables.append(
-            TableData(scaling.TITLE, list(scaling.HEADERS), scaling.RIGHT, [scaling.scaling_cells(c) for c in scaled])
-        )
-        lines.append(scaling.LEGEND)
-    served = serving.serving_rows(results)
-    if served:  # phase serving: load points, capacity, the floor
-        tables.append(
-            TableData(serving.TITLE, list(serving.HEADERS), serving.RIGHT, [serving.serving_cells(s) for s in served])
-        )
-        lines.append(serving.LEGEND)
-    fit = overhead_tables(results)
-    for table in fit:  # phase fit: high-level APIs against the manual loops
-        tables.append(
-            TableData(
-                escape(table["title"]), list(FIT_HEADERS), FIT_RIGHT, fit_table_cells(table), fit_section_ends(table)
-            )
-        )
-    if fit:
-        lines.append(FIT_LEGEND)
-    measured = wall_time_line(wall_time(results))
-    if measured:
-        lines.append(measured)
-    stopped = rounds_stop_line(results)
-    if stopped:
-        lines.append(stopped)
+    lines[1:1] = [evidence] if (evidence := evidence_line(pairs)) else []
+    for extra, legend_line in _extra_tables(results):
+        tables += extra
+        if extra:
+            lines.append(legend_line)
+    lines += [line for line in (wall_time_line(wall_time(results)), rounds_stop_line(results)) if line]
     return tables, lines
 
 

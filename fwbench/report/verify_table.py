@@ -1,5 +1,9 @@
 """The tables ``fwbench verify`` prints: output parity per model × runtime × output, and (``--phase training``)
-loss curves and trained parameters per model × runtime. Errors are relative L2 (max abs error in brackets)."""
+loss curves and trained parameters per model × runtime. Errors are relative L2 (max abs error in brackets).
+
+A parity verdict judges each runtime against the float64 reference alone (the first runtime's column is shown for
+information), so it does not depend on the order of ``--runtimes``; training has no float64 reference for N steps
+and judges each runtime against the first runtime's run."""
 
 from __future__ import annotations
 
@@ -13,6 +17,10 @@ from fwbench.runner.tolerances import TrainingTolerance
 from fwbench.runner.verify import OutputCheck, TrainingCheck
 
 PARITY_COLUMNS = ("model", "runtime", "output", "shape", "vs first runtime", "vs float64 reference", "verdict")
+PARITY_LEGEND = (
+    "verdict: each runtime's error against the float64 reference, whatever the order of --runtimes; "
+    "'vs first runtime' is information (judged only for a model without a reference)"
+)
 TRAINING_COLUMNS = (
     "model",
     "runtime",
@@ -36,7 +44,8 @@ def _not_ok_verdict(status: str, reason: str | None) -> str:
 
 
 def _verdict(check: OutputCheck, outlier: str | None) -> str:
-    """ok, a red mismatch, or a yellow ``ok, but …`` when the runtime's errors set it apart from the others'."""
+    """ok, a red mismatch (its error against the float64 reference over the tolerance, :attr:`OutputCheck.passed`),
+    or a yellow ``ok, but …`` when the runtime's errors set it apart from the others'."""
     if not check.passed:
         return f"[red]mismatch (> {check.tolerance:g})[/]"
     return "ok" if outlier is None else f"[yellow]ok, but {escape(outlier)}[/]"
@@ -44,7 +53,9 @@ def _verdict(check: OutputCheck, outlier: str | None) -> str:
 
 def parity_table(dtype: str, checks: Sequence[OutputCheck]) -> Table:
     """One row per check (each a model × runtime × output, or a runtime that did not run)."""
-    table = Table(title=f"fwbench verify, {dtype} (relative L2 error; max abs error in brackets)")
+    table = Table(
+        title=f"fwbench verify, {dtype} (relative L2 error; max abs error in brackets)", caption=PARITY_LEGEND
+    )
     for column in PARITY_COLUMNS:
         table.add_column(column)
     errors: dict[tuple[str, str], dict[str, float]] = {}  # (model, runtime) -> output -> error vs the reference

@@ -174,30 +174,39 @@ def _grid_cells(grid: Grid, settings: Settings) -> Iterator[tuple[Case, str | No
     for model_name, runtime, batch in itertools.product(
         _unique(grid.models), _unique(grid.runtimes), _unique(grid.batch_sizes)
     ):
-        model = get_model(model_name)
-        info = get_runtime(runtime)
-        if info.unavailable:
-            raise SpecError(f"runtime {runtime} is not available: {info.unavailable}")
-        unsupported = (
-            phase.runtime_refusal(info, dtype, settings)
-            or phase.unsupported(model, info, settings)
-            or schedule_refusal(info, phase, settings)
-        )
-        lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
-        if model.has_sequence and not lengths:
-            raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
-        several = bool(info.distributed) or bool(grid.procs and _skipped_under_procs(grid, info))
-        if several and not info.distributed:
-            unsupported = unsupported or info.procs_unsupported
-        for seq_len, (procs, scaling) in itertools.product(lengths, _process_counts(grid, several)):
-            case = Case(
-                model_name, runtime, grid.phase, batch, seq_len, grid.dtype, grid.device,  # type: ignore[arg-type]
-                procs=procs, scaling=scaling,  # type: ignore[arg-type]
-            )  # fmt: skip
-            check_case(case, settings)
-            if procs is not None:
-                _check_processes_fit(case, settings)
-            yield case, unsupported or model.supports_seq_len(seq_len)
+        yield from _combination_cells(grid, settings, phase, model_name, runtime, batch)
+
+
+def _combination_cells(
+    grid: Grid, settings: Settings, phase: Phase, model_name: str, runtime: str, batch: int
+) -> Iterator[tuple[Case, str | None]]:
+    """The cells of one model, runtime and batch size of a grid (:func:`_grid_cells`), one per sequence length and
+    process count, each with the reason it cannot run (None when it can)."""
+    dtype = str(grid.dtype)
+    model = get_model(model_name)
+    info = get_runtime(runtime)
+    if info.unavailable:
+        raise SpecError(f"runtime {runtime} is not available: {info.unavailable}")
+    unsupported = (
+        phase.runtime_refusal(info, dtype, settings)
+        or phase.unsupported(model, info, settings)
+        or schedule_refusal(info, phase, settings)
+    )
+    lengths: list[int | None] = _unique(grid.seq_lens) if model.has_sequence else [None]
+    if model.has_sequence and not lengths:
+        raise SpecError(f"model {model_name} needs at least one sequence length (--seq-lens)")
+    several = bool(info.distributed) or bool(grid.procs and _skipped_under_procs(grid, info))
+    if several and not info.distributed:
+        unsupported = unsupported or info.procs_unsupported
+    for seq_len, (procs, scaling) in itertools.product(lengths, _process_counts(grid, several)):
+        case = Case(
+            model_name, runtime, grid.phase, batch, seq_len, grid.dtype, grid.device,  # type: ignore[arg-type]
+            procs=procs, scaling=scaling,  # type: ignore[arg-type]
+        )  # fmt: skip
+        check_case(case, settings)
+        if procs is not None:
+            _check_processes_fit(case, settings)
+        yield case, unsupported or model.supports_seq_len(seq_len)
 
 
 def _check_distributed(grid: Grid) -> None:

@@ -189,40 +189,55 @@ class RankSet:
         answers: dict[int, dict[str, Any]] = {}
         wait_s = POLL_INTERVAL_S / self.procs
         while len(answers) < self.procs:
-            for index, rank in enumerate(self.ranks):
-                try:
-                    if index in answers:
-                        if "result" not in kinds:
-                            rank.check_alive()  # it answered, then died: its peers will wait for it forever
-                        continue
-                    message = rank.poll(kinds, wait_s)
-                except WorkerFailure as failure:
-                    raise self._failure(index, failure) from None
-                if message is not None and message["type"] == "result" and message.get("status") != "ok":
-                    if len(answers) < self.procs - 1:  # the others may wait for it in a collective: end them now
-                        status = str(message.get("status") or "error")
-                        raise self._failure(index, WorkerFailure(status, str(message.get("reason") or status)))
-                if message is not None:
-                    answers[index] = message
-            if time.monotonic() > deadline:
-                waiting = [self._name(i) for i in range(self.procs) if i not in answers]
-                self.kill()
-                raise WorkerFailure(
-                    "timeout",
-                    f"exceeded --timeout {self.job.settings.timeout_s:g} s during {self.stage} "
-                    f"(waiting for {', '.join(waiting)})",
-                )
+            self._poll_ranks(kinds, wait_s, answers)
+            self._check_deadline(deadline, answers)
             if limit is not None:
-                peaks = [rank.peak_rss_bytes() for rank in self.ranks]
-                total = sum(peak for peak in peaks if peak is not None)
-                if total > limit:
-                    self.kill()
-                    raise WorkerFailure(
-                        "oom",
-                        f"resident memory of the {self.procs} processes {total} B exceeded --memory-limit {limit} B "
-                        f"during {self.stage}",
-                    )
+                self._check_memory(limit)
         return [answers[index] for index in range(self.procs)]
+
+    def _poll_ranks(self, kinds: set[str], wait_s: float, answers: dict[int, dict[str, Any]]) -> None:
+        """One pass over the ranks: each that has not answered polled for a message of ``kinds`` (added to
+        ``answers``), each that has checked alive unless a result is awaited; a rank's failure, or a failed result
+        while others have yet to answer, ends every rank (:meth:`_failure`)."""
+        for index, rank in enumerate(self.ranks):
+            try:
+                if index in answers:
+                    if "result" not in kinds:
+                        rank.check_alive()  # it answered, then died: its peers will wait for it forever
+                    continue
+                message = rank.poll(kinds, wait_s)
+            except WorkerFailure as failure:
+                raise self._failure(index, failure) from None
+            if message is None:
+                continue
+            if message["type"] == "result" and message.get("status") != "ok":
+                if len(answers) < self.procs - 1:  # the others may wait for it in a collective: end them now
+                    status = str(message.get("status") or "error")
+                    raise self._failure(index, WorkerFailure(status, str(message.get("reason") or status)))
+            answers[index] = message
+
+    def _check_deadline(self, deadline: float, answers: dict[int, dict[str, Any]]) -> None:
+        """A timeout (every rank killed) naming the ranks not yet answered, once ``deadline`` has passed."""
+        if time.monotonic() > deadline:
+            waiting = [self._name(i) for i in range(self.procs) if i not in answers]
+            self.kill()
+            raise WorkerFailure(
+                "timeout",
+                f"exceeded --timeout {self.job.settings.timeout_s:g} s during {self.stage} "
+                f"(waiting for {', '.join(waiting)})",
+            )
+
+    def _check_memory(self, limit: int) -> None:
+        """An oom (every rank killed) once the ranks' summed resident memory exceeds ``limit``."""
+        peaks = [rank.peak_rss_bytes() for rank in self.ranks]
+        total = sum(peak for peak in peaks if peak is not None)
+        if total > limit:
+            self.kill()
+            raise WorkerFailure(
+                "oom",
+                f"resident memory of the {self.procs} processes {total} B exceeded --memory-limit {limit} B "
+                f"during {self.stage}",
+            )
 
     def _failure(self, index: int, failure: WorkerFailure) -> WorkerFailure:
         """The cell's failure once rank ``index`` failed: the others get SETTLE_FAILURES_S to fail too, then all

@@ -235,6 +235,46 @@ class RayExecutor:
 
     def run(self, store: Store, run_id: int, plan: Plan, listener: Listener | None) -> list[CellOutcome]:
         """Every group of ``plan`` that run ``run_id`` lacks, over the cluster's nodes; outcomes in plan order."""
+        parity = stored_parity(store, run_id, plan.settings.rounds)
+        recorder = Recorder(store, run_id, plan, listener)
+        queue = [Job(cases, skipped) for cases, skipped in pending_groups(store, run_id, plan)]
+        running: dict[Any, Job] = {}
+        try:
+            while queue or running:
+                self._dispatch(queue, running, recorder, plan.settings, parity)
+                if not running:
+                    continue
+                ready, _ = self.ray.wait(list(running), num_returns=1)
+                self._collect(running.pop(ready[0]), ready[0], queue, recorder, parity)
+        except BaseException:
+            for ref in running:
+                self.ray.cancel(ref, force=True)
+            raise
+        return recorder.in_plan_order()
+
+    def _dispatch(
+        self, queue: list[Job], running: dict[Any, Job], recorder: Recorder, settings: Settings, parity: Parity
+    ) -> None:
+        """Send the queued jobs, in queue order, each to an idle node of its hardware (moved to ``running``); a job
+        that no node left can run is stored as lost."""
+        if queue:  # a node that died while idle gets no group
+            alive = self._alive()
+            self.nodes = [node for node in self.nodes if node.node_id in alive or node.busy]
+        for job in list(queue):  # plan order; a retry (at the front) needs a node of its hardware
+            if not any(job.hardware_id in (None, node.hardware_id) for node in self.nodes):
+                queue.remove(job)
+                why = "no other node of its hardware is left" if job.hardware_id else "no fwbench node is left"
+                recorder.record(job.lost(why), job.machine)
+                continue
+            node = self._idle(job.hardware_id)
+            if node is not None:
+                queue.remove(job)
+                self._submit(job, node, settings, parity)
+                running[job.ref] = job
+
+    def _collect(self, job: Job, ref: Any, queue: list[Job], recorder: Recorder, parity: Parity) -> None:
+        """The answer of ``job``'s finished task ``ref`` (its node idle again): its group stored, or its cells'
+        failure, or, when its node went away, the job queued again at the front (:meth:`_lost`)."""
         from ray.exceptions import (
             NodeDiedError,
             ObjectLostError,
@@ -246,82 +286,65 @@ class RayExecutor:
 
         node_gone = (NodeDiedError, ObjectLostError)  # its node died while (or just after) the task ran
 
-        parity = stored_parity(store, run_id, plan.settings.rounds)
-        recorder = Recorder(store, run_id, plan, listener)
-        queue = [Job(cases, skipped) for cases, skipped in pending_groups(store, run_id, plan)]
-        running: dict[Any, Job] = {}
+        assert job.node is not None
+        job.node.busy = False
         try:
-            while queue or running:
-                if queue:  # a node that died while idle gets no group
-                    alive = self._alive()
-                    self.nodes = [node for node in self.nodes if node.node_id in alive or node.busy]
-                for job in list(queue):  # plan order; a retry (at the front) needs a node of its hardware
-                    if not any(job.hardware_id in (None, node.hardware_id) for node in self.nodes):
-                        queue.remove(job)
-                        why = "no other node of its hardware is left" if job.hardware_id else "no fwbench node is left"
-                        recorder.record(job.lost(why), job.machine)
-                        continue
-                    node = self._idle(job.hardware_id)
-                    if node is not None:
-                        queue.remove(job)
-                        self._submit(job, node, plan.settings, parity)
-                        running[job.ref] = job
-                if not running:
-                    continue
-                ready, _ = self.ray.wait(list(running), num_returns=1)
-                job = running.pop(ready[0])
-                assert job.node is not None
-                job.node.busy = False
-                try:
-                    answer = self.ray.get(ready[0])
-                except TaskUnschedulableError:  # its node went away before the task started: it never ran
-                    self.nodes.remove(job.node)
-                    queue.insert(0, job)
-                    continue
-                except OutOfMemoryError as exc:  # Ray's memory monitor killed the group's task
-                    why = str(exc).splitlines()[0]
-                    reason = (
-                        f"Ray's memory monitor killed the group ({why}); start the nodes with "
-                        "RAY_memory_monitor_refresh_ms=0 to leave memory limits to fwbench's --memory-limit"
-                    )
-                    recorder.record(job.failed(reason, "oom"), job.node.machine)
-                    continue
-                except (*node_gone, WorkerCrashedError, OwnerDiedError) as exc:
-                    node, why = job.node, str(exc).splitlines()[0]
-                    if isinstance(exc, node_gone) or node.node_id not in self._alive():
-                        self.nodes.remove(node)  # a crashed Ray worker on a live node keeps the node in use
-                    if job.attempts > 1:
-                        recorder.record(job.lost(why), job.machine)
-                    else:  # once more, on a node of the same hardware, before any other group
-                        job.attempts, job.hardware_id, job.machine = 2, node.hardware_id, node.machine
-                        queue.insert(0, job)
-                    continue
-                except Exception as exc:  # the group's cells record what failed; the sweep goes on
-                    last = [line for line in str(exc).splitlines() if line.strip()][-1:] or [type(exc).__name__]
-                    recorder.record(job.failed(f"ray task failed: {last[0]}"), job.node.machine)
-                    continue
-                settled = answer["settled"]
-                ray_details = {
-                    "node_id": job.node.node_id,
-                    "attempt": job.attempts,
-                    "task_s": time.monotonic() - job.submitted,  # submitted → returned, seen by the driver
-                    "group_s": answer["group_s"],  # the group's own time on the node
-                }
-                for outcome, _ in settled:
-                    outcome.details["ray"] = ray_details
-                settle_parity(parity, settled)
-                recorder.record(settled, answer["machine"])
-        except BaseException:
-            for ref in running:
-                self.ray.cancel(ref, force=True)
-            raise
-        return recorder.in_plan_order()
+            answer = self.ray.get(ref)
+        except TaskUnschedulableError:  # its node went away before the task started: it never ran
+            self.nodes.remove(job.node)
+            queue.insert(0, job)
+            return
+        except OutOfMemoryError as exc:  # Ray's memory monitor killed the group's task
+            why = str(exc).splitlines()[0]
+            reason = (
+                f"Ray's memory monitor killed the group ({why}); start the nodes with "
+                "RAY_memory_monitor_refresh_ms=0 to leave memory limits to fwbench's --memory-limit"
+            )
+            recorder.record(job.failed(reason, "oom"), job.node.machine)
+            return
+        except (*node_gone, WorkerCrashedError, OwnerDiedError) as exc:
+            self._lost(job, exc, isinstance(exc, node_gone), queue, recorder)
+            return
+        except Exception as exc:  # the group's cells record what failed; the sweep goes on
+            last = [line for line in str(exc).splitlines() if line.strip()][-1:] or [type(exc).__name__]
+            recorder.record(job.failed(f"ray task failed: {last[0]}"), job.node.machine)
+            return
+        _store_answer(job, answer, recorder, parity)
+
+    def _lost(self, job: Job, exc: Exception, node_gone: bool, queue: list[Job], recorder: Recorder) -> None:
+        """``job``'s task ended with its node or its Ray worker (``exc``): the node dropped when it died
+        (``node_gone``, or no longer alive), and the job queued once more at the front, else stored as lost."""
+        assert job.node is not None
+        node, why = job.node, str(exc).splitlines()[0]
+        if node_gone or node.node_id not in self._alive():
+            self.nodes.remove(node)  # a crashed Ray worker on a live node keeps the node in use
+        if job.attempts > 1:
+            recorder.record(job.lost(why), job.machine)
+        else:  # once more, on a node of the same hardware, before any other group
+            job.attempts, job.hardware_id, job.machine = 2, node.hardware_id, node.machine
+            queue.insert(0, job)
 
     def _submit(self, job: Job, node: Node, settings: Settings, parity: Parity) -> None:
         node.busy = True
         job.node = node
         job.submitted = time.monotonic()
         job.ref = self.group_task.options(**self._options(node)).remote(job.cases, job.skipped, settings, dict(parity))
+
+
+def _store_answer(job: Job, answer: dict[str, Any], recorder: Recorder, parity: Parity) -> None:
+    """Store the outcomes ``job``'s node returned (each with the task's Ray details) and settle their parity."""
+    assert job.node is not None
+    settled = answer["settled"]
+    ray_details = {
+        "node_id": job.node.node_id,
+        "attempt": job.attempts,
+        "task_s": time.monotonic() - job.submitted,  # submitted → returned, seen by the driver
+        "group_s": answer["group_s"],  # the group's own time on the node
+    }
+    for outcome, _ in settled:
+        outcome.details["ray"] = ray_details
+    settle_parity(parity, settled)
+    recorder.record(settled, answer["machine"])
 
 
 def execute_on_ray(

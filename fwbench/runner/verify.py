@@ -1,15 +1,18 @@
 """``fwbench verify``: build each model in each runtime with the same weights and inputs, compare outputs.
 
 Each runtime runs in its own worker (this module imports no framework) and writes its outputs to an
-.npz file. Every output is compared with the first runtime's and with the model's float64 numpy
-reference: relative L2 error ‖a − b‖ / ‖b‖ and max absolute error. A runtime passes when every
-relative L2 error is within ``parity_tolerance(model, dtype)`` (1e-4 for fp32; bf16 per model, from the
+.npz file. Every output is compared with the model's float64 numpy reference and, for information, with the
+first runtime's: relative L2 error ‖a − b‖ / ‖b‖ and max absolute error. A runtime passes when every relative L2
+error against the reference is within ``parity_tolerance(model, dtype)`` (1e-4 for fp32; bf16 per model, from the
 reference policy's measured error, tolerances.BF16_PARITY_LIMIT; every framework applies the one
-mixed-precision policy of fwbench.precision).
+mixed-precision policy of fwbench.precision). The error against the first runtime is not judged (a defect in
+the first runtime would otherwise fail every runtime after it): it is judged only for a model without a reference.
 
 ``--phase training`` (:func:`verify_training`) takes N optimizer steps in each runtime from the same weights
 on the same fixed batch and compares the loss curve and the trained parameters with the first runtime's,
-within ``TRAINING_TOLERANCE[dtype]`` (fwbench/runner/tolerances.py, where the values are justified).
+within ``TRAINING_TOLERANCE[dtype]`` (fwbench/runner/tolerances.py, where the values are justified). That
+comparison is pairwise by necessity (there is no float64 reference for N optimizer steps), so a trusted runtime
+goes first.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from fwbench.spec import Case, Dtype, Settings
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """One output of one runtime, against the first runtime and the reference."""
+    """One output of one runtime, against the float64 reference (the verdict) and the first runtime (information;
+    the verdict only for a model without a reference)."""
 
     model: str
     runtime: str
@@ -55,13 +59,19 @@ class OutputCheck:
     divergence: str | None = None
 
     @property
+    def judged_rel_l2(self) -> float | None:
+        """The error the verdict judges: against the float64 reference, so that a runtime's verdict does not depend
+        on the order of the runtimes; against the first runtime only where the model has no reference."""
+        return self.rel_l2_vs_first if self.rel_l2_vs_reference is None else self.rel_l2_vs_reference
+
+    @property
     def passed(self) -> bool:
         if self.status == "skipped":
             return True
         if self.status != "ok" or self.tolerance is None:
             return False
-        errors = (self.rel_l2_vs_first, self.rel_l2_vs_reference)
-        return all(e is None or e <= self.tolerance for e in errors)
+        error = self.judged_rel_l2
+        return error is None or error <= self.tolerance
 
 
 @dataclass(frozen=True)
@@ -161,8 +171,8 @@ def verify_model(
     *,
     dtype: Dtype = "fp32",
 ) -> list[OutputCheck]:
-    """Checks of every output of ``model`` in each runtime (first runtime = the comparison base), each
-    runtime computing in ``dtype``."""
+    """Checks of every output of ``model`` in each runtime, each computing in ``dtype``: against the float64
+    reference (the verdict) and the first runtime (information, :attr:`OutputCheck.judged_rel_l2`)."""
     description = get_model(model)
     batch, seq = verify_shape(description, batch_size, seq_len)
     weights = verify_weights(description, weights_path, settings.seed)
@@ -285,6 +295,9 @@ def compare_training(
     return loss_rel, all_rel, worst, (per_tensor[worst] if worst is not None else 0.0)
 
 
+TrainedRun = tuple[np.ndarray, dict[str, np.ndarray]]  # one training run's losses and trained parameters by name
+
+
 def verify_training(
     model: str,
     runtimes: Sequence[str],
@@ -312,8 +325,8 @@ def verify_training(
     batch, seq = verify_shape(description, batch_size, seq_len)
     tolerance = TRAINING_TOLERANCE[dtype]
     checks: list[TrainingCheck] = []
-    first: tuple[np.ndarray, dict[str, np.ndarray]] | None = None
-    single: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}  # --procs: each runtime's 1-process run
+    first: TrainedRun | None = None
+    single: dict[str, TrainedRun] = {}  # --procs: each runtime's 1-process run
     runs = [(runtime, count) for runtime in runtimes for count in ((None,) if procs is None else (1, procs))]
     with tempfile.TemporaryDirectory(prefix="fwbench-verify-") as scratch:
         for runtime, count in runs:
@@ -321,12 +334,7 @@ def verify_training(
                 model, runtime, phase="training", batch_size=batch, seq_len=seq, dtype=dtype,
                 procs=count, scaling=None if count is None else "strong",
             )  # fmt: skip
-            missing = case_refusal(case, settings)
-            if missing is None and count is not None and count > 1:
-                global_batch_norm = get_runtime(runtime).global_batch_norm
-                missing = None if global_batch_norm else distributed_parity_unsupported(description)
-                if missing is None and runtime not in single:
-                    missing = "its 1-process run did not end ok"
+            missing = _training_refusal(case, settings, description, runtime in single)
             if missing:
                 checks.append(TrainingCheck(model, runtime, "skipped", missing, procs=count))
                 continue
@@ -334,39 +342,71 @@ def verify_training(
             if got.status != "ok" or got.path is None:
                 checks.append(TrainingCheck(model, runtime, got.status, got.reason, steps, procs=count))
                 continue
-            losses = got.arrays["losses"]
-            params = {name[len("param/") :]: a for name, a in got.arrays.items() if name.startswith("param/")}
-            if dump_dir is not None:
-                (dump_dir / model).mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(got.path, dump_dir / model / got.path.name)  # training_<framework>_<mode>[_pN].npz
+            trained = _trained_run(got, dump_dir / model if dump_dir is not None else None)
             against = None
             if count is not None and count > 1:
-                reference, against = single[runtime], f"{runtime} in 1 process"
+                base, against = single[runtime], f"{runtime} in 1 process"
             else:
-                if first is None:
-                    first = (losses, params)
-                reference = first
+                first = trained if first is None else first
+                base = first
                 if count == 1:
-                    single[runtime] = (losses, params)
-            loss_rel, params_rel, worst, worst_rel = compare_training(losses, params, *reference)
-            checks.append(
-                TrainingCheck(
-                    model,
-                    runtime,
-                    "ok",
-                    None,
-                    steps,
-                    tuple(float(x) for x in losses),
-                    loss_rel,
-                    params_rel,
-                    worst,
-                    worst_rel,
-                    tolerance,
-                    procs=count,
-                    against=against,
-                )
-            )
+                    single[runtime] = trained
+            checks.append(_training_check(model, runtime, steps, tolerance, trained, base, count, against))
     return checks
+
+
+def _training_refusal(case: Case, settings: Settings, description: ModelDescription, single_ok: bool) -> str | None:
+    """Why the training ``case`` is skipped (None when it runs): :func:`case_refusal`; for a run of N > 1 processes
+    also a model whose N-process step is not the 1-process step, or (not ``single_ok``) a runtime whose 1-process
+    run did not end ok."""
+    missing = case_refusal(case, settings)
+    if missing is None and case.procs is not None and case.procs > 1:
+        global_batch_norm = get_runtime(case.runtime).global_batch_norm
+        missing = None if global_batch_norm else distributed_parity_unsupported(description)
+        if missing is None and not single_ok:
+            missing = "its 1-process run did not end ok"
+    return missing
+
+
+def _trained_run(got: WorkerArrays, dump_folder: Path | None) -> TrainedRun:
+    """The losses and trained parameters (``param/<name>`` without the prefix) of a training worker that ended ok;
+    its .npz copied into ``dump_folder`` (``verify --dump``) when given."""
+    assert got.path is not None, "a training worker that ended ok wrote its arrays"
+    params = {name[len("param/") :]: a for name, a in got.arrays.items() if name.startswith("param/")}
+    if dump_folder is not None:
+        dump_folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(got.path, dump_folder / got.path.name)  # training_<framework>_<mode>[_pN].npz
+    return got.arrays["losses"], params
+
+
+def _training_check(
+    model: str,
+    runtime: str,
+    steps: int,
+    tolerance: TrainingTolerance,
+    trained: TrainedRun,
+    base: TrainedRun,
+    procs: int | None,
+    against: str | None,
+) -> TrainingCheck:
+    """The ``ok`` check of one training run against ``base`` (the first runtime's run, or ``against``)."""
+    losses, params = trained
+    loss_rel, params_rel, worst, worst_rel = compare_training(losses, params, *base)
+    return TrainingCheck(
+        model,
+        runtime,
+        "ok",
+        None,
+        steps,
+        tuple(float(x) for x in losses),
+        loss_rel,
+        params_rel,
+        worst,
+        worst_rel,
+        tolerance,
+        procs=procs,
+        against=against,
+    )
 
 
 def distributed_parity_unsupported(description: ModelDescription) -> str | None:

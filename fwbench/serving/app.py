@@ -36,20 +36,40 @@ def error(status: int, message: str) -> JSONResponse:
 
 def make_app(batcher: DynamicBatcher) -> Starlette:
     """The application serving ``batcher.model``."""
-    model = batcher.model
+    routes = V2Routes(batcher)
+    return Starlette(
+        routes=[
+            Route("/v2/health/live", routes.live),
+            Route("/v2/health/ready", routes.ready),
+            Route("/v2/models/{name}", routes.metadata),
+            Route("/v2/models/{name}/stats", routes.stats),
+            Route("/v2/models/{name}/infer", routes.infer, methods=["POST"]),
+        ],
+        lifespan=routes.lifespan,
+    )
 
-    def unknown(name: str) -> JSONResponse | None:
+
+class V2Routes:
+    """The endpoints of :func:`make_app` for ``batcher.model``, and the lifespan that closes the batcher."""
+
+    def __init__(self, batcher: DynamicBatcher) -> None:
+        self.batcher = batcher
+        self.model = batcher.model
+
+    def unknown(self, name: str) -> JSONResponse | None:
+        """404 for a model other than this server's, None for its own."""
+        model = self.model
         return None if name == model.name else error(404, f"no model {name!r}; this server has {model.name!r}")
 
-    async def live(request: Request) -> JSONResponse:
+    async def live(self, request: Request) -> JSONResponse:
         return JSONResponse({"live": True})
 
-    async def ready(request: Request) -> JSONResponse:
+    async def ready(self, request: Request) -> JSONResponse:
         return JSONResponse({"ready": True})
 
-    async def metadata(request: Request) -> JSONResponse:
-        name = request.path_params["name"]
-        return unknown(name) or JSONResponse(
+    async def metadata(self, request: Request) -> JSONResponse:
+        model, batcher = self.model, self.batcher
+        return self.unknown(request.path_params["name"]) or JSONResponse(
             {
                 "name": model.name,
                 "platform": model.platform,
@@ -63,51 +83,38 @@ def make_app(batcher: DynamicBatcher) -> Starlette:
             }
         )
 
-    async def stats(request: Request) -> JSONResponse:
-        name = request.path_params["name"]
-        return unknown(name) or JSONResponse(
+    async def stats(self, request: Request) -> JSONResponse:
+        return self.unknown(request.path_params["name"]) or JSONResponse(
             {
-                **batcher.stats.to_dict(),
-                "padded_rows": model.padded_rows,
-                "queued_rows": batcher.queued_rows,
+                **self.batcher.stats.to_dict(),
+                "padded_rows": self.model.padded_rows,
+                "queued_rows": self.batcher.queued_rows,
                 "cpu_s": time.process_time(),
             }
         )
 
-    async def infer(request: Request) -> Response:
-        name = request.path_params["name"]
-        missing = unknown(name)
+    async def infer(self, request: Request) -> Response:
+        missing = self.unknown(request.path_params["name"])
         if missing is not None:
             return missing
         body = await request.body()
         try:
             parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
-            rows = model.check(parsed.inputs)
+            rows = self.model.check(parsed.inputs)
         except ProtocolError as exc:
             return error(exc.status, str(exc))
         try:
-            outputs = await batcher.submit(parsed.inputs, rows)
+            outputs = await self.batcher.submit(parsed.inputs, rows)
         except Overloaded as exc:
             return error(503, f"overloaded: {exc}")
         except Exception as exc:  # the model failed on this batch: say so, keep serving
             return error(500, f"{type(exc).__name__}: {exc}")
-        payload, header_length = encode_response(model.name, outputs, parsed.binary_outputs, parsed.id)
+        payload, header_length = encode_response(self.model.name, outputs, parsed.binary_outputs, parsed.id)
         if header_length is None:
             return Response(payload, media_type=JSON_CONTENT_TYPE)
         return Response(payload, media_type=BINARY_CONTENT_TYPE, headers={HEADER_LENGTH: str(header_length)})
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         yield
-        await batcher.close()
-
-    return Starlette(
-        routes=[
-            Route("/v2/health/live", live),
-            Route("/v2/health/ready", ready),
-            Route("/v2/models/{name}", metadata),
-            Route("/v2/models/{name}/stats", stats),
-            Route("/v2/models/{name}/infer", infer, methods=["POST"]),
-        ],
-        lifespan=lifespan,
-    )
+        await self.batcher.close()

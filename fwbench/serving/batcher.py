@@ -170,7 +170,7 @@ class DynamicBatcher:
         return batch
 
     async def _serve(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Forever: refuse the requests that waited too long, wait for a request, fill a batch, run it."""
         assert self._wake is not None
         while True:
             self._expire()
@@ -178,36 +178,51 @@ class DynamicBatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            deadline = self._queue[0].arrived + self.max_delay_s
-            while self._queued_rows < self.max_batch and (wait := deadline - time.perf_counter()) > 0:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), wait)
-                except TimeoutError:
-                    break
-            batch = self._take_batch()
-            rows = sum(p.rows for p in batch)
-            started = time.perf_counter()
-            try:  # whatever fails here fails this batch's requests (500), never the batcher
-                joined = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
-                outputs = await loop.run_in_executor(self._executor, self.model.run, joined)
-                answers = []
-                offset = 0
-                for pending in batch:
-                    answers.append({k: v[offset : offset + pending.rows] for k, v in outputs.items()})
-                    offset += pending.rows
-            except Exception as exc:
-                self.stats.failed += len(batch)
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
-                continue
-            finally:
-                self.stats.model_s += time.perf_counter() - started
-                self.stats.batch_rows[rows] += 1
-            for pending, answer in zip(batch, answers):
+            await self._fill_batch()
+            await self._run_batch(self._take_batch())
+
+    async def _fill_batch(self) -> None:
+        """Wait until the queue holds ``max_batch`` rows or its oldest request has waited ``max_delay_s``."""
+        assert self._wake is not None
+        deadline = self._queue[0].arrived + self.max_delay_s
+        while self._queued_rows < self.max_batch and (wait := deadline - time.perf_counter()) > 0:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except TimeoutError:
+                return
+
+    async def _run_batch(self, batch: list[_Pending]) -> None:
+        """Run ``batch`` on the model and answer each request with its rows; whatever fails here fails this
+        batch's requests (500), never the batcher. The batch counts in the stats either way."""
+        rows = sum(p.rows for p in batch)
+        started = time.perf_counter()
+        try:
+            answers = await self._compute(batch)
+        except Exception as exc:
+            self.stats.failed += len(batch)
+            for pending in batch:
                 if not pending.future.done():
-                    pending.future.set_result(answer)
+                    pending.future.set_exception(exc)
+            return
+        finally:
+            self.stats.model_s += time.perf_counter() - started
+            self.stats.batch_rows[rows] += 1
+        for pending, answer in zip(batch, answers):
+            if not pending.future.done():
+                pending.future.set_result(answer)
+
+    async def _compute(self, batch: list[_Pending]) -> list[dict[str, np.ndarray]]:
+        """The model's outputs for ``batch``'s requests joined into one input, split back into each request's rows
+        (on the executor: the model's one thread)."""
+        joined = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
+        outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.model.run, joined)
+        answers = []
+        offset = 0
+        for pending in batch:
+            answers.append({k: v[offset : offset + pending.rows] for k, v in outputs.items()})
+            offset += pending.rows
+        return answers
 
     async def close(self) -> None:
         """Stop batching; requests still queued fail (the executor is its owner's to shut down)."""

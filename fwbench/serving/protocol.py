@@ -95,28 +95,36 @@ def _decode(body: bytes, header_length: str | None, key: str) -> tuple[dict[str,
     """(the JSON header, its tensors under ``key`` by name) of a body; ``header_length``: the
     ``Inference-Header-Content-Length`` header (binary extension) or None (all JSON)."""
     what, tensor = ("request", "input") if key == "inputs" else ("response", "output")
-    if header_length is not None:
-        try:
-            split = int(header_length)
-        except ValueError:
-            raise ProtocolError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
-        if not 0 < split <= len(body):
-            raise ProtocolError(f"{HEADER_LENGTH} {split} is outside the body's {len(body)} bytes")
-        header_bytes, rest = body[:split], body[split:]
-    else:
-        header_bytes, rest = body, b""
+    header_bytes, rest = _split_body(body, header_length)
     try:
         header = json.loads(header_bytes)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"the {what} is not JSON: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get(key), list) or not header[key]:
         raise ProtocolError(f"the {what} must be an object with a non-empty {key} list")
+    return header, _tensors(header[key], rest, tensor)
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """(JSON header, the binary data after it) of a body: split at ``header_length`` (the binary extension), else
+    all JSON."""
+    if header_length is None:
+        return body, b""
+    try:
+        split = int(header_length)
+    except ValueError:
+        raise ProtocolError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+    if not 0 < split <= len(body):
+        raise ProtocolError(f"{HEADER_LENGTH} {split} is outside the body's {len(body)} bytes")
+    return body[:split], body[split:]
+
+
+def _tensors(entries: list[Any], rest: bytes, tensor: str) -> dict[str, np.ndarray]:
+    """The header's ``entries`` (``tensor``: input or output) by name, each binary one's bytes taken in order from
+    ``rest`` (which they must use up)."""
     offset, tensors = 0, {}
-    for entry in header[key]:
-        parameters = entry.get("parameters") if isinstance(entry, dict) else None
-        if parameters is not None and not isinstance(parameters, dict):
-            raise ProtocolError(f"an {tensor}'s parameters must be an object, got {parameters!r}")
-        size = (parameters or {}).get("binary_data_size")
+    for entry in entries:
+        size = _binary_data_size(entry, tensor)
         binary = None
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(rest):
@@ -128,7 +136,15 @@ def _decode(body: bytes, header_length: str | None, key: str) -> tuple[dict[str,
         tensors[name] = array
     if offset != len(rest):
         raise ProtocolError(f"{len(rest) - offset} bytes after the header belong to no {tensor}")
-    return header, tensors
+    return tensors
+
+
+def _binary_data_size(entry: Any, tensor: str) -> Any:
+    """An entry's ``parameters.binary_data_size`` as given (None without one: its data is JSON)."""
+    parameters = entry.get("parameters") if isinstance(entry, dict) else None
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ProtocolError(f"an {tensor}'s parameters must be an object, got {parameters!r}")
+    return (parameters or {}).get("binary_data_size")
 
 
 def decode_request(body: bytes, header_length: str | None) -> InferRequest:

@@ -1,6 +1,7 @@
 """The embedded SQLite results store."""
 
-from fwbench.store.db import SCHEMA_VERSION, RunRecord, Store, StoreError
+from fwbench.store.db import RunRecord, Store
+from fwbench.store.errors import StoreError
 from fwbench.store.records import (
     CompileHealth,
     FitDetails,
@@ -11,6 +12,7 @@ from fwbench.store.records import (
     StepLossParts,
     TrainingDetails,
 )
+from fwbench.store.schema import SCHEMA_VERSION
 
 DEFAULT_DB = "results/fwbench.db"
 

@@ -29,8 +29,11 @@ from typing import Any
 
 from fwbench.diskfull import DiskFull
 from fwbench.spec import ShardSpec
-from fwbench.store.db import Store, StoreError, apply_pending_migrations, check_database_path, disk_full
+from fwbench.store.db import Store
+from fwbench.store.errors import StoreError
+from fwbench.store.paths import check_database_path, disk_full
 from fwbench.store.records import unfinished
+from fwbench.store.schema import apply_pending_migrations
 
 
 @dataclass

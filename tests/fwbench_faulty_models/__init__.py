@@ -80,34 +80,50 @@ def doubled_queries(attention: Callable[..., Any]) -> Callable[..., Any]:
 
 def _code_defect(module: ModuleType, framework: str, defect: str) -> None:
     """Replace what the copied model file calls for GELU or attention with the defective version."""
-    names = vars(module)
-    if framework == "torch":
-        F = names["F"]
-        if defect == "gelu-backward":
-            names["F"] = Patched(F, gelu=_gelu_without_its_density_term())
-        elif defect == "tanh-gelu":
-            names["F"] = Patched(F, gelu=lambda x, approximate="none": F.gelu(x, approximate="tanh"))
-        else:
-            names["F"] = Patched(F, scaled_dot_product_attention=doubled_queries(F.scaled_dot_product_attention))
-    elif framework == "tensorflow":
-        if defect == "tanh-gelu":
-            tf = names["tf"]
-            names["gelu_erf"] = lambda x: tf.nn.gelu(x, approximate=True)
-        else:
-            names["precision"] = Patched(names["precision"], attention=doubled_queries(names["precision"].attention))
-    elif framework == "jax":
-        jax = names["jax"]
-        if defect == "tanh-gelu":
-            gelu = jax.nn.gelu
-            names["jax"] = Patched(jax, nn=Patched(jax.nn, gelu=lambda x, approximate=False: gelu(x, approximate=True)))
-        else:
-            names["precision"] = Patched(names["precision"], attention=doubled_queries(names["precision"].attention))
+    _CODE_DEFECTS[framework](vars(module), defect)
+
+
+def _torch_code_defect(names: dict[str, Any], defect: str) -> None:
+    F = names["F"]
+    if defect == "gelu-backward":
+        names["F"] = Patched(F, gelu=_gelu_without_its_density_term())
+    elif defect == "tanh-gelu":
+        names["F"] = Patched(F, gelu=lambda x, approximate="none": F.gelu(x, approximate="tanh"))
     else:
-        ops = names["ops"]
-        if defect == "tanh-gelu":
-            names["ops"] = Patched(ops, gelu=lambda x, approximate=False: ops.gelu(x, approximate=True))
-        else:
-            names["ops"] = Patched(ops, dot_product_attention=doubled_queries(ops.dot_product_attention))
+        names["F"] = Patched(F, scaled_dot_product_attention=doubled_queries(F.scaled_dot_product_attention))
+
+
+def _tensorflow_code_defect(names: dict[str, Any], defect: str) -> None:
+    if defect == "tanh-gelu":
+        tf = names["tf"]
+        names["gelu_erf"] = lambda x: tf.nn.gelu(x, approximate=True)
+    else:
+        names["precision"] = Patched(names["precision"], attention=doubled_queries(names["precision"].attention))
+
+
+def _jax_code_defect(names: dict[str, Any], defect: str) -> None:
+    jax = names["jax"]
+    if defect == "tanh-gelu":
+        gelu = jax.nn.gelu
+        names["jax"] = Patched(jax, nn=Patched(jax.nn, gelu=lambda x, approximate=False: gelu(x, approximate=True)))
+    else:
+        names["precision"] = Patched(names["precision"], attention=doubled_queries(names["precision"].attention))
+
+
+def _keras_code_defect(names: dict[str, Any], defect: str) -> None:
+    ops = names["ops"]
+    if defect == "tanh-gelu":
+        names["ops"] = Patched(ops, gelu=lambda x, approximate=False: ops.gelu(x, approximate=True))
+    else:
+        names["ops"] = Patched(ops, dot_product_attention=doubled_queries(ops.dot_product_attention))
+
+
+_CODE_DEFECTS: dict[str, Callable[[dict[str, Any], str], None]] = {
+    "torch": _torch_code_defect,
+    "tensorflow": _tensorflow_code_defect,
+    "jax": _jax_code_defect,
+    "keras": _keras_code_defect,
+}
 
 
 def _gelu_without_its_density_term() -> Callable[..., Any]:

@@ -24,13 +24,13 @@ import functools
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from fwbench.frameworks.base import Backend, as_training_arch, export_report
+from fwbench.frameworks.base import Backend, TrainingArch, as_training_arch, export_report
 from fwbench.frameworks.torch import precision
 from fwbench.spec import Settings
 
@@ -247,6 +247,18 @@ class TorchBackend(Backend):
         # train(): batch norm (ResNet) normalises with batch statistics and updates its running buffers
         # (momentum 0.1, unbiased running variance: nn.BatchNorm2d's defaults); no model here has dropout.
         model = self.model.train()
+        trained = self._trained_parameters(model, frozen_names)
+        optimizer = training.make_optimizer(optimizer_spec(self.settings.optimizer), trained)
+        if self.mode in ("ddp", "ddp-compile"):
+            from fwbench.frameworks.torch import distributed
+
+            return distributed.make_train_step(self, arch, model, optimizer, inputs, targets)
+        return self._one_process_step(arch, model, optimizer, inputs, targets)
+
+    def _trained_parameters(self, model: torch.nn.Module, frozen_names: Collection[str]) -> list[torch.nn.Parameter]:
+        """``model``'s parameters but ``frozen_names``, in order, which alone require gradients; ValueError unless
+        they are as many as the description's trained tensors."""
+        assert self.description is not None
         trained = []
         for name, parameter in model.named_parameters():  # buffers (running statistics) are not parameters
             frozen = name in frozen_names
@@ -256,11 +268,21 @@ class TorchBackend(Backend):
         expected = self.description.trained_tensor_count()
         if len(trained) != expected:
             raise ValueError(f"{len(trained)} trained parameters, expected {expected}")
-        optimizer = training.make_optimizer(optimizer_spec(self.settings.optimizer), trained)
-        if self.mode in ("ddp", "ddp-compile"):
-            from fwbench.frameworks.torch import distributed
+        return trained
 
-            return distributed.make_train_step(self, arch, model, optimizer, inputs, targets)
+    def _one_process_step(
+        self,
+        arch: TrainingArch,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        inputs: Sequence[Any],
+        targets: Sequence[Any],
+    ) -> Callable[[], object]:
+        """The train step of eager and compile (:meth:`make_train_step`): zero_grad, forward + loss (under
+        autocast in bf16), backward, optimizer step (compile: the forward + loss and the optimizer step each
+        ``torch.compile``-d), returning the detached loss."""
+        from fwbench.frameworks.torch import training
+
         logits_of, loss_of = arch.training_logits, training.weighted_cross_entropy
         labels, weights = targets
         autocast = self.dtype == "bf16"  # mixed precision: float32 parameters (the master weights) and optimizer

@@ -50,6 +50,12 @@ class Phase(ABC):
     # Interleaved rounds after the first may start its workers side by side (importing on every CPU, then moved to
     # the cell's before the framework is configured: fwbench.runner.scheduler): it builds through Cell.build_backend.
     starts_together: ClassVar[bool] = False
+    # What the reports show of its cells (fwbench.report.phases asks, as the planner asks the other facts): whether
+    # runtimes are compared by their time per call (the summary of speed-ups over a baseline, the heat maps, the
+    # latency plots, the "vs baseline" column), and the report sections of its own, by name (each one a table and,
+    # on the HTML page, a section: "serving", "fit").
+    compared_by_speedup: ClassVar[bool] = True
+    report_sections: ClassVar[tuple[str, ...]] = ()
 
     def default_threads(self, cores: int) -> int:
         """The thread budget of this phase's cells when neither a flag nor a suite sets one, on ``cores`` physical

@@ -80,6 +80,46 @@ class EpochBlocks:
             raise RuntimeError(f"{runtime}'s fit loop called epoch_end {self.done} times for {self.epochs} epochs")
 
 
+def _loader_reads(runtime: str, fit: Callable[..., Any], loader: LoaderInput | None) -> dict[str, Any]:
+    """The keyword arguments that hand ``fit`` the loader of --input images (none without one); NotImplementedError
+    when it takes no loader."""
+    reads: dict[str, Any] = {}
+    if loader is not None:
+        if "loader" not in inspect.signature(fit).parameters:
+            raise NotImplementedError(f"{runtime}'s fit.py cannot read --input images")
+        reads["loader"] = loader
+    return reads
+
+
+def _run_fit(
+    fit: Callable[..., Any],
+    backend: Backend,
+    dataset: FitDataset,
+    case: Case,
+    epochs: int,
+    blocks: EpochBlocks | None,
+    reads: dict[str, Any],
+) -> Any:
+    """Run the fit loop ``epochs`` epochs, calling its epoch_end (``blocks`` when interleaved, else no pause); a
+    plugin's fit.py from before epoch_end runs start to end, when neither blocks nor a loader are asked of it."""
+    if "epoch_end" in inspect.signature(fit).parameters:
+        epoch_end: EpochEnd = blocks if blocks is not None else no_pause
+        return fit(backend, dataset, epochs, case.rank_batch, epoch_end, **reads)
+    if blocks is None and not reads:  # a plugin's fit.py from before epoch_end: it can still run start to end
+        return fit(backend, dataset, epochs, case.batch_size)
+    raise NotImplementedError(f"{case.runtime}'s fit.py takes no epoch_end: run it with --interleave off")
+
+
+def _check_loader_gone(cell: Cell) -> None:
+    """After a fit from --input images: the loader's worker processes (made inside fit()) must end within
+    LOADER_EXIT_S; how many did not is stored, and any makes the cell fail."""
+    gc.collect()  # a library's loop (Lightning, Keras) may hold its loader in reference cycles
+    left = processes.wait_gone([child.pid for child in processes.children()], LOADER_EXIT_S)
+    cell.result["fit_input"]["workers_left_running"] = len(left)
+    if left:
+        raise RuntimeError(f"{len(left)} loader worker processes still ran {LOADER_EXIT_S:g} s after the fit")
+
+
 def takes_images(description: ModelDescription) -> bool:
     """Whether the model's one input is ``pixel_values`` (it can fit on the data phase's --input images)."""
     return set(description.make_inputs(1, None, 0)) == {"pixel_values"}
@@ -91,6 +131,7 @@ class Fit(Phase):
     name = "fit"
     dtypes = ("fp32",)
     distributed = True
+    report_sections = ("fit",)  # high-level loops against the manual ones
 
     def interleaves(self, settings: Settings) -> bool:
         """Not from --input images: a loop waiting for its turn keeps its loader prefetching, and its next epoch
@@ -182,29 +223,15 @@ class Fit(Phase):
         case, settings = cell.job.case, cell.job.settings
         dataset, loader = self.dataset(cell, description)
         fit = backend.fit_module().fit  # the framework package's fit.py, checked to provide its role
-        reads: dict[str, Any] = {}
-        if loader is not None:
-            if "loader" not in inspect.signature(fit).parameters:
-                raise NotImplementedError(f"{case.runtime}'s fit.py cannot read --input images")
-            reads["loader"] = loader
+        reads = _loader_reads(case.runtime, fit, loader)
         cell.stage("fit")
         cell.result["peak_memory_scope"] = "timed" if memory.reset_peak_rss() else "process"
         cell.result["loadavg_before_timing"] = os.getloadavg()
         together = cell.launcher.together(backend)  # a distributed fit's processes start each epoch together
         blocks = EpochBlocks(cell, settings.epochs, together) if cell.job.interleaved else None
-        if "epoch_end" in inspect.signature(fit).parameters:
-            epoch_end: EpochEnd = blocks if blocks is not None else no_pause
-            outcome = fit(backend, dataset, settings.epochs, case.rank_batch, epoch_end, **reads)
-        elif blocks is None and not reads:  # a plugin's fit.py from before epoch_end: it can still run start to end
-            outcome = fit(backend, dataset, settings.epochs, case.batch_size)
-        else:
-            raise NotImplementedError(f"{case.runtime}'s fit.py takes no epoch_end: run it with --interleave off")
+        outcome = _run_fit(fit, backend, dataset, case, settings.epochs, blocks, reads)
         if loader is not None:  # the loop's loader was made inside fit(): its worker processes must be gone
-            gc.collect()  # a library's loop (Lightning, Keras) may hold its loader in reference cycles
-            left = processes.wait_gone([child.pid for child in processes.children()], LOADER_EXIT_S)
-            cell.result["fit_input"]["workers_left_running"] = len(left)
-            if left:
-                raise RuntimeError(f"{len(left)} loader worker processes still ran {LOADER_EXIT_S:g} s after the fit")
+            _check_loader_gone(cell)
         waited_s = 0.0
         if blocks is not None:
             blocks.check_finished(case.runtime)

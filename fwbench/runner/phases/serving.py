@@ -85,6 +85,8 @@ class Serving(Phase):
     name = "serving"
     dtypes = DTYPES
     interleavable = False  # a server under load needs the machine: its rounds never overlap another cell's
+    compared_by_speedup = False  # its figures are under load (capacity, p99 against offered load): its own section
+    report_sections = ("serving",)
 
     def default_threads(self, cores: int) -> int:
         """One core fewer (at least 1): the load generator's, beside the server."""

@@ -1,4 +1,4 @@
-"""The HTML report's serving section: the serving table (:mod:`fwbench.report.serving`) and, per model and max
+"""The HTML report's serving section (phase serving's own): the serving table (:mod:`fwbench.report.serving`) and, per model and max
 batch, the p99 latency against the offered load, one line per runtime (each Server point's geometric mean over rounds, the
 bars the rounds' range), the floor (``floor:identity``) in black, the p99 bound dotted."""
 
@@ -11,7 +11,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from fwbench.details import ServingRound
 from fwbench.report import serving
-from fwbench.report.html import LINES_RC, _extra_section, _figure, _png, esc, mpl_text, place_legend, runtime_styles
+from fwbench.report.html.figures import LINES_RC, figure, mpl_text, place_legend, png, runtime_styles
+from fwbench.report.html.markup import esc, extra_section
 from fwbench.store import ResultRecord
 
 
@@ -28,12 +29,12 @@ def ladder_curve(rounds: Sequence[ServingRound]) -> list[tuple[float, float, flo
     return sorted(curve)
 
 
-def latency_figure(rows: Sequence[ResultRecord], title: str) -> str:
+def latencyfigure(rows: Sequence[ResultRecord], title: str) -> str:
     """The p99-against-offered-load plot of one model and max batch (``rows``: its serving cells)."""
     styles = runtime_styles([r.runtime for r in rows if r.runtime != serving.FLOOR])
     bound = next((r.serving.p99_bound_s for r in rows if r.serving and r.serving.p99_bound_s), None)
     with matplotlib.rc_context(LINES_RC):
-        fig = _figure(7.0, 4.2, layout=None)
+        fig = figure(7.0, 4.2, layout=None)
         ax = fig.add_subplot(1, 1, 1)
         for row in rows:
             curve = ladder_curve(row.serving.rounds) if row.serving else []
@@ -74,7 +75,7 @@ def latency_figure(rows: Sequence[ResultRecord], title: str) -> str:
             left=0.9 / width, right=1 - 0.2 / width, top=1 - 0.45 / height, bottom=(0.7 + band) / height
         )
         fig.suptitle(mpl_text(title), fontsize=10)
-        return _png(fig, f"p99 latency against offered load: {title}")
+        return png(fig, f"p99 latency against offered load: {title}")
 
 
 def serving_section(results: Sequence[ResultRecord]) -> str:
@@ -84,7 +85,7 @@ def serving_section(results: Sequence[ResultRecord]) -> str:
     if not items:
         return ""
     rows = [serving.serving_cells(item, markup=False) for item in items]
-    section = _extra_section("serving", serving.TITLE, serving.HEADERS, serving.RIGHT, rows, serving.LEGEND)
+    section = extra_section("serving", serving.TITLE, serving.HEADERS, serving.RIGHT, rows, serving.LEGEND)
     groups: dict[tuple[object, ...], list[ResultRecord]] = {}
     for item in items:
         row = item.row
@@ -93,7 +94,7 @@ def serving_section(results: Sequence[ResultRecord]) -> str:
     for (run_id, model, batch, seq_len, dtype), members in groups.items():
         shape = f"max batch {batch}" + ("" if seq_len is None else f", seq {seq_len}")
         title = f"{model} (run {run_id}, {shape}, {dtype})"
-        plots.append(f"<h3>{esc(title)}</h3>{latency_figure(members, title)}")
+        plots.append(f"<h3>{esc(title)}</h3>{latencyfigure(members, title)}")
     note = (
         "<p class=small>Each point: a Server-scenario load point's p99 (geometric mean over rounds; bars: the "
         "rounds' range) "
