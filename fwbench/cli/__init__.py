@@ -1,5 +1,6 @@
 """The ``fwbench`` command line: one module per command (run, report, compare, verify, diff, export, weights, listing for
-``list``, env and peak for ``env --peak``, data for ``data make``, merge), the parser helpers and argument types in :mod:`fwbench.cli.common`.
+``list``, env and peak for ``env --peak``, data for ``data make``, merge), the parser helpers and argument types in
+:mod:`fwbench.cli.common`; ``run``'s flags and its plan apart from its execution (:mod:`.run_flags`, :mod:`.run_plan`).
 
 Bad input gets one line on stderr, exit status 2, and nothing written.
 """
