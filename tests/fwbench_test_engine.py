@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from fwbench.frameworks import RuntimeInfo, register_runtime
-from fwbench.frameworks.base import as_onnx_exporter, builtin_package
 from fwbench.frameworks.exported import ExportedBackend
+from fwbench.frameworks.roles import as_onnx_exporter, builtin_package
 from fwbench.spec import Settings
 
 

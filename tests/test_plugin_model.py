@@ -19,7 +19,7 @@ import pytest
 import fwbench.frameworks as registry
 import fwbench.models as models
 from conftest import loaded_model_plugin, run_args, run_cli
-from fwbench.frameworks.base import (
+from fwbench.frameworks.roles import (
     ArchModule,
     ModelFileError,
     TrainingArch,

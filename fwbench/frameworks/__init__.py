@@ -8,7 +8,6 @@ name, by :func:`create_backend` (and the model-file lookups), in the worker that
 from __future__ import annotations
 
 from fwbench.frameworks import catalog  # noqa: F401  (registers the built-in runtimes)
-from fwbench.frameworks.base import BUILTIN_PACKAGE, arch_module_name
 from fwbench.frameworks.registry import (
     RuntimeInfo,
     arch_module,
@@ -29,6 +28,7 @@ from fwbench.frameworks.registry import (
     register_runtime,
     runtimes,
 )
+from fwbench.frameworks.roles import BUILTIN_PACKAGE, arch_module_name
 
 __all__ = [
     "BUILTIN_PACKAGE",

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from fwbench.frameworks.base import builtin_package
 from fwbench.frameworks.registry import RuntimeInfo, builtin_module, register_runtime
+from fwbench.frameworks.roles import builtin_package
 
 DEPLOYMENT_NOTE = "deployment; export and load seconds and the artefact's size in details.compile_report"
 register_runtime(

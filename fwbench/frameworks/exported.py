@@ -25,8 +25,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fwbench import __version__
-from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, builtin_package, export_report, import_deploy
+from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, export_report
 from fwbench.frameworks.registry import get_runtime
+from fwbench.frameworks.roles import builtin_package, import_deploy
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)

@@ -15,14 +15,13 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 
-from fwbench.frameworks.base import (
+from fwbench.frameworks.base import Backend, UnsupportedDtype
+from fwbench.frameworks.roles import (
     BUILTIN_PACKAGE,
     ArchModule,
-    Backend,
     FitModule,
     LoaderModule,
     PackingLoaderModule,
-    UnsupportedDtype,
     arch_module_name,
     as_loader,
     as_packing_loader,
@@ -41,7 +40,7 @@ class RuntimeInfo:
     ``name`` is ``framework:mode``; ``module`` defines ``create_backend(mode, device, settings, *, dtype, phase)``
     (dtype: a spec.Dtype, "fp32" by default; phase: a spec.Phase, "inference" by default). ``package`` is the
     framework package holding the model files (``<package>/<arch>.py``, ``weights.py``, ``fit.py``; see
-    :mod:`fwbench.frameworks.base` for what each provides); empty: ``fwbench.frameworks.<framework>``."""
+    :mod:`fwbench.frameworks.roles` for what each provides); empty: ``fwbench.frameworks.<framework>``."""
 
     name: str
     module: str

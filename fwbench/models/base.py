@@ -71,7 +71,7 @@ class ModelDescription(ABC):
     # Phase fit (fwbench.models.fit): label by the teacher's logits minus each class's mean over the dataset
     fit_teacher_centred: ClassVar[bool] = False
     # Model files a plugin model brings along: framework package (e.g. "fwbench.frameworks.torch") -> the module
-    # implementing this arch for it (fwbench.frameworks.base.ArchModule); a package not named here is looked in
+    # implementing this arch for it (fwbench.frameworks.roles.ArchModule); a package not named here is looked in
     # for ``<package>.<arch>``.
     implementations: ClassVar[dict[str, str]] = {}
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fwbench.frameworks.base import builtin_package
+from fwbench.frameworks.roles import builtin_package
 from fwbench.models import register_model
 from fwbench.models.bert import BERT_TINY, Bert
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import erf
 
-from fwbench.frameworks.base import builtin_package
+from fwbench.frameworks.roles import builtin_package
 from fwbench.models import register_model
 from fwbench_plugin_model import PluginMLP
 

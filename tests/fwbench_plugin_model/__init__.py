@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from fwbench.frameworks import RuntimeInfo, register_runtime
-from fwbench.frameworks.base import builtin_package
+from fwbench.frameworks.roles import builtin_package
 from fwbench.models import register_model
 from fwbench.models.base import ModelDescription, ParamSpec, tensor_rng
 from fwbench.models.training import class_targets, reference_loss

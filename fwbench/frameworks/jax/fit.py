@@ -18,9 +18,10 @@ import numpy as np
 import optax
 
 from fwbench.datasets.images import LoaderInput
-from fwbench.frameworks.base import Backend, as_evaluated_arch
+from fwbench.frameworks.base import Backend
 from fwbench.frameworks.jax.training import make_optimizer, training_forward, training_trees
 from fwbench.frameworks.jax.weights import jax_device
+from fwbench.frameworks.roles import as_evaluated_arch
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec
 

@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import optax
 
-from fwbench.frameworks.base import as_stateful_training_arch, as_training_arch
 from fwbench.frameworks.jax.weights import canonical_name
+from fwbench.frameworks.roles import as_stateful_training_arch, as_training_arch
 from fwbench.models.training import OptimizerSpec
 
 

@@ -58,8 +58,9 @@ from typing import Any
 import numpy as np
 
 from fwbench.frameworks import registry
-from fwbench.frameworks.base import Backend, as_keras_checkpoint_arch, as_keras_training_arch
+from fwbench.frameworks.base import Backend
 from fwbench.frameworks.keras3 import import_keras, refuse_other_backend
+from fwbench.frameworks.roles import as_keras_checkpoint_arch, as_keras_training_arch
 from fwbench.frameworks.tensorflow.tracing import tracing_counters
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings

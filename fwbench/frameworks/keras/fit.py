@@ -15,10 +15,11 @@ import keras
 import numpy as np
 
 from fwbench.datasets.images import LoaderInput
-from fwbench.frameworks.base import Backend, as_keras_training_arch
+from fwbench.frameworks.base import Backend
 from fwbench.frameworks.keras.backend import _CHANNELS_FIRST_INPUTS
 from fwbench.frameworks.keras.training import loss as keras_loss
 from fwbench.frameworks.keras3.optimizers import make_optimizer
+from fwbench.frameworks.roles import as_keras_training_arch
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult, no_pause
 from fwbench.models.training import optimizer_spec
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import keras
 
-from fwbench.frameworks.base import builtin_package, import_profiler
+from fwbench.frameworks.roles import builtin_package, import_profiler
 
 
 def record(step: Callable[[], object], calls: int, directory: Path, device: str) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
-from fwbench.frameworks.base import TfliteExporter, as_tflite_exporter
 from fwbench.frameworks.exported import ExportedBackend
+from fwbench.frameworks.roles import TfliteExporter, as_tflite_exporter
 from fwbench.spec import Settings
 
 SIGNATURE = "serving_default"

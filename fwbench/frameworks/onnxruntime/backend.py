@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from fwbench.frameworks.base import OnnxExporter, as_onnx_exporter
 from fwbench.frameworks.exported import ExportedBackend
+from fwbench.frameworks.roles import OnnxExporter, as_onnx_exporter
 from fwbench.spec import Settings
 
 SPINNING = "1"  # ORT's default, stated: a pool thread spins briefly for work before it sleeps

@@ -20,8 +20,8 @@ import openvino as ov
 import openvino.properties as props
 import openvino.properties.hint as hints
 
-from fwbench.frameworks.base import OnnxExporter, as_onnx_exporter
 from fwbench.frameworks.exported import ExportedBackend
+from fwbench.frameworks.roles import OnnxExporter, as_onnx_exporter
 from fwbench.spec import Settings
 
 DEVICE = "CPU"

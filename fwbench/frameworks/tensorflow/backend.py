@@ -24,9 +24,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port  # IsMklEnabled: whether TF runs its oneDNN kernels
 
-from fwbench.frameworks.base import Backend, as_training_arch
+from fwbench.frameworks.base import Backend
 from fwbench.frameworks.keras3 import import_keras
 from fwbench.frameworks.registry import get_runtime
+from fwbench.frameworks.roles import as_training_arch
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.tracing import tracing_counters
 from fwbench.spec import Settings

@@ -1,5 +1,5 @@
-"""TensorFlow's side of the deployment runtimes (:class:`fwbench.frameworks.base.OnnxExporter` and
-:class:`fwbench.frameworks.base.TfliteExporter`): our ``tf.Module`` with the canonical weights, traced as a
+"""TensorFlow's side of the deployment runtimes (:class:`fwbench.frameworks.roles.OnnxExporter` and
+:class:`fwbench.frameworks.roles.TfliteExporter`): our ``tf.Module`` with the canonical weights, traced as a
 ``tf.function`` with the cell's input signature (every shape fixed) and converted to ONNX by tf2onnx
 (``onnxruntime:tensorflow``) or to a TFLite flatbuffer (``litert:tensorflow``)."""
 

@@ -16,8 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.datasets.images import LoaderInput
-from fwbench.frameworks.base import Backend, as_evaluated_arch, as_training_arch
+from fwbench.frameworks.base import Backend
 from fwbench.frameworks.keras3 import import_keras
+from fwbench.frameworks.roles import as_evaluated_arch, as_training_arch
 from fwbench.frameworks.tensorflow import data as tf_data
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult, WaitClock, no_pause
 from fwbench.models.training import optimizer_spec

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fwbench.frameworks.base import Backend, TrainingArch, as_training_arch, export_report
+from fwbench.frameworks.base import Backend, export_report
+from fwbench.frameworks.roles import TrainingArch, as_training_arch
 from fwbench.frameworks.torch import precision
 from fwbench.spec import Settings
 

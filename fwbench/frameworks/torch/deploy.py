@@ -1,4 +1,4 @@
-"""torch's side of the deployment runtimes (:class:`fwbench.frameworks.base.OnnxExporter`): our torch model,
+"""torch's side of the deployment runtimes (:class:`fwbench.frameworks.roles.OnnxExporter`): our torch model,
 with the canonical weights, written as an ONNX file that ``onnxruntime:torch`` and ``openvino:torch`` run."""
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from fwbench.frameworks.base import Backend, TrainingArch
+from fwbench.frameworks.base import Backend
+from fwbench.frameworks.roles import TrainingArch
 from fwbench.frameworks.torch.training import make_optimizer, train_epochs
 from fwbench.models.fit import EpochEnd, FitDataset, FitResult
 from fwbench.models.training import OptimizerSpec

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from fwbench.datasets.images import LoaderInput
-from fwbench.frameworks.base import Backend, as_training_arch
+from fwbench.frameworks.base import Backend
+from fwbench.frameworks.roles import as_training_arch
 from fwbench.frameworks.torch import data as torch_data
 from fwbench.frameworks.torch import distributed
 from fwbench.frameworks.torch.training import make_optimizer, train_epochs
