@@ -258,3 +258,40 @@ def test_unknown_baseline_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFix
         "fwbench: error: --baseline keras:jax is not in these results; runtimes there: torch:eager, "
         "jax:jit, tensorflow:function"
     ]
+
+
+def test_each_phase_gets_the_sections_it_names_and_serving_no_speed_ups(tmp_path: Path) -> None:
+    """Inference rows are compared by speed-up; serving rows (phase serving: compared_by_speedup False, its own
+    "serving" section) stay out of the summary, the heat maps and the "vs" column, in the tables and on the page,
+    whatever runtime is the baseline."""
+    from fwbench.report.html import to_html
+    from fwbench.report.phases import compared_rows, section_rows, sections_of
+    from fwbench.report.table import report_tables
+
+    runtimes = ("torch:eager", "jax:jit")
+    cells = [Cell(Case("mlp", rt, batch_size=1), timed(1e-3 * (i + 1), seed=i)) for i, rt in enumerate(runtimes)]
+    cells += [
+        Cell(Case("mlp", rt, "serving", batch_size=4), timed(2e-3 * (i + 1), seed=10 + i))
+        for i, rt in enumerate(("floor:identity", *runtimes))
+    ]
+    with Store.open(tmp_path / "mixed.db") as store:
+        add_run(store, cells)
+        rows = store.results()
+    assert {r.phase for r in compared_rows(rows)} == {"inference"} and sections_of(rows) == ["serving"]
+    assert [r.runtime for r in section_rows(rows, "serving")] == ["floor:identity", *runtimes]
+    tables, _ = report_tables(rows)
+    summary = [t for t in tables if "speed-up over torch:eager" in (t.title or "")]
+    assert len(summary) == 1 and [row[0] for row in summary[0].rows] == ["jax:jit"]  # the floor is never a runtime
+    (model,) = [t for t in tables if "vs torch:eager" in t.headers]  # one model: one table, both phases in it
+    phase, runtime, vs = (model.headers.index(name) for name in ("phase", "runtime", "vs torch:eager"))
+    speedups = {(row[phase], row[runtime]): row[vs] for row in model.rows}
+    assert "baseline" in speedups[("inference", "torch:eager")] and "×" in speedups[("inference", "jax:jit")]
+    assert {speedups[("serving", rt)] for rt in ("floor:identity", *runtimes)} == {"—"}
+    serving_only = [r for r in rows if r.phase == "serving"]
+    tables, _ = report_tables(serving_only)
+    assert not any("speed-up over" in (t.title or "") for t in tables)
+    assert all(not any(h.startswith("vs ") for h in t.headers) for t in tables)
+    page = to_html([], serving_only, baseline="torch:eager")
+    assert 'id="summary"' not in page and 'id="models"' not in page and "Baseline:" not in page
+    mixed = to_html([], rows, baseline="torch:eager")
+    assert mixed.count("<img") == 2  # the inference group's heat map and line plot; no serving cell in them

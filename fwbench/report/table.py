@@ -38,7 +38,7 @@ from fwbench.report.flags import (
     samples_text,
 )
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
-from fwbench.report.phases import compared_rows, section_rows, sections_of
+from fwbench.report.phases import compared_by_speedup, compared_rows, section_rows, sections_of
 from fwbench.report.throughput import THROUGHPUT_PHASES, format_rate, throughput
 from fwbench.report.walltime import rounds_stop_line, wall_time, wall_time_line
 from fwbench.speedups import (
@@ -323,7 +323,11 @@ def result_tables(
                     *([procs_text(row.procs, row.scaling, row.nodes)] if procs else []),
                     escape(row.runtime),
                     median_cell(row),
-                    *([speedup_cell(cells.get(key), row.runtime == table_baseline)] if baseline else []),
+                    *(
+                        [speedup_cell(cells.get(key), row.runtime == table_baseline and compared_by_speedup(row.phase))]
+                        if baseline
+                        else []
+                    ),
                     format_gflops(achieved_gflops(row)),
                     *([format_fraction(peak_fraction(row, peak))] if peak else []),
                     *map(format_rate, throughput(row)[: len(rate_headers)]),

@@ -8,6 +8,7 @@ from typing import Any
 from fwbench.report.flags import cell_flags, is_noisy, precision_flags, precision_key, samples_text
 from fwbench.report.html.markup import esc, ratio_text, table
 from fwbench.report.peak import Peak, achieved_gflops, peak_fraction
+from fwbench.report.phases import compared_by_speedup
 from fwbench.report.table import throughput_headers
 from fwbench.report.throughput import format_rate, throughput
 from fwbench.speedups import CellComparison, cell_key, rel_half_width
@@ -16,8 +17,9 @@ from fwbench.units import format_bytes, format_fraction, format_gflops, format_s
 
 
 def _speed_up_text(r: ResultRecord, ratios: dict[tuple[Any, ...], CellComparison], baseline: str | None) -> str:
-    """The row's speed-up against the baseline's cell (HTML): its ratio, n.s. when not significant."""
-    if r.runtime == baseline:
+    """The row's speed-up against the baseline's cell (HTML): its ratio, n.s. when not significant; ``—`` for a row
+    of a phase not compared by speed-up."""
+    if r.runtime == baseline and compared_by_speedup(r.phase):
         return "<i>baseline</i>"
     cell = ratios.get((r.runtime, *cell_key(r)))
     if cell is None:
