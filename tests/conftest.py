@@ -79,6 +79,8 @@ def xdist_group_of(item: pytest.Item) -> str | None:
 # longest tests, then the report groups that make test-matrix makes longest): xdist hands out work in collection
 # order, so the short tests fill the end of the run instead of one long test or group keeping a core busy alone.
 LONG_FILES = (
+    "test_diff.py",
+    "test_tfjs.py",
     "test_end_to_end.py",
     "test_data_phase.py",
     "test_training.py",
@@ -207,6 +209,18 @@ def import_jax_backend() -> ModuleType:
             else:
                 os.environ[name] = value
     return backend
+
+
+def fwbench_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``fwbench ARGS`` in this process (``fwbench.cli.main``: no interpreter start; a run's workers are processes of
+    their own all the same, with this process's environment): the exit status, stdout and stderr. For a test of what
+    a command does, not of a process's isolation (that one: :func:`run_cli`)."""
+    from fwbench.cli import main
+
+    capsys.readouterr()  # what came before
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -37,9 +37,16 @@ def test_verify_every_compiled_runtime(model: str) -> None:
     assert result.stdout.count(" ok ") == len(runtimes)
 
 
-def test_list_says_torchscript_is_deprecated() -> None:
-    listing = " ".join(run_cli("list").stdout.split())
-    assert "TorchScript is deprecated upstream since PyTorch 2.9" in listing.replace("│ ", "").replace(" │", "")
+def listing(capsys: pytest.CaptureFixture[str]) -> str:
+    """``fwbench list``'s output, run in this process."""
+    capsys.readouterr()
+    assert main(["list"]) == 0
+    return capsys.readouterr().out
+
+
+def test_list_says_torchscript_is_deprecated(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(listing(capsys).split())
+    assert "TorchScript is deprecated upstream since PyTorch 2.9" in text.replace("│ ", "").replace(" │", "")
 
 
 @pytest.mark.slow
@@ -69,8 +76,8 @@ def test_export_runtime_in_a_worker(
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("fwbench-aoti-", "aotinductor_"))]
 
 
-def test_list_shows_torch_export() -> None:
-    rows = [line for line in run_cli("list").stdout.splitlines() if "torch:export" in line]
+def test_list_shows_torch_export(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [line for line in listing(capsys).splitlines() if "torch:export" in line]
     assert rows and "yes" in rows[0] and "torch.export.export" in rows[0]
 
 
@@ -90,13 +97,13 @@ def test_compile_mode_is_validated(capsys: pytest.CaptureFixture[str], tmp_path:
     assert not db.exists()
 
 
-def test_compile_mode_is_stored_with_the_run(plugin_env: dict[str, str], tmp_path: Path) -> None:
+def test_compile_mode_is_stored_with_the_run(
+    plugin_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "run.db"
     for extra, _expected in (([], "default"), (["--compile-mode", "max-autotune"], "max-autotune")):
-        result = run_cli(
-            *run_args("--models", "mlp", "--runtimes", "fake:sleep", *extra, db=db, max_time=0.1), env=plugin_env
-        )
-        assert result.returncode == 0, result.stderr
+        code = main(run_args("--models", "mlp", "--runtimes", "fake:sleep", *extra, db=db, max_time=0.1))
+        assert code == 0, capsys.readouterr().err
     with Store.open(db, create=False) as store:
         runs = [store.get_run(i) for i in (1, 2)]
     assert [run.settings["compile_mode"] if run else None for run in runs] == ["default", "max-autotune"]

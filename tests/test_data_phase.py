@@ -1,8 +1,10 @@
 """``fwbench run --phase data``: the plan (dataset as model, workers as a grid axis), bad input, the three loaders
 end to end in fresh workers (their batches, worker processes that end), corrupt images, a killed cell whose
-loader workers die with it, and fits that read the images through a loader. ``make test`` kills a DataLoader cell
-and fits through torch's loader; corrupt images, Grain's killed cell and the other frameworks' fits are the
-matrix's (``make test-matrix``)."""
+loader workers die with it, and fits that read the images through a loader. ``make test`` runs the three loaders
+with a worker each, kills a DataLoader cell and fits through torch's loader; the loaders without worker processes,
+corrupt images, Grain's killed cell and the other frameworks' fits are the matrix's (``make test-matrix``). The
+commands run in this process (``fwbench.cli.main``: no interpreter to start) except where the test is about the
+processes a run leaves; each cell's worker is a process of its own all the same."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import marked_processes_left, run_args, run_cli
+from conftest import fwbench_here, marked_processes_left, run_args, run_cli
 from fwbench.datasets import images
 from fwbench.runner.phases import check_case
 from fwbench.runner.planner import PlanChoices, resolve_plan, suite_plan
@@ -100,36 +102,48 @@ def test_the_data_suite_plans_three_loaders_at_three_worker_counts_and_a_fit_per
     ],
 )
 def test_bad_data_input_is_one_line_and_exit_2(
-    tmp_path: Path, dataset: Path, args: tuple[str, ...], message: str
+    tmp_path: Path, dataset: Path, args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = ["run", "--phase", "data", "--runtimes", LOADERS[0], "--db", str(tmp_path / "x.db")]
     if "--input" not in args:
         base += ["--input", str(dataset)]
-    done = run_cli(*base, *args)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
+    code, _, err = fwbench_here(capsys, *base, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
     assert not (tmp_path / "x.db").exists()  # nothing written
 
 
-def test_a_text_dataset_is_refused(tmp_path: Path) -> None:
+def test_a_text_dataset_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from fwbench.datasets import text
 
     text.make_text(tmp_path / "lines", n=4)
-    done = run_cli("run", "--phase", "data", "--runtimes", LOADERS[0], "--input", str(tmp_path / "lines"))
-    assert done.returncode == 2 and "a text dataset; phase data reads images" in done.stderr
+    db = tmp_path / "x.db"
+    code, _, err = fwbench_here(
+        capsys, "run", "--phase", "data", "--runtimes", LOADERS[0], "--input", str(tmp_path / "lines"), "--db", str(db)
+    )
+    assert code == 2 and "a text dataset; phase data reads images" in err
 
 
 @pytest.mark.slow
-def test_the_three_loaders_run_end_to_end_and_their_workers_end(tmp_path: Path, dataset: Path) -> None:
+@pytest.mark.parametrize(
+    "workers",
+    [1, pytest.param(0, marks=pytest.mark.matrix)],  # make test: with a worker (processes, or tf.data's threads)
+    ids=["one-worker", "in-process"],
+)
+def test_the_three_loaders_run_end_to_end_and_their_workers_end(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str], workers: int
+) -> None:
     db = tmp_path / "d.db"
-    done = run_cli(
-        "run", "--phase", "data", "--runtimes", ",".join(LOADERS), "--workers", "0,1", "--input", str(dataset),
-        "--transform", "center-crop", "--db", str(db), *TINY,
+    code, _, err = fwbench_here(
+        capsys,
+        "run", "--phase", "data", "--runtimes", ",".join(LOADERS), "--workers", str(workers), "--input",
+        str(dataset), "--transform", "center-crop", "--db", str(db), *TINY,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert code == 0, err[-3000:]
     rows = _rows(db)
-    assert len(rows) == 6 and {row["status"] for row in rows} == {"ok"}, [row["reason"] for row in rows]
+    assert len(rows) == 3 and {row["status"] for row in rows} == {"ok"}, [row["reason"] for row in rows]
+    assert {int(str(row["workers"])) for row in rows} == {workers}
     sums = {}
     for row in rows:
         data = json.loads(str(row["details_json"]))["data"]
@@ -151,13 +165,13 @@ def test_the_three_loaders_run_end_to_end_and_their_workers_end(tmp_path: Path, 
         # CPU time comes in clock ticks (10 ms): 8 tiny batches may take less than one, so only its sign is certain
         assert data["cpu_cores_busy"] >= 0 and data["cpu_s"] >= 0 and data["corrupt_files"] == 0
         assert 0 < float(str(row["first_call_s"])) < 300  # the time to the first batch
-        if workers == 0:
-            sums[runtime] = data["first_batch"]["sum"]
-    # center-crop, one process: the same 4 images in every loader; a sum does not depend on the layout
+        sums[runtime] = data["first_batch"]["sum"]
+    # center-crop, the files in order (each loader keeps their order, however many workers): the same 4 images in
+    # every loader; a sum does not depend on the layout
     values = list(sums.values())
     assert max(values) - min(values) <= 1e-3 * 4 * 16 * 16 * 3, sums
-    report = run_cli("report", "--db", str(db), "--run", "latest")
-    assert report.returncode == 0 and "workers" in report.stdout and "images-48" in report.stdout
+    code, out, _ = fwbench_here(capsys, "report", "--db", str(db), "--run", "latest")
+    assert code == 0 and "workers" in out and "images-48" in out
 
 
 @pytest.mark.slow
@@ -198,17 +212,20 @@ def test_a_killed_data_cell_leaves_no_loader_process(tmp_path: Path, dataset: Pa
     assert marked_processes_left(marker) == []
 
 
-def _fit_from_images(tmp_path: Path, dataset: Path, runtimes: Mapping[str, str | None], models: str) -> dict:
+def _fit_from_images(
+    tmp_path: Path, dataset: Path, runtimes: Mapping[str, str | None], models: str, capsys: pytest.CaptureFixture[str]
+) -> dict:
     """Run ``--phase fit --input`` for ``runtimes`` (runtime → the loader its fit reads, None: skipped) and check
     each fit's record; returns the rows by (model, runtime)."""
     db = tmp_path / "f.db"
-    done = run_cli(
+    code, _, err = fwbench_here(
+        capsys,
         *run_args(
             "--phase", "fit", "--input", str(dataset), "--models", models, "--runtimes", ",".join(runtimes),
             "--batch-sizes", "4", "--epochs", "2", db=db,
-        )
+        ),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert code == 0, err[-3000:]
     rows = {(row["model"], row["runtime"]): row for row in _rows(db)}
     for runtime, loader in runtimes.items():
         row = rows[("resnet-tiny", runtime)]
@@ -243,24 +260,26 @@ def _fit_from_images(tmp_path: Path, dataset: Path, runtimes: Mapping[str, str |
     ids=["torch", "tensorflow-jax"],
 )
 def test_fit_reads_the_images_through_each_frameworks_loader(
-    tmp_path: Path, dataset: Path, loops: dict[str, str]
+    tmp_path: Path, dataset: Path, loops: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """resnet-tiny fits from the dataset's images (cropped to its 64 px) through DataLoader, tf.data and Grain
     in the manual loops, each saying how long it waited for data; a model that takes no images is skipped."""
-    rows = _fit_from_images(tmp_path, dataset, loops, "resnet-tiny,mlp")
+    rows = _fit_from_images(tmp_path, dataset, loops, "resnet-tiny,mlp", capsys)
     assert {rows[("mlp", runtime)]["status"] for runtime in loops} == {"skipped"}
 
 
 @pytest.mark.slow
 @pytest.mark.matrix
-def test_the_high_level_fit_apis_read_the_images_too(tmp_path: Path, dataset: Path) -> None:
+def test_the_high_level_fit_apis_read_the_images_too(
+    tmp_path: Path, dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     apis = {
         "torch:lightning": "torch:dataloader",
         "keras:tensorflow": "tensorflow:data",
         "keras:jax": "grain:dataloader",
         "keras:torch": None,
     }
-    _fit_from_images(tmp_path, dataset, apis, "resnet-tiny")
+    _fit_from_images(tmp_path, dataset, apis, "resnet-tiny", capsys)
 
 
 def _data_store(path: Path, inference: bool = False) -> Path:
@@ -295,7 +314,7 @@ def _data_store(path: Path, inference: bool = False) -> Path:
     return path
 
 
-def test_reports_show_the_worker_count_of_data_cells(tmp_path: Path) -> None:
+def test_reports_show_the_worker_count_of_data_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from fwbench.report.export import spreadsheet_tables, to_csv
     from fwbench.report.html import to_html
     from fwbench.speedups import compare_cells
@@ -313,9 +332,9 @@ def test_reports_show_the_worker_count_of_data_cells(tmp_path: Path) -> None:
     assert to_csv(results).splitlines()[0].split(",")[:7] == [
         "run_id", "model", "runtime", "phase", "batch_size", "seq_len", "workers",
     ]  # fmt: skip
-    done = run_cli("report", "--db", str(tmp_path / "d.db"), "--run", "latest")
-    assert done.returncode == 0 and "workers" in done.stdout and "phase data" in done.stdout
-    assert "2.00×" in done.stdout and "cores busy" in done.stdout and "PSS (workers)" in done.stdout
+    code, out, _ = fwbench_here(capsys, "report", "--db", str(tmp_path / "d.db"), "--run", "latest")
+    assert code == 0 and "workers" in out and "phase data" in out
+    assert "2.00×" in out and "cores busy" in out and "PSS (workers)" in out
 
 
 def test_a_fit_from_the_default_images_writes_them_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

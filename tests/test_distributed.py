@@ -11,9 +11,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -24,7 +24,7 @@ from fwbench.frameworks import distributed_runtimes, get_runtime
 from fwbench.models import get_model
 from fwbench.ranks import ENV_PREFIX, rank_rows
 from fwbench.runner.interleave_start import start_order
-from fwbench.runner.rankset import combine, combine_results
+from fwbench.runner.rankset import RankSet, combine, combine_results
 from fwbench.runner.scheduler import run_group
 from fwbench.runner.verify import TrainingCheck, distributed_parity_unsupported, verify_training
 from fwbench.spec import Case, Scaling, Settings, SpecError, group_key
@@ -168,7 +168,7 @@ def test_a_rank_set_answers_as_its_slowest_rank_and_sums_memory() -> None:
 @TWO_CPUS
 def test_two_ranks_are_stored_as_one_interleaved_cell_and_listen_only_on_loopback(tmp_path: Path) -> None:
     db = tmp_path / "ddp.db"
-    args = [*TRAINING, "--procs", "1,2", "--threads", "2", "--batch-sizes", "4", "--max-time", "1", "--db", str(db)]
+    args = [*TRAINING, "--procs", "1,2", "--threads", "2", "--batch-sizes", "4", "--max-time", "0.3", "--db", str(db)]
     run = subprocess.Popen(
         [sys.executable, "-m", "fwbench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=REPO_DIR, start_new_session=True,
@@ -212,35 +212,39 @@ def test_two_ranks_are_stored_as_one_interleaved_cell_and_listen_only_on_loopbac
 @pytest.mark.serial
 @TWO_CPUS
 @pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_a_killed_or_hung_rank_ends_the_cell_and_leaves_no_process(fault: str) -> None:
-    """SIGKILL: rank 1 dies, rank 0 loses its peer: the cell is ``error`` naming rank 1. SIGSTOP: rank 1 stops
-    answering, rank 0 waits in its all-reduce: the cell is ``timeout``. Either way no rank survives."""
+def test_a_killed_or_hung_rank_ends_the_cell_and_leaves_no_process(fault: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 faulted once the ranks step (the set's first timed block sent: every rank imported, built, warmed up).
+    SIGKILL: rank 1 dies, rank 0 loses its peer in the all-reduce: the cell is ``error`` naming rank 1. SIGSTOP: rank
+    1 stops answering, rank 0 waits for it in its all-reduce: the cell is ``timeout``. Either way no rank survives.
+    The manager runs here (run_group), so the fault lands at that point of the manager's own calls, whatever the
+    machine's speed."""
     case = Case("mlp", "torch:ddp", "training", 8, procs=2, scaling="weak")
-    settings = Settings(threads=2, max_time_s=20 if fault == "kill" else 4, timeout_s=40 if fault == "kill" else 8)
+    # stop: the cell can only time out once rank 1 stops, so a shorter --timeout keeps the test short
+    settings = (
+        Settings(threads=2, max_time_s=20, timeout_s=40)
+        if fault == "kill"
+        else Settings(threads=2, max_time_s=4, timeout_s=8)
+    )
     faulted: list[int] = []
+    command = RankSet.command
 
-    def inject() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ranks = rank_processes(os.getpid())
-            if len(ranks) == 2 and time.time() - ranks[1].create_time() > 6:  # imported, built, stepping
-                os.kill(ranks[1].pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-                faulted.append(ranks[1].pid)
-                return
-            time.sleep(0.2)
+    def command_then_fault(self: RankSet, name: str, **fields: Any) -> None:
+        command(self, name, **fields)
+        if name == "block" and not faulted:  # the first timed block (the set's calibration): the ranks step
+            (pid,) = self.ranks[1].pids
+            os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            faulted.append(pid)
 
-    thread = threading.Thread(target=inject, daemon=True)
-    thread.start()
+    monkeypatch.setattr(RankSet, "command", command_then_fault)
     started = time.monotonic()
     (outcome,) = run_group([case], settings, {case.key: False})
-    thread.join()
     assert faulted, "the rank was never seen"
     if fault == "kill":
         assert outcome.status == "error", outcome.reason
         assert outcome.reason is not None and outcome.reason.startswith("rank 1 of 2: worker killed by SIGKILL")
     else:
         assert outcome.status == "timeout", outcome.reason
-        assert outcome.reason is not None and "exceeded --timeout 8 s" in outcome.reason
+        assert outcome.reason is not None and "exceeded --timeout 8 s during " in outcome.reason
     assert time.monotonic() - started < 120
     assert rank_processes(os.getpid()) == {}
     assert not psutil.pid_exists(faulted[0]) or psutil.Process(faulted[0]).status() == psutil.STATUS_ZOMBIE

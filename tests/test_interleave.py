@@ -9,12 +9,15 @@ import dataclasses
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import pytest
 
+import fwbench.plugins
+from conftest import REPO_DIR, TESTS_DIR
 from fwbench.cli.common import duration, non_negative_duration
 from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
 from fwbench.measure.rounds import blocks_by_round
@@ -27,9 +30,9 @@ from fwbench.runner.manager import CellOutcome, execute
 from fwbench.runner.process import WorkerProcess, worker_cpus
 from fwbench.runner.scheduler import comparison_groups, group_key, order_generator
 from fwbench.spec import Case, Plan, Settings, SpecError
-from fwbench.store import Store
+from fwbench.store import ResultRecord, Store
 
-FAST = Settings(threads=1, max_time_s=0.6, timeout_s=60, rounds=2, min_block_s=0.02, settle_s=0.03)
+FAST = Settings(threads=1, max_time_s=0.3, timeout_s=60, rounds=2, min_block_s=0.02, settle_s=0.03)
 
 
 def fake(mode: str, batch_size: int = 1) -> Case:
@@ -57,6 +60,7 @@ def test_blocks_alternate_in_the_seeded_order_one_worker_at_a_time(
     cycle's seeded order; no two blocks overlap, and a quiet pause (:mod:`fwbench.measure.settle`) separates blocks of
     two workers. Only round 1 calibrates: round 2 times blocks of round 1's calls."""
     cases = (fake("sleep"), fake("slowsync"), fake("spike"))
+    monkeypatch.setenv("FAKE_HOG_BYTES", str(64 * 2**20))  # spike's 64 MiB, not 1 GiB: a peak all the same
     calibrated: list[tuple[str, int]] = []
     calibrate = interleave._calibrate
 
@@ -111,7 +115,8 @@ def test_a_round_whose_blocks_overrun_their_plan_ends_early(
         item.block_s /= 20
 
     monkeypatch.setattr(interleave, "_calibrate", too_fast)
-    settings = dataclasses.replace(FAST, max_time_s=1.2)  # a round's share 0.6 s: hundreds of cycles planned
+    # two rounds, a round's share 0.6 s: hundreds of cycles planned in round 1 (calibrated) and round 2 (round 1's calls)
+    settings = dataclasses.replace(FAST, max_time_s=1.2)
     run_id = run(db_path, Plan((fake("sleep"), fake("slowsync")), settings))
     with Store.open(db_path, readonly=True) as store:
         rows = list(store.results([run_id]))
@@ -247,7 +252,7 @@ def test_an_exception_mid_group_keeps_its_status_and_reason(
     """A worker that raises while serving blocks reports it (its result line); the cell keeps that status."""
     monkeypatch.setenv("FAKE_CRASH_AFTER", "20")
     monkeypatch.setenv("FAKE_LATE_RAISE", "1")
-    run_id = run(db_path, Plan((fake("late"), fake("sleep")), FAST))
+    run_id = run(db_path, Plan((fake("late"), fake("sleep")), FAST))  # raised in round 1; kept through round 2
     with Store.open(db_path, readonly=True) as store:
         late, sleep = store.results([run_id])
     assert late.status == "oom", late.reason
@@ -258,7 +263,7 @@ def test_an_exception_mid_group_keeps_its_status_and_reason(
 def test_resume_runs_only_the_groups_not_stored(plugin_env: dict[str, str], db_path: Path) -> None:
     """A run stopped after its first group (a listener that raises, as Ctrl-C would) resumes with the second."""
     settings = Settings(threads=1, max_time_s=0.2, timeout_s=60, rounds=1, min_block_s=0.02, settle_s=0.0)
-    plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2), fake("slowsync", 2)), settings)
+    plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2)), settings)  # groups of 2 and 1
     heard: list[str] = []
 
     def stop_after_first_group(outcome: CellOutcome) -> None:
@@ -275,7 +280,7 @@ def test_resume_runs_only_the_groups_not_stored(plugin_env: dict[str, str], db_p
         outcomes = execute(store, run_id, plan)
         assert [o.case.key for o in outcomes] == [c.key for c in plan.cases[2:]]
         rows = store.results([run_id])
-    assert len(rows) == 4 and all(row.status == "ok" for row in rows)
+    assert len(rows) == 3 and all(row.status == "ok" for row in rows)
     assert {row.case_key: row.id for row in rows if row.case_key in first} == first  # untouched
 
 
@@ -289,55 +294,99 @@ def first_block_starts(rows: list[Any]) -> dict[tuple[int, int], float]:
     return starts
 
 
-def test_a_windows_groups_take_their_rounds_in_turn_in_alternating_order(
-    plugin_env: dict[str, str], db_path: Path
-) -> None:
-    """Two groups of one window (the default --spread): round 1 of each in plan order, round 2 in the reverse
-    order, round 3 in plan order again, as the blocks' start times show; every cell ends with its 3 rounds."""
-    settings = dataclasses.replace(FAST, rounds=3, max_time_s=0.3)
-    plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2)), settings)
-    heard: list[str] = []
-    with Store.open(db_path) as store:
-        run_id = store.create_run(plan, "test", {}, "0")
-        execute(store, run_id, plan, hear=heard.append)
-        rows = store.results([run_id])
-    assert all(row.status == "ok" and row.round_count == 3 and row.ci_low_s is not None for row in rows), rows
-    starts = first_block_starts(rows)
-    assert sorted(starts, key=lambda key: starts[key]) == [(1, 0), (2, 0), (2, 1), (1, 1), (1, 2), (2, 2)]
-    assert heard == [f"round {index} of 3, 2 comparison groups in turn" for index in (1, 2, 3)]
+@dataclasses.dataclass
+class StoppedWindow:
+    """A window of two comparison groups stopped as its round 2 began (Ctrl-C), then resumed (``execute`` again):
+    what the store held and the listeners heard in between and at the end."""
+
+    plan: Plan
+    interrupted: bool  # the first execute ended with the KeyboardInterrupt
+    first: dict[str, ResultRecord]  # by case key: the cells stored when it stopped
+    finished_when_stopped: list[str]  # the cells the listener heard of by then
+    done_in_full: set[str]  # the cells with every minimum round, when it stopped
+    done_any: set[str]  # the cells with any round, when it stopped
+    resumed: float  # when the resume began (unix seconds)
+    finished: list[str]  # the cells the listener heard of in all
+    heard: list[str]  # the rounds the resume announced
+    rows: list[ResultRecord]  # the cells stored at the end
 
 
-def test_a_window_stopped_midway_keeps_its_rounds_and_resume_runs_its_groups_again(
-    plugin_env: dict[str, str], db_path: Path
-) -> None:
-    """Stopped as round 2 of a window begins (Ctrl-C): every cell is stored with its first round (no CI yet), none
-    counts as done, no listener heard of one; --resume runs the window's groups again, storing them in place."""
+# The tests of one stopped window share its run (and so an xdist process: --dist loadgroup).
+shares_the_stopped_window = pytest.mark.xdist_group("interleave-stopped-window")
+
+
+@pytest.fixture(scope="module")
+def stopped_window(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoppedWindow]:
+    """Two groups of one window (the default --spread): sleep and slowsync at batch 1, sleep at batch 2, 3 rounds;
+    stopped as round 2 begins, then resumed. The fake runtimes loaded as the plugin_env fixture loads them."""
     settings = dataclasses.replace(FAST, rounds=3, max_time_s=0.3)
     plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2)), settings)
-    keys = sorted(case.key for case in plan.cases)
+    db_path = tmp_path_factory.mktemp("stopped-window") / "fwbench.db"
     finished: list[str] = []
+    heard: list[str] = []
 
     def stop_at_round_2(line: str) -> None:
         if line.startswith("round 2 of 3"):
             raise KeyboardInterrupt
 
-    with Store.open(db_path) as store:
-        run_id = store.create_run(plan, "test", {}, "0")
-        with pytest.raises(KeyboardInterrupt):
-            execute(store, run_id, plan, lambda outcome: finished.append(outcome.case.key), stop_at_round_2)
-        first = {row.case_key: row for row in store.results([run_id])}
-        assert finished == [] and sorted(first) == keys
-        assert all(row.status == "ok" and row.round_count == 1 and row.ci_low_s is None for row in first.values())
-        assert store.done_keys(run_id, settings.rounds) == set() and sorted(store.done_keys(run_id)) == keys
-        resumed = time.time()
-        execute(store, run_id, plan, lambda outcome: finished.append(outcome.case.key))
-        rows = store.results([run_id])
-    assert sorted(finished) == keys
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        path = os.pathsep.join(filter(None, [str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH")]))
+        monkeypatch.setenv("PYTHONPATH", path)
+        monkeypatch.setenv("FWBENCH_PLUGINS", "fwbench_test_plugin")
+        monkeypatch.syspath_prepend(str(TESTS_DIR))
+        monkeypatch.setattr(fwbench.plugins, "_loaded", False)
+        fwbench.plugins.load_plugins()
+        with Store.open(db_path) as store:
+            run_id = store.create_run(plan, "test", {}, "0")
+            interrupted = False
+            try:
+                execute(store, run_id, plan, lambda outcome: finished.append(outcome.case.key), stop_at_round_2)
+            except KeyboardInterrupt:
+                interrupted = True
+            first = {row.case_key: row for row in store.results([run_id])}
+            finished_when_stopped = list(finished)
+            done_in_full, done_any = store.done_keys(run_id, settings.rounds), store.done_keys(run_id)
+            resumed = time.time()
+            execute(store, run_id, plan, lambda outcome: finished.append(outcome.case.key), heard.append)
+            rows = store.results([run_id])
+    yield StoppedWindow(
+        plan, interrupted, first, finished_when_stopped, done_in_full, done_any, resumed, finished, heard, rows
+    )
+
+
+@shares_the_stopped_window
+def test_a_windows_groups_take_their_rounds_in_turn_in_alternating_order(stopped_window: StoppedWindow) -> None:
+    """Two groups of one window (the default --spread), as the resume runs them: round 1 of each in plan order,
+    round 2 in the reverse order, round 3 in plan order again, as the blocks' start times show; every cell ends
+    with its 3 rounds."""
+    rows = stopped_window.rows
+    assert all(row.status == "ok" and row.round_count == 3 and row.ci_low_s is not None for row in rows), rows
+    starts = first_block_starts(rows)
+    assert sorted(starts, key=lambda key: starts[key]) == [(1, 0), (2, 0), (2, 1), (1, 1), (1, 2), (2, 2)]
+    assert stopped_window.heard == [f"round {index} of 3, 2 comparison groups in turn" for index in (1, 2, 3)]
+
+
+@shares_the_stopped_window
+def test_a_window_stopped_midway_keeps_its_rounds_and_resume_runs_its_groups_again(
+    stopped_window: StoppedWindow,
+) -> None:
+    """Stopped as round 2 of a window begins (Ctrl-C): every cell is stored with its first round (no CI yet), none
+    counts as done, no listener heard of one; --resume runs the window's groups again, storing them in place."""
+    keys = sorted(case.key for case in stopped_window.plan.cases)
+    first = stopped_window.first
+    assert stopped_window.interrupted
+    assert stopped_window.finished_when_stopped == [] and sorted(first) == keys
+    assert all(row.status == "ok" and row.round_count == 1 and row.ci_low_s is None for row in first.values())
+    assert stopped_window.done_in_full == set() and sorted(stopped_window.done_any) == keys
+    rows = stopped_window.rows
+    assert sorted(stopped_window.finished) == keys
     assert {row.case_key: row.id for row in rows} == {key: row.id for key, row in first.items()}  # in place
     for row in rows:
         assert row.status == "ok" and row.round_count == 3 and row.ci_low_s is not None
         assert sorted({block.round for block in row.blocks}) == [0, 1, 2]
-        assert all(block.start_unix_s is not None and block.start_unix_s > resumed for block in row.blocks)  # afresh
+        assert all(
+            block.start_unix_s is not None and block.start_unix_s > stopped_window.resumed for block in row.blocks
+        )  # afresh
     checked = {row.runtime for row in rows if row.parity is not None}  # each pair checked again, by its first cell
     assert checked == {"fake:sleep", "fake:slowsync"}
 

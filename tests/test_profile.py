@@ -1,7 +1,8 @@
 """``fwbench profile`` end to end: every framework's profiler in a fresh worker on the mlp and bert-tiny, the
 tables it prints, the profile run in the store (never among benchmark results), ``report --profile``.
-``make test`` profiles torch:eager; the other frameworks and modes, and a runtime without a profiler, are the
-matrix's (``make test-matrix``)."""
+``make test`` profiles torch:eager on the mlp; its bert-tiny, the other frameworks and modes, and a runtime without a
+profiler are the matrix's (``make test-matrix``). The commands run in this process (``fwbench.cli.main``: no interpreter to start);
+each profiled cell's worker is a process of its own all the same."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require, run_cli
+from conftest import fwbench_here, require
 from fwbench.cli import main
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
@@ -35,17 +36,19 @@ XLA_RUNTIMES = {"tensorflow:xla", "jax:jit", "keras:jax"}  # one compiled progra
 CLOCK_SLACK_S = 1e-4  # the profiler's clock against the worker's perf_counter, per call
 
 
-def profile(tmp_path: Path, runtimes: tuple[str, ...], models: str = "mlp,bert-tiny") -> list[ProfileRecord]:
+def profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runtimes: tuple[str, ...], models: str = "mlp,bert-tiny"
+) -> list[ProfileRecord]:
     db, out = tmp_path / "p.db", tmp_path / "traces"
-    result = run_cli(
+    code, stdout, stderr = fwbench_here(
+        capsys,
         "profile",
         *("--models", models, "--runtimes", ",".join(runtimes)),
         *("--batch-sizes", "2", "--seq-lens", "16", "--threads", "1", "--calls", "2"),
         *("--db", str(db), "--out", str(out)),
-        timeout=900,
     )
-    assert result.returncode == 0, result.stderr
-    assert "overhead (wall − busy)" in result.stdout and "top 10 ops" in result.stdout, result.stdout
+    assert code == 0, stderr
+    assert "overhead (wall − busy)" in stdout and "top 10 ops" in stdout, stdout
     with Store.open(db, readonly=True) as store:
         assert store.results() == [] and store.latest_run_id() is None  # never benchmark results
         (run,) = store.runs()
@@ -53,8 +56,13 @@ def profile(tmp_path: Path, runtimes: tuple[str, ...], models: str = "mlp,bert-t
         return store.profiles([run.id])
 
 
-def check_profiles(records: list[ProfileRecord], runtimes: tuple[str, ...], tmp_path: Path) -> None:
-    assert {(r.model, r.runtime) for r in records} == {(m, rt) for m in ("mlp", "bert-tiny") for rt in runtimes}
+def check_profiles(
+    records: list[ProfileRecord],
+    runtimes: tuple[str, ...],
+    tmp_path: Path,
+    models: tuple[str, ...] = ("mlp", "bert-tiny"),
+) -> None:
+    assert {(r.model, r.runtime) for r in records} == {(m, rt) for m in models for rt in runtimes}
     for record in records:
         assert record.status == "ok", (record.runtime, record.model, record.reason)
         cell = record.cell
@@ -70,33 +78,42 @@ def check_profiles(records: list[ProfileRecord], runtimes: tuple[str, ...], tmp_
             assert summary.categories_s["matmul/conv"] > 0, summary.ops
 
 
-def test_torch_profiles_the_mlp_and_bert_tiny(tmp_path: Path) -> None:
-    records = profile(tmp_path, DEFAULT_RUNTIMES)
-    check_profiles(records, DEFAULT_RUNTIMES, tmp_path)
+@pytest.mark.parametrize(
+    "model",
+    ["mlp", pytest.param("bert-tiny", marks=pytest.mark.matrix)],  # make test: torch's profiler, on the mlp
+)
+def test_torch_profiles_the_mlp_and_bert_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str) -> None:
+    records = profile(tmp_path, capsys, DEFAULT_RUNTIMES, models=model)
+    check_profiles(records, DEFAULT_RUNTIMES, tmp_path, models=(model,))
     # the tables again, from the store
     page = tmp_path / "profiles.html"
-    result = run_cli(
-        "report", "--profile", "--db", str(tmp_path / "p.db"), "--html", str(page), "--out", str(tmp_path / "p.txt")
+    code, _, err = fwbench_here(
+        capsys,
+        *("report", "--profile", "--db", str(tmp_path / "p.db"), "--html", str(page), "--out", str(tmp_path / "p.txt")),
     )
-    assert result.returncode == 0, result.stderr
+    assert code == 0, err
     text = (tmp_path / "p.txt").read_text()
-    assert "profiler overhead" in text and all(runtime in text for runtime in DEFAULT_RUNTIMES) and "mlp" in text
+    assert "profiler overhead" in text and all(runtime in text for runtime in DEFAULT_RUNTIMES) and model in text
     html = page.read_text()
     assert "<h2>Profiles side by side</h2>" in html and html.count("top ops by self time") == len(records)
-    refused = run_cli("report", "--db", str(tmp_path / "p.db"), "--run", "1")
-    assert refused.returncode == 2 and "is a profile run, not a benchmark run" in refused.stderr
+    code, _, err = fwbench_here(capsys, "report", "--db", str(tmp_path / "p.db"), "--run", "1")
+    assert code == 2 and "is a profile run, not a benchmark run" in err
 
 
 @pytest.mark.matrix
-def test_the_other_frameworks_compiled_modes_and_keras_profile_too(tmp_path: Path) -> None:
-    records = profile(tmp_path, MATRIX_RUNTIMES)
+def test_the_other_frameworks_compiled_modes_and_keras_profile_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = profile(tmp_path, capsys, MATRIX_RUNTIMES)
     check_profiles(records, MATRIX_RUNTIMES, tmp_path)
 
 
 @pytest.mark.matrix
-def test_a_runtime_without_a_profiler_is_an_error_and_the_sweep_goes_on(tmp_path: Path) -> None:
+def test_a_runtime_without_a_profiler_is_an_error_and_the_sweep_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     require("onnxruntime")
-    records = profile(tmp_path, ("onnxruntime:torch", "torch:eager"), models="mlp")
+    records = profile(tmp_path, capsys, ("onnxruntime:torch", "torch:eager"), models="mlp")
     by_runtime = {record.runtime: record for record in records}
     assert by_runtime["onnxruntime:torch"].status == "error"
     assert "has no profiler in fwbench" in (by_runtime["onnxruntime:torch"].reason or "")

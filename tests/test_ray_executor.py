@@ -1,7 +1,8 @@
 """`fwbench run --executor ray` on a real local Ray cluster (benchmarks/ray_cluster.py: a head and one-CPU nodes, node i
-pinned to CPU i, everything on 127.0.0.1): groups spread over the nodes, a node lost mid-group, the driver killed
-and resumed, nothing listening off loopback, and the one-line refusals. The cluster tests need the machine's cores
-to themselves (serial)."""
+pinned to CPU i, everything on 127.0.0.1): the driver killed and resumed, a node lost mid-group, groups spread over
+the nodes, nothing listening off loopback, and the one-line refusals. The executor is under test, not a framework:
+the groups run the test plugin's numpy runtime (fake:sleep), and a node whose workers never end a call stands for a
+group that is still running. The cluster test needs the machine's cores to itself (serial)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -23,6 +25,10 @@ from fwbench.store import ResultRecord, Store, StoreError
 from ray_cluster import LocalCluster, local_cluster, processes_mentioning
 
 GRID = ["--models", "mlp", "--runtimes", "torch:eager", "--threads", "1", "--rounds", "1"]
+# What the cluster tests run: the executor is under test, not a framework, so a worker that imports none (the test
+# plugin's numpy runtime, which the nodes load through $FWBENCH_PLUGINS and $PYTHONPATH as the driver does).
+FAKE_GRID = ["--models", "mlp", "--runtimes", "fake:sleep", "--threads", "1", "--rounds", "1"]
+HANG = {"FAKE_SLEEP_S": "3600"}  # a node's fake:sleep workers never end a call: its group runs until it is ended
 WORKER = "fwbench.runner.worker"
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two nodes pinned to two different CPUs")
 
@@ -38,6 +44,33 @@ def cluster_workers(cluster: LocalCluster) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def hung_workers(cluster: LocalCluster) -> list[psutil.Process]:
+    """``cluster``'s running workers that never end a call: those of the node started with HANG."""
+    found = []
+    for process in cluster_workers(cluster):
+        try:
+            if process.environ().get("FAKE_SLEEP_S") == HANG["FAKE_SLEEP_S"] and _running(process):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def node_cpu(node: int) -> str:
+    """The CPU benchmarks/ray_cluster.py pins node ``node`` (1-based) to: the (node − 1)-th of this process's, cyclic."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return str(cpus[(node - 1) % len(cpus)])
+
+
+def cpus_argument(worker: psutil.Process) -> str | None:
+    """The ``--cpus`` a worker was started with (its node's pinning), None where it has none."""
+    try:
+        cmdline = worker.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return cmdline[cmdline.index("--cpus") + 1] if "--cpus" in cmdline else None
 
 
 def _wait_gone(cluster: LocalCluster, seconds: float) -> list[psutil.Process]:
@@ -67,6 +100,18 @@ def fwbench(cluster: LocalCluster, *args: str) -> subprocess.Popen[str]:
         cwd=REPO_DIR,
         start_new_session=True,
     )
+
+
+@contextmanager
+def sweep(cluster: LocalCluster, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``fwbench(cluster, *args)``, killed whole on the way out if still running (also when the test fails)."""
+    driver = fwbench(cluster, *args)
+    try:
+        yield driver
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.communicate()
 
 
 def finish(driver: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:
@@ -110,86 +155,85 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-@pytest.mark.slow
-@pytest.mark.serial
-@TWO_CPUS
-@pytest.mark.usefixtures("no_default_ray_folder")
-def test_groups_spread_over_the_nodes_on_loopback_and_a_killed_driver_resumes(tmp_path: Path) -> None:
-    with local_cluster(2) as cluster:
-        db = tmp_path / "ray.db"
-        driver = fwbench(cluster, *GRID, "--batch-sizes", "1,2,3,4", "--max-time", "0.3", "--db", str(db))
-        off_loopback: set[str] = set()
-        while driver.poll() is None:  # every process of the cluster and the sweep, while cells run
+def _kill_the_driver_while_node_3_runs_a_group(cluster: LocalCluster, db: Path) -> dict[str, int]:
+    """A sweep of a group per node, its driver SIGKILLed while node 3's group runs: the groups nodes 1 and 2 stored
+    stay (returned: case key → row id), and the dead driver's groups end on the nodes, workers included."""
+    with sweep(cluster, *FAKE_GRID, "--batch-sizes", "1,2,3", "--max-time", "0.3", "--db", str(db)) as driver:
+        deadline = time.monotonic() + 240
+        while not (rows(db) and hung_workers(cluster)) and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.2)  # node 1 or 2 stored its group; node 3's worker runs (the check below sees it end)
+        assert hung_workers(cluster), "no worker of node 3 was seen running before the driver was killed"
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    before = {r.case_key: r.id for r in rows(db)}
+    assert 0 < len(before) < 3
+    assert _wait_gone(cluster, 30) == []
+    return before
+
+
+def _lose_node_3_mid_group_on_loopback(cluster: LocalCluster, db: Path) -> None:
+    """A sweep of a group per node, node 3 removed while its group runs: that group runs again on a node of the same
+    hardware, the sweep is stored whole; every process of the cluster and the sweep listens on loopback only."""
+    off_loopback: set[str] = set()
+    lost = False
+    with sweep(cluster, *FAKE_GRID, "--batch-sizes", "1,2,3", "--max-time", "0.3", "--db", str(db)) as driver:
+        deadline = time.monotonic() + 300
+        while driver.poll() is None and time.monotonic() < deadline:  # while cells run
             pids = {p.pid for p in _tree(cluster.helper.pid) + _tree(driver.pid)}
             pids |= {p.pid for p in processes_mentioning(cluster.temp)}
             off_loopback.update(listening_off_loopback(pids))
-            time.sleep(0.5)
+            hung = hung_workers(cluster)
+            if not lost and hung:  # node 3's group has a worker: kill the node
+                assert {cpus_argument(worker) for worker in hung} == {node_cpu(3)}  # FWBENCH_NODE_CPUS pinned it
+                cluster.remove(3)
+                lost = True
+            time.sleep(0.2)
+        assert lost, "no worker ran on node 3 before it was to be removed"
         code, err = finish(driver)
-        assert code == 0, err
-        assert not off_loopback, off_loopback
-        stored = rows(db)
-        assert len(stored) == 4 and all(r.status == "ok" for r in stored), [(r.status, r.reason) for r in stored]
-        assert len({r.details["ray"]["node_id"] for r in stored}) == 2  # both nodes ran groups
-        assert len({r.hardware_id for r in stored}) == 1 and all(r.details["ray"]["attempt"] == 1 for r in stored)
+    assert code == 0, err
+    assert not off_loopback, off_loopback
+    stored = rows(db)
+    assert len(stored) == 3 and all(r.status == "ok" for r in stored), [(r.status, r.reason) for r in stored]
+    assert sorted(r.details["ray"]["attempt"] for r in stored) == [1, 1, 2]  # one group ran again
+    assert len({r.details["ray"]["node_id"] for r in stored}) == 2  # all on the nodes that are left
+    assert len({r.hardware_id for r in stored}) == 1
+    assert _wait_gone(cluster, 30) == []
 
-        # the driver killed while groups run: what it stored stays, --resume runs the rest on the cluster
-        db = tmp_path / "killed.db"
-        driver = fwbench(cluster, *GRID, "--batch-sizes", "1,2,3,4,5,6", "--max-time", "2", "--db", str(db))
-        deadline = time.monotonic() + 240
-        while not (db.exists() and rows(db)) and time.monotonic() < deadline and driver.poll() is None:
-            time.sleep(0.5)
-        while not cluster_workers(cluster) and time.monotonic() < deadline and driver.poll() is None:
-            time.sleep(0.1)  # a later group's worker runs: the check below has one to see end
-        assert cluster_workers(cluster), "no worker of the cluster was seen running before the driver was killed"
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait()
-        before = {r.case_key: r.id for r in rows(db)}
-        assert 0 < len(before) < 6
-        assert _wait_gone(cluster, 30) == []  # the dead driver's groups ended on the nodes, workers included
-        resumed = subprocess.run(
-            [sys.executable, "-m", "fwbench", "run", "--resume", "1", "--db", str(db), "--executor", "ray",
+
+@pytest.mark.slow
+@pytest.mark.serial
+@TWO_CPUS
+@pytest.mark.usefixtures("no_default_ray_folder", "plugin_env")
+def test_groups_spread_over_the_nodes_a_killed_driver_resumes_a_lost_nodes_group_is_retried_and_no_node_refuses(
+    tmp_path: Path,
+) -> None:
+    """One cluster for every step (each start of one takes seconds): nodes 1 and 2, and node 3 (HANG), whose
+    workers never end a call: its group is still running whenever a step needs one to be, until node 3 is lost. (On
+    two CPUs node 3 shares node 1's: its workers only sleep.)"""
+    with local_cluster(3, node_env={3: HANG}) as cluster:
+        killed = tmp_path / "killed.db"
+        before = _kill_the_driver_while_node_3_runs_a_group(cluster, killed)
+        _lose_node_3_mid_group_on_loopback(cluster, tmp_path / "lost.db")
+
+        resumed = subprocess.run(  # the killed sweep's rest, on nodes 1 and 2
+            [sys.executable, "-m", "fwbench", "run", "--resume", "1", "--db", str(killed), "--executor", "ray",
              "--ray-address", cluster.address],
             capture_output=True, text=True, env=cluster.env, cwd=REPO_DIR, timeout=300,
         )  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr
-        after = rows(db)
-        assert len(after) == 6 and all(r.status == "ok" for r in after)
+        after = rows(killed)
+        assert len(after) == 3 and all(r.status == "ok" for r in after)
         assert {r.case_key: r.id for r in after if r.case_key in before} == before  # untouched
+        # Groups spread over the idle nodes: each node got one group of the killed sweep, and the resumed one sent
+        # its groups to nodes 1 and 2 (two of them where one of those two nodes had not stored its own).
+        assert len({r.details["ray"]["node_id"] for r in after}) == 2  # both nodes ran groups
+        assert len({r.hardware_id for r in after}) == 1 and all(r.details["ray"]["attempt"] == 1 for r in after)
 
-
-@pytest.mark.slow
-@pytest.mark.serial
-@TWO_CPUS
-@pytest.mark.usefixtures("no_default_ray_folder")
-def test_a_group_on_a_lost_node_is_retried_on_another_of_the_same_hardware_and_no_node_is_refused(
-    tmp_path: Path,
-) -> None:
-    with local_cluster(2) as cluster:
-        db = tmp_path / "lost.db"
-        driver = fwbench(cluster, *GRID, "--batch-sizes", "1,2", "--max-time", "4", "--db", str(db))
-        node_cpu = sorted(os.sched_getaffinity(0))[1 % len(os.sched_getaffinity(0))]
-        deadline = time.monotonic() + 120
-        seen = False
-        while time.monotonic() < deadline and driver.poll() is None:  # node 2's group has a worker: kill the node
-            workers = cluster_workers(cluster)
-            seen = any(p.info["cmdline"][p.info["cmdline"].index("--cpus") + 1] == str(node_cpu) for p in workers)
-            if seen:
-                break
-            time.sleep(0.2)
-        assert seen, "no worker ran on node 2 before it was to be removed"
-        cluster.remove(2)
-        code, err = finish(driver)
-        assert code == 0, err
-        stored = rows(db)
-        assert len(stored) == 2 and all(r.status == "ok" for r in stored), [(r.status, r.reason) for r in stored]
-        assert sorted(r.details["ray"]["attempt"] for r in stored) == [1, 2]  # one group ran again
-        assert len({r.details["ray"]["node_id"] for r in stored}) == 1  # both on the node that is left
-        assert _wait_gone(cluster, 30) == []
-
-        cluster.remove(1)  # no fwbench node left: refused before anything is written
-        db = tmp_path / "none.db"
-        code, err = finish(fwbench(cluster, *GRID, "--db", str(db)), timeout=120)
-        assert code == 2 and len(err.strip().splitlines()) == 1 and "fwbench_node" in err and not db.exists()
+        cluster.remove(1)
+        cluster.remove(2)  # no fwbench node left: refused before anything is written
+        none = tmp_path / "none.db"
+        code, err = finish(fwbench(cluster, *FAKE_GRID, "--db", str(none)), timeout=120)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "fwbench_node" in err and not none.exists()
 
 
 def test_an_unreachable_address_or_no_ray_is_one_line_and_nothing_written(

@@ -125,7 +125,7 @@ def test_weight_map_errors_are_clear(weights: dict[str, np.ndarray], framework: 
         build(TINY, {**weights, "layer1.0.conv3.weight": swapped}, "cpu")
 
 
-@pytest.mark.matrix  # make test runs a TensorFlow and a JAX worker on other models (test_end_to_end, test_jax_models)
+@pytest.mark.matrix  # make test diffs resnet-tiny in TensorFlow and JAX workers (test_diff), checking their outputs
 @pytest.mark.parametrize("runtime", ["tensorflow:function", "jax:jit"])
 def test_resnet_in_a_worker_passes_parity(runtime: str) -> None:
     outcome = run_worker(Case("resnet-tiny", runtime, batch_size=2), Settings(threads=1, max_time_s=0.3))

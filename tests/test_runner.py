@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_DIR, run_args, run_cli
+from conftest import REPO_DIR, run_args
+from fwbench.cli import main
 from fwbench.measure.environment import cpus_one_per_core
 from fwbench.runner.manager import execute, run_worker
 from fwbench.spec import Case, Plan, Settings
@@ -148,10 +149,15 @@ def _worker_pids(marker: str) -> list[int]:
     return pids
 
 
-def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path) -> None:
+def test_kill_9_mid_sweep_then_resume(
+    plugin_env: dict[str, str], db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manager, a process of its own, killed with SIGKILL once 2 cells are stored: its worker dies with it, the
+    store stays whole; the resumes (run here: what they do is the store's and the manager's) run the rest, then
+    nothing."""
     marker = f"FWBENCH_TEST_MARKER={os.getpid()}-{time.time_ns()}"
     env = {**plugin_env, "FAKE_SLEEP_S": "0.01", marker.split("=")[0]: marker.split("=")[1]}
-    cells = 5  # killed once 2 are stored: the resume runs the rest
+    cells = 5  # killed once 2 are stored (each later cell takes a worker's start and 0.3 s): the resume runs the rest
     batch_sizes = ",".join(str(b) for b in range(1, cells + 1))
     args = run_args(
         "--models", "mlp", "--runtimes", "fake:sleep", "--batch-sizes", batch_sizes, db=db_path, max_time=0.3
@@ -163,20 +169,24 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 120
-    stored = 0
-    while stored < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        if db_path.exists():
-            try:
-                with sqlite3.connect(db_path, timeout=5) as conn:
-                    stored = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-            except sqlite3.OperationalError:
-                stored = 0
-    assert stored >= 2, "the sweep stored fewer than 2 cells in time"
-    manager.send_signal(signal.SIGKILL)
-    manager.wait()
-    time.sleep(1.0)
+    try:
+        deadline = time.monotonic() + 120
+        stored = 0
+        while stored < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if db_path.exists():
+                try:
+                    with sqlite3.connect(db_path, timeout=5) as conn:
+                        stored = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+                except sqlite3.OperationalError:
+                    stored = 0
+        assert stored >= 2, "the sweep stored fewer than 2 cells in time"
+    finally:  # also when the wait fails: no manager outlives the test
+        manager.send_signal(signal.SIGKILL)
+        manager.wait()
+    deadline = time.monotonic() + 1.0  # the worker gets its parent-death signal at once, reaped a moment later
+    while _worker_pids(marker.split("=")[1]) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _worker_pids(marker.split("=")[1]) == [], "a worker outlived its manager"
 
     with Store.open(db_path) as store:
@@ -186,9 +196,12 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
         run = store.get_run(1)
         assert run is not None and run.finished is None
 
-    resumed = run_cli("run", "--resume", "1", "--db", str(db_path), env=env)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"{cells - before} of {cells} cells to run" in resumed.stderr
+    monkeypatch.setenv("FAKE_SLEEP_S", "0.01")
+    capsys.readouterr()
+    resumed = main(["run", "--resume", "1", "--db", str(db_path)])
+    err = capsys.readouterr().err
+    assert resumed == 0, err
+    assert f"{cells - before} of {cells} cells to run" in err
     with Store.open(db_path) as store:
         rows = store.results()
         assert sorted(r.batch_size for r in rows) == list(range(1, cells + 1))
@@ -197,8 +210,9 @@ def test_kill_9_mid_sweep_then_resume(plugin_env: dict[str, str], db_path: Path)
         assert run is not None and run.finished is not None
         assert len(store.runs()) == 1
 
-    again = run_cli("run", "--resume", "1", "--db", str(db_path), env=env)
-    assert again.returncode == 0 and f"0 of {cells} cells to run" in again.stderr
+    again = main(["run", "--resume", "1", "--db", str(db_path)])
+    err = capsys.readouterr().err
+    assert again == 0 and f"0 of {cells} cells to run" in err, err
 
 
 def test_each_phase_is_found_by_name_in_its_own_module() -> None:

@@ -272,10 +272,11 @@ def test_compare_warns_when_the_runs_ran_on_different_machines(
     assert crossed.machine_warning is not None and crossed.machine_warning.startswith("warning: 2 matched cells")
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("plugin_env")
 def test_run_shards_then_merge_reproduce_the_plan(tmp_path: Path) -> None:
-    """Real workers: `--shard 1/2` and `--shard 2/2` into two databases, merged, hold exactly the plan's cells."""
-    grid = ["--models", "mlp", "--runtimes", "torch:eager", "--batch-sizes", "1,2,3", "--threads", "1"]
+    """Real workers (of the numpy fake: sharding and merging are the manager's and the store's, whatever the
+    framework): `--shard 1/2` and `--shard 2/2` into two databases, merged, hold exactly the plan's cells."""
+    grid = ["--models", "mlp", "--runtimes", "fake:sleep", "--batch-sizes", "1,2,3", "--threads", "1"]
     timing = ["--max-time", "0.2", "--rounds", "1"]
     parts = [tmp_path / "s1.db", tmp_path / "s2.db"]
     for index, path in enumerate(parts, start=1):

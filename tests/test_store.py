@@ -109,16 +109,39 @@ def _open_and_add(path: str, worker: int) -> None:
         assert add(store, run_id, PLAN.cases[0])
 
 
+def _open_and_add_at_once(paths: list[str], worker: int, barrier: Any) -> None:
+    """For each of ``paths`` in turn: wait until every other process is ready too, then create it and add a cell.
+    A failure is kept until the last path (the others still find this process at every barrier), then exits 1."""
+    failed = []
+    for path in paths:
+        barrier.wait(timeout=120)
+        try:
+            _open_and_add(path, worker)
+        except Exception as exc:  # reported by the exit status, once every trial has run
+            failed.append(f"{path}: {type(exc).__name__}: {exc}")
+    if failed:
+        raise SystemExit("; ".join(failed))
+
+
 def test_processes_creating_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    """Six processes create each of three new databases at the same moment (a barrier before each; started once,
+    not once per database: a spawned process takes longer to start than a creation takes)."""
     ctx = multiprocessing.get_context("spawn")
-    for trial in range(3):
-        path = tmp_path / f"new-{trial}.db"
-        procs = [ctx.Process(target=_open_and_add, args=(str(path), w)) for w in range(6)]
+    paths = [str(tmp_path / f"new-{trial}.db") for trial in range(3)]
+    barrier = ctx.Barrier(6)
+    procs = [ctx.Process(target=_open_and_add_at_once, args=(paths, w, barrier)) for w in range(6)]
+    try:
         for p in procs:
             p.start()
         for p in procs:
-            p.join(120)
-        assert [p.exitcode for p in procs] == [0] * 6
+            p.join(360)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0] * 6
+    for path in paths:
         with Store.open(path) as store:
             assert len(store.results()) == 6 and store.integrity_ok()
 

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import run_args, run_cli
+from conftest import fwbench_here, run_args
+from fwbench.cli import main
 from fwbench.spec import Case
 from fwbench.store import Store
 from report_store import Cell, add_run, timed
@@ -40,17 +41,18 @@ def text(accumulator: Any, tag: str) -> str:
 
 # -- a real training sweep, written as it runs ---------------------------------------------------
 @pytest.mark.slow
-def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
+def test_training_sweep_writes_tensorboard_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db, logdir = tmp_path / "r.db", tmp_path / "tb"
-    done = run_cli(
+    code, _, err = fwbench_here(
+        capsys,
         *run_args(
             *("--models", "mlp", "--runtimes", "torch:eager", "--phase", "training", "--batch-sizes", "2"),
             *("--tensorboard", str(logdir)),
             db=db,
             max_time=0.3,
-        )
+        ),
     )
-    assert done.returncode == 0, done.stderr
+    assert code == 0, err
     with Store.open(db, readonly=True) as store:
         (row,) = store.results()
     assert row.status == "ok", row.reason
@@ -101,14 +103,15 @@ def test_training_sweep_writes_tensorboard_runs(tmp_path: Path) -> None:
     # the report writes the same from the store; writing again replaces the cell's event file
     again = tmp_path / "again"
     for _ in range(2):
-        done = run_cli("report", "--db", str(db), "--tensorboard", str(again))
-        assert done.returncode == 0 and done.stdout == "", done.stderr
+        code, out, err = fwbench_here(capsys, "report", "--db", str(db), "--tensorboard", str(again))
+        assert code == 0 and out == "", err
     assert len(list((again / "mlp" / "torch_eager").iterdir())) == 1
     _, values = scalars(read_run(again / "mlp" / "torch_eager"), tag.format("loss"))
     np.testing.assert_array_equal(values, np.asarray(losses, dtype=np.float32))
 
-    shown = run_cli("report", "--db", str(db), "--format", "json")
-    (result,) = json.loads(shown.stdout)["results"]
+    code, out, err = fwbench_here(capsys, "report", "--db", str(db), "--format", "json")
+    assert code == 0, err
+    (result,) = json.loads(out)["results"]
     assert row.median_s is not None
     assert result["samples_per_s"] == pytest.approx(2 / row.median_s) and result["tokens_per_s"] is None
 
@@ -208,7 +211,6 @@ def test_training_throughput_in_table_csv_html_and_not_in_inference(tmp_path: Pa
 def test_tensorboard_dir_that_is_a_file_is_refused(
     tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fwbench.cli import main
 
     db, taken = tmp_path / "r.db", tmp_path / "taken"
     taken.write_text("not a folder")

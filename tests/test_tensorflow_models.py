@@ -1,6 +1,7 @@
 """The TensorFlow implementations (tf.Module + tf ops): parity with the float64 references, eager and
 under tf.function, weight-map errors, and one cell end to end through a worker (the matrix's, ``make test-matrix``:
-``make test`` runs tensorflow:function's worker in tests/test_end_to_end.py and tests/test_verify.py)."""
+``make test`` runs tensorflow:function's worker in tests/test_diff.py (resnet-tiny, the MLP's training step) and
+tests/test_training.py)."""
 
 from __future__ import annotations
 

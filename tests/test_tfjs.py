@@ -1,6 +1,12 @@
 """TensorFlow.js in Node.js (tfjs:wasm, tfjs:cpu): cells run by the JavaScript worker through the same protocol,
 parity against the float64 reference, a defect in a JS model file caught and located, hangs and a killed manager
-handled; the hand-over to a worker in another language also without Node.js (fwbench_fake_external)."""
+handled; the hand-over to a worker in another language also without Node.js (fwbench_fake_external).
+
+The commands whose manager is not what a test checks run in this process (``fwbench.cli.main``: no interpreter to
+start and no fwbench to import again; their workers are processes of their own all the same); a hang and a
+killed manager run the command line in a process of its own. ``make test`` runs every model file on one backend and
+the mlp on both (and diffs every model on both); the other backend's bert-tiny and resnet-tiny cells, and verify of an
+unmodified model, are the matrix's."""
 
 from __future__ import annotations
 
@@ -10,12 +16,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import NEED_EXTRAS_ENV, REPO_DIR, run_args, run_cli
+from conftest import NEED_EXTRAS_ENV, REPO_DIR, fwbench_here, run_args, run_cli
 from fwbench.frameworks.tfjs import external
 from fwbench.models import get_model
 from fwbench.runner.tempfolders import EXTERNAL_PREFIX, remove_stale
@@ -52,6 +59,16 @@ def scratch_env(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[dict
     return {**(env or os.environ), "TMPDIR": str(scratch)}, scratch
 
 
+def scratch_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary folder of the test's own for a command run in this process (:func:`fwbench_here`): its workers'
+    (``TMPDIR``, which they inherit) and its manager's (``tempfile.tempdir``, read once per process)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return scratch
+
+
 def faulty_models(folder: Path, arch: str, old: str, new: str) -> dict[str, str]:
     """The environment of a run whose tfjs model files come from ``folder``: this package's, with ``old`` replaced
     by ``new`` in ``<arch>.mjs`` (which must contain it)."""
@@ -63,6 +80,11 @@ def faulty_models(folder: Path, arch: str, old: str, new: str) -> dict[str, str]
     assert old in text, f"{arch}.mjs no longer contains {old!r}"
     path.write_text(text.replace(old, new))
     return {**os.environ, external.MODELS_ENV: str(folder)}
+
+
+def use_faulty_models(monkeypatch: pytest.MonkeyPatch, folder: Path, arch: str, old: str, new: str) -> None:
+    """:func:`faulty_models` for a command run in this process (and its workers)."""
+    monkeypatch.setenv(external.MODELS_ENV, faulty_models(folder, arch, old, new)[external.MODELS_ENV])
 
 
 def cmdline(pid: int) -> bytes:
@@ -90,19 +112,42 @@ def external_workers(marker: str) -> list[int]:
 
 @pytest.mark.slow
 @needs_node
-def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("models", "runtimes"),
+    [
+        # both backends in one interleaved comparison group, beside a Python worker (the test plugin's numpy
+        # runtime: it starts at once) whose blocks the manager interleaves with theirs
+        (("mlp",), ("fake:sleep", *TFJS)),
+        (("bert-tiny", "resnet-tiny"), ("tfjs:wasm",)),  # every other model file, on one backend
+        # the other backend on these models: make test checks its outputs and every checkpoint against the float64
+        # reference in test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share
+        pytest.param(("bert-tiny", "resnet-tiny"), ("tfjs:cpu",), marks=pytest.mark.matrix),
+    ],
+    ids=["mlp-both-backends", "bert-resnet-wasm", "bert-resnet-cpu"],
+)
+def test_tfjs_cells_are_ok_with_parity_checked(
+    tmp_path: Path,
+    db_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    models: tuple[str, ...],
+    runtimes: tuple[str, ...],
+    plugin_env: dict[str, str],
+) -> None:
+    """tfjs cells run by the JavaScript worker, checked against the float64 reference; on the MLP, in one group with a
+    Python worker (the plugin's fake:sleep, loaded for every case)."""
     args = run_args(
-        *("--models", "mlp,bert-tiny,resnet-tiny", "--runtimes", "torch:eager," + ",".join(TFJS)),
+        *("--models", ",".join(models), "--runtimes", ",".join(runtimes)),
         *("--batch-sizes", "2", "--seq-lens", "8"),
         db=db_path,
-        max_time=0.3,
+        max_time=0.2,
     )
-    env, scratch = scratch_env(tmp_path)
-    result = run_cli(*args, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    scratch = scratch_here(tmp_path, monkeypatch)
+    code, _, err = fwbench_here(capsys, *args)
+    assert code == 0, err[-3000:]
     assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []  # each JavaScript worker removed the folder it read
     cells = stored(db_path)
-    assert len(cells) == 9
+    assert sorted(cells) == sorted((model, runtime) for model in models for runtime in runtimes)
     assert all(status == "ok" for status, _ in cells.values()), cells
     with Store.open(db_path) as store:
         for row in store.results():
@@ -123,38 +168,43 @@ def test_tfjs_cells_are_ok_with_parity_checked(tmp_path: Path, db_path: Path) ->
 
 @pytest.mark.slow
 @needs_node
-def test_the_2019_protocol_times_tfjs_in_blocks_of_three(db_path: Path) -> None:
+def test_the_2019_protocol_times_tfjs_in_blocks_of_three(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = run_args("--models", "mlp", "--runtimes", "tfjs:cpu", "--protocol", "hf2019", db=db_path)
-    assert run_cli(*args).returncode == 0
+    assert fwbench_here(capsys, *args)[0] == 0
     with Store.open(db_path) as store:
         (row,) = store.results()
     assert row.status == "ok" and row.calls_per_sample == 3
 
 
-def verify_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
-    """``fwbench verify ARGS --format json``: its exit status and report."""
-    result = run_cli("verify", *args, "--format", "json", env=env)
-    return result.returncode, json.loads(result.stdout)
+# make test keeps what this checks: the diffs of the unmodified models (below) run the same verify workers
+# (fwbench.runner.verify.verify_arrays) and find every checkpoint and output within its share; the next test, a
+# faulty model, checks verify's tfjs rows.
+@pytest.mark.slow
+@pytest.mark.matrix
+@needs_node
+def test_verify_passes_both_tfjs_backends_on_an_unmodified_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """Both backends verified against the float64 reference (each judged against it, whatever the order: no
+    Python runtime needed beside them)."""
+    code, out, err = fwbench_here(capsys, "verify", "--models", "bert-tiny", "--runtimes", ",".join(TFJS))
+    assert code == 0, out + err
+    rows = [line for line in out.splitlines() if "tfjs:" in line]
+    assert len(rows) == 4 and all(line.rstrip(" │").endswith("ok") for line in rows), rows  # 2 outputs × 2 runtimes
 
 
 @pytest.mark.slow
 @needs_node
 def test_verify_covers_tfjs_and_a_defect_in_a_js_model_file_is_a_located_mismatch(
-    tmp_path: Path, db_path: Path
+    tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    clean = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager," + ",".join(TFJS))
-    assert clean.returncode == 0, clean.stdout + clean.stderr
-    rows = [line for line in clean.stdout.splitlines() if "tfjs:" in line]
-    assert len(rows) == 4 and all(line.rstrip(" │").endswith("ok") for line in rows), rows  # 2 outputs × 2 runtimes
-
-    env = faulty_models(tmp_path / "models", "bert", *ATTENTION_DEFECT)
-    faulty = run_cli("verify", "--models", "bert-tiny", "--runtimes", "torch:eager,tfjs:wasm", env=env)
-    assert faulty.returncode == 1, faulty.stdout + faulty.stderr
-    assert "mismatch" in faulty.stdout
-    assert "encoder.layer.0.attention.output" in faulty.stdout  # located by the worker, as a Python worker's
+    """A defect in bert.mjs: verify and run name where it diverges."""
+    use_faulty_models(monkeypatch, tmp_path / "models", "bert", *ATTENTION_DEFECT)
+    code, out, err = fwbench_here(capsys, "verify", "--models", "bert-tiny", "--runtimes", "tfjs:wasm")
+    assert code == 1, out + err
+    assert "mismatch" in out
+    assert "encoder.layer.0.attention.output" in out  # located by the worker, as a Python worker's
 
     args = run_args("--models", "bert-tiny", "--runtimes", "tfjs:cpu", "--seq-lens", "8", db=db_path, max_time=0.2)
-    assert run_cli(*args, env=env).returncode == 0
+    assert fwbench_here(capsys, *args)[0] == 0
     ((status, reason),) = stored(db_path).values()
     assert status == "mismatch" and reason is not None and "outputs differ from the reference" in reason
     assert "first divergence: encoder.layer.0.attention.output" in reason
@@ -162,11 +212,13 @@ def test_verify_covers_tfjs_and_a_defect_in_a_js_model_file_is_a_located_mismatc
 
 @pytest.mark.slow
 @needs_node
-def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(tmp_path: Path) -> None:
-    env = faulty_models(tmp_path / "models", "bert", *ATTENTION_DEFECT)
-    result = run_cli("diff", "bert-tiny", "--runtimes", ",".join(TFJS), "--format", "json", env=env)
-    assert result.returncode == 1, result.stdout + result.stderr
-    for runtime in json.loads(result.stdout)["runtimes"]:
+def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_faulty_models(monkeypatch, tmp_path / "models", "bert", *ATTENTION_DEFECT)
+    code, out, err = fwbench_here(capsys, "diff", "bert-tiny", "--runtimes", ",".join(TFJS), "--format", "json")
+    assert code == 1, out + err
+    for runtime in json.loads(out)["runtimes"]:
         assert runtime["status"] == "ok", runtime
         first = runtime["first_divergence"]
         assert first is not None and first["name"] == "encoder.layer.0.attention.output", first
@@ -178,10 +230,15 @@ def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(tmp_path: Path) -> 
 @pytest.mark.slow
 @needs_node
 @pytest.mark.parametrize("model", ["mlp", "bert-tiny", "resnet-tiny"])
-def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(model: str) -> None:
-    result = run_cli("diff", model, "--runtimes", "torch:eager," + ",".join(TFJS), "--format", "json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    diff = json.loads(result.stdout)
+def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(
+    model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each backend's checkpoints and outputs against the float64 reference's (a Python runtime's are
+    tests/test_diff.py's)."""
+    code, out, err = fwbench_here(capsys, "diff", model, "--runtimes", ",".join(TFJS), "--format", "json")
+    assert code == 0, out + err
+    diff = json.loads(out)
+    assert [runtime["runtime"] for runtime in diff["runtimes"]] == list(TFJS)
     for runtime in diff["runtimes"]:
         assert runtime["status"] == "ok" and runtime["first_divergence"] is None, runtime
         checkpoints = [layer["name"] for layer in runtime["layers"] if layer["kind"] == "checkpoint"]
@@ -200,14 +257,22 @@ def hanging_run(tmp_path: Path, db_path: Path, timeout_s: int) -> tuple[list[str
     return args, env, scratch, marker
 
 
+# Long enough for the Python worker to start, prepare and exec Node.js, and for Node.js to import TensorFlow.js and
+# reach mlp.mjs's build: 4 to 5 s on a 2-core machine at a load average of 7 (at 4 s the worker was still importing),
+# far less on a core of its own as under make test; "during build" below says the hang was reached. 20 s: a margin of
+# 4x over that for a busier CI machine.
+HANG_TIMEOUT_S = 20
+
+
 @pytest.mark.slow
 @needs_node
 def test_a_hanging_tfjs_worker_is_a_timeout_and_leaves_nothing(tmp_path: Path, db_path: Path) -> None:
-    args, env, scratch, marker = hanging_run(tmp_path, db_path, 30)
+    args, env, scratch, marker = hanging_run(tmp_path, db_path, HANG_TIMEOUT_S)
     result = run_cli(*args, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     ((status, reason),) = stored(db_path).values()
-    assert status == "timeout" and reason is not None and "exceeded --timeout 30 s" in reason
+    assert status == "timeout" and reason is not None, (status, reason)
+    assert reason.startswith(f"exceeded --timeout {HANG_TIMEOUT_S} s during build"), reason  # in Node.js, in mlp.mjs
     assert external_workers(marker) == []
     assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []  # the manager removed what the killed worker left
 
@@ -245,25 +310,28 @@ def test_kill_9_of_the_manager_leaves_no_node_process(tmp_path: Path, db_path: P
     assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []
 
 
-def test_without_node_list_says_so_and_a_run_skips_tfjs(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_node_list_says_so_and_a_run_skips_tfjs(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv(external.NODE_ENV, "/nonexistent/node")
     expected = "Node.js is not installed ($FWBENCH_NODE=/nonexistent/node is not an executable): install Node.js 18.0.0"
     assert (external.missing() or "").startswith(expected)
-    env = {**os.environ, external.NODE_ENV: "/nonexistent/node"}
-    listing = run_cli("list", env=env)
-    assert listing.returncode == 0 and "Node.js is not installed" in listing.stdout
+    code, out, _ = fwbench_here(capsys, "list")
+    assert code == 0 and "Node.js is not installed" in out
     args = run_args("--models", "mlp", "--runtimes", "tfjs:wasm", db=db_path, max_time=0.2)
-    result = run_cli(*args, env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
+    code, _, err = fwbench_here(capsys, *args)
+    assert code == 0, err[-2000:]
     ((status, reason),) = stored(db_path).values()
     assert status == "skipped" and reason is not None and "Node.js is not installed" in reason
 
 
-def test_tfjs_cells_outside_interleaved_rounds_are_refused_with_the_reason(db_path: Path) -> None:
+def test_tfjs_cells_outside_interleaved_rounds_are_refused_with_the_reason(
+    db_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = run_args("--models", "mlp", "--runtimes", "tfjs:cpu", "--interleave", "off", db=db_path, max_time=0.2)
-    result = run_cli(*args)
-    assert result.returncode == 2  # asked for by name: bad input, one line, before anything runs
-    assert "tfjs:cpu is timed in interleaved rounds only" in result.stderr
+    code, _, err = fwbench_here(capsys, *args)
+    assert code == 2  # asked for by name: bad input, one line, before anything runs
+    assert "tfjs:cpu is timed in interleaved rounds only" in err
     assert not db_path.exists()
 
 
@@ -290,12 +358,19 @@ def test_the_estimate_counts_tfjs_on_one_thread_at_its_share_of_the_nominal_thro
 @pytest.mark.slow
 @pytest.mark.parametrize(("scale", "status"), [("1", "ok"), ("1.01", "mismatch")])
 def test_a_worker_in_another_language_runs_a_cell_through_the_protocol(
-    plugin_env: dict[str, str], tmp_path: Path, db_path: Path, scale: str, status: str
+    plugin_env: dict[str, str],
+    tmp_path: Path,
+    db_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    scale: str,
+    status: str,
 ) -> None:
-    env, scratch = scratch_env(tmp_path, {**plugin_env, "FAKE_EXTERNAL_SCALE": scale})
+    monkeypatch.setenv("FAKE_EXTERNAL_SCALE", scale)
+    scratch = scratch_here(tmp_path, monkeypatch)
     args = run_args("--models", "mlp", "--runtimes", "fakeext:numpy", db=db_path, rounds=2, max_time=0.4)
-    result = run_cli(*args, env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
+    code, _, err = fwbench_here(capsys, *args)
+    assert code == 0, err[-2000:]
     with Store.open(db_path) as store:
         (row,) = store.results()
     assert row.status == status, row.reason

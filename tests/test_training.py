@@ -11,11 +11,14 @@ one JSON report that the tests assert on.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -223,8 +226,40 @@ def runtime_report(runtime: str, model: str = "mlp") -> dict[str, Any]:
     return _part_report(runtime, part_of(runtime, model))
 
 
+# Under pytest-xdist: the folder every process of this test run shares (the run's base temporary folder), where the
+# first process to need a report part leaves it for the others. Each runtime's tests run in the process that computed
+# its part (tests/conftest.py), but every runtime's optimizer and master-weight tests also compare with torch:eager's
+# MLP parameters: the processes that run other runtimes' groups read torch:eager's part instead of training again.
+_SHARED_FOLDER: list[Path] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # its base folder is popen-gwN in the run's own base folder
+        _SHARED_FOLDER[:] = [tmp_path_factory.getbasetemp().parent]
+    yield
+    _SHARED_FOLDER.clear()
+
+
 @functools.cache
 def _part_report(runtime: str, part: str) -> dict[str, Any]:
+    """``runtime``'s report part: computed here, or by another xdist process of this run (_SHARED_FOLDER)."""
+    if not _SHARED_FOLDER:
+        return _computed_part_report(runtime, part)
+    path = _SHARED_FOLDER[0] / f"training-report-{runtime.replace(':', '-')}-{part}.json"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process computing it: wait for it, then read it
+        if path.is_file():
+            shared: dict[str, Any] = json.loads(path.read_text())
+            return shared
+        report = _computed_part_report(runtime, part)
+        written = path.with_suffix(".partial")
+        written.write_text(json.dumps(report))
+        written.replace(path)
+        return report
+
+
+def _computed_part_report(runtime: str, part: str) -> dict[str, Any]:
     models = part_models(runtime, part)
     done = subprocess.run(
         [sys.executable, __file__, runtime, ",".join(models)],

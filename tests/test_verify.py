@@ -1,5 +1,6 @@
 """``fwbench weights`` and ``fwbench verify``: files, comparisons, dumps and failures (a weights file used by verify
-and run: the matrix's, ``make test-matrix``)."""
+and run: the matrix's, ``make test-matrix``). The commands run in this process (``fwbench.cli.main``: no interpreter
+to start for a check of the command's own work); verify's workers are processes of their own all the same."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import run_args, run_cli
+from conftest import fwbench_here, run_args, run_cli
 from fwbench.models import get_model
 from fwbench.models.weights_io import load_weights
 from model_checks import reference_outputs
 
 
-def test_weights_command_writes_the_canonical_set(tmp_path: Path) -> None:
+def test_weights_command_writes_the_canonical_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bert-tiny.safetensors"
-    result = run_cli("weights", "bert-tiny", "--out", str(out), "--seed", "3")
-    assert result.returncode == 0, result.stderr
-    assert "39 tensors, 4,385,920 parameters, seed 3" in result.stderr
+    code, _, err = fwbench_here(capsys, "weights", "bert-tiny", "--out", str(out), "--seed", "3")
+    assert code == 0, err
+    assert "39 tensors, 4,385,920 parameters, seed 3" in err
     description = get_model("bert-tiny")
     loaded = load_weights(description, out)
     expected = description.canonical_weights(3)
@@ -29,31 +30,39 @@ def test_weights_command_writes_the_canonical_set(tmp_path: Path) -> None:
         assert handle.metadata() == {"fwbench_model": "bert-tiny", "seed": "3"}
 
 
-def test_verify_dumps_and_agrees(tmp_path: Path) -> None:
-    result = run_cli(
+def test_verify_dumps_and_agrees(
+    plugin_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two real frameworks (torch, JAX: the quickest to start) and the numpy fake agree, each dump holding the outputs
+    it computed (every other framework's parity in a worker: tests/test_diff.py and the per-framework tests)."""
+    code, out, err = fwbench_here(
+        capsys,
         "verify",
         "--models",
         "mlp",
         "--runtimes",
-        "torch:eager,tensorflow:function",
+        "torch:eager,jax:jit,fake:sleep",
         "--threads",
         "1",
         "--dump",
         str(tmp_path),
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(" ok ") >= 2
+    assert code == 0, out + err
+    assert out.count(" ok ") >= 3
     with np.load(tmp_path / "mlp" / "inputs.npz") as inputs:
         x = {"x": inputs["x"]}
     reference = reference_outputs(get_model("mlp"), get_model("mlp").canonical_weights(0), x)["logits"]
-    for name in ("torch_eager", "tensorflow_function"):
+    for name in ("torch_eager", "jax_jit", "fake_sleep"):
         with np.load(tmp_path / "mlp" / f"{name}.npz") as outputs:
             assert outputs.files == ["logits"]
             assert np.allclose(outputs["logits"], reference, rtol=1e-5, atol=1e-6)
 
 
-def test_verify_fails_on_a_runtime_that_computes_something_else(plugin_env: dict[str, str]) -> None:
-    result = run_cli(
+def test_verify_fails_on_a_runtime_that_computes_something_else(
+    plugin_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = fwbench_here(
+        capsys,
         "verify",
         "--models",
         "mlp",
@@ -61,30 +70,38 @@ def test_verify_fails_on_a_runtime_that_computes_something_else(plugin_env: dict
         "fake:sleep,fake:wrong,fake:crash,missing:eager",  # one that passes (the fake's float64 reference) among them
         "--threads",
         "1",
-        env=plugin_env,
     )
-    assert result.returncode == 1
-    text = " ".join(result.stdout.split())
+    assert code == 1
+    text = " ".join(out.split())
     assert "mismatch (> 0.0001)" in text and "error: worker killed by SIGSEGV" in text and "skipped" in text
+    rows = {cells[2]: cells for line in out.splitlines() if len(cells := [c.strip() for c in line.split("│")]) > 7}
+    assert rows["fake:sleep"][7] == "ok" and rows["fake:wrong"][7] == "mismatch (> 0.0001)", rows  # each alone
 
 
-@pytest.mark.parametrize("runtimes", [("fake:wrong", "fake:sleep"), ("fake:sleep", "fake:wrong")])
+@pytest.mark.parametrize(
+    "runtimes",
+    [
+        ("fake:wrong", "fake:sleep"),
+        # the usual order, a correct first runtime: make test has it in the test above
+        pytest.param(("fake:sleep", "fake:wrong"), marks=pytest.mark.matrix),
+    ],
+)
 def test_a_defect_in_the_first_runtime_fails_that_runtime_alone(
-    plugin_env: dict[str, str], runtimes: tuple[str, str]
+    plugin_env: dict[str, str], runtimes: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The verdict judges each runtime against the float64 reference, whatever the order of --runtimes: a broken
     first runtime (fake:wrong) is a mismatch, a correct runtime after it (fake:sleep, the reference itself) stays ok;
     the error against the first runtime is still printed, for information."""
-    result = run_cli("verify", "--models", "mlp", "--runtimes", ",".join(runtimes), "--threads", "1", env=plugin_env)
-    assert result.returncode == 1, result.stdout + result.stderr
-    rows = {
-        cells[2]: cells for line in result.stdout.splitlines() if len(cells := [c.strip() for c in line.split("│")]) > 7
-    }
+    code, out, err = fwbench_here(
+        capsys, "verify", "--models", "mlp", "--runtimes", ",".join(runtimes), "--threads", "1"
+    )
+    assert code == 1, out + err
+    rows = {cells[2]: cells for line in out.splitlines() if len(cells := [c.strip() for c in line.split("│")]) > 7}
     vs_first, vs_reference = (float(cell.split()[0]) for cell in rows["fake:sleep"][5:7])
     assert rows["fake:sleep"][7] == "ok" and vs_reference == 0.0, rows
     assert (vs_first == 0.0) if runtimes[0] == "fake:sleep" else (vs_first > 0.1), rows  # shown, not judged
     assert rows["fake:wrong"][7] == "mismatch (> 0.0001)", rows
-    assert "whatever the order of --runtimes" in " ".join(result.stdout.split())
+    assert "whatever the order of --runtimes" in " ".join(out.split())
 
 
 def test_without_a_reference_the_verdict_judges_the_first_runtime() -> None:
@@ -112,19 +129,21 @@ def test_without_a_reference_the_verdict_judges_the_first_runtime() -> None:
         ),
     ],
 )
-def test_verify_bad_input(args: list[str], fragment: str) -> None:
-    result = run_cli("verify", *args)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert fragment in result.stderr
+def test_verify_bad_input(args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = fwbench_here(capsys, "verify", *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert fragment in err
 
 
-def test_verify_rejects_weights_of_another_model(tmp_path: Path) -> None:
+def test_verify_rejects_weights_of_another_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "mlp.safetensors"
-    assert run_cli("weights", "mlp", "--out", str(out)).returncode == 0
-    result = run_cli("verify", "--models", "gpt2-tiny", "--runtimes", "torch:eager", "--weights", str(out))
-    assert result.returncode == 2
-    assert "do not fit gpt2-tiny: gpt2-tiny weights: missing ['h.0.attn.c_attn.bias'" in result.stderr
-    assert "and 23 more" in result.stderr
+    assert fwbench_here(capsys, "weights", "mlp", "--out", str(out))[0] == 0
+    code, _, err = fwbench_here(
+        capsys, "verify", "--models", "gpt2-tiny", "--runtimes", "torch:eager", "--weights", str(out)
+    )
+    assert code == 2
+    assert "do not fit gpt2-tiny: gpt2-tiny weights: missing ['h.0.attn.c_attn.bias'" in err
+    assert "and 23 more" in err
 
 
 @pytest.mark.matrix  # make test: the weights command, and --weights refused where it does not fit

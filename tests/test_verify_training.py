@@ -2,7 +2,8 @@
 parity across runtimes, an injected learning-rate change caught (exit 1, stored cells marked mismatch).
 ``make test`` reads the parameters back in torch and JAX and verifies torch against JAX in fp32; TensorFlow's and
 Keras' read-back, bf16 verify and the bert-tiny embeddings of keras:tensorflow are the matrix's
-(``make test-matrix``)."""
+(``make test-matrix``). ``fwbench verify`` runs in this process where the command's own work is checked
+(``fwbench.cli.main``: no interpreter to start; its workers are processes of their own all the same)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import fwbench_here, run_cli
 from fwbench.spec import Case, Plan, Settings
 from fwbench.store import Store
 
@@ -77,8 +78,9 @@ def _store_with_training_cells(path: Path) -> int:
 
 
 @pytest.mark.slow
-def test_training_verify_agrees_across_frameworks() -> None:
-    result = run_cli(
+def test_training_verify_agrees_across_frameworks(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = fwbench_here(
+        capsys,
         "verify",
         "--phase",
         "training",
@@ -91,8 +93,8 @@ def test_training_verify_agrees_across_frameworks() -> None:
         "--threads",
         "1",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    text = " ".join(result.stdout.split())
+    assert code == 0, out + err
+    text = " ".join(out.split())
     assert text.count(" ok ") == 2 and "5 adamw steps" in text and "mismatch" not in text
 
 
@@ -154,11 +156,12 @@ def test_keras_tensorflow_trains_embeddings_with_dense_adamw(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_a_different_learning_rate_is_caught_and_marks_the_stored_cells(
-    plugin_env: dict[str, str], tmp_path: Path
+    plugin_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "results.db"
     run_id = _store_with_training_cells(db)
-    result = run_cli(
+    code, out, err = fwbench_here(
+        capsys,
         "verify",
         "--phase",
         "training",
@@ -174,12 +177,11 @@ def test_a_different_learning_rate_is_caught_and_marks_the_stored_cells(
         str(db),
         "--run",
         str(run_id),
-        env=plugin_env,
     )
-    assert result.returncode == 1, result.stdout + result.stderr
-    text = " ".join(result.stdout.split())
+    assert code == 1, out + err
+    text = " ".join(out.split())
     assert "mismatch: loss curve max relative error" in text or "mismatch: trained parameters" in text, text
-    assert "1 training cell(s) of run" in result.stderr
+    assert "1 training cell(s) of run" in err
     with Store.open(db, create=False) as store:
         rows = {(r.runtime, r.phase): r for r in store.results([run_id])}
     assert rows[("wronglr:torch", "training")].status == "mismatch"
@@ -197,17 +199,22 @@ def test_a_different_learning_rate_is_caught_and_marks_the_stored_cells(
         (["--phase", "training", "--db", "x.db"], "--db and --run go together"),
     ],
 )
-def test_training_verify_bad_input(plugin_env: dict[str, str], args: list[str], fragment: str) -> None:
+def test_training_verify_bad_input(
+    plugin_env: dict[str, str], args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ["--models", "mlp"] + ([] if "--runtimes" in args else ["--runtimes", "torch:eager"])
-    result = run_cli("verify", *base, *args, env=plugin_env)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert fragment in result.stderr, result.stderr
+    code, _, err = fwbench_here(capsys, "verify", *base, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert fragment in err, err
 
 
-def test_an_unknown_run_is_one_line(plugin_env: dict[str, str], tmp_path: Path) -> None:
+def test_an_unknown_run_is_one_line(
+    plugin_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "results.db"
     _store_with_training_cells(db)
-    result = run_cli(
+    code, _, err = fwbench_here(
+        capsys,
         "verify",
         "--phase",
         "training",
@@ -219,7 +226,6 @@ def test_an_unknown_run_is_one_line(plugin_env: dict[str, str], tmp_path: Path) 
         str(db),
         "--run",
         "99",
-        env=plugin_env,
     )
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert f"--run 99 is not in {db}; runs there: [1]" in result.stderr, result.stderr
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"--run 99 is not in {db}; runs there: [1]" in err, err

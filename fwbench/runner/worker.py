@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from fwbench.runner.launchers import launcher_for
     from fwbench.runner.phases import get_phase
 
-    stats.load()  # the timer's stopping rule needs scipy.stats inside the timed window: imported here, untimed
+    stats.load()  # the timer's stopping rule runs inside the timed window: its small sample counts computed now
     job = Job.from_json(read_line(0))  # one line; an interleaved job's commands follow on stdin
     with os.fdopen(args.result_fd, "w") as channel:
         cell = Cell(job, channel, sys.stdin, pin_to=cpus if args.start_cpus else None)
