@@ -6,10 +6,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -127,15 +129,20 @@ def _name_plugin(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     monkeypatch.syspath_prepend(str(TESTS_DIR))
 
 
-@pytest.fixture
-def plugin_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Load the test-only fake runtimes here and in every worker."""
+def load_fake_runtimes(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Load the test-only fake runtimes here and in every worker, until ``monkeypatch`` is undone; the environment."""
     _name_plugin(monkeypatch, "fwbench_test_plugin")
     import fwbench.plugins
 
     monkeypatch.setattr(fwbench.plugins, "_loaded", False)
     fwbench.plugins.load_plugins()
     return dict(os.environ)
+
+
+@pytest.fixture
+def plugin_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Load the test-only fake runtimes here and in every worker (for one test)."""
+    return load_fake_runtimes(monkeypatch)
 
 
 # The test plugins that register models (fwbench_gelu_model imports fwbench_plugin_model): their registrations last
@@ -221,6 +228,18 @@ def fwbench_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, s
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@contextmanager
+def ended_on_exit(process: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``process`` (started with ``start_new_session=True``), its whole process group SIGKILLed on the way out if it
+    is still running, also when the test fails; its pipes read to the end."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:

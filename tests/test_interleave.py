@@ -16,8 +16,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-import fwbench.plugins
-from conftest import REPO_DIR, TESTS_DIR
+from conftest import load_fake_runtimes
 from fwbench.cli.common import duration, non_negative_duration
 from fwbench.measure.noise import OTHER_CPU_LIMIT_CORES, NoiseTotals, contention
 from fwbench.measure.rounds import blocks_by_round
@@ -318,7 +317,7 @@ shares_the_stopped_window = pytest.mark.xdist_group("interleave-stopped-window")
 @pytest.fixture(scope="module")
 def stopped_window(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoppedWindow]:
     """Two groups of one window (the default --spread): sleep and slowsync at batch 1, sleep at batch 2, 3 rounds;
-    stopped as round 2 begins, then resumed. The fake runtimes loaded as the plugin_env fixture loads them."""
+    stopped as round 2 begins, then resumed. The fake runtimes loaded for the module's tests."""
     settings = dataclasses.replace(FAST, rounds=3, max_time_s=0.3)
     plan = Plan((fake("sleep", 1), fake("slowsync", 1), fake("sleep", 2)), settings)
     db_path = tmp_path_factory.mktemp("stopped-window") / "fwbench.db"
@@ -330,12 +329,7 @@ def stopped_window(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stopped
             raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as monkeypatch:
-        path = os.pathsep.join(filter(None, [str(TESTS_DIR), str(REPO_DIR), os.environ.get("PYTHONPATH")]))
-        monkeypatch.setenv("PYTHONPATH", path)
-        monkeypatch.setenv("FWBENCH_PLUGINS", "fwbench_test_plugin")
-        monkeypatch.syspath_prepend(str(TESTS_DIR))
-        monkeypatch.setattr(fwbench.plugins, "_loaded", False)
-        fwbench.plugins.load_plugins()
+        load_fake_runtimes(monkeypatch)
         with Store.open(db_path) as store:
             run_id = store.create_run(plan, "test", {}, "0")
             interrupted = False

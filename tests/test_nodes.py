@@ -15,8 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO_DIR, run_cli
-from fwbench.cli import main
+from conftest import REPO_DIR, ended_on_exit, fwbench_here, run_cli
 from fwbench.ranks import ENV_PREFIX, RankInfo, free_ports
 from fwbench.runner.nodes import node_shares
 from fwbench.spec import Case, Settings, SpecError, node_procs, node_threads
@@ -51,12 +50,8 @@ def fwbench_process(args: list[str], cpu: int | None = None) -> Iterator[subproc
         [sys.executable, "-m", "fwbench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=REPO_DIR, start_new_session=True, preexec_fn=prepare,
     )  # fmt: skip
-    try:
+    with ended_on_exit(process):
         yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
 
 
 def ranks_under(root: int) -> list[tuple[int, int]]:
@@ -242,9 +237,8 @@ def test_a_node_lost_mid_cell_stops_the_sweep_and_two_managers_resume_it_across_
         _, err0 = node0.communicate(timeout=60)
         _, err1 = node1.communicate(timeout=60)
     assert_one_cell_across_two_managers(db, seen, (node0.returncode, err0), (node1.returncode, err1))
-    capsys.readouterr()
-    assert main(["report", "--db", str(db), "--format", "markdown"]) == 0  # here: no interpreter to start for it
-    report = capsys.readouterr().out
+    code, report, err = fwbench_here(capsys, "report", "--db", str(db), "--format", "markdown")  # no interpreter start
+    assert code == 0, err
     assert "| 2 weak/2 nodes |" in report, report
 
 

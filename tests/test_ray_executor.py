@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO_DIR, listening_off_loopback
+from conftest import REPO_DIR, ended_on_exit, listening_off_loopback
 from fwbench.cli import main
 from fwbench.store import ResultRecord, Store, StoreError
 from ray_cluster import LocalCluster, local_cluster, processes_mentioning
@@ -105,13 +105,8 @@ def fwbench(cluster: LocalCluster, *args: str) -> subprocess.Popen[str]:
 @contextmanager
 def sweep(cluster: LocalCluster, *args: str) -> Iterator[subprocess.Popen[str]]:
     """``fwbench(cluster, *args)``, killed whole on the way out if still running (also when the test fails)."""
-    driver = fwbench(cluster, *args)
-    try:
+    with ended_on_exit(fwbench(cluster, *args)) as driver:
         yield driver
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-        driver.communicate()
 
 
 def finish(driver: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str]:

@@ -23,8 +23,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import REPO_DIR, listening_off_loopback, marked_processes_left, require, run_args, run_cli
-from fwbench.cli import main
+from conftest import REPO_DIR, fwbench_here, listening_off_loopback, marked_processes_left, require, run_args, run_cli
 from fwbench.details import LoadPoint
 from fwbench.models import get_model
 from fwbench.serving.batcher import CallerThreadExecutor, DynamicBatcher
@@ -376,7 +375,8 @@ def test_serving_cells_answer_under_load_with_parity_checked(
     assert {runtime: count for runtime, count, _ in stored} == points
     assert all(answered > 0 for _, _, answered in stored)
     page = tmp_path / "report.html"
-    assert main(["report", "--db", str(db), "--html", str(page)]) == 0, capsys.readouterr().err  # in this process
+    code, _, err = fwbench_here(capsys, "report", "--db", str(db), "--html", str(page))  # in this process
+    assert code == 0, err
     if chromium_path() is not None:  # .ci/run installs it; the HTML tests say so when it is missing
         seen = inspect_page(page, tmp_path / "report.png", str(chromium_path()))
         assert seen.errors == [] and "Serving under load" in seen.body_text

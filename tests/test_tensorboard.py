@@ -211,7 +211,6 @@ def test_training_throughput_in_table_csv_html_and_not_in_inference(tmp_path: Pa
 def test_tensorboard_dir_that_is_a_file_is_refused(
     tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-
     db, taken = tmp_path / "r.db", tmp_path / "taken"
     taken.write_text("not a folder")
     if command == "report":
