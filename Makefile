@@ -5,12 +5,15 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fwbench-installed
-# Framework caches stay inside the checkout (ignored by git). The tests' require() fails, not skips, a missing
-# package: the targets below install every extra.
+# The tests' require() fails, not skips, a missing package: the targets below install every extra.
 export FWBENCH_TESTS_NEED_EXTRAS ?= all
 # Framework caches stay inside the checkout (ignored by git).
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export KERAS_HOME ?= $(CURDIR)/.cache/keras
+# Compiled bytecode is kept (__pycache__, ignored by git) even where the shell sets PYTHONDONTWRITEBYTECODE: without it
+# every worker process compiles fwbench's modules again and every pytest process rewrites every test module's asserts
+# again (about 9 s of each collection).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: node-packages bench test test-matrix test-avx2 format install clean oracles bench-zoo
 
