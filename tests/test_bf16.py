@@ -37,7 +37,14 @@ from fwbench.spec import DTYPES, Case, Settings
 from model_checks import reference_outputs
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
-DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny"), get_model("resnet-tiny")]
+DESCRIPTIONS = [
+    get_model("mlp"),
+    get_model("bert-tiny"),
+    DISTIL_TINY,
+    get_model("gpt2-tiny"),
+    get_model("llama-tiny"),
+    get_model("resnet-tiny"),
+]
 FP32_TOLERANCE = PARITY_REL_L2_TOLERANCE["fp32"]
 # the CPU flags with which TensorFlow turns its oneDNN kernels on by default (tensorflow/core/util/port.cc)
 TF_ONEDNN_DEFAULT_FLAGS = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}
@@ -47,7 +54,11 @@ def by_name(description: ModelDescription) -> str:
     return description.name
 
 
-MATRIX_MODELS = ("distilbert-tiny", "gpt2-tiny")  # the in-process policy and parity checks of make test-matrix only
+MATRIX_MODELS = (
+    "distilbert-tiny",
+    "gpt2-tiny",
+    "llama-tiny",
+)  # the in-process policy and parity checks of make test-matrix only
 
 
 def model_params() -> list[Any]:
@@ -213,6 +224,7 @@ def test_bf16_policy_is_what_each_graph_computes(runtime: str, description: Mode
     expected = {
         "bert": {"layer_norm", "attention"},
         "gpt2": {"layer_norm", "attention"},
+        "llama": {"layer_norm", "attention"},  # its RMSNorm observed as the layer_norm class
         "resnet": {"conv", "batch_norm"},
     }
     assert expected.get(description.arch, set()) <= set(seen), seen  # each op class the model has is seen

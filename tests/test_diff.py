@@ -2,8 +2,9 @@
 reference, the share of the tolerance each may use, and defects injected into one framework's copy of bert-tiny
 (tests/fwbench_faulty_models) found at the checkpoint where they were injected, eager and compiled. ``make test``
 runs each defect in one framework's eager runtime (the defect lives in the framework's model file, which the eager
-runtime runs as it is); the matrix runs every defect in every framework's eager and compiled runtimes (that eager run
-excepted). The diffs run in this process (``fwbench.cli.main``): their workers are the subprocesses."""
+runtime runs as it is); the matrix finds every defect in every framework's model file, each in one of the framework's
+runtimes in turn, so that each eager and compiled runtime finds two or more (matrix_runtimes). The diffs run in this
+process (``fwbench.cli.main``): their workers are the subprocesses."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ RUNTIMES = {
 # make test: each defect once, each framework once, in the framework's eager runtime (RUNTIMES[framework][0]). Each
 # compiled runtime's checkpoints are make test's elsewhere in this file (torch:script, torch:compile, tensorflow:function,
 # jax:jit, keras:jax: test_diff_of_..._shows_no_divergence); finding a defect through torch:compile, tensorflow:xla and
-# keras:jax is the matrix's (test_diff_names_every_defect_in_every_framework: every defect, every runtime). Keras
-# finds the defect in layer 1, its checkpoints before it checked clean; torch's and JAX's unmodified bert-tiny are
-# clean at every checkpoint in the backward-pass defect's diff (test_diff_of_unmodified_bert_tiny_... says where the
-# others' are).
+# keras:jax is the matrix's (test_diff_names_every_defect_in_every_framework: every defect in every framework, two
+# or more in each runtime). Keras finds the defect in layer 1, its checkpoints before it checked clean; torch's and
+# JAX's unmodified bert-tiny are clean at every checkpoint in the backward-pass defect's diff
+# (test_diff_of_unmodified_bert_tiny_... says where the others' are).
 DEFAULT_RUN = {
     "transposed-query": "keras",
     "tanh-gelu": "tensorflow",
@@ -169,12 +170,15 @@ def test_diff_of_unmodified_bert_tiny_shows_no_divergence_anywhere(capsys: pytes
         ),  # torch:compile's tapped program (fullgraph), its own code beside eager's and script's
         # torch's checkpoints: make test's on bert-tiny (the backward-pass defect's diff, the unmodified bert-tiny's)
         # and the MLP (test_diff_training_compares_...)
+        # the Llama layout's checkpoints in every framework's model code (its compiled runtimes: the matrix)
+        ("llama-tiny", "torch:eager,tensorflow:eager,jax:jit,keras:torch"),
+        pytest.param("llama-tiny", "torch:compile,tensorflow:xla,keras:jax,keras:tensorflow", marks=pytest.mark.matrix),
         pytest.param("resnet-tiny", "torch:eager", marks=pytest.mark.matrix),
-        pytest.param("gpt2-tiny", "torch:compile,tensorflow:xla,jax:jit,keras:torch", marks=pytest.mark.matrix),
+        # the matrix: each model's checkpoints in every framework's model code (the compiled runtimes' tapped
+        # programs: above, and the defects' diffs), and the exported programs' (torch:export, tensorflow:savedmodel)
+        pytest.param("gpt2-tiny", "torch:eager,tensorflow:eager,jax:jit,keras:torch", marks=pytest.mark.matrix),
         pytest.param("mlp", "torch:eager,tensorflow:eager,keras:tensorflow", marks=pytest.mark.matrix),
-        pytest.param(
-            "bert-tiny", "torch:export,tensorflow:eager,keras:jax,tensorflow:savedmodel", marks=pytest.mark.matrix
-        ),
+        pytest.param("bert-tiny", "torch:export,tensorflow:eager,tensorflow:savedmodel", marks=pytest.mark.matrix),
     ],
 )
 def test_diff_of_every_model_in_every_framework_shows_no_divergence(
@@ -238,18 +242,38 @@ def test_diff_names_the_layer_where_a_defect_was_injected(
 
 
 @pytest.mark.slow
+def matrix_runtimes(defect: str, framework: str) -> tuple[str, ...]:
+    """The runtimes the matrix finds ``defect`` in ``framework``'s model file with: the defect of make test's run
+    in the framework's compiled runtimes, any other in one runtime, taking the framework's runtimes in turn defect
+    by defect. Every defect is found in every framework's model file, and every runtime finds two or more."""
+    runtimes = RUNTIMES[framework]
+    if DEFAULT_RUN[defect] == framework:
+        return runtimes[1:]
+    return (runtimes[sorted(DEFAULT_RUN).index(defect) % len(runtimes)],)
+
+
 @pytest.mark.matrix
 @pytest.mark.parametrize("framework", sorted(RUNTIMES))
 @pytest.mark.parametrize("defect", sorted(DEFAULT_RUN))
 def test_diff_names_every_defect_in_every_framework(
     capsys: pytest.CaptureFixture[str], defect: str, framework: str, faulty_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Every defect of each framework's file in its eager and its compiled runtimes (a defect in make test's run: its
-    compiled runtimes only, its eager run is make test's)."""
-    runtimes = RUNTIMES[framework][1:] if DEFAULT_RUN[defect] == framework else RUNTIMES[framework]
+    runtimes = matrix_runtimes(defect, framework)
     if not runtimes:
         pytest.skip(f"make test runs it in {framework}'s one runtime")
     _diff_finds(capsys, defect, framework, runtimes, tmp_path)
+
+
+def test_the_matrix_finds_a_defect_in_every_runtime_twice() -> None:
+    """The rotation above leaves no runtime with fewer than two defects found, make test's own runs counted."""
+    found = {runtime: 0 for runtimes in RUNTIMES.values() for runtime in runtimes}
+    for framework in DEFAULT_RUN.values():
+        found[RUNTIMES[framework][0]] += 1
+    for defect in DEFAULT_RUN:
+        for framework in RUNTIMES:
+            for runtime in matrix_runtimes(defect, framework):
+                found[runtime] += 1
+    assert min(found.values()) >= 2, found
 
 
 @pytest.mark.slow

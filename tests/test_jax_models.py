@@ -20,6 +20,7 @@ import fwbench.frameworks as registry
 from conftest import JAX_WORKER_ENV, import_jax_backend
 from fwbench.frameworks.jax import bert as jax_bert
 from fwbench.frameworks.jax import gpt2 as jax_gpt2
+from fwbench.frameworks.jax import llama as jax_llama
 from fwbench.frameworks.jax import mlp as jax_mlp
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
@@ -35,8 +36,10 @@ JAX_BUILDERS: dict[str, Callable[..., Any]] = {
     "mlp": jax_mlp.build_model,
     "bert": jax_bert.build_model,
     "gpt2": jax_gpt2.build_model,
+    "llama": jax_llama.build_model,
 }
-DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")]
+GELU_MODELS = [get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")]
+DESCRIPTIONS = [get_model("mlp"), *GELU_MODELS, get_model("llama-tiny")]
 # float32 lands near 3e-7 here; tanh GELU in place of BERT's erf GELU gives 4e-6 (the small
 # seeded weights keep activations where the two nearly agree), so 1e-5 alone would not catch it.
 PARITY_TOLERANCE = 1e-6
@@ -214,7 +217,7 @@ def test_jax_jit_runs_in_a_worker_with_parity() -> None:
     assert outcome.details["thread_cpu_lists"] == [str(outcome.details["cpus"][0])]
 
 
-@pytest.mark.parametrize("description", [matrix_if_distil(d) for d in DESCRIPTIONS[1:]])
+@pytest.mark.parametrize("description", [matrix_if_distil(d) for d in GELU_MODELS])
 def test_jax_uses_the_right_gelu(description: ModelDescription) -> None:
     from model_checks import GELU_TOLERANCE, amplified_weights, gelu_swap_error
 

@@ -13,11 +13,13 @@ import transformers
 
 from fwbench.frameworks.torch import bert as torch_bert
 from fwbench.frameworks.torch import gpt2 as torch_gpt2
+from fwbench.frameworks.torch import llama as torch_llama
 from fwbench.frameworks.torch import mlp as torch_mlp
 from fwbench.models import MODELS, get_model
 from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
 from fwbench.models.gpt2 import GPT2
+from fwbench.models.llama import Llama
 from model_checks import reference_outputs
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
@@ -25,6 +27,7 @@ TORCH_BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "mlp": torch_mlp.build_model,
     "bert": torch_bert.build_model,
     "gpt2": torch_gpt2.build_model,
+    "llama": torch_llama.build_model,
 }
 Module = TypeVar("Module", bound=torch.nn.Module)
 
@@ -50,6 +53,8 @@ def test_registry_and_hf_names() -> None:
         "distilbert-base",
         "gpt2-tiny",
         "gpt2",
+        "llama-tiny",
+        "smollm-135m",
         "resnet-tiny",
         "resnet50",
         "gemm",
@@ -64,6 +69,11 @@ def test_registry_and_hf_names() -> None:
     gpt2 = {p.name: p.shape for p in get_model("gpt2").param_schema()}
     assert gpt2["h.0.attn.c_attn.weight"] == (768, 2304)  # Conv1D (in, out)
     assert sum(int(np.prod(s)) for s in gpt2.values()) == 124_439_808  # GPT-2 small
+    smollm = {p.name: p.shape for p in get_model("smollm-135m").param_schema()}
+    assert smollm["model.layers.29.self_attn.k_proj.weight"] == (192, 576)  # 3 key/value heads of 64
+    assert smollm["model.layers.0.mlp.gate_proj.weight"] == (1536, 576) and "lm_head.weight" not in smollm  # tied
+    assert sum(int(np.prod(s)) for s in smollm.values()) == 134_515_008  # SmolLM2-135M
+    assert "lm_head.weight" in {p.name for p in get_model("llama-tiny").param_schema()}  # untied
 
 
 def test_weights_are_seeded_per_tensor_and_every_tensor_matters() -> None:
@@ -83,7 +93,9 @@ def test_text_inputs_pad_part_of_a_row() -> None:
 
 
 @pytest.mark.parametrize(
-    "description", [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")], ids=lambda d: d.name
+    "description",
+    [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny"), get_model("llama-tiny")],
+    ids=lambda d: d.name,
 )
 def test_torch_matches_the_float64_reference(description: ModelDescription) -> None:
     weights = description.canonical_weights(0)
@@ -172,8 +184,41 @@ def test_oracle_gpt2_is_transformers_gpt2lmheadmodel() -> None:
     assert rel_l2(ours["logits"], expected.logits.numpy()) < 1e-5
 
 
+@pytest.mark.parametrize(("tied", "kv_heads"), [(False, 2), (True, 1)], ids=["untied-gqa", "tied-mqa"])
+def test_oracle_llama_is_transformers_llamaforcausallm(tied: bool, kv_heads: int) -> None:
+    """The float64 reference and torch's model against transformers' LlamaForCausalLM loaded by the same names:
+    llama-tiny (untied head, two query heads per key/value head) and a tied variant with one key/value head and
+    another rotary base. Padded positions are left out: Hugging Face fills a fully masked row differently."""
+    from dataclasses import replace
+
+    tiny = get_model("llama-tiny")
+    assert isinstance(tiny, Llama)
+    d = tiny if not tied else Llama("llama-tied", replace(tiny.config, tied=True, kv_heads=kv_heads, rope_theta=1e5))
+    c, weights = d.config, d.canonical_weights(0)
+    config = transformers.LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden, intermediate_size=c.intermediate, num_hidden_layers=c.layers,
+        num_attention_heads=c.heads, num_key_value_heads=c.kv_heads, max_position_embeddings=c.max_positions,
+        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, tie_word_embeddings=c.tied,
+    )  # fmt: skip
+    hf = transformers.LlamaForCausalLM(config)
+    missing, unexpected = hf.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
+    assert not unexpected and missing == (["lm_head.weight"] if c.tied else []), (missing, unexpected)
+    hf.tie_weights()
+    inputs = d.make_inputs(3, 24, 0)
+    with torch.no_grad():
+        expected = hf.eval()(**_hf_inputs(inputs), output_hidden_states=True)
+    real = inputs["attention_mask"].astype(bool)
+    reference = reference_outputs(d, weights, inputs)
+    ours = run_torch(d, weights, inputs)
+    for got in (reference, ours):
+        assert rel_l2(got["last_hidden_state"][real], expected.hidden_states[-1].numpy()[real]) < 1e-5
+        assert rel_l2(got["logits"][real], expected.logits.numpy()[real]) < 1e-5
+
+
 @pytest.mark.parametrize(
-    "description", [get_model("mlp"), get_model("bert-tiny"), get_model("gpt2-tiny")], ids=lambda d: d.name
+    "description",
+    [get_model("mlp"), get_model("bert-tiny"), get_model("gpt2-tiny"), get_model("llama-tiny")],
+    ids=lambda d: d.name,
 )
 def test_weight_map_errors_are_clear(description: ModelDescription) -> None:
     weights = description.canonical_weights(0)
@@ -192,6 +237,9 @@ def test_weight_map_errors_are_clear(description: ModelDescription) -> None:
 
 
 def test_flops() -> None:
+    smollm = get_model("smollm-135m")  # 4·S·H² + 4·S·H·Hkv + 6·S·H·I + 4·S²·H per layer, and the head
+    per_layer = 4 * 128 * 576**2 + 4 * 128 * 576 * 192 + 6 * 128 * 576 * 1536 + 4 * 128**2 * 576
+    assert smollm.forward_flops(2, 128) == 2 * (30 * per_layer + 2 * 128 * 576 * 49152)
     gpt2 = get_model("gpt2")
     # 2·params·tokens for the matmuls (embeddings excluded), plus attention and the LM head
     assert (

@@ -19,8 +19,8 @@ from fwbench.spec import Case, Settings
 from model_checks import reference_outputs
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
-DESCRIPTIONS = [get_model("mlp"), get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")]
-TEXT = DESCRIPTIONS[1:]
+TEXT = [get_model("bert-tiny"), DISTIL_TINY, get_model("gpt2-tiny")]  # the GELU models
+DESCRIPTIONS = [get_model("mlp"), *TEXT, get_model("llama-tiny")]
 
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
@@ -66,7 +66,7 @@ def test_outputs_match_the_reference(
     check_outputs(description, call(*inputs), reference_outputs(description, weights, arrays))
 
 
-@pytest.mark.parametrize("description", [get_model("bert-tiny"), get_model("gpt2-tiny")], ids=by_name)
+@pytest.mark.parametrize("description", [get_model(n) for n in ("bert-tiny", "gpt2-tiny", "llama-tiny")], ids=by_name)
 def test_shapes_are_not_hard_coded(description: ModelDescription) -> None:
     """One trace with unknown batch and sequence sizes serves two different shapes."""
     weights = description.canonical_weights(0)
@@ -83,7 +83,7 @@ def test_shapes_are_not_hard_coded(description: ModelDescription) -> None:
     assert call.experimental_get_tracing_count() == 1
 
 
-@pytest.mark.parametrize("description", [get_model("bert-tiny"), get_model("gpt2-tiny")], ids=by_name)
+@pytest.mark.parametrize("description", [get_model(n) for n in ("bert-tiny", "gpt2-tiny", "llama-tiny")], ids=by_name)
 def test_masked_keys_are_ignored(description: ModelDescription) -> None:
     """Tokens whose attention_mask is 0 (here in the middle of a row) change no other position's output."""
     weights = description.canonical_weights(0)
@@ -122,10 +122,12 @@ def a_layer_tensor(description: ModelDescription) -> str:
         return description.param("key", description.config.layers - 1)
     if description.arch == "gpt2":
         return "h.1.attn.c_attn.weight"
+    if description.arch == "llama":
+        return "model.layers.1.self_attn.k_proj.weight"
     return list(description.canonical_weights(0))[-2]  # the MLP's last weight
 
 
-@pytest.mark.parametrize("description", TEXT, ids=by_name)
+@pytest.mark.parametrize("description", DESCRIPTIONS[1:], ids=by_name)
 def test_a_missing_tensor_is_named(description: ModelDescription) -> None:
     weights = description.canonical_weights(0)
     for name in (next(iter(weights)), a_layer_tensor(description)):

@@ -231,7 +231,7 @@ def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(
 
 @pytest.mark.slow
 @needs_node
-@pytest.mark.parametrize("model", ["mlp", "bert-tiny", "resnet-tiny"])
+@pytest.mark.parametrize("model", ["mlp", "bert-tiny", "llama-tiny", "resnet-tiny"])
 def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(
     model: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -342,6 +342,7 @@ def test_a_model_without_a_js_file_is_refused_with_the_reason() -> None:
 
     assert missing_implementation(get_runtime("tfjs:wasm"), "gpt2") == "no tfjs implementation of gpt2 yet"
     assert missing_implementation(get_runtime("tfjs:wasm"), "bert") is None
+    assert missing_implementation(get_runtime("tfjs:wasm"), "llama") is None
 
 
 def test_the_estimate_counts_tfjs_on_one_thread_at_its_share_of_the_nominal_throughput() -> None:

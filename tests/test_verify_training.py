@@ -99,6 +99,29 @@ def test_training_verify_agrees_across_frameworks(capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
+def test_the_llama_layout_trains_alike_in_every_framework_from_the_reference_loss() -> None:
+    """llama-tiny's causal LM step in each framework's model code: 3 AdamW steps agree with torch's, and every first
+    loss is the float64 reference's (rotary positions, grouped-query attention and the untied head in the backward
+    pass)."""
+    from fwbench.models import get_model
+    from fwbench.runner.verify import verify_shape, verify_training
+
+    runtimes = ["torch:eager", "tensorflow:function", "jax:jit", "keras:torch"]
+    checks = verify_training("llama-tiny", runtimes, Settings(threads=1, timeout_s=300), steps=3)
+    assert [(c.runtime, c.status) for c in checks] == [(r, "ok") for r in runtimes], [c.reason for c in checks]
+    assert all(c.passed for c in checks), [c.failure() for c in checks]
+    description = get_model("llama-tiny")
+    batch, seq = verify_shape(description, None, None)
+    weights, inputs = description.canonical_weights(0), description.make_inputs(batch, seq, 0)
+    reference = description.reference_loss(weights, inputs, description.make_targets(batch, seq, 0))
+    assert reference is not None
+    for check in checks:
+        assert abs(check.losses[0] - reference) / reference < 1e-4, (check.runtime, check.losses, reference)
+        assert check.losses[-1] < check.losses[0], check.runtime
+
+
+@pytest.mark.slow
 @pytest.mark.matrix  # make test checks bf16 training against the float64 reference in tests/test_training.py
 def test_bf16_training_verify_uses_its_own_limits() -> None:
     result = run_cli(

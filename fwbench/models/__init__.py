@@ -11,6 +11,7 @@ from fwbench.models.base import ModelDescription, ParamSpec
 from fwbench.models.bert import BERT_BASE, BERT_TINY, DISTILBERT_BASE
 from fwbench.models.gemm import GEMM
 from fwbench.models.gpt2 import GPT2_SMALL, GPT2_TINY
+from fwbench.models.llama import LLAMA_TINY, SMOLLM_135M
 from fwbench.models.mlp import MLP
 from fwbench.models.resnet import RESNET50, RESNET_TINY
 from fwbench.plugins import load_plugins
@@ -18,7 +19,19 @@ from fwbench.spec import SpecError
 
 MODELS: dict[str, ModelDescription] = {
     m.name: m
-    for m in (MLP(), BERT_TINY, BERT_BASE, DISTILBERT_BASE, GPT2_TINY, GPT2_SMALL, RESNET_TINY, RESNET50, GEMM)
+    for m in (
+        MLP(),
+        BERT_TINY,
+        BERT_BASE,
+        DISTILBERT_BASE,
+        GPT2_TINY,
+        GPT2_SMALL,
+        LLAMA_TINY,
+        SMOLLM_135M,
+        RESNET_TINY,
+        RESNET50,
+        GEMM,
+    )
 }
 
 

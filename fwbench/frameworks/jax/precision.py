@@ -178,6 +178,13 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> j
         return normalized * scale + bias
 
 
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, x / √(mean(x²) + eps) · scale, always computed in float32 → float32."""
+    with jax.named_scope("layer_norm"):
+        x = x.astype(jnp.float32)
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
 @contextlib.contextmanager
 def batch_norm_scope() -> Iterator[None]:
     """The named scope batch-norm code runs in (its statistics are then observed as batch_norm)."""

@@ -25,12 +25,17 @@ def layer_norm(eps: float, name: str) -> layers.LayerNormalization:
     return layers.LayerNormalization(epsilon=eps, name=name, dtype=FLOAT32)
 
 
+def rms_norm(eps: float, name: str) -> layers.RMSNormalization:
+    """An RMSNormalization (the Llama layout's norm) computing in float32 under every policy."""
+    return layers.RMSNormalization(epsilon=eps, name=name, dtype=FLOAT32)
+
+
 def _scopes(model: keras.Model) -> dict[str, str]:
     """Layer name → op class for the normalisation layers (their arithmetic is observed as that class)."""
     scopes: dict[str, str] = {}
     # Keras' own walk over every nested layer (model.layers lists only a functional model's top level)
     for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, layers.LayerNormalization):
+        if isinstance(layer, (layers.LayerNormalization, layers.RMSNormalization)):
             scopes[layer.name] = "layer_norm"
         elif isinstance(layer, layers.BatchNormalization):
             scopes[layer.name] = "batch_norm"

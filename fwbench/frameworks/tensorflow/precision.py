@@ -158,6 +158,13 @@ def layer_norm(x: tf.Tensor, gamma: tf.Variable, beta: tf.Variable, eps: float) 
         return centred * tf.math.rsqrt(variance + eps) * gamma + beta
 
 
+def rms_norm(x: tf.Tensor, scale: tf.Variable, eps: float) -> tf.Tensor:
+    """RMSNorm over the last axis, x / √(mean(x²) + eps) · scale, in float32 under every policy."""
+    with _scope("layer_norm"):
+        x = tf.cast(x, tf.float32)
+        return x * tf.math.rsqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True) + eps) * scale
+
+
 @contextlib.contextmanager
 def batch_norm_scope() -> Iterator[None]:
     """The name scope batch-norm code runs in (its statistics are then observed as batch_norm)."""

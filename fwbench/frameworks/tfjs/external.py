@@ -138,6 +138,8 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
             "layers": names,
             "globals": {role: [description.param(role, kind=kind) for kind in ("weight", "bias")] for role in globals_},
         }
+    if arch == "llama":
+        return _llama_structure(description)
     if arch == "resnet":
         from fwbench.models.resnet import ResNet
 
@@ -148,6 +150,35 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
             "eps": description.config.bn_eps,
         }
     raise NotImplementedError(f"the tfjs worker has no structure for {arch} models")
+
+
+def _llama_structure(description: ModelDescription) -> dict[str, Any]:
+    """llama.mjs's structure: the config, each layer's checkpoints and its tensors' canonical names by projection."""
+    from fwbench.models.llama import (
+        EMBEDDING,
+        FINAL_NORM,
+        LAYER_SUFFIXES,
+        LM_HEAD,
+        Llama,
+        layer_checkpoints,
+        layer_prefix,
+    )
+
+    assert isinstance(description, Llama)
+    config = description.config
+    leaf = {suffix: suffix.split(".")[-2] for suffix in LAYER_SUFFIXES}  # e.g. self_attn.q_proj.weight -> q_proj
+    return {
+        "config": dataclasses.asdict(config),
+        "checkpoints": [list(layer_checkpoints(i)) for i in range(config.layers)],
+        "names": {
+            "embedding": EMBEDDING,
+            "norm": FINAL_NORM,
+            "lm_head": None if config.tied else LM_HEAD,
+            "layers": [
+                {leaf[suffix]: layer_prefix(i) + suffix for suffix in LAYER_SUFFIXES} for i in range(config.layers)
+            ],
+        },
+    }
 
 
 def compared_shape(job: Job, description: ModelDescription) -> tuple[int, int | None] | None:

@@ -36,6 +36,8 @@ _OP_CLASSES: dict[str, tuple[str, slice]] = {
     "softmax": ("softmax", slice(0, 1)),
     "layer_norm": ("layer_norm", slice(None)),
     "native_layer_norm": ("layer_norm", slice(None)),
+    "rms_norm": ("layer_norm", slice(None)),  # nn.RMSNorm under inference mode (with autograd: its decomposition)
+    "_fused_rms_norm": ("layer_norm", slice(None)),
     "batch_norm": ("batch_norm", slice(1, 5)),
     "native_batch_norm": ("batch_norm", slice(1, 5)),
     "_native_batch_norm_legit_no_training": ("batch_norm", slice(1, 5)),

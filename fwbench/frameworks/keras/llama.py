@@ -1,0 +1,175 @@
+"""The Llama layout in Keras: RMSNorm, rotary positions, SwiGLU, grouped-query attention, tied or untied head.
+
+Inputs: input_ids, attention_mask, each (batch, seq) int32, passed as a dict. Returns ``{"last_hidden_state",
+"logits"}``: (batch, seq, hidden) and (batch, seq, vocab). A functional model; each decoder layer is a keras Layer of
+``RMSNormalization`` and bias-free Dense sublayers, attention ``keras.ops.dot_product_attention`` with a boolean mask
+(True = attend). A tied head is the token embedding (a ``ReversibleEmbedding``) called in reverse, an untied one a
+bias-free Dense ``lm_head``. Canonical nn.Linear (out, in) weights are transposed once into Dense kernels when loading.
+``checkpoint_model`` (fwbench diff): the same layers called once more in a second functional graph that also returns
+every checkpoint (fwbench.models.checkpoints); the timed graph is not touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from fwbench.frameworks.keras import precision
+from fwbench.frameworks.keras.bert import Make, call_layer, graph_checkpoint_model, graph_model
+from fwbench.frameworks.keras.gpt2 import CausalMask
+from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
+from fwbench.models.checkpoints import Taps, tap
+from fwbench.models.llama import (
+    EMBEDDING,
+    FINAL_NORM,
+    LAYER_SUFFIXES,
+    LM_HEAD,
+    Llama,
+    LlamaConfig,
+    layer_checkpoints,
+    layer_prefix,
+)
+from fwbench.models.weightmap import Transform, transpose
+
+
+def projection(units: int, name: str) -> layers.Dense:
+    return layers.Dense(units, use_bias=False, kernel_initializer=OVERWRITTEN, name=name)
+
+
+def rotate(x: Any, cos: Any, sin: Any) -> Any:
+    """x (B, S, heads, d) with rotary positions (tables (S, 1, d)): x·cos + rotate_half(x)·sin, in x's dtype."""
+    half = x.shape[-1] // 2
+    cos, sin = ops.cast(cos, x.dtype), ops.cast(sin, x.dtype)
+    return x * cos + ops.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+
+class DecoderLayer(layers.Layer):
+    def __init__(self, config: LlamaConfig, **kwargs: object) -> None:
+        super().__init__(dtype=precision.FLOAT32, **kwargs)  # the residual stream; its Dense layers: the policy's
+        c = self.config = config
+        self.input_layernorm = precision.rms_norm(c.rms_norm_eps, "input_layernorm")
+        self.q_proj = projection(c.hidden, "q_proj")
+        self.k_proj = projection(c.kv_hidden, "k_proj")
+        self.v_proj = projection(c.kv_hidden, "v_proj")
+        self.o_proj = projection(c.hidden, "o_proj")
+        self.post_attention_layernorm = precision.rms_norm(c.rms_norm_eps, "post_attention_layernorm")
+        self.gate_proj = projection(c.intermediate, "gate_proj")
+        self.up_proj = projection(c.intermediate, "up_proj")
+        self.down_proj = projection(c.hidden, "down_proj")
+
+    def build(self, x_shape, allowed_shape):  # type: ignore[no-untyped-def]
+        hidden = (None, None, self.config.hidden)
+        for layer in (self.input_layernorm, self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+            layer.build(hidden)
+        for layer in (self.post_attention_layernorm, self.gate_proj, self.up_proj):
+            layer.build(hidden)
+        self.down_proj.build((None, None, self.config.intermediate))
+
+    def rotary_tables(self, seq: Any) -> tuple[Any, Any]:
+        """(cos, sin), each (S, 1, d) float32 for positions 0..S-1 (fwbench.models.llama.rotary_tables)."""
+        c = self.config
+        # keras ops only, made on the device in scope: on the torch backend Keras' symbolic call runs the layer on
+        # the meta device, and any op that fails there makes it run the layer for real (83-token inputs) instead
+        exponents = ops.arange(0, c.head_dim, 2, dtype="float32") / float(-c.head_dim)
+        inverse = ops.power(ops.convert_to_tensor(c.rope_theta, "float32"), exponents)
+        angles = ops.cast(ops.arange(seq), "float32")[:, None] * inverse[None, :]
+        angles = ops.concatenate([angles, angles], axis=-1)[:, None, :]
+        return ops.cos(angles), ops.sin(angles)
+
+    def call(self, x, allowed, checkpoints=False):  # type: ignore[no-untyped-def]
+        """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H); with ``checkpoints``, a dict of the layer's ``attn``
+        and ``mlp`` (each block's output before its residual sum) and ``layer`` (the output) instead."""
+        c = self.config
+        b, s = ops.shape(x)[0], ops.shape(x)[1]
+        cos, sin = self.rotary_tables(s)
+        a = self.input_layernorm(x)
+        q = rotate(ops.reshape(self.q_proj(a), (b, s, c.heads, c.head_dim)), cos, sin)
+        k = rotate(ops.reshape(self.k_proj(a), (b, s, c.kv_heads, c.head_dim)), cos, sin)
+        v = ops.reshape(self.v_proj(a), (b, s, c.kv_heads, c.head_dim))
+        # grouped-query attention as Keras does it on every backend: query head h reads key/value head
+        # h // (heads / kv_heads), the pairing np.repeat gives (an ops.repeat here fails Keras' symbolic call on the
+        # torch backend, which then builds the model by running it on real tensors)
+        context = ops.dot_product_attention(q, k, v, mask=allowed)
+        attn = self.o_proj(ops.reshape(context, (b, s, c.hidden)))
+        # ops.add: float32 residual + bfloat16 Dense output promotes to float32 on every backend (TF's + would not)
+        x = ops.add(x, attn)
+        m = self.post_attention_layernorm(x)
+        mlp = self.down_proj(ops.multiply(ops.silu(self.gate_proj(m)), self.up_proj(m)))
+        out = ops.add(x, mlp)
+        return {"attn": attn, "mlp": mlp, "layer": out} if checkpoints else out
+
+
+def llama_model(description: Llama) -> keras.Model:
+    return graph_model(llama_graph, description)
+
+
+def checkpoint_model(model: keras.Model, description: Llama) -> keras.Model:
+    """A model over ``model``'s own layers whose outputs are its outputs and every checkpoint by name."""
+    return graph_checkpoint_model(llama_graph, model, description)
+
+
+def llama_graph(description: Llama, make: Make, taps: Taps = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(inputs, outputs) of the functional graph, each layer from ``make`` (new, or the built model's); ``taps``:
+    also record every checkpoint."""
+    c = description.config
+    inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("input_ids", "attention_mask")}
+    # reverse_dtype: a tied head computes in the policy's compute dtype (gpt2.gpt2_graph says why)
+    embed = make(
+        "embed_tokens",
+        lambda name: layers.ReversibleEmbedding(
+            c.vocab_size,
+            c.hidden,
+            tie_weights=True,
+            embeddings_initializer=OVERWRITTEN,
+            reverse_dtype=keras.config.dtype_policy().compute_dtype,
+            name=name,
+            dtype=precision.FLOAT32,
+        ),
+    )
+    x = tap(taps, "embeddings", embed(inputs["input_ids"]))
+    allowed = make("causal_mask", lambda name: CausalMask(name=name))(inputs["attention_mask"])  # (B, 1, S, S)
+    for i in range(c.layers):
+        layer = make(f"layers_{i}", lambda name: DecoderLayer(c, name=name))
+        x = call_layer(layer, x, allowed, taps, dict(zip(("attn", "mlp", "layer"), layer_checkpoints(i), strict=True)))
+    x = tap(taps, "norm", make("norm", lambda name: precision.rms_norm(c.rms_norm_eps, name))(x))
+    logits = embed(x, reverse=True) if c.tied else make("lm_head", lambda name: projection(c.vocab_size, name))(x)
+    return inputs, {"last_hidden_state": x, "logits": logits}
+
+
+# canonical suffix -> this model's variable path within a layer.
+_SUFFIXES = {
+    "input_layernorm.weight": "input_layernorm/scale",
+    "self_attn.q_proj.weight": "q_proj/kernel",
+    "self_attn.k_proj.weight": "k_proj/kernel",
+    "self_attn.v_proj.weight": "v_proj/kernel",
+    "self_attn.o_proj.weight": "o_proj/kernel",
+    "post_attention_layernorm.weight": "post_attention_layernorm/scale",
+    "mlp.gate_proj.weight": "gate_proj/kernel",
+    "mlp.up_proj.weight": "up_proj/kernel",
+    "mlp.down_proj.weight": "down_proj/kernel",
+}
+assert set(_SUFFIXES) == set(LAYER_SUFFIXES)
+
+
+def build_model(description: Llama, weights: dict[str, np.ndarray], device: str) -> keras.Model:
+    """The decoder with the canonical weights (nn.Linear (out, in) → Dense (in, out) kernels)."""
+    with keras.device(keras_device(device)):
+        model = llama_model(description)
+    mapping = {EMBEDDING: "embed_tokens/embeddings", FINAL_NORM: "norm/scale"}
+    if not description.config.tied:
+        mapping[LM_HEAD] = "lm_head/kernel"
+    for i in range(description.config.layers):
+        for canonical, own in _SUFFIXES.items():
+            mapping[layer_prefix(i) + canonical] = f"layers_{i}/{own}"
+    transforms: dict[str, Transform] = {name: transpose for name, path in mapping.items() if path.endswith("/kernel")}
+    load_canonical(model, weights, mapping, transforms)
+    return model
+
+
+def training_model(model: keras.Model, description: Llama) -> keras.Model:
+    """The model train_on_batch trains: the same layers, the LM head's logits (batch, seq, vocab) as its one
+    output."""
+    return keras.Model(model.input, model.output["logits"], name=f"{model.name}_training")
