@@ -52,8 +52,9 @@ test: $(STAMP) node-packages
 	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "not serial and not matrix"
 	$(BIN)/python -m pytest -m "serial and not matrix"
 
-# The exhaustive runtime × model matrix beyond make test's (tests marked matrix: every training runtime on gpt2-tiny
-# and resnet-tiny, every framework's resnet-tiny fit loop, every deployment engine on every tiny model, ...).
+# The runtime × model matrix beyond make test's (tests marked matrix: every training runtime on the MLP and
+# resnet-tiny and every model in each framework's model code, every framework's resnet-tiny fit loop, every
+# deployment engine on every tiny model, ...).
 # CI runs it after make test.
 test-matrix: $(STAMP) node-packages
 	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "matrix and not serial"
