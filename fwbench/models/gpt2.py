@@ -14,17 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
+from fwbench.models.base import ParamSpec, normal_weights
 from fwbench.models.checkpoints import Taps, tap
-from fwbench.models.text import (
-    attention,
-    gelu_tanh,
-    layer_norm,
-    next_token_targets,
-    token_inputs,
-    transformer_layer_flops,
-)
-from fwbench.models.training import tied_lm_reference_loss
+from fwbench.models.decoder import CausalDecoder
+from fwbench.models.text import attention, gelu_tanh, layer_norm, transformer_layer_flops
 from fwbench.spec import SpecError
 
 
@@ -64,15 +57,13 @@ _LAYER_TENSORS = {
 LAYER_SUFFIXES = tuple(_LAYER_TENSORS)
 
 
-class GPT2(ModelDescription):
+class GPT2(CausalDecoder):
     arch = "gpt2"
-    has_sequence = True
+    config: GPT2Config
 
-    def __init__(self, name: str, config: GPT2Config) -> None:
-        self.name = name
-        self.config = config
-        self.max_seq_len = config.max_positions
-        self.output_names = ("last_hidden_state", "logits")
+    def head_name(self) -> str:
+        """The tied LM head: the token embedding."""
+        return "wte.weight"
 
     def param_schema(self) -> list[ParamSpec]:
         c = self.config
@@ -91,11 +82,6 @@ class GPT2(ModelDescription):
     def canonical_weights(self, seed: int = 0) -> dict[str, np.ndarray]:
         return normal_weights(self.param_schema(), seed)
 
-    def make_inputs(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
-        if seq_len is None:
-            raise SpecError(f"{self.name} needs a sequence length")
-        return token_inputs(batch_size, seq_len, self.config.vocab_size, seed, token_types=False)
-
     def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
         """Matmul FLOPs: per layer 8·S·H² + 4·S·H·I + 4·S²·H, plus the LM head 2·S·H·V (inference and training
         both run it)."""
@@ -103,34 +89,11 @@ class GPT2(ModelDescription):
         per_layer = transformer_layer_flops(s, c.hidden, c.intermediate)
         return batch_size * (c.layers * per_layer + 2 * s * c.hidden * c.vocab_size)
 
-    def training_unsupported(self) -> str | None:
-        return None
-
-    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
-        return next_token_targets(self.make_inputs(batch_size, seq_len, seed))
-
-    def reference_loss(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
-    ) -> float:
-        hidden = self.reference_hidden(weights, inputs)
-        return tied_lm_reference_loss(hidden, weights["wte.weight"], targets["labels"], targets["label_weights"])
-
     def checkpoint_names(self) -> tuple[str, ...]:
         """``embeddings`` (tokens + positions), per layer ``h.{i}.attn`` and ``h.{i}.mlp`` (each block's output
         before its residual sum) and ``h.{i}`` (the layer's output), then ``ln_f`` (the last hidden state)."""
         layers = [f"h.{i}{part}" for i in range(self.config.layers) for part in (".attn", ".mlp", "")]
         return ("embeddings", *layers, "ln_f")
-
-    def reference_checkpoints(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
-        taps: dict[str, np.ndarray] = {}
-        self.reference_hidden(weights, inputs, taps)
-        return taps
-
-    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        x = self.reference_hidden(weights, inputs)
-        return {"last_hidden_state": x, "logits": x @ weights["wte.weight"].astype(np.float64).T}
 
     def reference_hidden(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], taps: Taps = None

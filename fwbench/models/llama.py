@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fwbench.models.base import ModelDescription, ParamSpec, normal_weights
+from fwbench.models.base import ParamSpec, normal_weights
 from fwbench.models.checkpoints import Taps, tap
-from fwbench.models.text import next_token_targets, softmax, token_inputs
-from fwbench.models.training import tied_lm_reference_loss
+from fwbench.models.decoder import CausalDecoder
+from fwbench.models.text import softmax
 from fwbench.spec import SpecError
 
 
@@ -106,15 +106,9 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-class Llama(ModelDescription):
+class Llama(CausalDecoder):
     arch = "llama"
-    has_sequence = True
-
-    def __init__(self, name: str, config: LlamaConfig) -> None:
-        self.name = name
-        self.config = config
-        self.max_seq_len = config.max_positions
-        self.output_names = ("last_hidden_state", "logits")
+    config: LlamaConfig
 
     def param_schema(self) -> list[ParamSpec]:
         c = self.config
@@ -136,11 +130,6 @@ class Llama(ModelDescription):
         weights[FINAL_NORM] = weights[FINAL_NORM] + np.float32(1.0)
         return weights
 
-    def make_inputs(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
-        if seq_len is None:
-            raise SpecError(f"{self.name} needs a sequence length")
-        return token_inputs(batch_size, seq_len, self.config.vocab_size, seed, token_types=False)
-
     def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
         """Matmul FLOPs: per layer 4·S·H² (query, output) + 4·S·H·Hkv (key, value) + 6·S·H·I (gate, up, down) +
         4·S²·H (scores, context), plus the LM head 2·S·H·V."""
@@ -149,34 +138,11 @@ class Llama(ModelDescription):
         per_layer += 4 * s * s * c.hidden
         return batch_size * (c.layers * per_layer + 2 * s * c.hidden * c.vocab_size)
 
-    def training_unsupported(self) -> str | None:
-        return None
-
-    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
-        return next_token_targets(self.make_inputs(batch_size, seq_len, seed))
-
-    def reference_loss(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
-    ) -> float:
-        hidden = self.reference_hidden(weights, inputs)
-        return tied_lm_reference_loss(hidden, weights[self.head_name()], targets["labels"], targets["label_weights"])
-
     def checkpoint_names(self) -> tuple[str, ...]:
         """``embeddings``, per layer ``layers.{i}.attn`` and ``layers.{i}.mlp`` (each block's output before its
         residual sum) and ``layers.{i}`` (the layer's output), then ``norm`` (the last hidden state)."""
         layers = [name for i in range(self.config.layers) for name in layer_checkpoints(i)]
         return ("embeddings", *layers, "norm")
-
-    def reference_checkpoints(
-        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
-        taps: dict[str, np.ndarray] = {}
-        self.reference_hidden(weights, inputs, taps)
-        return taps
-
-    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        x = self.reference_hidden(weights, inputs)
-        return {"last_hidden_state": x, "logits": x @ weights[self.head_name()].astype(np.float64).T}
 
     def reference_hidden(
         self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], taps: Taps = None

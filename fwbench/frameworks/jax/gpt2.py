@@ -24,6 +24,13 @@ from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES, GPT2Config
 Params = dict[str, Any]
 
 
+def causal_allowed(attention_mask: jax.Array) -> jax.Array:
+    """attention_mask (B, S), 1 = real token → (B, 1, S, S) bool: query i may see key j ≤ i if it is real."""
+    seq = attention_mask.shape[1]
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=jnp.bool_))
+    return causal[None, None] & attention_mask.astype(jnp.bool_)[:, None, None, :]
+
+
 def decoder_layer(
     p: Params,
     x: jax.Array,
@@ -62,8 +69,7 @@ class GPT2Module:
         c = self.config
         seq = input_ids.shape[1]
         x = tap(taps, "embeddings", params["wte"][input_ids] + params["wpe"][:seq])
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=jnp.bool_))
-        allowed = causal[None, None] & attention_mask.astype(jnp.bool_)[:, None, None, :]  # (B, 1, S, S)
+        allowed = causal_allowed(attention_mask)
         for layer, names in zip(params["layers"], self.checkpoints, strict=True):
             x = decoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps, names, taps)
         x = tap(taps, "ln_f", layer_norm(params["ln_f"], x, c.layer_norm_eps))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fwbench.frameworks.jax import precision
+from fwbench.frameworks.jax.gpt2 import causal_allowed
 from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.llama import (
@@ -96,8 +97,7 @@ class LlamaModule:
         seq = input_ids.shape[1]
         x = tap(taps, "embeddings", params["embed_tokens"][input_ids])
         tables = rotary_tables(seq, c.head_dim, c.rope_theta)
-        causal = jnp.tril(jnp.ones((seq, seq), dtype=jnp.bool_))
-        allowed = causal[None, None] & attention_mask.astype(jnp.bool_)[:, None, None, :]  # (B, 1, S, S)
+        allowed = causal_allowed(attention_mask)
         for layer, names in zip(params["layers"], self.checkpoints, strict=True):
             x = decoder_layer(layer, x, allowed, tables, c, names, taps)
         x = tap(taps, "norm", precision.rms_norm(x, params["norm"], c.rms_norm_eps))

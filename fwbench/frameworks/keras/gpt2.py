@@ -74,6 +74,21 @@ class CausalMask(layers.Layer):
         return ops.logical_and(causal[None, None], ops.cast(attention_mask, "bool")[:, None, None, :])
 
 
+def tied_embedding(vocab_size: int, hidden: int, name: str) -> layers.ReversibleEmbedding:
+    """A token embedding also called in reverse as the tied LM head (``logits = h @ table.T``): the lookup in float32,
+    the head in the policy's compute dtype (``reverse_dtype``; Keras' default, None, leaves the float32 table uncast,
+    so under mixed_bfloat16 the largest matmul of the model ran in float32)."""
+    return layers.ReversibleEmbedding(
+        vocab_size,
+        hidden,
+        tie_weights=True,
+        embeddings_initializer=OVERWRITTEN,
+        reverse_dtype=keras.config.dtype_policy().compute_dtype,
+        name=name,
+        dtype=precision.FLOAT32,
+    )
+
+
 def gpt2_model(description: GPT2) -> keras.Model:
     return graph_model(gpt2_graph, description)
 
@@ -88,20 +103,7 @@ def gpt2_graph(description: GPT2, make: Make, taps: Taps = None) -> tuple[dict[s
     also record every checkpoint."""
     c = description.config
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("input_ids", "attention_mask")}
-    # reverse_dtype: the tied LM head computes in the policy's compute dtype. Keras' default (None) leaves the
-    # float32 embedding uncast, so under mixed_bfloat16 the largest matmul of the model ran in float32.
-    wte = make(
-        "wte",
-        lambda name: layers.ReversibleEmbedding(
-            c.vocab_size,
-            c.hidden,
-            tie_weights=True,
-            embeddings_initializer=OVERWRITTEN,
-            reverse_dtype=keras.config.dtype_policy().compute_dtype,
-            name=name,
-            dtype=precision.FLOAT32,  # the lookup float32; the head in reverse_dtype
-        ),
-    )
+    wte = make("wte", lambda name: tied_embedding(c.vocab_size, c.hidden, name))
     wpe = make(
         "wpe",
         lambda name: PositionEmbedding(

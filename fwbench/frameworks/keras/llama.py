@@ -19,7 +19,7 @@ from keras import layers, ops
 
 from fwbench.frameworks.keras import precision
 from fwbench.frameworks.keras.bert import Make, call_layer, graph_checkpoint_model, graph_model
-from fwbench.frameworks.keras.gpt2 import CausalMask
+from fwbench.frameworks.keras.gpt2 import CausalMask, tied_embedding
 from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.llama import (
@@ -116,19 +116,7 @@ def llama_graph(description: Llama, make: Make, taps: Taps = None) -> tuple[dict
     also record every checkpoint."""
     c = description.config
     inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ("input_ids", "attention_mask")}
-    # reverse_dtype: a tied head computes in the policy's compute dtype (gpt2.gpt2_graph says why)
-    embed = make(
-        "embed_tokens",
-        lambda name: layers.ReversibleEmbedding(
-            c.vocab_size,
-            c.hidden,
-            tie_weights=True,
-            embeddings_initializer=OVERWRITTEN,
-            reverse_dtype=keras.config.dtype_policy().compute_dtype,
-            name=name,
-            dtype=precision.FLOAT32,
-        ),
-    )
+    embed = make("embed_tokens", lambda name: tied_embedding(c.vocab_size, c.hidden, name))
     x = tap(taps, "embeddings", embed(inputs["input_ids"]))
     allowed = make("causal_mask", lambda name: CausalMask(name=name))(inputs["attention_mask"])  # (B, 1, S, S)
     for i in range(c.layers):

@@ -26,6 +26,14 @@ def gelu_tanh(x: tf.Tensor) -> tf.Tensor:
     return 0.5 * x * (1.0 + tf.tanh(float(np.sqrt(2.0 / np.pi)) * (x + 0.044715 * x * x * x)))
 
 
+def causal_mask(attention_mask: tf.Tensor, s: int | tf.Tensor) -> tf.Tensor:
+    """attention_mask (B, S), 1 = real token → (B, 1, S, S) additive float32: 0 where query i may see key j ≤ i
+    (a real token), MASKED elsewhere."""
+    causal = tf.linalg.band_part(tf.ones([s, s], tf.float32), -1, 0)  # (S, S), 1 on and below the diagonal
+    allowed = causal[None, None] * tf.cast(attention_mask, tf.float32)[:, None, None, :]
+    return (1.0 - allowed) * MASKED
+
+
 class DecoderLayer(tf.Module):
     def __init__(self, description: GPT2, i: int, variable: MakeVariable) -> None:
         super().__init__(name=f"h_{i}")
@@ -85,9 +93,7 @@ class GPT2Module(tf.Module):
         h = self.wte.shape[-1]
         x = tf.reshape(tf.gather(self.wte, input_ids) + self.wpe[:s], [-1, h])  # (B·S, H)
         tap_hidden(taps, "embeddings", x, b, s)
-        causal = tf.linalg.band_part(tf.ones([s, s], tf.float32), -1, 0)  # (S, S), 1 on and below the diagonal
-        allowed = causal[None, None] * tf.cast(attention_mask, tf.float32)[:, None, None, :]  # (B, 1, S, S)
-        mask = (1.0 - allowed) * MASKED
+        mask = causal_mask(attention_mask, s)
         for layer in self.layers:
             x = layer(x, mask, b, s, taps)
         x = tap_hidden(taps, "ln_f", layer_norm(x, *self.ln_f, self.eps), b, s)

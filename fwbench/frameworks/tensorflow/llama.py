@@ -13,7 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
-from fwbench.frameworks.tensorflow.bert import MASKED, dims, tap_hidden
+from fwbench.frameworks.tensorflow.bert import dims, tap_hidden
+from fwbench.frameworks.tensorflow.gpt2 import causal_mask
 from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
 from fwbench.models.checkpoints import Taps
 from fwbench.models.llama import EMBEDDING, FINAL_NORM, LM_HEAD, Llama, LlamaConfig, layer_checkpoints, layer_prefix
@@ -108,9 +109,7 @@ class LlamaModule(tf.Module):
         x = tf.reshape(tf.gather(self.embed_tokens, input_ids), [-1, c.hidden])  # (B·S, H)
         tap_hidden(taps, "embeddings", x, b, s)
         tables = rotary_tables(s, c.head_dim, c.rope_theta)
-        causal = tf.linalg.band_part(tf.ones([s, s], tf.float32), -1, 0)  # (S, S), 1 on and below the diagonal
-        allowed = causal[None, None] * tf.cast(attention_mask, tf.float32)[:, None, None, :]  # (B, 1, S, S)
-        mask = (1.0 - allowed) * MASKED
+        mask = causal_mask(attention_mask, s)
         for layer in self.layers:
             x = layer(x, mask, tables, b, s, taps)
         x = tap_hidden(taps, "norm", precision.rms_norm(x, self.norm, c.rms_norm_eps), b, s)

@@ -19,6 +19,13 @@ from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
 from fwbench.models.weightmap import Transform, transpose
 
 
+def causal_allowed(attention_mask: torch.Tensor) -> torch.Tensor:
+    """attention_mask (B, S), 1 = real token → (B, 1, S, S) bool: query i may see key j ≤ i if it is real."""
+    seq = attention_mask.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=attention_mask.device).tril()
+    return causal[None, None] & attention_mask.bool()[:, None, None, :]
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float, name: str) -> None:
         super().__init__()
@@ -64,8 +71,7 @@ class GPT2Module(nn.Module):
         seq = input_ids.shape[1]
         positions = torch.arange(seq, device=input_ids.device)
         x = tap(taps, "embeddings", self.wte(input_ids) + self.wpe(positions))
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
-        allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]  # (B, 1, S, S)
+        allowed = causal_allowed(attention_mask)
         for layer in self.layers:
             x = layer(x, allowed, taps)
         x = tap(taps, "ln_f", self.ln_f(x))

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fwbench.frameworks.torch.gpt2 import causal_allowed
 from fwbench.frameworks.torch.weights import load_canonical
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.llama import (
@@ -100,8 +101,7 @@ class LlamaModule(nn.Module):
         positions = torch.arange(seq, device=input_ids.device)
         cos, sin = rotary_tables(positions, self.config.head_dim, self.config.rope_theta)
         x = tap(taps, "embeddings", self.embed_tokens(input_ids))
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=input_ids.device).tril()
-        allowed = causal[None, None] & attention_mask.bool()[:, None, None, :]  # (B, 1, S, S)
+        allowed = causal_allowed(attention_mask)
         for layer in self.layers:
             x = layer(x, allowed, cos, sin, taps)
         x = tap(taps, "norm", self.norm(x))

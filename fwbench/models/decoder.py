@@ -1,0 +1,76 @@
+"""What the causal decoders (GPT-2, the Llama layout) share as descriptions: token inputs without token types, next-token
+targets, and the float64 reference's outputs, loss and checkpoints, all from each one's ``reference_hidden`` and the
+tensor its LM head multiplies by."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Protocol
+
+import numpy as np
+
+from fwbench.models.base import ModelDescription
+from fwbench.models.checkpoints import Taps
+from fwbench.models.text import next_token_targets, token_inputs
+from fwbench.models.training import tied_lm_reference_loss
+from fwbench.spec import SpecError
+
+
+class DecoderConfig(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_positions(self) -> int: ...
+
+
+class CausalDecoder(ModelDescription):
+    """A causal LM: inputs input_ids, attention_mask (batch, seq) int32; outputs ``last_hidden_state`` (batch, seq,
+    hidden) and ``logits`` (batch, seq, vocab) = last_hidden_state @ head.T; trained on the next token."""
+
+    has_sequence = True
+    config: DecoderConfig
+
+    def __init__(self, name: str, config: DecoderConfig) -> None:
+        self.name = name
+        self.config = config
+        self.max_seq_len = config.max_positions
+        self.output_names = ("last_hidden_state", "logits")
+
+    @abstractmethod
+    def head_name(self) -> str:
+        """The canonical tensor (vocab, hidden) the LM head multiplies by."""
+
+    @abstractmethod
+    def reference_hidden(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], taps: Taps = None
+    ) -> np.ndarray:
+        """The float64 last hidden state (batch, seq, hidden); each checkpoint recorded in ``taps`` when a dict."""
+
+    def make_inputs(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        if seq_len is None:
+            raise SpecError(f"{self.name} needs a sequence length")
+        return token_inputs(batch_size, seq_len, self.config.vocab_size, seed, token_types=False)
+
+    def training_unsupported(self) -> str | None:
+        return None
+
+    def make_targets(self, batch_size: int, seq_len: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+        return next_token_targets(self.make_inputs(batch_size, seq_len, seed))
+
+    def reference_loss(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray], targets: dict[str, np.ndarray]
+    ) -> float:
+        hidden = self.reference_hidden(weights, inputs)
+        return tied_lm_reference_loss(hidden, weights[self.head_name()], targets["labels"], targets["label_weights"])
+
+    def reference_checkpoints(
+        self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        taps: dict[str, np.ndarray] = {}
+        self.reference_hidden(weights, inputs, taps)
+        return taps
+
+    def reference_forward(self, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = self.reference_hidden(weights, inputs)
+        return {"last_hidden_state": x, "logits": x @ weights[self.head_name()].astype(np.float64).T}
