@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-Phase = Literal["inference", "training", "fit", "data", "serving"]
+Phase = Literal["inference", "training", "fit", "data", "serving", "generate"]
 Dtype = Literal["fp32", "bf16", "int8"]
 Device = Literal["cpu", "cuda"]
 Protocol = Literal["adaptive", "hf2019"]
@@ -333,6 +333,12 @@ class Settings:
     serve_port: int = field(
         default=0, metadata={"help": "phase serving: the server's port on 127.0.0.1 (0: any free port)"}
     )
+    new_tokens: int = field(
+        default=32,
+        metadata={
+            "help": "phase generate: tokens each generation adds to its prompt (one prefill, then a decode each)"
+        },
+    )
 
     def __post_init__(self) -> None:
         # The checks by theme, in this order (the first invalid setting names the error).
@@ -340,6 +346,7 @@ class Settings:
         self._check_rounds()
         self._check_data()
         self._check_serving()
+        _check_positive_int("new tokens", self.new_tokens)
         self._check_fit()
         self._check_timing()
         self._check_limits()

@@ -147,7 +147,7 @@ def plugin_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 # The test plugins that register models (fwbench_gelu_model imports fwbench_plugin_model): their registrations last
 # only as long as the test that loads them.
-MODEL_PLUGINS = ("fwbench_plugin_model", "fwbench_gelu_model", "fwbench_faulty_models")
+MODEL_PLUGINS = ("fwbench_plugin_model", "fwbench_gelu_model", "fwbench_faulty_models", "fwbench_cache_defect")
 
 
 def _forget_model_plugins() -> None:

@@ -13,7 +13,8 @@ PYTHONPATH). Modes (``fake:<mode>``):
 - ``late``    — like ``sleep``, but dies of SIGSEGV at call $FAKE_CRASH_AFTER (default 200): mid-timing
   (with $FAKE_LATE_RAISE set it raises MemoryError there instead).
 Also ``missing:eager``, whose framework package does not exist (recorded as skipped), and
-``retrace:jax`` / ``retrace:tensorflow`` (``fwbench_retrace_backends``), which retrace at every call, and
+``retrace:jax`` / ``retrace:tensorflow`` (``fwbench_retrace_backends``), which retrace at every call, ``retrace:torch``
+(phase generate), whose decode steps compile one by one, and
 ``wronglr:torch`` (``fwbench_training_backends``), which trains with 1.5x the learning rate.
 """
 
@@ -111,6 +112,15 @@ for _framework in ("jax", "tensorflow"):  # real frameworks, retracing at every 
             f"test-only {_framework} runtime that retraces at every call",
         )
     )
+register_runtime(
+    RuntimeInfo(
+        "retrace:torch",
+        "fwbench_retrace_backends",
+        ("torch",),
+        "test-only torch:compile generation whose decode position is a Python int (a compile per step)",
+        phases=("generate",),
+    )
+)
 register_runtime(
     RuntimeInfo(
         "wronglr:torch",

@@ -34,7 +34,7 @@ RUN = ["run", "--models", "mlp", "--runtimes", "torch:eager"]
         (["--models", "mlp", "--runtimes", "torch:turbo"], "unknown runtime 'torch:turbo'; allowed:"),
         (
             ["--suite", "nightly"],
-            "unknown suite 'nightly'; allowed: bf16, bf16-training, data, deploy, distributed, hf2019, mlp, quick, "
+            "unknown suite 'nightly'; allowed: bf16, bf16-training, data, deploy, distributed, generate, generate-full, hf2019, mlp, quick, "
             "runtimes, serving, serving-full, tfjs, training",
         ),
         ([*RUN[1:], "--batch-sizes", "0"], "--batch-sizes '0': every value must be a positive integer"),

@@ -435,7 +435,7 @@ def test_the_case_keys_and_columns_come_from_one_declaration() -> None:
     typed -= read_with_the_run
     assert typed == {
         "parity", "precision", "training", "fit", "compile_health", "compile_report", "stage_seconds", "cpu_units",
-        "data", "distributed", "ranks", "rendezvous", "interleaving", "serving",
+        "data", "distributed", "ranks", "rendezvous", "interleaving", "serving", "generation",
     }  # fmt: skip
 
 

@@ -176,7 +176,7 @@ def test_a_run_writes_each_models_seeded_weights_once_for_its_workers(
     assert not Path(paths[0]).exists()  # removed with the run
     with Store.open(db_path, readonly=True) as store:
         assert {row.status for row in store.results([run_id])} == {"ok"}
-    assert manager.SeededWeights(str(tmp_path / "missing" / "folder"), 0).path("mlp") is None
+    assert manager.SeededWeights(str(tmp_path / "missing" / "folder"), 0).path("mlp", "inference") is None
     for own in (dataclasses.replace(settings, weights_path=str(tmp_path / "w.safetensors")), Settings(nodes=2)):
         with manager.seeded_weights(own) as weights:  # a file of the run's own; ranks on other machines
             assert weights is None

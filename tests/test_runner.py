@@ -229,7 +229,9 @@ def test_each_phase_is_found_by_name_in_its_own_module() -> None:
 def test_an_unknown_phase_is_a_clear_error() -> None:
     from fwbench.runner.phases import UnknownPhase, get_phase
 
-    expected = r"^phase 'ddp' is not implemented; implemented phases: inference, training, fit, data, serving$"
+    expected = (
+        r"^phase 'ddp' is not implemented; implemented phases: inference, training, fit, data, serving, generate$"
+    )
     with pytest.raises(UnknownPhase, match=expected):
         get_phase("ddp")
     assert issubclass(UnknownPhase, NotImplementedError)  # in a worker: status error, with this reason

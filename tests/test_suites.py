@@ -29,6 +29,8 @@ def test_builtin_suites_all_load_and_plan() -> None:
         "data",
         "deploy",
         "distributed",
+        "generate",
+        "generate-full",
         "hf2019",
         "mlp",
         "quick",
@@ -55,6 +57,17 @@ def test_quick_suite_covers_every_framework_and_a_real_size_model() -> None:
     assert get_model("bert-base").parameter_count() > 100e6
     assert plan.settings.rounds == 3  # the fewest rounds that give a CI
     assert estimate_s(plan.cases, plan.settings) < 480  # the main job with CIs: ≤ 8 minutes on 2 cores (issue 14)
+
+
+def test_the_generate_suite_is_the_two_decoders_in_each_frameworks_fastest_mode() -> None:
+    plan = suite_plan(load_suite("generate"), threads=2)
+    assert {case.phase for case in plan.cases} == {"generate"} and plan.settings.new_tokens == 32
+    assert {case.model for case in plan.cases} == {"gpt2", "smollm-135m"}
+    assert {(case.batch_size, case.seq_len) for case in plan.cases} == {(1, 128), (8, 128)}
+    frameworks = [get_runtime(runtime).framework for runtime in {case.runtime for case in plan.cases}]
+    assert sorted(frameworks) == ["jax", "tensorflow", "torch"]  # one mode each
+    full = suite_plan(load_suite("generate-full"), threads=2)
+    assert {case.runtime for case in plan.cases} < {case.runtime for case in full.cases}
 
 
 def test_the_serving_suites_hold_the_floor_and_fit_their_time() -> None:

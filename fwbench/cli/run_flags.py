@@ -47,6 +47,7 @@ def add_flags(run: argparse.ArgumentParser) -> None:
     _measurement_flags(run)
     _data_flags(run)
     _serving_flags(run)
+    _generate_flags(run)
     _limit_flags(run)
     _cluster_flags(run)
     _node_flags(run)
@@ -65,7 +66,9 @@ def _grid_flags(run: argparse.ArgumentParser) -> None:
     grid.add_argument("--batch-sizes", help="comma-separated positive integers, e.g. 1,2,4,8")
     grid.add_argument(
         "--seq-lens",
-        help="comma-separated positive integers (default with --models: 128); ignored by models without a sequence axis",
+        "--prompt-lens",
+        help="comma-separated positive integers (default with --models: 128); ignored by models without a sequence "
+        "axis; --phase generate: the prompts' lengths",
     )
     grid.add_argument(
         "--workers",
@@ -91,8 +94,9 @@ def _grid_flags(run: argparse.ArgumentParser) -> None:
         "in-memory dataset with each runtime's training loop: model.fit, Trainer.fit or a manual loop; "
         "one sample per epoch), data (an input pipeline's batches of a JPEG dataset: torch:dataloader, "
         "tensorflow:data, grain:dataloader; one call per batch) or serving (the runtime behind an HTTP server under "
-        "MLPerf LoadGen's load; --batch-sizes is the max batch; docs/serving.md); overrides the suite's and every "
-        "[[grid]]'s own phase",
+        "MLPerf LoadGen's load; --batch-sizes is the max batch; docs/serving.md) or generate (greedy decoding with "
+        "a key/value cache of GPT-2 and the Llama layout: one prefill, then one decode call per token, the tokens "
+        "checked; docs/generation.md); overrides the suite's and every [[grid]]'s own phase",
     )
     grid.add_argument(
         "--dtype",
@@ -371,6 +375,20 @@ def _serving_flags(run: argparse.ArgumentParser) -> None:
     )
     serving.add_argument(
         "--port", type=int, metavar="PORT", help="the server's port on 127.0.0.1 (default 0: any free port)"
+    )
+
+
+def _generate_flags(run: argparse.ArgumentParser) -> None:
+    """``fwbench run``'s flags for phase generate (--prompt-lens is --seq-lens by its other name)."""
+    generate = run.add_argument_group(
+        "--phase generate (greedy decoding with a key/value cache: one prefill over the prompt, then one decode call "
+        "per new token; --prompt-lens or --seq-lens is the prompt's length); other phases ignore these"
+    )
+    generate.add_argument(
+        "--new-tokens",
+        type=positive_int,
+        metavar="N",
+        help="tokens each generation adds to its prompt, the prefill's included (default 32)",
     )
 
 

@@ -48,6 +48,7 @@ SETTINGS_FLAGS = {
     "p99_bound": "serve_p99_bound_s",
     "point_duration": "serve_point_s",
     "port": "serve_port",
+    "new_tokens": "new_tokens",
 }
 GRID_FLAGS = (
     "suite", "config", "models", "runtimes", "batch_sizes", "seq_lens", "workers", "procs", "scaling", "phase",

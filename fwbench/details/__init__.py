@@ -16,8 +16,8 @@ worker imports it.
 One module per group of records, each importing only the helpers of :mod:`fwbench.details.parse` (and
 :class:`StageSeconds`): ``checks`` (parity, precision, training), ``compile`` (compile health, stage seconds, the
 ahead-of-time compile report, the CPU's units), ``data`` (phase data's loader, phase fit), ``distributed`` (ranks,
-rendezvous), ``rounds`` (the scheduler's rounds) and ``serving`` (phase serving). Import the records from here, the
-one place that names them.
+rendezvous), ``rounds`` (the scheduler's rounds), ``serving`` (phase serving) and ``generation`` (phase generate).
+Import the records from here, the one place that names them.
 """
 
 from fwbench.details.checks import (
@@ -38,6 +38,7 @@ from fwbench.details.compile import (
 )
 from fwbench.details.data import CorruptFile, DataDetails, FirstBatch, FitDetails, PssPeak
 from fwbench.details.distributed import DistributedDetails, RankDetail, Rendezvous, RendezvousNode
+from fwbench.details.generation import GenerationDetails, GenerationRound
 from fwbench.details.parse import as_dict, as_float, as_int, as_str
 from fwbench.details.rounds import STOP_REASONS, ExtraRoundFailure, Interleaving, RoundDetail, RoundsStop
 from fwbench.details.serving import LoadPoint, ServingDetails, ServingRound
@@ -56,6 +57,8 @@ __all__ = [
     "FirstBatch",
     "FirstDivergence",
     "FitDetails",
+    "GenerationDetails",
+    "GenerationRound",
     "Interleaving",
     "LoadPoint",
     "OutputError",

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -43,6 +43,29 @@ def export_report(exports: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {}
     first, *later = exports
     return {**first, "reexports": later} if later else dict(first)
+
+
+class Decoder(Protocol):
+    """Phase generate's program of one backend (:meth:`Backend.make_decoder`): its cache lives inside it. A token is
+    the framework's (batch,) integer tensor, logits its (batch, vocab) float tensor; neither is synchronised."""
+
+    def prefill(self, prompt: Any) -> tuple[Any, Any]:
+        """The prompt (batch, prompt_len) from :meth:`Backend.make_inputs` at positions 0 .. prompt_len - 1 into the
+        cache → (the greedy next token, the last position's logits)."""
+        ...
+
+    def decode(self, token: Any, position: int) -> tuple[Any, Any]:
+        """``token`` (batch,) at ``position`` into the cache → (the greedy next token, its logits)."""
+        ...
+
+    def decode_loop(self, token: Any, position: int, steps: int) -> Any | None:
+        """``steps`` decode steps from ``token`` at ``position`` as one compiled loop → the tokens (batch, steps);
+        None where the runtime has no such loop."""
+        ...
+
+    def numpy(self, value: Any) -> np.ndarray:
+        """A token, tokens or logits tensor as a numpy array (outside any timed call)."""
+        ...
 
 
 class UnsupportedMode(ValueError):
@@ -149,6 +172,13 @@ class Backend(ABC):
         backward, parameter update), synchronised, returning the loss computed before that step's update
         (read it with :meth:`loss_value`). Tracing and compilation happen at the first call."""
         raise NotImplementedError(f"{self.framework}:{self.mode} has no training phase yet")
+
+    # -- phase generate: greedy decoding with a key/value cache -------------------------------------
+    def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
+        """The built causal decoder as phase generate runs it (after :meth:`build`): a key/value cache of
+        ``prompt_len + new_tokens`` positions for ``batch`` rows, allocated here, and the mode's prefill and decode programs (compiled where the
+        mode compiles: at their first call). NotImplementedError where the runtime or the model has none."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} has no generate phase yet")
 
     def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
         """A distributed runtime, after its timed steps: the seconds of ``repeats`` bare all-reduces (sum) of

@@ -14,7 +14,7 @@ register_runtime(
         module=builtin_module("torch", "backend"),
         requires=("torch",),
         description="nn.Module called under torch.inference_mode()",
-        phases=("inference", "training", "fit"),
+        phases=("inference", "training", "fit", "generate"),
         training="zero_grad, forward + loss, loss.backward(), torch.optim step, eagerly",
         fit="manual DataLoader loop: for x, y in DataLoader(TensorDataset, batch_size, shuffle=False): zero_grad, "
         "forward + F.cross_entropy, backward, torch.optim step, eagerly",
@@ -55,7 +55,7 @@ register_runtime(
         module=builtin_module("torch", "backend"),
         requires=("torch",),
         description="torch.compile(fullgraph=True), inductor, mode from --compile-mode (default: default), under inference_mode",
-        phases=("inference", "training"),
+        phases=("inference", "training", "generate"),
         training="forward + loss compiled as one torch.compile(fullgraph=True) graph (AOTAutograd compiles its "
         "backward too), loss.backward() running that compiled backward, then the torch.optim step compiled by "
         "its own torch.compile (the optimizer step cannot share the graph: backward is in between)",
@@ -85,7 +85,7 @@ register_runtime(
         module=builtin_module("tensorflow", "backend"),
         requires=("tensorflow",),
         description="tf.Module of tf ops called eagerly",
-        phases=("inference", "training"),
+        phases=("inference", "training", "generate"),
         training="forward + loss under tf.GradientTape, then a Keras 3 optimizer's apply_gradients on the "
         "tf.Variables, eagerly",
         dtypes=("fp32", "bf16"),
@@ -98,7 +98,7 @@ register_runtime(
         module=builtin_module("tensorflow", "backend"),
         requires=("tensorflow",),
         description="tf.function with the input signature fixed per cell (no retracing)",
-        phases=("inference", "training", "fit"),
+        phases=("inference", "training", "fit", "generate"),
         training="one tf.function: forward + loss under tf.GradientTape, gradients, a Keras 3 optimizer's "
         "apply_gradients on the tf.Variables",
         fit="manual custom loop: for x, y in tf.data.Dataset.from_tensor_slices(...).batch(batch_size): the "
@@ -116,7 +116,7 @@ register_runtime(
         module=builtin_module("tensorflow", "backend"),
         requires=("tensorflow",),
         description="tf.function(jit_compile=True) with the input signature fixed per cell",
-        phases=("inference", "training"),
+        phases=("inference", "training", "generate"),
         training="the tensorflow:function step under tf.function(jit_compile=True): tape, gradients and "
         "optimizer update in one XLA program",
         dtypes=("fp32", "bf16"),
@@ -214,7 +214,7 @@ register_runtime(
         module=builtin_module("jax", "backend"),
         requires=("jax",),
         description="jax.jit of a pure function over a parameter pytree (weights passed as arguments)",
-        phases=("inference", "training", "fit"),
+        phases=("inference", "training", "fit", "generate"),
         training="one jax.jit of jax.value_and_grad(loss) + optax update + apply_updates, parameters and "
         "optimizer state donated and carried to the next call",
         fit="manual loop over numpy batch slices: the jitted value_and_grad + optax step, parameters and "

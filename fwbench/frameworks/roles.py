@@ -54,6 +54,19 @@ class TrainingArch(Protocol):
         ``(model, params, *inputs)``, pure in ``params``."""
 
 
+class CachedDecoderArch(Protocol):
+    """A causal decoder's key/value cache (phase generate; torch, tensorflow, jax): the cache of every layer for a
+    whole generation, allocated once, and the forward of some positions that writes their keys and values into it
+    (the framework's ``generate.py`` says how each is called)."""
+
+    def new_cache(self, model: Any, batch: int, max_len: int) -> Any:
+        """Every layer's keys and values for ``batch`` rows of ``max_len`` positions, zeros."""
+
+    def cached_forward(self, model: Any, *args: Any) -> Any:
+        """The token ids (batch, S) at positions start .. start + S - 1 through the model with the cache → the last
+        position's logits (batch, vocab) (jax: and the updated cache)."""
+
+
 class StatefulTrainingArch(Protocol):
     """jax, a model with state that training updates without a gradient (ResNet's batch norm): replaces
     :class:`TrainingArch`'s ``training_logits``."""
@@ -198,6 +211,11 @@ def as_arch(module: ModuleType) -> ArchModule:
 def as_training_arch(module: ModuleType) -> TrainingArch:
     require(module, TrainingArch)
     return cast(TrainingArch, module)
+
+
+def as_cached_decoder_arch(module: ModuleType) -> CachedDecoderArch:
+    require(module, CachedDecoderArch)
+    return cast(CachedDecoderArch, module)
 
 
 def as_stateful_training_arch(module: ModuleType) -> StatefulTrainingArch | None:

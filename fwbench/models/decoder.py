@@ -23,6 +23,9 @@ class DecoderConfig(Protocol):
     @property
     def max_positions(self) -> int: ...
 
+    @property
+    def layers(self) -> int: ...
+
 
 class CausalDecoder(ModelDescription):
     """A causal LM: inputs input_ids, attention_mask (batch, seq) int32; outputs ``last_hidden_state`` (batch, seq,
@@ -40,6 +43,29 @@ class CausalDecoder(ModelDescription):
     @abstractmethod
     def head_name(self) -> str:
         """The canonical tensor (vocab, hidden) the LM head multiplies by."""
+
+    @abstractmethod
+    def gathered_tables(self) -> tuple[str, ...]:
+        """The canonical tensors the forward reads by row (token and position embeddings), not whole."""
+
+    @abstractmethod
+    def cache_width(self) -> int:
+        """Keys (or values) one layer caches per position and row: heads × head size (key/value heads')."""
+
+    def decode_step_bytes(self, batch: int, position: int) -> int:
+        """Bytes one decode step at ``position`` reads from memory at float32, at least: every weight once (the
+        embedding tables only their ``batch`` rows, unless the LM head is the embedding), and every layer's cached keys
+        and values of positions 0 .. position (what batch 1's decode is bound by: memory bandwidth, not FLOPs)."""
+        head = self.head_name()
+        weights = 0
+        for spec in self.param_schema():
+            size = 1
+            for dim in spec.shape:
+                size *= dim
+            gathered = spec.name in self.gathered_tables() and spec.name != head
+            weights += batch * spec.shape[-1] if gathered else size
+        cache = 2 * self.config.layers * self.cache_width() * (position + 1) * batch
+        return 4 * (weights + cache)
 
     @abstractmethod
     def reference_hidden(

@@ -61,6 +61,12 @@ class GPT2(CausalDecoder):
     arch = "gpt2"
     config: GPT2Config
 
+    def gathered_tables(self) -> tuple[str, ...]:
+        return ("wte.weight", "wpe.weight")
+
+    def cache_width(self) -> int:
+        return self.config.hidden
+
     def head_name(self) -> str:
         """The tied LM head: the token embedding."""
         return "wte.weight"

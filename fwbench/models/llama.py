@@ -120,6 +120,12 @@ class Llama(CausalDecoder):
             specs.append(ParamSpec(LM_HEAD, (c.vocab_size, c.hidden)))
         return specs
 
+    def gathered_tables(self) -> tuple[str, ...]:
+        return (EMBEDDING,)
+
+    def cache_width(self) -> int:
+        return self.config.kv_hidden
+
     def head_name(self) -> str:
         """The canonical tensor the LM head multiplies by (vocab, hidden): the embedding when tied."""
         return EMBEDDING if self.config.tied else LM_HEAD

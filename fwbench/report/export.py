@@ -48,7 +48,8 @@ CSV_COLUMNS: tuple[str, ...] = (
 def with_rates(row: ResultRecord, peak: Peak | None) -> dict[str, Any]:
     """``row`` as a dict (:meth:`ResultRecord.to_dict`) plus ``time_to_first_result_s``
     (:attr:`ResultRecord.time_to_first_result_s`), ``achieved_gflops`` (flops / median_s / 1e9, None when not ok), ``samples_per_s`` and
-    ``tokens_per_s`` (training cells: batch, × seq_len for a sequence model, over median_s; else None) and,
+    ``tokens_per_s`` (training and data cells: batch, × seq_len for a sequence model, over median_s; generate cells:
+    batch × new tokens over median_s; else None) and,
     with a peak, ``peak_fraction`` (achieved over the peak's GFLOP/s; None for another dtype or device)."""
     samples_s, tokens_s = throughput(row)
     rated = {

@@ -2,7 +2,8 @@
 
 The peak is what ``fwbench env --peak`` stores: a run of suite ``peak`` whose cells are the
 ``gemm`` model at ``batch = n`` in each framework's native runtime; the peak is its fastest ``ok``
-cell. Everything here reads stored rows only (``flops`` per call and ``median_s`` per call).
+cell. The same run's environment record keeps the memory bandwidth of the same cores (``memory_bandwidth``).
+Everything here reads stored rows only (``flops`` per call and ``median_s`` per call).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fwbench.details import as_dict
 from fwbench.store import ResultRecord, Store
 
 PEAK_SUITE = "peak"  # suite name of the runs `fwbench env --peak` stores
+BANDWIDTH_KEY = "memory_bandwidth"  # where that run's environment record keeps the bandwidth it measured
 GIGA = 1e9
 
 
@@ -27,9 +30,12 @@ class Peak:
     threads: int | None
     dtype: str
     device: str
+    # the copy bandwidth of the same cores, measured by the same run (fwbench.measure.bandwidth); None: not measured
+    bandwidth_bytes_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "gflops": self.gflops,
             "runtime": self.runtime,
             "run_id": self.run_id,
@@ -76,5 +82,9 @@ def latest_peak(store: Store) -> Peak | None:
         if best is not None:
             gflops = achieved_gflops(best)
             assert gflops is not None
-            return Peak(gflops, best.runtime, run.id, best.threads, best.dtype, best.device)
+            bandwidth = as_dict(run.environment.get(BANDWIDTH_KEY)).get("bytes_per_s")
+            return Peak(
+                gflops, best.runtime, run.id, best.threads, best.dtype, best.device,
+                float(bandwidth) if isinstance(bandwidth, int | float) and bandwidth > 0 else None,
+            )  # fmt: skip
     return None

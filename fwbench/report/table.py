@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from fwbench.report import dtypes, scaling, serving
+from fwbench.report import dtypes, generation, scaling, serving
 from fwbench.report.fit import HEADERS as FIT_HEADERS
 from fwbench.report.fit import LEGEND as FIT_LEGEND
 from fwbench.report.fit import RIGHT as FIT_RIGHT
@@ -469,14 +469,24 @@ def evidence_line(pairs: Sequence[GroupedPair]) -> str | None:
     return text + "."
 
 
-def serving_tables(rows: Sequence[ResultRecord]) -> tuple[list[TableData], str]:
+def serving_tables(rows: Sequence[ResultRecord], peak: Peak | None = None) -> tuple[list[TableData], str]:
     """Phase serving's table (load points, capacity, the floor) and its legend."""
     served = serving.serving_rows(rows)
     cells = [serving.serving_cells(item) for item in served]
     return ([TableData(serving.TITLE, list(serving.HEADERS), serving.RIGHT, cells)] if served else []), serving.LEGEND
 
 
-def fit_tables(rows: Sequence[ResultRecord]) -> tuple[list[TableData], str]:
+def generation_tables(rows: Sequence[ResultRecord], peak: Peak | None = None) -> tuple[list[TableData], str]:
+    """Phase generate's table (prefill, decode, tokens per second, their shares of ``peak``'s FLOPs and bandwidth,
+    compiles, the token check) and its legend."""
+    items = generation.generation_rows(rows, peak)
+    cells = [generation.generation_cells(item) for item in items]
+    return ([TableData(generation.TITLE, list(generation.HEADERS), generation.RIGHT, cells)] if items else []), (
+        generation.LEGEND
+    )
+
+
+def fit_tables(rows: Sequence[ResultRecord], peak: Peak | None = None) -> tuple[list[TableData], str]:
     """Phase fit's tables (high-level APIs against the manual loops, one per run and model) and their legend."""
     return [
         TableData(escape(table["title"]), list(FIT_HEADERS), FIT_RIGHT, fit_table_cells(table), fit_section_ends(table))
@@ -484,14 +494,16 @@ def fit_tables(rows: Sequence[ResultRecord]) -> tuple[list[TableData], str]:
     ], FIT_LEGEND
 
 
-# A phase's own tables, by the section name the phase gives them (fwbench.report.phases): its rows → (tables, legend).
-PHASE_TABLES: dict[str, Callable[[Sequence[ResultRecord]], tuple[list[TableData], str]]] = {
+# A phase's own tables, by the section name the phase gives them (fwbench.report.phases): its rows and the machine's
+# measured peak → (tables, legend).
+PHASE_TABLES: dict[str, Callable[[Sequence[ResultRecord], Peak | None], tuple[list[TableData], str]]] = {
     "serving": serving_tables,
     "fit": fit_tables,
+    "generate": generation_tables,
 }
 
 
-def _extra_tables(results: Sequence[ResultRecord]) -> list[tuple[list[TableData], str]]:
+def _extra_tables(results: Sequence[ResultRecord], peak: Peak | None) -> list[tuple[list[TableData], str]]:
     """The tables after the per-model ones, each with its legend line: bf16 / int8 cells beside the same runtime's
     fp32 ones, data-parallel cells beside their 1-process cells, then each phase's own tables (serving, fit), given
     that phase's rows."""
@@ -500,7 +512,11 @@ def _extra_tables(results: Sequence[ResultRecord]) -> list[tuple[list[TableData]
     return [
         ([TableData(dtypes.TITLE, list(dtypes.HEADERS), dtypes.RIGHT, reduced)] if reduced else [], dtypes.LEGEND),
         ([TableData(scaling.TITLE, list(scaling.HEADERS), scaling.RIGHT, scaled)] if scaled else [], scaling.LEGEND),
-        *(PHASE_TABLES[name](section_rows(results, name)) for name in sections_of(results) if name in PHASE_TABLES),
+        *(
+            PHASE_TABLES[name](section_rows(results, name), peak)
+            for name in sections_of(results)
+            if name in PHASE_TABLES
+        ),
     ]
 
 
@@ -535,7 +551,7 @@ def report_tables(
             for key, label in machines.items()
         )
     lines[1:1] = [evidence] if (evidence := evidence_line(pairs)) else []
-    for extra, legend_line in _extra_tables(results):
+    for extra, legend_line in _extra_tables(results, peak):
         tables += extra
         if extra:
             lines.append(legend_line)

@@ -1,22 +1,25 @@
 """Throughput of stored cells: samples/s and, for models with a sequence axis, tokens/s.
 
 One timed call processes ``batch_size`` samples (``batch_size × seq_len`` tokens; a distributed cell: its global
-batch, every process's rows): one forward pass
-(phase inference), one optimizer step (phase training) or one batch out of a loader (phase data). Reports show it
-for training and data cells, where samples/s is the usual way to state their speed; TensorBoard gets it for every
-cell.
+batch, every process's rows): one forward pass (phase inference), one optimizer step (phase training) or one batch out
+of a loader (phase data); one generation (phase generate) adds ``batch_size × new_tokens`` tokens. Reports show it for
+training, data and generate cells, where samples/s is the usual way to state their speed; TensorBoard gets it for
+every cell.
 """
 
 from __future__ import annotations
 
 from fwbench.store import ResultRecord
 
-THROUGHPUT_PHASES = ("training", "data")  # phases whose report rows show samples/s and tokens/s
+THROUGHPUT_PHASES = ("training", "data", "generate")  # phases whose report rows show samples/s and tokens/s
 
 
 def per_call(row: ResultRecord) -> tuple[int, int | None]:
-    """(samples, tokens or None) one timed call of ``row`` processes."""
+    """(samples, tokens or None) one timed call of ``row`` processes; a generation: its sequences and the tokens it
+    generated."""
     batch, seq = row.global_batch, row.seq_len
+    if row.generation is not None and row.generation.new_tokens:
+        return batch, batch * row.generation.new_tokens
     return batch, None if seq is None else batch * seq
 
 
@@ -29,7 +32,7 @@ def rates(row: ResultRecord, seconds: float | None) -> tuple[float | None, float
 
 
 def throughput(row: ResultRecord) -> tuple[float | None, float | None]:
-    """(samples/s, tokens/s) at the median of an ``ok`` training or data cell; (None, None) otherwise."""
+    """(samples/s, tokens/s) at the median of an ``ok`` training, data or generate cell; (None, None) otherwise."""
     if row.status != "ok" or row.phase not in THROUGHPUT_PHASES:
         return None, None
     return rates(row, row.median_s)

@@ -56,6 +56,11 @@ def compile_health(before: dict[str, int], after: dict[str, int]) -> dict[str, A
     return CompileHealth.measured(before, after).to_dict()
 
 
+def seeded_canonical_weights(description: ModelDescription, seed: int) -> dict[str, np.ndarray]:
+    """The model's seeded canonical weights (what every phase but generate builds with)."""
+    return description.canonical_weights(seed)
+
+
 def recording(step: Callable[[], object], losses: list[object]) -> Callable[[], object]:
     """``step`` that also appends what it returned (a training step's loss, not read: no sync, no float
     conversion) to ``losses``; the timed window gains one call and one list append per step."""
@@ -122,6 +127,8 @@ class Cell:
         self._stage_started = time.perf_counter()
         self._stage = "start"
         self._launcher: Launcher | None = None
+        # The weights a job without a weights file builds with, by (model, seed): the phase's (Phase.seeded_weights).
+        self.seeded_weights: Callable[[ModelDescription, int], dict[str, np.ndarray]] = seeded_canonical_weights
 
     @property
     def launcher(self) -> Launcher:
@@ -238,13 +245,19 @@ class Cell:
         if mismatches and self.result.get("status") != "mismatch":
             self.fail_check(f"computes off the {dtype} policy: " + "; ".join(mismatches))
 
-    def time_calls(self, backend: Backend, step: Callable[[], object]) -> tuple[int, timer.TimingResult]:
+    def time_calls(
+        self, backend: Backend, step: Callable[[], object], first_call_s: float | None = None
+    ) -> tuple[int, timer.TimingResult]:
         """Stages first_call, warmup and timing of ``step`` (one synchronised call) as the job's launcher carries
         them out (:mod:`fwbench.runner.launchers`: the timed window of :meth:`timed_window`, or the profiler's
-        calls), recorded in ``result``; returns the number of warm-up calls and the timing (seconds per call)."""
+        calls), recorded in ``result``; returns the number of warm-up calls and the timing (seconds per call).
+        ``first_call_s``: the seconds of a first call the phase made itself (phase generate's kept generation),
+        recorded instead of calling ``step`` once more."""
         settings = self.job.settings
-        self.stage("first_call")
-        self.result["first_call_s"] = timer.time_first_call(step)
+        if first_call_s is None:
+            self.stage("first_call")
+            first_call_s = timer.time_first_call(step)
+        self.result["first_call_s"] = first_call_s
 
         self.stage("warmup")
         warmup_s = self.launcher.warm_up(step, settings, backend.compile_counters)
@@ -380,7 +393,7 @@ class Cell:
         """The job's weights: the file it names, else the seeded canonical set."""
         if self.job.weights_path is not None:
             return load_weights(description, Path(self.job.weights_path))
-        return description.canonical_weights(self.job.settings.seed)
+        return self.seeded_weights(description, self.job.settings.seed)
 
     def failure(self, exc: BaseException) -> dict[str, Any]:
         """The result for a cell that raised: ``oom`` for allocation failures, else ``error``; a write that found

@@ -32,7 +32,7 @@ from fwbench.models import get_model
 from fwbench.models.weights_io import save_weights
 from fwbench.runner.extra_rounds import RoundListener, minimum_only, spend_budget
 from fwbench.runner.outcome import CellOutcome, run_worker
-from fwbench.runner.phases import estimate_s, get_phase
+from fwbench.runner.phases import Phase, estimate_s, get_phase
 from fwbench.runner.process import worker_cpus
 from fwbench.runner.scheduler import GroupRun, comparison_groups, run_rounds
 from fwbench.runner.tempfolders import EXPORTS_PREFIX, WEIGHTS_PREFIX, remove_stale, run_folder
@@ -135,25 +135,29 @@ def export_cache(folder: str | None = None) -> Iterator[None]:
 class SeededWeights:
     """The run's seeded weights, written once per model to a safetensors file in ``folder`` that every worker of the
     run loads (:meth:`fwbench.runner.cell.Cell.weights`) instead of drawing the same values again: drawing
-    bert-base's 110 M takes a worker ~2.5 s, loading them ~0.3 s. The values are the canonical ones, bit for bit."""
+    bert-base's 110 M takes a worker ~2.5 s, loading them ~0.3 s. The values are the phase's seeded ones
+    (Phase.seeded_weights: the canonical ones but for phase generate's), bit for bit."""
 
     def __init__(self, folder: str, seed: int) -> None:
         self.folder, self.seed = Path(folder), seed
         self._paths: dict[str, str | None] = {}
 
-    def path(self, model: str) -> str | None:
-        """The file holding ``model``'s seeded weights, written on the first call; None where it cannot be written
-        (no room: each worker draws them itself, as it would without this file)."""
-        if model not in self._paths:
+    def path(self, model: str, phase: str) -> str | None:
+        """The file holding ``model``'s seeded weights as ``phase`` builds with them (Phase.seeded_weights), written
+        on the first call; None where it cannot be written (no room: each worker draws them itself, as it would
+        without this file)."""
+        own = type(get_phase(phase)).seeded_weights is not Phase.seeded_weights  # phase generate's
+        key = f"{model}-{phase}" if own else model
+        if key not in self._paths:
             description = get_model(model)
-            path = self.folder / f"{model}-seed{self.seed}.safetensors"
+            path = self.folder / f"{key}-seed{self.seed}.safetensors"
             try:
-                save_weights(description, description.canonical_weights(self.seed), path, self.seed)
-                self._paths[model] = str(path)
+                save_weights(description, get_phase(phase).seeded_weights(description, self.seed), path, self.seed)
+                self._paths[key] = str(path)
             except (OSError, SafetensorError, MemoryError):  # no room on disk or in memory (safetensors reports
                 path.unlink(missing_ok=True)  # a failed write as its own error): the workers draw them as before
-                self._paths[model] = None
-        return self._paths[model]
+                self._paths[key] = None
+        return self._paths[key]
 
 
 @contextlib.contextmanager
@@ -211,7 +215,7 @@ def open_comparison_group(
     checks = {case.key: parity_pair(case) not in parity for case in runnable}
     weights_path = settings.weights_path
     if weights is not None and get_phase(runnable[0].phase).uses_model:  # a group shares its model and phase
-        weights_path = weights.path(runnable[0].model)
+        weights_path = weights.path(runnable[0].model, runnable[0].phase)
     rounds = GroupRun(runnable, settings, checks, weights_path)
     if any(get_runtime(case.runtime).artefact for case in runnable):
         rounds.keep_exports()  # one export serves every round of the group, whenever each runs

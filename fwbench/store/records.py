@@ -25,6 +25,7 @@ from fwbench.details import (
     DataDetails,
     DistributedDetails,
     FitDetails,
+    GenerationDetails,
     Interleaving,
     OutputError,
     ParityCheck,
@@ -139,6 +140,7 @@ class ResultRecord:
     cpu_units: CpuUnits = CpuUnits()  # a bf16 / int8 CPU cell's native units
     data: DataDetails | None = None  # phase data: the loader's figures
     serving: ServingDetails | None = None  # phase serving: the load points of every round
+    generation: GenerationDetails | None = None  # phase generate: every round's latencies and rates
     distributed: DistributedDetails | None = None  # a distributed cell: its batch rows and all-reduce
     ranks: tuple[RankDetail, ...] = ()  # a distributed cell: each rank's figures
     rendezvous: Rendezvous | None = None  # a distributed cell: where its ranks met
@@ -191,6 +193,7 @@ class ResultRecord:
             cpu_units=CpuUnits.from_details(details),
             data=DataDetails.parse(details.get("data")),
             serving=ServingDetails.parse(details.get("serving")),
+            generation=GenerationDetails.parse(details.get("generation")),
             distributed=DistributedDetails.parse(details.get("distributed")),
             ranks=RankDetail.parse_all(details.get("ranks")),
             rendezvous=Rendezvous.parse(details.get("rendezvous")),

@@ -49,7 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxlib  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fwbench.frameworks.base import Backend  # noqa: E402
+from fwbench.frameworks.base import Backend, Decoder  # noqa: E402
 from fwbench.frameworks.jax import precision  # noqa: E402
 from fwbench.frameworks.jax.weights import jax_device  # noqa: E402
 from fwbench.spec import Settings  # noqa: E402
@@ -160,6 +160,15 @@ class JaxBackend(Backend):
         outputs, taps = jax.jit(precision.scoped(self.dtype, tapped))(self._params, *inputs)
         captured = {name: np.asarray(taps[name], dtype=np.float32) for name in order}
         return self.to_numpy(outputs), self.canonical_checkpoints(captured)
+
+    def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
+        """jit (generate.DecodeProgram)."""
+        if self.mode != "jit":
+            return super().make_decoder(batch, prompt_len, new_tokens)
+        max_len = prompt_len + new_tokens
+        from fwbench.frameworks.jax.generate import DecodeProgram
+
+        return DecodeProgram(self.arch_module(), self.model, batch, max_len, self.dtype, self._device)
 
     def sync(self, outputs: Any) -> None:
         jax.block_until_ready(outputs)  # every leaf: a jitted call returns before it finishes

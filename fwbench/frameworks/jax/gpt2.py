@@ -2,7 +2,8 @@
 
 Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
 (batch, seq, hidden) and (batch, seq, vocab). Canonical Conv1D weights are already (in, out), the
-layout used here, so they load unchanged; ``logits = h @ wte.T``. ``taps``: the checkpoints
+layout used here, so they load unchanged; ``logits = h @ wte.T``. Phase generate: :func:`new_cache` and
+:func:`cached_forward` (a fixed-size key/value cache, updated functionally at each call's positions). ``taps``: the checkpoints
 (fwbench.models.checkpoints), recorded only when given a dict.
 """
 
@@ -42,16 +43,51 @@ def decoder_layer(
 ) -> jax.Array:
     """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H). ``names``: its attention, MLP and layer outputs'
     checkpoint names, recorded in ``taps`` when it is a dict."""
+    q, k, v = projected(p, x, heads, eps)
+    return after_attention(p, x, precision.attention(q, k, v, allowed), eps, names, taps)
+
+
+def projected(p: Params, x: jax.Array, heads: int, eps: float) -> tuple[jax.Array, ...]:
+    """x (B, S, H) → q, k, v, each (B, S, heads, H / heads)."""
     b, s, h = x.shape
-    attention_name, mlp_name, layer_name = names
-    q, k, v = (
-        t.reshape(b, s, heads, h // heads)  # (B, S, heads, H / heads)
+    return tuple(
+        t.reshape(b, s, heads, h // heads)
         for t in jnp.split(dense(p["c_attn"], layer_norm(p["ln_1"], x, eps)), 3, axis=-1)
     )
-    context = precision.attention(q, k, v, allowed)
+
+
+def after_attention(
+    p: Params,
+    x: jax.Array,
+    context: jax.Array,
+    eps: float,
+    names: tuple[str, str, str] = ("", "", ""),
+    taps: Taps = None,
+) -> jax.Array:
+    """The layer after its attention: x (B, S, H) and the context (B, S, heads, H / heads) → its output."""
+    b, s, h = x.shape
+    attention_name, mlp_name, layer_name = names
     x = x + tap(taps, attention_name, dense(p["attn_proj"], context.reshape(b, s, h)))
     mlp = dense(p["mlp_proj"], jax.nn.gelu(dense(p["c_fc"], layer_norm(p["ln_2"], x, eps)), approximate=True))
     return tap(taps, layer_name, x + tap(taps, mlp_name, mlp))
+
+
+Cache = list[tuple[jax.Array, jax.Array]]
+
+
+def cache_allowed(positions: jax.Array, max_len: int) -> jax.Array:
+    """(1, 1, S, max_len) bool: the query at ``positions`` (S,) may see the cached keys up to its own position."""
+    return (jnp.arange(max_len)[None, :] <= positions[:, None])[None, None]
+
+
+def cached(
+    keys: jax.Array, values: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The cache's keys and values (B, max_len, heads, d) with ``k`` and ``v`` (B, S, heads, d) written at
+    positions start .. start + S - 1."""
+    at = (jnp.int32(0), start, jnp.int32(0), jnp.int32(0))
+    k, v = k.astype(keys.dtype), v.astype(values.dtype)  # bf16: the policy's products, kept in the float32 cache
+    return jax.lax.dynamic_update_slice(keys, k, at), jax.lax.dynamic_update_slice(values, v, at)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +110,32 @@ class GPT2Module:
             x = decoder_layer(layer, x, allowed, c.heads, c.layer_norm_eps, names, taps)
         x = tap(taps, "ln_f", layer_norm(params["ln_f"], x, c.layer_norm_eps))
         return x, precision.matmul(x, params["wte"].T)
+
+
+def new_cache(model: GPT2Module, batch: int, max_len: int) -> Cache:
+    """Per layer (keys, values), each (batch, max_len, heads, hidden / heads) float32 zeros."""
+    c = model.config
+    shape = (batch, max_len, c.heads, c.hidden // c.heads)
+    return [(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(c.layers)]
+
+
+def cached_forward(
+    model: GPT2Module, params: Params, input_ids: jax.Array, start: jax.Array, cache: Cache
+) -> tuple[jax.Array, Cache]:
+    """input_ids (B, S) at positions start .. start + S - 1 (``start`` an int32 scalar: one program serves every
+    step) → (the last position's logits (B, vocab), the cache (:func:`new_cache`) with their keys and values)."""
+    c = model.config
+    positions = start + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+    allowed = cache_allowed(positions, cache[0][0].shape[1])
+    x = params["wte"][input_ids] + params["wpe"][positions]
+    updated: Cache = []
+    for p, (keys, values) in zip(params["layers"], cache, strict=True):
+        q, k, v = projected(p, x, c.heads, c.layer_norm_eps)
+        keys, values = cached(keys, values, k, v, start)
+        x = after_attention(p, x, precision.attention(q, keys, values, allowed), c.layer_norm_eps)
+        updated.append((keys, values))
+    x = layer_norm(params["ln_f"], x[:, -1], c.layer_norm_eps)
+    return precision.matmul(x, params["wte"].T), updated
 
 
 # canonical suffix -> (this pytree's path within a layer); Conv1D weights keep their (in, out) layout.

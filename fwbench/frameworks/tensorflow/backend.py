@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port  # IsMklEnabled: whether TF runs its oneDNN kernels
 
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, Decoder
 from fwbench.frameworks.keras3 import import_keras
 from fwbench.frameworks.registry import get_runtime
 from fwbench.frameworks.roles import as_training_arch
@@ -276,7 +276,20 @@ class TensorFlowBackend(Backend):
 
         distributed.barrier(self._strategy)
 
+    def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
+        """eager, function or xla (generate.DecodeProgram)."""
+        if self.mode not in ("eager", "function", "xla"):
+            return super().make_decoder(batch, prompt_len, new_tokens)
+        from fwbench.frameworks.tensorflow.generate import DecodeProgram
+
+        max_len = prompt_len + new_tokens
+        self._decoder = DecodeProgram(self.arch_module(), self.model, batch, prompt_len, max_len, self.mode, self.dtype)
+        return self._decoder
+
     def compile_counters(self) -> dict[str, int]:
+        decoder = getattr(self, "_decoder", None)
+        if decoder is not None:  # phase generate: its two programs
+            return dict(decoder.compile_counters())
         if self.mode in ("eager", "savedmodel"):  # the reloaded signature is a concrete function: it cannot trace
             return {}
         return tracing_counters(self._forward)

@@ -3,7 +3,9 @@
 Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
 (batch, seq, hidden) and (batch, seq, vocab). tf.Module and tf ops, not Keras. Canonical Conv1D
 weights are (in, out), which is already the kernel layout here: no transpose when loading.
-Hidden states stay 2-D (batch·seq, hidden) between layers, so every dense layer is one MatMul.
+Hidden states stay 2-D (batch·seq, hidden) between layers, so every dense layer is one MatMul. Phase generate:
+:func:`new_cache` (key/value variables of a fixed length, padded) and :func:`cached_forward` (scatters each call's keys
+and values into them).
 ``taps``: the checkpoints (fwbench.models.checkpoints), recorded (batch, seq, hidden) only when given a dict.
 """
 
@@ -60,12 +62,25 @@ class DecoderLayer(tf.Module):
         self, x: tf.Tensor, mask: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor, taps: Taps = None
     ) -> tf.Tensor:
         """x (B·S, H), mask (B, 1, S, S) additive → (B·S, H)."""
-        h = x.shape[-1]
-        d = h // self.heads
-        attention_name, mlp_name, layer_name = self.checkpoints
+        q, k, v = self.projected(x, b, s)
+        return self.after_attention(x, self.attend(q, k, v, mask), b, s, taps)
+
+    def projected(self, x: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """x (B·S, H) → q, k, v, each (B, heads, S, d)."""
+        d = x.shape[-1] // self.heads
         qkv = tf.reshape(dense(layer_norm(x, *self.ln_1, self.eps), *self.c_attn), [b, s, 3, self.heads, d])
-        q, k, v = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))  # each (B, heads, S, d)
-        context = precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(d)))  # (B, heads, S, d)
+        return tuple(tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4])))
+
+    def attend(self, q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        """The context (B, heads, S, d) of q over k, v (B, heads, S_k, d), ``mask`` additive (.., S, S_k)."""
+        return precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(q.shape[-1])))
+
+    def after_attention(
+        self, x: tf.Tensor, context: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor, taps: Taps = None
+    ) -> tf.Tensor:
+        """The layer after its attention: x (B·S, H) and the context (B, heads, S, d) → (B·S, H)."""
+        h = x.shape[-1]
+        attention_name, mlp_name, layer_name = self.checkpoints
         attention = dense(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, h]), *self.attn_proj)
         x = precision.add(x, tap_hidden(taps, attention_name, attention, b, s))
         ffn = dense(gelu_tanh(dense(layer_norm(x, *self.ln_2, self.eps), *self.c_fc)), *self.mlp_proj)
@@ -99,6 +114,51 @@ class GPT2Module(tf.Module):
         x = tap_hidden(taps, "ln_f", layer_norm(x, *self.ln_f, self.eps), b, s)
         logits = precision.matmul(x, self.wte, transpose_b=True)  # tied LM head: (B·S, V)
         return tf.reshape(x, [b, s, h]), tf.reshape(logits, [b, s, -1])
+
+
+Cache = list[tuple[tf.Variable, tf.Variable]]
+
+
+def cache_update(positions: tf.Tensor, batch: int, heads: int) -> tf.Tensor:
+    """The scatter indices (B, heads, S, 3) that write keys or values (B, heads, S, d) at ``positions`` (S,) of a
+    cache (B, heads, max_len, d)."""
+    rows, columns, at = tf.meshgrid(tf.range(batch), tf.range(heads), positions, indexing="ij")
+    return tf.stack([rows, columns, at], axis=-1)
+
+
+def cache_mask(positions: tf.Tensor, max_len: int) -> tf.Tensor:
+    """(1, 1, S, max_len) additive float32: 0 where the query at ``positions`` (S,) may see a cached key (up to its
+    own position), MASKED elsewhere."""
+    allowed = tf.cast(tf.range(max_len)[None, :] <= positions[:, None], tf.float32)
+    return ((1.0 - allowed) * MASKED)[None, None]
+
+
+def new_cache(module: GPT2Module, batch: int, max_len: int) -> Cache:
+    """Per layer (keys, values) variables, each (batch, heads, max_len, hidden / heads) float32 zeros."""
+    layer = module.layers[0]
+    shape = (batch, layer.heads, max_len, module.wte.shape[-1] // layer.heads)
+    return [(tf.Variable(tf.zeros(shape), trainable=False), tf.Variable(tf.zeros(shape), trainable=False))
+            for _ in module.layers]  # fmt: skip
+
+
+def cached_forward(module: GPT2Module, input_ids: tf.Tensor, start: tf.Tensor, cache: Cache) -> tf.Tensor:
+    """input_ids (B, S) at positions start .. start + S - 1 (``start`` an int32 scalar tensor): their keys and values
+    scattered into the ``cache`` variables (:func:`new_cache`), each position attending to the cached ones up to
+    itself. Returns the last position's logits (B, vocab)."""
+    b, s = dims(input_ids)
+    h = module.wte.shape[-1]
+    positions = start + tf.range(s)
+    keys, _ = cache[0]
+    indices = cache_update(positions, keys.shape[0], keys.shape[1])
+    mask = cache_mask(positions, keys.shape[2])
+    x = tf.reshape(tf.gather(module.wte, input_ids) + tf.gather(module.wpe, positions), [-1, h])
+    for layer, (keys, values) in zip(module.layers, cache, strict=True):
+        q, k, v = layer.projected(x, b, s)
+        keys.scatter_nd_update(indices, tf.cast(k, keys.dtype))  # bf16: kept in the float32 cache
+        values.scatter_nd_update(indices, tf.cast(v, values.dtype))
+        x = layer.after_attention(x, layer.attend(q, keys, values, mask), b, s)
+    last = tf.reshape(x, [b, s, h])[:, -1]
+    return precision.matmul(layer_norm(last, *module.ln_f, module.eps), module.wte, transpose_b=True)
 
 
 assert {

@@ -3,7 +3,8 @@
 Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``: (batch, seq,
 hidden) and (batch, seq, vocab). tf.Module and tf ops, not Keras. Canonical nn.Linear (out, in) weights are
 transposed once into (in, out) kernels when loading. Hidden states stay 2-D (batch·seq, hidden) between layers, so
-every projection is one MatMul. ``taps``: the checkpoints (fwbench.models.checkpoints), recorded (batch, seq,
+every projection is one MatMul. Phase generate: :func:`new_cache` and :func:`cached_forward` (tensorflow/gpt2.py's
+padded key/value variables). ``taps``: the checkpoints (fwbench.models.checkpoints), recorded (batch, seq,
 hidden) only when given a dict.
 """
 
@@ -14,17 +15,20 @@ import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.bert import dims, tap_hidden
-from fwbench.frameworks.tensorflow.gpt2 import causal_mask
+from fwbench.frameworks.tensorflow.gpt2 import Cache, cache_mask, cache_update, causal_mask
 from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
 from fwbench.models.checkpoints import Taps
 from fwbench.models.llama import EMBEDDING, FINAL_NORM, LM_HEAD, Llama, LlamaConfig, layer_checkpoints, layer_prefix
 from fwbench.models.weightmap import identity, transpose
 
 
-def rotary_tables(seq: int | tf.Tensor, head_dim: int, theta: float) -> tuple[tf.Tensor, tf.Tensor]:
-    """(cos, sin), each (S, head_dim) float32 for positions 0..S-1 (fwbench.models.llama.rotary_tables)."""
+def rotary_tables(positions: int | tf.Tensor, head_dim: int, theta: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """(cos, sin), each (S, head_dim) float32 for ``positions``: a (S,) tensor of them, or S for 0..S-1
+    (fwbench.models.llama.rotary_tables)."""
+    if isinstance(positions, int) or positions.shape.rank == 0:
+        positions = tf.range(positions)
     inverse = tf.constant(theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim), tf.float32)
-    angles = tf.cast(tf.range(seq), tf.float32)[:, None] * inverse[None, :]
+    angles = tf.cast(positions, tf.float32)[:, None] * inverse[None, :]
     angles = tf.concat([angles, angles], axis=-1)
     return tf.cos(angles), tf.sin(angles)
 
@@ -68,8 +72,14 @@ class DecoderLayer(tf.Module):
         taps: Taps = None,
     ) -> tf.Tensor:
         """x (B·S, H), mask (B, 1, S, S) additive, rotary tables (S, d) → (B·S, H)."""
+        q, k, v = self.projected(x, tables, b, s)
+        return self.after_attention(x, self.attend(q, k, v, mask), b, s, taps)
+
+    def projected(
+        self, x: tf.Tensor, tables: tuple[tf.Tensor, tf.Tensor], b: int | tf.Tensor, s: int | tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """x (B·S, H) → q (B, heads, S, d), k and v (B, kv_heads, S, d), q and k rotated."""
         c = self.config
-        attention_name, mlp_name, layer_name = self.checkpoints
         a = precision.rms_norm(x, self.input_layernorm, c.rms_norm_eps)
 
         def heads_of(t: tf.Tensor, count: int) -> tf.Tensor:  # (B·S, count·d) -> (B, count, S, d)
@@ -77,10 +87,22 @@ class DecoderLayer(tf.Module):
 
         q = rotate(heads_of(precision.matmul(a, self.q_proj), c.heads), *tables)
         k = rotate(heads_of(precision.matmul(a, self.k_proj), c.kv_heads), *tables)
-        v = heads_of(precision.matmul(a, self.v_proj), c.kv_heads)
-        group = c.heads // c.kv_heads  # head h reads key/value head h // group
+        return q, k, heads_of(precision.matmul(a, self.v_proj), c.kv_heads)
+
+    def attend(self, q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        """The context (B, heads, S, d) of q over k, v (B, kv_heads, S_k, d), head h reading key/value head
+        h // group; ``mask`` additive (.., S, S_k)."""
+        c = self.config
+        group = c.heads // c.kv_heads
         k, v = tf.repeat(k, group, axis=1), tf.repeat(v, group, axis=1)
-        context = precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(c.head_dim)))  # (B, heads, S, d)
+        return precision.attention(q, k, v, mask, 1.0 / float(np.sqrt(c.head_dim)))
+
+    def after_attention(
+        self, x: tf.Tensor, context: tf.Tensor, b: int | tf.Tensor, s: int | tf.Tensor, taps: Taps = None
+    ) -> tf.Tensor:
+        """The layer after its attention: x (B·S, H) and the context (B, heads, S, d) → (B·S, H)."""
+        c = self.config
+        attention_name, mlp_name, layer_name = self.checkpoints
         attention = precision.matmul(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, c.hidden]), self.o_proj)
         x = precision.add(x, tap_hidden(taps, attention_name, attention, b, s))
         m = precision.rms_norm(x, self.post_attention_layernorm, c.rms_norm_eps)
@@ -116,6 +138,36 @@ class LlamaModule(tf.Module):
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         logits = precision.matmul(x, head, transpose_b=True)  # (B·S, V)
         return tf.reshape(x, [b, s, c.hidden]), tf.reshape(logits, [b, s, -1])
+
+
+def new_cache(module: LlamaModule, batch: int, max_len: int) -> Cache:
+    """Per layer (keys, values) variables, each (batch, kv_heads, max_len, head_dim) float32 zeros."""
+    c = module.config
+    shape = (batch, c.kv_heads, max_len, c.head_dim)
+    return [(tf.Variable(tf.zeros(shape), trainable=False), tf.Variable(tf.zeros(shape), trainable=False))
+            for _ in module.layers]  # fmt: skip
+
+
+def cached_forward(module: LlamaModule, input_ids: tf.Tensor, start: tf.Tensor, cache: Cache) -> tf.Tensor:
+    """input_ids (B, S) at positions start .. start + S - 1 (``start`` an int32 scalar tensor): their keys and values
+    scattered into the ``cache`` variables (:func:`new_cache`), each position attending to the cached ones up to
+    itself. Returns the last position's logits (B, vocab)."""
+    c = module.config
+    b, s = dims(input_ids)
+    positions = start + tf.range(s)
+    keys, _ = cache[0]
+    indices = cache_update(positions, keys.shape[0], keys.shape[1])
+    mask = cache_mask(positions, keys.shape[2])
+    tables = rotary_tables(positions, c.head_dim, c.rope_theta)
+    x = tf.reshape(tf.gather(module.embed_tokens, input_ids), [-1, c.hidden])
+    for layer, (keys, values) in zip(module.layers, cache, strict=True):
+        q, k, v = layer.projected(x, tables, b, s)
+        keys.scatter_nd_update(indices, tf.cast(k, keys.dtype))  # bf16: kept in the float32 cache
+        values.scatter_nd_update(indices, tf.cast(v, values.dtype))
+        x = layer.after_attention(x, layer.attend(q, keys, values, mask), b, s)
+    last = precision.rms_norm(tf.reshape(x, [b, s, c.hidden])[:, -1], module.norm, c.rms_norm_eps)
+    head = module.embed_tokens if module.lm_head is None else module.lm_head
+    return precision.matmul(last, head, transpose_b=True)
 
 
 def build_model(description: Llama, weights: dict[str, np.ndarray], device: str) -> LlamaModule:

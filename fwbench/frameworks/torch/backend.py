@@ -25,12 +25,12 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from fwbench.frameworks.base import Backend, export_report
+from fwbench.frameworks.base import Backend, Decoder, export_report
 from fwbench.frameworks.roles import TrainingArch, as_training_arch
 from fwbench.frameworks.torch import precision
 from fwbench.spec import Settings
@@ -63,10 +63,22 @@ class Tapped(torch.nn.Module):
         return self.inner(*inputs, taps=taps), taps
 
 
+def dynamo_counters() -> dict[str, int]:
+    """torch.compile's process-wide, cumulative counts: graphs compiled, graph breaks, frames left to eager."""
+    from torch._dynamo.utils import counters
+
+    frames = counters["frames"]  # counted only for frames that may break the graph (not under fullgraph)
+    return {
+        "compiles": int(counters["stats"]["unique_graphs"]),  # graphs captured: the first and every recompile
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "eager_fallbacks": int(frames["total"] - frames["ok"]),  # e.g. the recompile limit was hit
+    }
+
+
 class TorchBackend(Backend):
     framework = "torch"
     # lightning: phase fit only (fit.py); ddp, ddp-compile: phase training as one of N ranks (distributed.py)
-    modes = ("eager", "script", "compile", "export", "lightning", "ddp", "ddp-compile")
+    modes: ClassVar[tuple[str, ...]] = ("eager", "script", "compile", "export", "lightning", "ddp", "ddp-compile")
     _export_signature: tuple[tuple[tuple[int, ...], str, str], ...] | None = None  # shapes the runner is for
     _export_log: tuple[dict[str, Any], ...] = ()  # one entry per export + AOT compile, in order
 
@@ -208,6 +220,18 @@ class TorchBackend(Backend):
         captured = {name: t.detach().float().cpu().numpy() for name, t in taps.items()}
         return self.to_numpy(outputs), self.canonical_checkpoints(captured)
 
+    def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
+        """eager or compile (generate.DecodeProgram)."""
+        if self.mode not in ("eager", "compile"):
+            return super().make_decoder(batch, prompt_len, new_tokens)
+        max_len = prompt_len + new_tokens
+        from fwbench.frameworks.torch.generate import DecodeProgram
+
+        self._enter_inference_mode()
+        return DecodeProgram(
+            self.arch_module(), self.model, batch, max_len, self.mode, self.settings.compile_mode, dtype=self.dtype
+        )
+
     def sync(self, outputs: Any) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
@@ -342,14 +366,7 @@ class TorchBackend(Backend):
     def compile_counters(self) -> dict[str, int]:
         if self.mode not in ("compile", "ddp-compile"):  # eager runs no compiler; script and export compile earlier
             return {}
-        from torch._dynamo.utils import counters  # process-wide, cumulative
-
-        frames = counters["frames"]  # counted only for frames that may break the graph (not under fullgraph)
-        return {
-            "compiles": int(counters["stats"]["unique_graphs"]),  # graphs captured: the first and every recompile
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "eager_fallbacks": int(frames["total"] - frames["ok"]),  # e.g. the recompile limit was hit
-        }
+        return dynamo_counters()
 
     def compile_report(self) -> dict[str, Any]:
         """export: seconds of ``torch.export``, of the AOTInductor compile and of loading the package

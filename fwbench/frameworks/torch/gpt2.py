@@ -1,12 +1,14 @@
 """GPT-2 in PyTorch: causal pre-LN decoder, tanh GELU, LM head tied to the token embedding.
 
 Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``:
-(batch, seq, hidden) and (batch, seq, vocab). Canonical Conv1D weights (in, out) are transposed
-once into nn.Linear's (out, in) when loading. ``taps``: the checkpoints (fwbench.models.checkpoints), recorded
-only when given a dict.
+(batch, seq, hidden) and (batch, seq, vocab). Phase generate: :func:`new_cache` and :func:`cached_forward`.
+Canonical Conv1D weights (in, out) are transposed once into nn.Linear's (out, in) when loading. ``taps``: the
+checkpoints (fwbench.models.checkpoints), recorded only when given a dict.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 import torch
@@ -38,14 +40,33 @@ class DecoderLayer(nn.Module):
         self.c_fc = nn.Linear(hidden, intermediate)
         self.mlp_proj = nn.Linear(intermediate, hidden)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor, taps: Taps = None) -> torch.Tensor:
+    def projected(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x (B, S, H) → q, k, v, each (B, heads, S, H / heads)."""
         b, s, h = x.shape
-        attention_name, mlp_name, layer_name = self.checkpoints
-        q, k, v = (
+        return tuple(
             t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
             for t in self.c_attn(self.ln_1(x)).split(h, dim=-1)
         )
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, taps: Taps = None) -> torch.Tensor:
+        q, k, v = self.projected(x)
+        return self.rest(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed), taps)
+
+    def cached(
+        self, x: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """x (B, S, H) at ``positions`` (S,): their keys and values written into ``cache`` (each (B, heads, max_len,
+        H / heads)) in place, the queries attending over the whole cache where ``allowed`` (S, max_len)."""
+        q, k, v = self.projected(x)
+        keys, values = cache
+        keys.index_copy_(2, positions, k.to(keys.dtype))  # bf16: the policy's products, kept in the float32 cache
+        values.index_copy_(2, positions, v.to(values.dtype))
+        return self.rest(x, F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed))
+
+    def rest(self, x: torch.Tensor, context: torch.Tensor, taps: Taps = None) -> torch.Tensor:
+        """The layer after its attention: x (B, S, H) and the context (B, heads, S, H / heads) → its output."""
+        b, s, h = x.shape
+        attention_name, mlp_name, layer_name = self.checkpoints
         x = x + tap(taps, attention_name, self.attn_proj(context.transpose(1, 2).reshape(b, s, h)))
         return tap(
             taps,
@@ -57,7 +78,7 @@ class DecoderLayer(nn.Module):
 class GPT2Module(nn.Module):
     def __init__(self, description: GPT2) -> None:
         super().__init__()
-        c = description.config
+        c = self.config = description.config
         self.wte = nn.Embedding(c.vocab_size, c.hidden)
         self.wpe = nn.Embedding(c.max_positions, c.hidden)
         self.layers = nn.ModuleList(
@@ -76,6 +97,28 @@ class GPT2Module(nn.Module):
             x = layer(x, allowed, taps)
         x = tap(taps, "ln_f", self.ln_f(x))
         return x, F.linear(x, self.wte.weight)
+
+
+def new_cache(module: GPT2Module, batch: int, max_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values), each (batch, heads, max_len, hidden / heads) float32 zeros, on the module's device."""
+    c = module.config
+    shape = (batch, c.heads, max_len, c.hidden // c.heads)
+    device = module.wte.weight.device
+    return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in module.layers]
+
+
+def cached_forward(
+    module: GPT2Module, input_ids: torch.Tensor, start: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """input_ids (B, S) at positions start .. start + S - 1 (``start`` a 0-d int64 tensor, so one compiled program
+    serves every step): their keys and values written into ``cache`` (:func:`new_cache`), each position attending to
+    the cached ones up to itself. Returns the last position's logits (B, vocab)."""
+    positions = start + torch.arange(input_ids.shape[1], device=input_ids.device)
+    allowed = torch.arange(cache[0][0].shape[2], device=input_ids.device)[None, :] <= positions[:, None]
+    x = module.wte(input_ids) + module.wpe(positions)
+    for layer, layer_cache in zip(module.layers, cache, strict=True):
+        x = cast(DecoderLayer, layer).cached(x, allowed, positions, layer_cache)
+    return F.linear(module.ln_f(x[:, -1]), module.wte.weight)
 
 
 # canonical suffix -> this module's parameter suffix; Conv1D weights are transposed.

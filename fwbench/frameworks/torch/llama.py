@@ -1,12 +1,15 @@
 """The Llama layout in PyTorch: RMSNorm, rotary positions, SwiGLU, grouped-query attention, tied or untied head.
 
 Inputs: input_ids, attention_mask, each (batch, seq) int32. Returns ``(last_hidden_state, logits)``: (batch, seq,
-hidden) and (batch, seq, vocab). The canonical weights are nn.Linear's (out, in) already (Hugging Face's
+hidden) and (batch, seq, vocab). Phase generate: :func:`new_cache` and :func:`cached_forward` (a preallocated
+key/value cache written in place at the call's positions). The canonical weights are nn.Linear's (out, in) already (Hugging Face's
 ``LlamaForCausalLM`` names). The rotary tables are computed in float32 from the positions at each call (no buffer
 to load). ``taps``: the checkpoints (fwbench.models.checkpoints), recorded only when given a dict.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 import torch
@@ -58,27 +61,49 @@ class DecoderLayer(nn.Module):
         self.up_proj = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.down_proj = nn.Linear(c.intermediate, c.hidden, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, allowed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, taps: Taps = None
-    ) -> torch.Tensor:
-        """x (B, S, H), allowed (B, 1, S, S) bool, cos and sin (S, d) → (B, S, H)."""
-        b, s, h = x.shape
-        attention_name, mlp_name, layer_name = self.checkpoints
-        a = self.input_layernorm(x)
+    def projected(
+        self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The normed input a (B, S, H) → q (B, heads, S, d), k and v (B, kv_heads, S, d), q and k rotated."""
+        b, s, _ = a.shape
 
         def heads_of(t: torch.Tensor, count: int) -> torch.Tensor:  # (B, S, count·d) -> (B, count, S, d)
             return t.view(b, s, count, self.head_dim).transpose(1, 2)
 
         q = rotate(heads_of(self.q_proj(a), self.heads), cos, sin)
         k = rotate(heads_of(self.k_proj(a), self.kv_heads), cos, sin)
-        v = heads_of(self.v_proj(a), self.kv_heads)
-        group = self.heads // self.kv_heads  # head h reads key/value head h // group
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return q, k, heads_of(self.v_proj(a), self.kv_heads)
+
+    def rest(self, x: torch.Tensor, context: torch.Tensor, taps: Taps = None) -> torch.Tensor:
+        """The layer after its attention: x (B, S, H) and the context (B, heads, S, d) → the layer's output."""
+        b, s, h = x.shape
+        attention_name, mlp_name, layer_name = self.checkpoints
         x = x + tap(taps, attention_name, self.o_proj(context.transpose(1, 2).reshape(b, s, h)))
         m = self.post_attention_layernorm(x)
         m = self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
         return tap(taps, layer_name, x + tap(taps, mlp_name, m))
+
+    def forward(
+        self, x: torch.Tensor, allowed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, taps: Taps = None
+    ) -> torch.Tensor:
+        """x (B, S, H), allowed (B, 1, S, S) bool, cos and sin (S, d) → (B, S, H)."""
+        q, k, v = self.projected(self.input_layernorm(x), cos, sin)
+        group = self.heads // self.kv_heads  # head h reads key/value head h // group
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return self.rest(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed), taps)
+
+    def cached(
+        self, x: torch.Tensor, allowed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """x (B, S, H) at ``positions`` (S,): their keys and values written into ``cache`` (each (B, kv_heads,
+        max_len, d)) in place, the queries attending over the whole cache where ``allowed`` (S, max_len)."""
+        q, k, v = self.projected(self.input_layernorm(x), cos, sin)
+        keys, values = cache
+        keys.index_copy_(2, positions, k.to(keys.dtype))  # bf16: the policy's products, kept in the float32 cache
+        values.index_copy_(2, positions, v.to(values.dtype))
+        context = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, enable_gqa=True)
+        return self.rest(x, context)
 
 
 class LlamaModule(nn.Module):
@@ -106,6 +131,30 @@ class LlamaModule(nn.Module):
             x = layer(x, allowed, cos, sin, taps)
         x = tap(taps, "norm", self.norm(x))
         return x, F.linear(x, self.head_weight())
+
+
+def new_cache(module: LlamaModule, batch: int, max_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values), each (batch, kv_heads, max_len, head_dim) float32 zeros, on the module's device."""
+    c = module.config
+    device = module.embed_tokens.weight.device
+    shape = (batch, c.kv_heads, max_len, c.head_dim)
+    return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in range(c.layers)]
+
+
+def cached_forward(
+    module: LlamaModule, input_ids: torch.Tensor, start: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """input_ids (B, S) at positions start .. start + S - 1 (``start`` a 0-d int64 tensor, so one compiled program
+    serves every step): their keys and values written into ``cache`` (:func:`new_cache`), each position attending to
+    the cached ones up to itself. Returns the last position's logits (B, vocab)."""
+    c = module.config
+    positions = start + torch.arange(input_ids.shape[1], device=input_ids.device)
+    cos, sin = rotary_tables(positions, c.head_dim, c.rope_theta)
+    allowed = torch.arange(cache[0][0].shape[2], device=input_ids.device)[None, :] <= positions[:, None]
+    x = module.embed_tokens(input_ids)
+    for layer, layer_cache in zip(module.layers, cache, strict=True):
+        x = cast(DecoderLayer, layer).cached(x, allowed, cos, sin, positions, layer_cache)
+    return F.linear(module.norm(x[:, -1]), module.head_weight())
 
 
 # canonical suffix -> this module's parameter suffix (nn.Linear layouts already).

@@ -343,3 +343,18 @@ def lines_plot(rows: Sequence[ResultRecord], styles: dict[str, dict[str, str]], 
         )
         fig.suptitle(mpl_text(title), fontsize=10)
         return fig, note
+
+
+def finished_lines(fig: Figure, ax: Any, height: float, title: str, alt: str) -> str:
+    """A line plot's common end: small tick labels, a light grid, the legend in a band below the axes, the margins
+    for a figure ``height`` inches tall without it, the title; the figure as an ``<img>`` with ``alt``."""
+    ax.tick_params(labelsize=7)
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    band = place_legend(fig, handles, labels) if handles else 0.0
+    full = height + band
+    fig.set_figheight(full)
+    width = fig.get_figwidth()
+    fig.subplots_adjust(left=0.9 / width, right=1 - 0.2 / width, top=1 - 0.45 / full, bottom=(0.7 + band) / full)
+    fig.suptitle(mpl_text(title), fontsize=10)
+    return png(fig, alt)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
+from fwbench.report.html.generation import generation_section
 from fwbench.report.html.markup import document, esc
 from fwbench.report.html.models import models_section
 from fwbench.report.html.results import results_section
@@ -74,7 +75,10 @@ def _header(
 
 
 # A phase's own section of the page, by the name the phase gives it (fwbench.report.phases): its rows → HTML.
-PHASE_SECTIONS: dict[str, Callable[[Sequence[ResultRecord]], str]] = {"serving": serving_section}
+PHASE_SECTIONS: dict[str, Callable[[Sequence[ResultRecord], Peak | None], str]] = {
+    "serving": serving_section,
+    "generate": generation_section,
+}
 
 
 def to_html(
@@ -102,7 +106,7 @@ def to_html(
         ("scaling", "", scaling_section(results)),
     ]
     sections += [
-        (name, name, PHASE_SECTIONS[name](section_rows(results, name)))
+        (name, name, PHASE_SECTIONS[name](section_rows(results, name), peak))
         for name in sections_of(results)
         if name in PHASE_SECTIONS
     ]

@@ -11,8 +11,9 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from fwbench.details import ServingRound
 from fwbench.report import serving
-from fwbench.report.html.figures import LINES_RC, figure, mpl_text, place_legend, png, runtime_styles
+from fwbench.report.html.figures import LINES_RC, figure, finished_lines, mpl_text, runtime_styles
 from fwbench.report.html.markup import esc, extra_section
+from fwbench.report.peak import Peak
 from fwbench.store import ResultRecord
 
 
@@ -64,21 +65,10 @@ def latencyfigure(rows: Sequence[ResultRecord], title: str) -> str:
             axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("offered load, queries/s (LoadGen's Server scenario, Poisson arrivals)", fontsize=8)
         ax.set_ylabel("p99 latency, ms\n(from the scheduled send)", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(True, alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        band = place_legend(fig, handles, labels) if handles else 0.0
-        height = 4.2 + band
-        fig.set_figheight(height)
-        width = fig.get_figwidth()
-        fig.subplots_adjust(
-            left=0.9 / width, right=1 - 0.2 / width, top=1 - 0.45 / height, bottom=(0.7 + band) / height
-        )
-        fig.suptitle(mpl_text(title), fontsize=10)
-        return png(fig, f"p99 latency against offered load: {title}")
+        return finished_lines(fig, ax, 4.2, title, f"p99 latency against offered load: {title}")
 
 
-def serving_section(results: Sequence[ResultRecord]) -> str:
+def serving_section(results: Sequence[ResultRecord], peak: Peak | None = None) -> str:
     """The serving table and one latency-against-load plot per (run, model, max batch, sequence length, dtype);
     empty without serving cells."""
     items = serving.serving_rows(results)

@@ -15,12 +15,15 @@ from collections.abc import Callable, Iterable
 from fwbench.runner.phases.base import Phase
 from fwbench.runner.phases.data import Data
 from fwbench.runner.phases.fit import Fit
+from fwbench.runner.phases.generate import Generate
 from fwbench.runner.phases.inference import Inference
 from fwbench.runner.phases.serving import Serving
 from fwbench.runner.phases.training import Training
 from fwbench.spec import Case, Settings, SpecError
 
-PHASES: dict[str, Phase] = {phase.name: phase for phase in (Inference(), Training(), Fit(), Data(), Serving())}
+PHASES: dict[str, Phase] = {
+    phase.name: phase for phase in (Inference(), Training(), Fit(), Data(), Serving(), Generate())
+}
 
 
 class UnknownPhase(NotImplementedError):

@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from fwbench.frameworks import RuntimeInfo, get_runtime
 from fwbench.frameworks import dtype_unsupported as runtime_dtype_unsupported
 from fwbench.measure import settle
@@ -122,6 +124,10 @@ class Phase(ABC):
             timing *= 1 + settle.expected_pause_s(settings.settle_s) / max(settings.min_block_s, call)
         return settings.rounds * fixed + timing
 
+    def seeded_weights(self, description: ModelDescription, seed: int) -> dict[str, np.ndarray]:
+        """The weights this phase's cells build with when the job names no weights file: the seeded canonical set."""
+        return description.canonical_weights(seed)
+
     def merged_details(self, rounds: list[dict[str, Any]]) -> dict[str, Any]:
         """What the stored cell keeps of its rounds' details beyond the first round's (each round's result details,
         in round order): nothing by default; a phase whose rounds each measure more than samples keeps them here."""
@@ -141,6 +147,7 @@ class Phase(ABC):
         unsupported = self.unsupported(description, get_runtime(case.runtime), cell.job.settings)
         if unsupported:
             raise NotImplementedError(unsupported)
+        cell.seeded_weights = self.seeded_weights
         backend = cell.build_backend(description)
         if cell.job.verify_output is not None:
             self.verify(cell, backend, description, Path(cell.job.verify_output))
