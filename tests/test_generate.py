@@ -1,8 +1,9 @@
 """Phase generate: greedy decoding with a key/value cache gives the float64 reference's tokens in every framework
 (gpt2-tiny and llama-tiny), a near tie is marked and never fails a correct runtime, an injected cache defect is a
 mismatch naming its step, a decode step that recompiles is flagged, bad arguments are refused with one line.
-``make test``: torch:eager, tensorflow:function and jax:jit (its compiled loop too) on both decoders; the matrix:
-torch:compile, tensorflow:eager and tensorflow:xla, one decoder each."""
+``make test``: torch:eager, tensorflow:function and jax:jit (its compiled loop too) on both decoders, onnxruntime:torch
+(the exported decoder step) on llama-tiny, onnxruntime-genai:torch (GenAI's own loop) on gpt2-tiny; the matrix:
+torch:compile, tensorflow:eager, tensorflow:xla and openvino:torch, one decoder each."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import transformers
 
 from conftest import fwbench_here, loaded_model_plugin, run_args
 from fwbench.models import get_model
@@ -20,12 +22,19 @@ from fwbench.models.generation import check_tokens, generation_weights, prompt_i
 from fwbench.runner.manager import run_worker
 from fwbench.spec import Case, Settings
 from fwbench.store import Store
+from hf_oracles import hf_causal_lm
 
 BATCH, PROMPT, NEW = 2, 12, 6
 SETTINGS = Settings(threads=1, max_time_s=0.2, new_tokens=NEW)
 DEFAULT_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")  # each on gpt2-tiny and llama-tiny
-# each on one model (its compiles are the slow part): the decoders' cache code is the same file as the default runtimes'
-MATRIX_CELLS = (("torch:compile", "llama-tiny"), ("tensorflow:eager", "llama-tiny"), ("tensorflow:xla", "gpt2-tiny"))
+# each on one model (its compiles and exports are the slow part): the decoders' cache code is the same file as the
+# default runtimes' (the engines run torch's, exported)
+DEFAULT_CELLS = (("onnxruntime:torch", "llama-tiny"), ("onnxruntime-genai:torch", "gpt2-tiny"))
+MATRIX_CELLS = (
+    ("torch:compile", "llama-tiny"), ("tensorflow:eager", "llama-tiny"), ("tensorflow:xla", "gpt2-tiny"),
+    ("openvino:torch", "gpt2-tiny"),
+)  # fmt: skip
+ENGINES = ("onnxruntime:torch", "openvino:torch", "onnxruntime-genai:torch")
 
 
 def decoder(name: str) -> CausalDecoder:
@@ -98,12 +107,32 @@ def test_the_reference_checks_its_own_greedy_tokens_and_the_tokens_vary(name: st
     assert all(len(set(row)) >= NEW // 2 for row in tokens.tolist())
 
 
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
+def test_the_reference_tokens_are_transformers_greedy_generate_on_the_same_weights(name: str) -> None:
+    """A public generation implementation on the same weights: transformers' GPT2LMHeadModel / LlamaForCausalLM
+    ``generate`` (greedy, its own key/value cache, float32) gives the float64 reference's tokens."""
+    import torch
+
+    description = decoder(name)
+    model = hf_causal_lm(description, generation_weights(description, SETTINGS.seed))
+    prompt = torch.from_numpy(prompt_ids(description, BATCH, PROMPT, SETTINGS.seed).astype(np.int64))
+    greedy = transformers.GenerationConfig(
+        max_new_tokens=NEW, do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=0
+    )
+    with torch.no_grad():
+        generated_ids = model.generate(  # type: ignore[operator]
+            prompt, attention_mask=torch.ones_like(prompt), generation_config=greedy
+        )
+    np.testing.assert_array_equal(generated_ids[:, PROMPT:].numpy(), greedy_tokens(name))
+
+
 # -- every framework: the same tokens ------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("runtime", "names"),
     [
         *((runtime, ("gpt2-tiny", "llama-tiny")) for runtime in DEFAULT_RUNTIMES),
+        *((runtime, (name,)) for runtime, name in DEFAULT_CELLS),
         *(pytest.param(runtime, (name,), marks=pytest.mark.matrix) for runtime, name in MATRIX_CELLS),
     ],
 )
@@ -129,6 +158,8 @@ def test_every_framework_generates_the_reference_tokens(runtime: str, names: tup
         assert (loop is not None) == (runtime == "jax:jit")
         if loop is not None:
             assert loop["same_tokens"] and len(loop["loop_s"]) >= 1
+        if runtime in ENGINES:  # one export, its axes free: the prefill's and every decode step's shapes, any cell's
+            assert "axes free" in details["compile_report"]["exporter"] and "reexports" not in details["compile_report"]
 
 
 @pytest.mark.slow

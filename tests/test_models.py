@@ -20,6 +20,7 @@ from fwbench.models.base import ModelDescription
 from fwbench.models.bert import Bert, BertConfig
 from fwbench.models.gpt2 import GPT2
 from fwbench.models.llama import Llama
+from hf_oracles import hf_gpt2, hf_llama, load_state
 from model_checks import reference_outputs
 
 DISTIL_TINY = Bert("distilbert-tiny", BertConfig(layers=2, hidden=128, heads=2, intermediate=512, distil=True))
@@ -112,10 +113,7 @@ def _hf_inputs(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 def _load_hf(model: Module, weights: dict[str, np.ndarray], prefix: str = "") -> Module:
-    missing, unexpected = model.load_state_dict(
-        {prefix + k: torch.from_numpy(v) for k, v in weights.items()}, strict=False
-    )
-    assert not unexpected and not [m for m in missing if not m.endswith("lm_head.weight")], (missing, unexpected)
+    load_state(model, weights, prefix)
     return model.eval()
 
 
@@ -165,17 +163,7 @@ def test_oracle_distilbert_is_transformers_distilbertmodel() -> None:
 def test_oracle_gpt2_is_transformers_gpt2lmheadmodel() -> None:
     d = get_model("gpt2-tiny")
     assert isinstance(d, GPT2)
-    c = d.config
-    hf = _load_hf(
-        transformers.GPT2LMHeadModel(
-            transformers.GPT2Config(
-                vocab_size=c.vocab_size, n_positions=c.max_positions, n_embd=c.hidden, n_layer=c.layers, n_head=c.heads
-            )
-        ),
-        d.canonical_weights(0),
-        prefix="transformer.",
-    )
-    hf.tie_weights()
+    hf = hf_gpt2(d, d.canonical_weights(0))
     inputs = d.make_inputs(3, 24, 0)
     with torch.no_grad():
         expected = hf(**_hf_inputs(inputs), output_hidden_states=True)
@@ -194,19 +182,11 @@ def test_oracle_llama_is_transformers_llamaforcausallm(tied: bool, kv_heads: int
     tiny = get_model("llama-tiny")
     assert isinstance(tiny, Llama)
     d = tiny if not tied else Llama("llama-tied", replace(tiny.config, tied=True, kv_heads=kv_heads, rope_theta=1e5))
-    c, weights = d.config, d.canonical_weights(0)
-    config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden, intermediate_size=c.intermediate, num_hidden_layers=c.layers,
-        num_attention_heads=c.heads, num_key_value_heads=c.kv_heads, max_position_embeddings=c.max_positions,
-        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, tie_word_embeddings=c.tied,
-    )  # fmt: skip
-    hf = transformers.LlamaForCausalLM(config)
-    missing, unexpected = hf.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=False)
-    assert not unexpected and missing == (["lm_head.weight"] if c.tied else []), (missing, unexpected)
-    hf.tie_weights()
+    weights = d.canonical_weights(0)
+    hf = hf_llama(d, weights)
     inputs = d.make_inputs(3, 24, 0)
     with torch.no_grad():
-        expected = hf.eval()(**_hf_inputs(inputs), output_hidden_states=True)
+        expected = hf(**_hf_inputs(inputs), output_hidden_states=True)
     real = inputs["attention_mask"].astype(bool)
     reference = reference_outputs(d, weights, inputs)
     ours = run_torch(d, weights, inputs)

@@ -25,7 +25,7 @@ from fwbench.units import format_bytes, format_seconds
 
 def exportable() -> list[str]:
     """The runtimes ``fwbench export`` writes an artefact for."""
-    return [name for name, info in runtimes().items() if info.artefact]
+    return [name for name, info in runtimes().items() if info.artefact and "inference" in info.phases]
 
 
 def add_parser(commands: Any) -> None:
@@ -59,7 +59,7 @@ def _checked_case(args: argparse.Namespace) -> Case:
     """The case to export, or SpecError (one line) for anything that cannot be exported where asked."""
     description = get_model(args.model)
     info = get_runtime(args.runtime)
-    if not info.artefact:
+    if not info.artefact or "inference" not in info.phases:  # onnxruntime-genai:torch: a generation loop's folder
         raise SpecError(f"{args.runtime} writes no artefact; fwbench export takes: {', '.join(exportable())}")
     missing = missing_requirement(info) or missing_implementation(info, description.arch)
     if missing:

@@ -197,9 +197,11 @@ def _measurement_flags(run: argparse.ArgumentParser) -> None:
     timing.add_argument("--seed", type=int, help="seed of weights and inputs (default 0)")
     timing.add_argument(
         "--weights",
-        metavar="FILE",
+        metavar="FILE|DIR",
         help="safetensors weights (Hugging Face / torchvision names) "
-        "for the one model of the run, instead of the seeded canonical weights",
+        "for the one model of the run, instead of the seeded canonical weights; or a local Hugging Face checkpoint "
+        "directory (config.json and model.safetensors) of a GPT-2 or Llama-layout decoder, run as the model named "
+        "after the directory (--models may then be left out)",
     )
     timing.add_argument(
         "--compile-mode",

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fwbench.cli.common import given
+from fwbench.models import register_checkpoint
 from fwbench.runner.planner import PlanChoices, resolve_plan
 from fwbench.spec import Plan
 
@@ -68,10 +70,15 @@ def plan_choices(args: argparse.Namespace, defaults: Mapping[str, Any] | None = 
     chosen = {
         field: getattr(args, flag) for flag, field in SETTINGS_FLAGS.items() if getattr(args, flag, None) is not None
     }
+    models = args.models
+    weights = getattr(args, "weights", None)
+    if weights is not None and Path(weights).is_dir():  # a Hugging Face checkpoint: its model, by the folder's name
+        name = register_checkpoint(Path(weights)).name
+        models = name if models is None else models
     return PlanChoices(
         suite=getattr(args, "suite", None),
         config=getattr(args, "config", None),
-        models=args.models,
+        models=models,
         runtimes=args.runtimes,
         batch_sizes=args.batch_sizes,
         seq_lens=args.seq_lens,

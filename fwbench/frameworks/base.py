@@ -176,8 +176,9 @@ class Backend(ABC):
     # -- phase generate: greedy decoding with a key/value cache -------------------------------------
     def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
         """The built causal decoder as phase generate runs it (after :meth:`build`): a key/value cache of
-        ``prompt_len + new_tokens`` positions for ``batch`` rows, allocated here, and the mode's prefill and decode programs (compiled where the
-        mode compiles: at their first call). NotImplementedError where the runtime or the model has none."""
+        ``prompt_len + new_tokens`` positions for ``batch`` rows, allocated here, and the mode's prefill and decode
+        programs (compiled where the mode compiles: at their first call; exported and loaded here for the deployment
+        engines). NotImplementedError where the runtime or the model has none."""
         raise NotImplementedError(f"{self.framework}:{self.mode} has no generate phase yet")
 
     def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:

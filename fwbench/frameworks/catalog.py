@@ -147,7 +147,7 @@ register_runtime(
         "onnxruntime.InferenceSession, CPUExecutionProvider, graph optimisation ALL; session.run on numpy is timed; "
         "int8: that file dynamically quantised (quantize_dynamic, reduce_range)",
         note=DEPLOYMENT_NOTE,
-        phases=("inference",),
+        phases=("inference", "generate"),
         dtypes=("fp32", "int8"),
         extras=("deploy", "torch"),
         startup_s=3.0,
@@ -176,13 +176,31 @@ register_runtime(
 )
 register_runtime(
     RuntimeInfo(
+        name="onnxruntime-genai:torch",
+        module=builtin_module("ortgenai", "backend"),
+        requires=("onnxruntime_genai", "onnxruntime", "onnx", "onnxscript", "torch"),
+        description="ONNX Runtime GenAI's own generation loop (og.Generator: append_tokens, then generate_next_token "
+        "per token, greedy, from token ids) over our torch decoder exported once by torch.onnx.export(dynamo=True) "
+        "in GenAI's past/present contract with every axis free, and a genai_config.json written from the model's "
+        "shape (the cache buffer shared); phase generate only",
+        note=DEPLOYMENT_NOTE,
+        phases=("generate",),
+        extras=("deploy", "torch"),
+        startup_s=3.0,
+        compile_s=10.0,
+        package=builtin_package("torch"),
+        artefact="ONNX file, weights inside, with dynamic axes, and genai_config.json",
+    )
+)
+register_runtime(
+    RuntimeInfo(
         name="openvino:torch",
         module=builtin_module("openvino", "backend"),
         requires=("openvino", "onnx", "onnxscript", "torch"),
         description="the onnxruntime:torch ONNX file compiled by openvino compile_model(CPU, PERFORMANCE_HINT=LATENCY, "
         "NUM_STREAMS=1, INFERENCE_PRECISION_HINT=f32); InferRequest.infer on numpy is timed",
         note=DEPLOYMENT_NOTE,
-        phases=("inference",),
+        phases=("inference", "generate"),
         extras=("deploy", "torch"),
         startup_s=3.5,
         compile_s=5.0,

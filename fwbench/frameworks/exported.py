@@ -6,6 +6,12 @@ runs on numpy arrays. A shape not exported yet (the parity shape) is exported ag
 exported it, what the engine reports it compiled). The file lives in a temporary folder only while it loads, or,
 in a sweep, in the manager's export cache of the comparison group (its rounds' fresh workers, and the engines that
 run one exporter's file, load it instead of exporting again: ``cached: true`` with the export's own seconds).
+
+Phase generate (:meth:`ExportedBackend.make_decoder`, where the exporter has the decoder role: torch): the decoder's
+cached call as a pure step, the cache an input and the written cache an output, exported once per model with its
+batch, token and cache axes free (one file serves the prefill, every decode step and every cell's shape: the export
+cache keeps it for the run), loaded into the engine; :class:`ExportedDecoder` feeds each call's output cache to the
+next call, as an ONNX decoder with past keys/values is run.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fwbench import __version__
-from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, export_report
+from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, Decoder, export_report
 from fwbench.frameworks.registry import get_runtime
-from fwbench.frameworks.roles import builtin_package, import_deploy
+from fwbench.frameworks.roles import as_onnx_decoder_exporter, builtin_package, import_deploy
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
@@ -58,6 +64,7 @@ class ExportedBackend(Backend):
         self.threads = 1
         self._signature: Signature | None = None
         self._exports: list[dict[str, Any]] = []
+        self._exports_decoder = False  # phase generate: the exporter's decoder step is exported, not the model
 
     @functools.cached_property
     def deploy(self) -> ModuleType:
@@ -82,6 +89,11 @@ class ExportedBackend(Backend):
     def release(self) -> None:
         """Drop the loaded artefact (before the next shape's is loaded)."""
 
+    def loaded_call(self) -> Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]]:
+        """The loaded artefact as a call on numpy inputs → its numpy outputs (phase generate's decoder holds it); an
+        engine without it has no generate phase."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} has no generate phase (no loaded_call)")
+
     @abstractmethod
     def engine_threads(self) -> dict[str, Any]:
         """The engine's thread settings for :attr:`threads`, as the engine reports them."""
@@ -105,7 +117,7 @@ class ExportedBackend(Backend):
     def cache_kind(self) -> str:
         """What the artefact is, for the export cache: the exporter's raw file (``shares_export``: fp32 engines that
         run one exporter's same file share it), else this engine's own (its quantised file)."""
-        kind = f"{self.suffix}:{self.mode}:{self.dtype}"
+        kind = f"{self.suffix}:{self.mode}:{self.dtype}" + (":decoder-step" if self._exports_decoder else "")
         return kind if self.shares_export and self.dtype == "fp32" else f"{kind}:{self.framework}"
 
     def cache_key(self, inputs: Sequence[np.ndarray]) -> str:
@@ -172,7 +184,13 @@ class ExportedBackend(Backend):
         self.release()
         self._signature = None
         started = time.perf_counter()
-        how = self.export(inputs, path) if cached is None else {}
+        how = (
+            {}
+            if cached is not None
+            else self.export_decoder(path)
+            if self._exports_decoder
+            else self.export(inputs, path)
+        )
         exported_at = time.perf_counter()
         size = os.path.getsize(path)
         facts = self.load(path, inputs)
@@ -188,6 +206,29 @@ class ExportedBackend(Backend):
             record.update(cached, cached=True)
         self._exports.append({**record, "load_s": time.perf_counter() - exported_at, **facts})
 
+    def export_decoder(self, path: str) -> dict[str, Any]:
+        """Phase generate: the exporter's decoder step (:class:`fwbench.frameworks.roles.OnnxDecoderExporter`) to
+        ``path``, its axes free."""
+        exporter = as_onnx_decoder_exporter(self.deploy)
+        assert exporter is not None and self.description is not None
+        return exporter.decoder_to_onnx(self.arch_module(self.description), self.model, path)
+
+    def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
+        """The decoder step exported (:meth:`export_decoder`) and loaded through :meth:`compile`, keyed in the export
+        cache by the traced sizes (the same for every cell of the model); the zero cache of ``prompt_len +
+        new_tokens`` positions allocated here. NotImplementedError where the exporter has no decoder role."""
+        exporter = as_onnx_decoder_exporter(self.deploy)
+        if exporter is None:
+            return super().make_decoder(batch, prompt_len, new_tokens)
+        assert self.description is not None, "build() first"
+        arch = self.arch_module(self.description)
+        self._exports_decoder = True
+        traced = [np.zeros((2, 3), np.int32), np.array(0, np.int64), *exporter.decoder_cache(arch, self.model, 2, 12)]
+        self.compile(traced)  # the traced sizes, the same for every cell of the model: the export cache's key
+        return ExportedDecoder(
+            self.loaded_call(), exporter.decoder_cache(arch, self.model, batch, prompt_len + new_tokens)
+        )
+
     def sync(self, outputs: Any) -> None:
         """Nothing to wait for: the engines return computed numpy arrays."""
 
@@ -198,3 +239,30 @@ class ExportedBackend(Backend):
     def compile_report(self) -> dict[str, Any]:
         """The export for the timed shapes; ``reexports`` lists those for other shapes made later (parity)."""
         return export_report(self._exports)
+
+
+class ExportedDecoder:
+    """Phase generate in a deployment engine: the loaded decoder step, each call given the previous call's output
+    cache (numpy arrays, flat: keys_0, values_0, ...) and its position as a 0-d int64 array."""
+
+    def __init__(self, run: Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]], cache: list[np.ndarray]) -> None:
+        self._run, self._cache = run, cache
+        max_len = int(cache[0].shape[2])
+        self._positions = [np.array(p, dtype=np.int64) for p in range(max_len)]  # made once, not per step
+
+    def _call(self, ids: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray]:
+        token, logits, *cache = self._run([ids, self._positions[position], *self._cache])
+        self._cache = cache
+        return token, logits
+
+    def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._call(prompt, 0)
+
+    def decode(self, token: np.ndarray, position: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._call(token.astype(np.int32)[:, None], position)
+
+    def decode_loop(self, token: np.ndarray, position: int, steps: int) -> None:
+        return None  # the engines run one exported call at a time
+
+    def numpy(self, value: np.ndarray) -> np.ndarray:
+        return np.asarray(value)

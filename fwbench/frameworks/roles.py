@@ -132,6 +132,28 @@ class OnnxExporter(Protocol):
         """Versions of the framework and of its exporter."""
 
 
+class OnnxDecoderExporter(Protocol):
+    """torch's ``deploy.py``, phase generate in the ONNX engines: a causal decoder's prefill and decode call as one
+    pure graph (the cache in, the cache out)."""
+
+    def decoder_to_onnx(self, arch: ModuleType, model: Any, path: str) -> dict[str, Any]:
+        """The ONNX file ``path`` (weights inside) whose call (input_ids (batch, S) int32, start 0-d int64, past.0.key,
+        past.0.value, ...) returns (the greedy token (batch,) int64, the last position's logits (batch, vocab), each
+        cache tensor with positions start .. start + S - 1 written), the batch, S and cache-length axes free;
+        return how."""
+
+    def decoder_cache(self, arch: ModuleType, model: Any, batch: int, max_len: int) -> list[np.ndarray]:
+        """The zero cache the step takes, flat (keys_0, values_0, keys_1, ...), as float32 numpy arrays."""
+
+    def genai_to_onnx(self, arch: ModuleType, model: Any, path: str) -> dict[str, Any]:
+        """The decoder in ONNX Runtime GenAI's contract (input_ids, attention_mask, past_key_values.N.key/value →
+        logits (batch, 1, vocab + 1), present.N.key/value; every batch, length and cache axis free) written to
+        ``path``, weights inside; return how."""
+
+    def versions(self) -> dict[str, str]:
+        """As :meth:`OnnxExporter.versions`."""
+
+
 class TfliteExporter(Protocol):
     """``<package>/deploy.py`` of a framework whose models LiteRT runs (tensorflow)."""
 
@@ -307,6 +329,11 @@ def import_profiler(package: str) -> ProfilerModule:
 def as_onnx_exporter(module: ModuleType) -> OnnxExporter:
     require(module, OnnxExporter)
     return cast(OnnxExporter, module)
+
+
+def as_onnx_decoder_exporter(module: ModuleType) -> OnnxDecoderExporter | None:
+    """The decoder-export role where ``module`` provides it, else None."""
+    return cast(OnnxDecoderExporter, module) if provides(module, OnnxDecoderExporter) else None
 
 
 def as_tflite_exporter(module: ModuleType) -> TfliteExporter:

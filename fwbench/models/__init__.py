@@ -7,8 +7,12 @@ models by calling :func:`register_model` when imported; :func:`get_model`, :func
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from fwbench.models.base import ModelDescription, ParamSpec
 from fwbench.models.bert import BERT_BASE, BERT_TINY, DISTILBERT_BASE
+from fwbench.models.checkpoint import CHECKPOINTS_ENV, describe_checkpoint, named_checkpoints
 from fwbench.models.gemm import GEMM
 from fwbench.models.gpt2 import GPT2_SMALL, GPT2_TINY
 from fwbench.models.llama import LLAMA_TINY, SMOLLM_135M
@@ -43,9 +47,35 @@ def register_model(description: ModelDescription) -> None:
     MODELS[description.name] = description
 
 
-def all_models() -> dict[str, ModelDescription]:
-    """Every registered model, built-in first, by name (plugins loaded)."""
+def register_checkpoint(folder: Path) -> ModelDescription:
+    """A Hugging Face checkpoint directory's model (fwbench.models.checkpoint), registered under the directory's
+    name and named in ``$FWBENCH_CHECKPOINTS`` for the workers this process starts; a directory named after a
+    built-in model of the same shape is that model. SpecError for a config fwbench cannot build or a name taken."""
+    description = describe_checkpoint(folder)
+    known = MODELS.get(description.name)
+    same = type(known) is type(description) and getattr(known, "config", None) == getattr(description, "config", 0)
+    if known is not None and not same:
+        raise SpecError(
+            f"--weights {folder}: the directory's name {description.name!r} is another model's; rename the directory"
+        )
+    MODELS.setdefault(description.name, description)
+    named = {str(p) for p in named_checkpoints()}
+    if str(folder.resolve()) not in named:
+        os.environ[CHECKPOINTS_ENV] = os.pathsep.join([*sorted(named), str(folder.resolve())])
+    return MODELS[description.name]
+
+
+def load_registrations() -> None:
+    """The plugins, and the checkpoint directories this run named (``$FWBENCH_CHECKPOINTS``)."""
     load_plugins()
+    for folder in named_checkpoints():
+        description = describe_checkpoint(folder)
+        MODELS.setdefault(description.name, description)
+
+
+def all_models() -> dict[str, ModelDescription]:
+    """Every registered model, built-in first, by name (plugins and named checkpoints loaded)."""
+    load_registrations()
     return dict(MODELS)
 
 
@@ -57,7 +87,7 @@ def model_names() -> tuple[str, ...]:
 def get_model(name: str) -> ModelDescription:
     """The description of model ``name``; SpecError listing the known models otherwise."""
     if name not in MODELS:
-        load_plugins()
+        load_registrations()
     try:
         return MODELS[name]
     except KeyError:

@@ -26,6 +26,12 @@ class DecoderConfig(Protocol):
     @property
     def layers(self) -> int: ...
 
+    @property
+    def hidden(self) -> int: ...
+
+    @property
+    def heads(self) -> int: ...
+
 
 class CausalDecoder(ModelDescription):
     """A causal LM: inputs input_ids, attention_mask (batch, seq) int32; outputs ``last_hidden_state`` (batch, seq,

@@ -9,6 +9,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from fwbench.models.base import ModelDescription
+from fwbench.models.checkpoint import is_checkpoint_dir, load_checkpoint_weights
 
 
 def save_weights(description: ModelDescription, weights: dict[str, np.ndarray], path: Path, seed: int) -> None:
@@ -22,7 +23,10 @@ def save_weights(description: ModelDescription, weights: dict[str, np.ndarray], 
 
 
 def load_weights(description: ModelDescription, path: Path) -> dict[str, np.ndarray]:
-    """Float32 weights from a safetensors file; ValueError naming the file on any mismatch with the schema."""
+    """Float32 weights from a safetensors file or a Hugging Face checkpoint directory
+    (fwbench.models.checkpoint); ValueError naming the file on any mismatch with the schema."""
+    if is_checkpoint_dir(path):
+        return load_checkpoint_weights(description, path)
     try:
         weights = load_file(str(path))
     except (OSError, SafetensorError) as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any
 
@@ -106,6 +106,11 @@ class OnnxRuntimeBackend(ExportedBackend):
     def infer(self, inputs: Sequence[Any]) -> tuple[np.ndarray, ...]:
         assert self._session is not None, "compile() first"
         return tuple(self._session.run(None, dict(zip(self._input_names, inputs))))
+
+    def loaded_call(self) -> Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]]:
+        session, names = self._session, self._input_names
+        assert session is not None, "compile() first"
+        return lambda inputs: session.run(None, dict(zip(names, inputs)))
 
     def versions(self) -> dict[str, str]:
         return {"onnxruntime": ort.__version__, "onnx": version("onnx"), **self.exporter.versions()}

@@ -12,7 +12,7 @@ bf16. What the compiled model reports for each is stored (``details.compile_repo
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -103,6 +103,11 @@ class OpenVinoBackend(ExportedBackend):
         # The inputs used in place (as ORT uses contiguous numpy inputs); the outputs copied out of the request's
         # buffers, which its next call reuses.
         return self._request.infer(dict(enumerate(inputs)), share_inputs=True).to_tuple()
+
+    def loaded_call(self) -> Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]]:
+        request = self._request
+        assert request is not None, "compile() first"
+        return lambda inputs: request.infer(dict(enumerate(inputs)), share_inputs=True).to_tuple()
 
     def versions(self) -> dict[str, str]:
         return {"openvino": ov.get_version(), **self.exporter.versions()}

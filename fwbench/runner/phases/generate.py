@@ -176,6 +176,7 @@ class Generate(Phase):
         kept = kept_generation(decoder, prompt, new_tokens)
         first_generation_s = time.perf_counter() - started
         compiles = {key: value - before.get(key, 0) for key, value in backend.compile_counters().items()}
+        cell.record_compile_report(backend)  # the deployment engines: the prefill's and the decode's export
         times = GenerationTimes()
         generate = generation_call(decoder, prompt, new_tokens, backend.sync, times)
         last_tokens: list[list[Any]] = []

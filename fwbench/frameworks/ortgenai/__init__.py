@@ -1,0 +1,1 @@
+"""ONNX Runtime GenAI: ONNX Runtime's own generation loop over our exported decoder (phase generate)."""
