@@ -107,6 +107,19 @@ def test_the_reference_checks_its_own_greedy_tokens_and_the_tokens_vary(name: st
     assert all(len(set(row)) >= NEW // 2 for row in tokens.tolist())
 
 
+def test_a_prefill_counts_the_lm_head_of_its_last_position_only() -> None:
+    """The prefill's logits are the next token's: its FLOPs are the layers' over the whole prompt and one row of the
+    LM head (2·H·V) per batch row, which the roofline's prefill share divides by."""
+    from fwbench.models.text import transformer_layer_flops
+
+    gpt2 = decoder("gpt2")
+    c = gpt2.config
+    batch, prompt = 8, 128
+    layers = c.layers * transformer_layer_flops(prompt, c.hidden, 4 * c.hidden)
+    assert gpt2.prefill_flops(batch, prompt) == batch * (layers + 2 * c.hidden * c.vocab_size)
+    assert gpt2.prefill_flops(batch, 1) == gpt2.forward_flops(batch, 1)  # a decode step: one position, its head
+
+
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
 def test_the_reference_tokens_are_transformers_greedy_generate_on_the_same_weights(name: str) -> None:
     """A public generation implementation on the same weights: transformers' GPT2LMHeadModel / LlamaForCausalLM

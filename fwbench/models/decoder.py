@@ -58,6 +58,12 @@ class CausalDecoder(ModelDescription):
     def cache_width(self) -> int:
         """Keys (or values) one layer caches per position and row: heads × head size (key/value heads')."""
 
+    def prefill_flops(self, batch: int, prompt_len: int) -> int:
+        """Matmul FLOPs of a prefill: :meth:`forward_flops` over the prompt with the LM head of its last position
+        only (2·H·V a row: the prefill's logits are the next token's; the other positions' are never computed)."""
+        c = self.config
+        return self.forward_flops(batch, prompt_len) - 2 * batch * (prompt_len - 1) * c.hidden * c.vocab_size
+
     def decode_step_bytes(self, batch: int, position: int) -> int:
         """Bytes one decode step at ``position`` reads from memory at float32, at least: every weight once (the
         embedding tables only their ``batch`` rows, unless the LM head is the embedding), and every layer's cached keys

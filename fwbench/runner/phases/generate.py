@@ -138,7 +138,8 @@ class Generate(Phase):
     def flops_per_call(self, description: ModelDescription, case: Case, settings: Settings) -> int | None:
         """One generation: the prefill's forward over the prompt, then one forward of one position per further
         token (its attention over the cache, growing with the position, not counted)."""
-        prefill = description.forward_flops(case.global_batch, case.seq_len)
+        assert isinstance(description, CausalDecoder)
+        prefill = description.prefill_flops(case.global_batch, case.seq_len or 1)
         return prefill + (settings.new_tokens - 1) * description.forward_flops(case.global_batch, 1)
 
     def estimate_cell_s(self, case: Case, settings: Settings) -> float:
@@ -273,7 +274,7 @@ class Generate(Phase):
             # the roofline's inputs: bytes a decode step reads at least (mean over the decode positions), the prefill's
             # FLOPs
             "decode_step_bytes": float(np.mean(step_bytes)) if step_bytes else None,
-            "prefill_flops": description.forward_flops(batch, prompt_len),
+            "prefill_flops": description.prefill_flops(batch, prompt_len),
             "compiles_in_first_generation": compiles,
             "compiled_loop": loop,
             "tokens": kept.tokens.tolist() if kept.tokens.size <= MAX_STORED_TOKENS else None,
