@@ -112,11 +112,15 @@ class GPT2Module:
         return x, precision.matmul(x, params["wte"].T)
 
 
+def zero_cache(layers: int, shape: tuple[int, ...]) -> Cache:
+    """Per layer (keys, values), each float32 zeros of ``shape`` (every decoder's cache)."""
+    return [(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(layers)]
+
+
 def new_cache(model: GPT2Module, batch: int, max_len: int) -> Cache:
     """Per layer (keys, values), each (batch, max_len, heads, hidden / heads) float32 zeros."""
     c = model.config
-    shape = (batch, max_len, c.heads, c.hidden // c.heads)
-    return [(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(c.layers)]
+    return zero_cache(c.layers, (batch, max_len, c.heads, c.hidden // c.heads))
 
 
 def cached_forward(

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fwbench.frameworks.jax import precision
-from fwbench.frameworks.jax.gpt2 import Cache, cache_allowed, cached, causal_allowed
+from fwbench.frameworks.jax.gpt2 import Cache, cache_allowed, cached, causal_allowed, zero_cache
 from fwbench.frameworks.jax.weights import CanonicalParams
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.llama import (
@@ -129,8 +129,7 @@ class LlamaModule:
 def new_cache(model: LlamaModule, batch: int, max_len: int) -> Cache:
     """Per layer (keys, values), each (batch, max_len, kv_heads, head_dim) float32 zeros."""
     c = model.config
-    shape = (batch, max_len, c.kv_heads, c.head_dim)
-    return [(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)) for _ in range(c.layers)]
+    return zero_cache(c.layers, (batch, max_len, c.kv_heads, c.head_dim))
 
 
 def cached_forward(

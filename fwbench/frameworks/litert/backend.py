@@ -9,7 +9,7 @@ API has no in-place inputs; ORT and OpenVINO use the inputs in place).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
@@ -80,16 +80,6 @@ class LiteRtBackend(ExportedBackend):
         assert self._runner is not None, "compile() first"
         result = self._runner(**{f"input_{i}": a for i, a in enumerate(inputs)})
         return tuple(result[name] for name in self._outputs)
-
-    def loaded_call(self) -> Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]]:
-        runner, outputs = self._runner, self._outputs
-        assert runner is not None, "compile() first"
-
-        def call(inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-            result = runner(**{f"input_{i}": a for i, a in enumerate(inputs)})
-            return tuple(result[name] for name in outputs)
-
-        return call
 
     def versions(self) -> dict[str, str]:
         return {"ai-edge-litert": version("ai-edge-litert"), **self.exporter.versions()}

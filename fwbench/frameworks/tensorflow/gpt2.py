@@ -133,12 +133,16 @@ def cache_mask(positions: tf.Tensor, max_len: int) -> tf.Tensor:
     return ((1.0 - allowed) * MASKED)[None, None]
 
 
+def zero_cache(layers: int, shape: tuple[int, ...]) -> Cache:
+    """Per layer (keys, values) variables, each float32 zeros of ``shape`` (every decoder's cache)."""
+    return [(tf.Variable(tf.zeros(shape), trainable=False), tf.Variable(tf.zeros(shape), trainable=False))
+            for _ in range(layers)]  # fmt: skip
+
+
 def new_cache(module: GPT2Module, batch: int, max_len: int) -> Cache:
     """Per layer (keys, values) variables, each (batch, heads, max_len, hidden / heads) float32 zeros."""
     layer = module.layers[0]
-    shape = (batch, layer.heads, max_len, module.wte.shape[-1] // layer.heads)
-    return [(tf.Variable(tf.zeros(shape), trainable=False), tf.Variable(tf.zeros(shape), trainable=False))
-            for _ in module.layers]  # fmt: skip
+    return zero_cache(len(module.layers), (batch, layer.heads, max_len, module.wte.shape[-1] // layer.heads))
 
 
 def cached_forward(module: GPT2Module, input_ids: tf.Tensor, start: tf.Tensor, cache: Cache) -> tf.Tensor:

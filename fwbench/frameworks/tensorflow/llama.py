@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from fwbench.frameworks.tensorflow import precision
 from fwbench.frameworks.tensorflow.bert import dims, tap_hidden
-from fwbench.frameworks.tensorflow.gpt2 import Cache, cache_mask, cache_update, causal_mask
+from fwbench.frameworks.tensorflow.gpt2 import Cache, cache_mask, cache_update, causal_mask, zero_cache
 from fwbench.frameworks.tensorflow.weights import CanonicalVariables, MakeVariable
 from fwbench.models.checkpoints import Taps
 from fwbench.models.llama import EMBEDDING, FINAL_NORM, LM_HEAD, Llama, LlamaConfig, layer_checkpoints, layer_prefix
@@ -143,9 +143,7 @@ class LlamaModule(tf.Module):
 def new_cache(module: LlamaModule, batch: int, max_len: int) -> Cache:
     """Per layer (keys, values) variables, each (batch, kv_heads, max_len, head_dim) float32 zeros."""
     c = module.config
-    shape = (batch, c.kv_heads, max_len, c.head_dim)
-    return [(tf.Variable(tf.zeros(shape), trainable=False), tf.Variable(tf.zeros(shape), trainable=False))
-            for _ in module.layers]  # fmt: skip
+    return zero_cache(len(module.layers), (batch, c.kv_heads, max_len, c.head_dim))
 
 
 def cached_forward(module: LlamaModule, input_ids: tf.Tensor, start: tf.Tensor, cache: Cache) -> tf.Tensor:

@@ -99,12 +99,15 @@ class GPT2Module(nn.Module):
         return x, F.linear(x, self.wte.weight)
 
 
+def zero_cache(layers: int, shape: tuple[int, ...], device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values), each float32 zeros of ``shape`` on ``device`` (every decoder's cache)."""
+    return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in range(layers)]
+
+
 def new_cache(module: GPT2Module, batch: int, max_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (keys, values), each (batch, heads, max_len, hidden / heads) float32 zeros, on the module's device."""
     c = module.config
-    shape = (batch, c.heads, max_len, c.hidden // c.heads)
-    device = module.wte.weight.device
-    return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in module.layers]
+    return zero_cache(c.layers, (batch, c.heads, max_len, c.hidden // c.heads), module.wte.weight.device)
 
 
 def cached_forward(

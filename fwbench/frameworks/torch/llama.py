@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fwbench.frameworks.torch.gpt2 import causal_allowed
+from fwbench.frameworks.torch.gpt2 import causal_allowed, zero_cache
 from fwbench.frameworks.torch.weights import load_canonical
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.llama import (
@@ -136,9 +136,7 @@ class LlamaModule(nn.Module):
 def new_cache(module: LlamaModule, batch: int, max_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (keys, values), each (batch, kv_heads, max_len, head_dim) float32 zeros, on the module's device."""
     c = module.config
-    device = module.embed_tokens.weight.device
-    shape = (batch, c.kv_heads, max_len, c.head_dim)
-    return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in range(c.layers)]
+    return zero_cache(c.layers, (batch, c.kv_heads, max_len, c.head_dim), module.embed_tokens.weight.device)
 
 
 def cached_forward(
