@@ -2,11 +2,13 @@
 (gpt2-tiny and llama-tiny), a near tie is marked and never fails a correct runtime, an injected cache defect is a
 mismatch naming its step, a decode step that recompiles is flagged, bad arguments are refused with one line.
 ``make test``: torch:eager, tensorflow:function and jax:jit (its compiled loop too) on both decoders, onnxruntime:torch
-(the exported decoder step) on llama-tiny, onnxruntime-genai:torch (GenAI's own loop) on gpt2-tiny; the matrix:
-torch:compile, tensorflow:eager, tensorflow:xla and openvino:torch, one decoder each."""
+(the exported decoder step) and keras:jax (the model's own Keras layers over a functional cache) on llama-tiny,
+onnxruntime-genai:torch (GenAI's own loop) on gpt2-tiny; the matrix: torch:compile, tensorflow:eager, tensorflow:xla
+and openvino:torch on one decoder each, the rest of Keras' backends on both."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,13 @@ SETTINGS = Settings(threads=1, max_time_s=0.2, new_tokens=NEW)
 DEFAULT_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")  # each on gpt2-tiny and llama-tiny
 # each on one model (its compiles and exports are the slow part): the decoders' cache code is the same file as the
 # default runtimes' (the engines run torch's, exported)
-DEFAULT_CELLS = (("onnxruntime:torch", "llama-tiny"), ("onnxruntime-genai:torch", "gpt2-tiny"))
+DEFAULT_CELLS = (
+    ("onnxruntime:torch", "llama-tiny"), ("onnxruntime-genai:torch", "gpt2-tiny"), ("keras:jax", "llama-tiny"),
+)  # fmt: skip
 MATRIX_CELLS = (
     ("torch:compile", "llama-tiny"), ("tensorflow:eager", "llama-tiny"), ("tensorflow:xla", "gpt2-tiny"),
-    ("openvino:torch", "gpt2-tiny"),
+    ("openvino:torch", "gpt2-tiny"), ("keras:jax", "gpt2-tiny"), ("keras:tensorflow", "llama-tiny"),
+    ("keras:tensorflow", "gpt2-tiny"), ("keras:torch", "llama-tiny"), ("keras:torch", "gpt2-tiny"),
 )  # fmt: skip
 ENGINES = ("onnxruntime:torch", "openvino:torch", "onnxruntime-genai:torch")
 
@@ -269,6 +274,29 @@ def test_a_generate_run_is_stored_and_reported_with_its_own_table_and_plot(
     page = (tmp_path / "r.html").read_text()
     section = page[page.index('<section id="generate">') :]
     assert "decode latency against the position" in section and section.count("<img") >= 1
+
+
+@pytest.mark.slow
+def test_an_engine_exports_the_decoder_step_once_per_model_for_every_group_of_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from fwbench.frameworks.base import MODEL_EXPORT_CACHE_ENV
+
+    db = tmp_path / "generate.db"
+    flags = ("--phase", "generate", "--models", "llama-tiny", "--runtimes", "onnxruntime:torch")
+    code, _, err = fwbench_here(
+        capsys,
+        *run_args(*flags, "--batch-sizes", "1,2", "--prompt-lens", "8", "--new-tokens", "3", db=db, max_time=0.2),
+    )
+    assert code == 0, err
+    assert MODEL_EXPORT_CACHE_ENV not in os.environ  # the run's cache lived as long as the run
+    with Store.open(db, readonly=True) as store:
+        rows = store.results()
+    assert {row.status for row in rows} == {"ok"} and {row.batch_size for row in rows} == {1, 2}
+    reports = [row.details["compile_report"] for row in rows]
+    # two comparison groups (one per batch), one export: the later group's worker loaded the earlier one's file
+    assert sorted(bool(report.get("cached")) for report in reports) == [False, True]
+    assert reports[0]["export_s"] == reports[1]["export_s"]
 
 
 # -- the roofline: decode against the memory bandwidth, the prefill against the FLOP peak ---------------------------

@@ -34,6 +34,9 @@ from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
 
 EXPORT_CACHE_ENV = "FWBENCH_EXPORT_CACHE"  # the manager's export cache of one comparison group (a folder)
+# the manager's cache of the artefacts exported with every axis free (one per model: phase generate's decoder step),
+# shared by every group of a run (a folder)
+MODEL_EXPORT_CACHE_ENV = "FWBENCH_MODEL_EXPORTS"
 
 
 def export_report(exports: Sequence[dict[str, Any]]) -> dict[str, Any]:

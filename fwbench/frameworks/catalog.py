@@ -258,7 +258,7 @@ register_runtime(
         requires=("keras", "tensorflow"),
         description="Keras 3 on TensorFlow: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
         "a tf.function, XLA only on a GPU",
-        phases=("inference", "training", "fit"),
+        phases=("inference", "training", "fit", "generate"),
         training=KERAS_TRAINING + "a tf.function train step (XLA only on a GPU)",
         fit=KERAS_FIT,
         fit_loader="tensorflow:data",
@@ -278,7 +278,7 @@ register_runtime(
         requires=("keras", "jax"),
         description="Keras 3 on JAX: model.predict_function(state, iter([(x,)])) after model.compile(jit_compile='auto'); "
         "jax.jit of the stateless predict step, variables donated and the returned state carried to the next call",
-        phases=("inference", "training", "fit"),
+        phases=("inference", "training", "fit", "generate"),
         training=KERAS_TRAINING + "jax.jit of the stateless train step; train_on_batch writes the state back "
         "into the variables after each call",
         fit=KERAS_FIT,
@@ -296,7 +296,7 @@ register_runtime(
         requires=("keras", "torch"),
         description="Keras 3 on PyTorch: model.predict_function([(x,)]) after model.compile(jit_compile='auto'); "
         "eager under torch.no_grad (auto never picks torch.compile)",
-        phases=("inference", "training", "fit"),
+        phases=("inference", "training", "fit", "generate"),
         training=KERAS_TRAINING + "eager forward, backward and optimizer step (auto never picks torch.compile)",
         fit=KERAS_FIT,
         dtypes=("fp32", "bf16"),

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fwbench import __version__
-from fwbench.frameworks.base import EXPORT_CACHE_ENV, Backend, Decoder, export_report
+from fwbench.frameworks.base import EXPORT_CACHE_ENV, MODEL_EXPORT_CACHE_ENV, Backend, Decoder, export_report
 from fwbench.frameworks.registry import get_runtime
 from fwbench.frameworks.roles import as_onnx_decoder_exporter, builtin_package, import_deploy
 from fwbench.spec import Settings
@@ -141,10 +141,13 @@ class ExportedBackend(Backend):
     def compile(self, inputs: Sequence[Any]) -> None:
         """Export and load for these shapes, unless the loaded artefact is already for them. With an export cache
         (``FWBENCH_EXPORT_CACHE``, a folder the manager keeps for one comparison group), an artefact another worker
-        exported for the same model, shape and weights is loaded instead of exported again."""
+        exported for the same model, shape and weights is loaded instead of exported again; an export with every
+        axis free (phase generate's decoder step) is looked up in the run's cache of those (``FWBENCH_MODEL_EXPORTS``),
+        so one export serves every group of the model."""
         if signature_of(inputs) == self._signature:
             return
-        cache = os.environ.get(EXPORT_CACHE_ENV)
+        # an export with its axes free serves every group of the model: the run's cache, else the group's
+        cache = (self._exports_decoder and os.environ.get(MODEL_EXPORT_CACHE_ENV)) or os.environ.get(EXPORT_CACHE_ENV)
         if cache and self._load_cached(inputs, Path(cache)):
             return
         with tempfile.TemporaryDirectory(prefix=f"fwbench-{self.framework}-") as folder:

@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from fwbench.details import RoundsStop
 from fwbench.diskfull import DiskFull, stops_the_sweep
 from fwbench.frameworks import get_runtime, missing_implementation, missing_requirement
-from fwbench.frameworks.base import EXPORT_CACHE_ENV
+from fwbench.frameworks.base import EXPORT_CACHE_ENV, MODEL_EXPORT_CACHE_ENV
 from fwbench.measure.environment import machine_record
 from fwbench.measure.rounds import Block
 from fwbench.models import get_model
@@ -113,23 +113,34 @@ def stored_parity(store: Store, run_id: int, min_rounds: int = 1) -> Parity:
 
 
 @contextlib.contextmanager
-def export_cache(folder: str | None = None) -> Iterator[None]:
-    """A folder for the group's exported artefacts (deployment engines), given to its workers through their
-    environment (EXPORT_CACHE_ENV): ``folder`` (its owner removes it), or a temporary one removed with everything in
-    it when the block ends. A group is one model at one shape, so its rounds' fresh workers, and engines that run
-    one exporter's file, export it once."""
-    previous = os.environ.get(EXPORT_CACHE_ENV)
+def exports_folder(variable: str, folder: str | None = None) -> Iterator[None]:
+    """``folder`` (its owner removes it), or a temporary one removed with everything in it when the block ends, given
+    to the workers through their environment as ``variable``."""
+    previous = os.environ.get(variable)
     with contextlib.ExitStack() as stack:
         if folder is None:
             folder = stack.enter_context(run_folder(EXPORTS_PREFIX))
-        os.environ[EXPORT_CACHE_ENV] = folder
+        os.environ[variable] = folder
         try:
             yield
         finally:
             if previous is None:
-                os.environ.pop(EXPORT_CACHE_ENV, None)
+                os.environ.pop(variable, None)
             else:
-                os.environ[EXPORT_CACHE_ENV] = previous
+                os.environ[variable] = previous
+
+
+def export_cache(folder: str | None = None) -> contextlib.AbstractContextManager[None]:
+    """A folder for the group's exported artefacts (deployment engines; EXPORT_CACHE_ENV): ``folder``, or a temporary
+    one. A group is one model at one shape, so its rounds' fresh workers, and engines that run one exporter's file,
+    export it once."""
+    return exports_folder(EXPORT_CACHE_ENV, folder)
+
+
+def model_exports() -> contextlib.AbstractContextManager[None]:
+    """The run's cache of artefacts exported with every axis free (MODEL_EXPORT_CACHE_ENV; phase generate's decoder
+    step): one export per model serves all of the model's groups, whatever their batch and prompt."""
+    return exports_folder(MODEL_EXPORT_CACHE_ENV)
 
 
 class SeededWeights:
@@ -363,7 +374,7 @@ def execute(
     machine = machine_record()
     recorder = Recorder(store, run_id, plan, listener)
     more: list[GroupRun] = []  # the groups that may get extra rounds, each closed (its export cache) when the run ends
-    with seeded_weights(plan.settings) as weights:
+    with seeded_weights(plan.settings) as weights, model_exports():
         try:
             for window in spread_windows(pending_groups(store, run_id, plan), plan.settings):
                 window_run = Window(window, plan.settings, parity, recorder, machine, weights, hear)

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from fwbench.frameworks import registry
-from fwbench.frameworks.base import Backend
+from fwbench.frameworks.base import Backend, Decoder
 from fwbench.frameworks.keras3 import import_keras, refuse_other_backend
 from fwbench.frameworks.roles import as_keras_checkpoint_arch, as_keras_training_arch
 from fwbench.frameworks.tensorflow.tracing import tracing_counters
@@ -105,6 +105,7 @@ class KerasBackend(Backend):
         self._state: Any = None  # keras:jax: (trainable, non-trainable) variable values, carried between calls
         self._input_names: tuple[str, ...] = ()
         self._train_model: Any = None  # phase training: the model train_on_batch trains
+        self._decoder: Any = None  # phase generate: keras/generate.DecodeProgram
 
     # -- set-up -------------------------------------------------------------------------------
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
@@ -214,6 +215,25 @@ class KerasBackend(Backend):
 
     def sync(self, outputs: Any) -> None:
         self._native.sync(outputs)
+
+    # -- phase generate -----------------------------------------------------------------------
+    def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
+        """The Keras backend's decode program (keras/generate.DecodeProgram): the model's own layers over a
+        functional cache, compiled as the backend compiles the predict step (``jit_compile="auto"`` as Keras
+        resolves it)."""
+        if self.mode == "jax-dataparallel":
+            return super().make_decoder(batch, prompt_len, new_tokens)
+        from fwbench.frameworks.keras.generate import DecodeProgram
+        from fwbench.frameworks.keras.weights import keras_device
+
+        if self._jit_compile_auto is None:  # configure_threads was skipped (in-process use)
+            self._jit_compile_auto = self._resolve_auto_jit_compile()
+        self.jit_compile = self._jit_compile_auto
+        with self.keras.device(keras_device(self.device)):
+            self._decoder = DecodeProgram(
+                self.arch_module(), self.model, batch, prompt_len + new_tokens, self.keras_backend, self.jit_compile
+            )
+        return self._decoder
 
     # -- phase training -----------------------------------------------------------------------
     def make_targets(self, arrays: dict[str, np.ndarray]) -> tuple[Any, ...]:
@@ -339,6 +359,8 @@ class KerasBackend(Backend):
         return outputs, self.canonical_checkpoints(captured)
 
     def compile_counters(self) -> dict[str, int]:
+        if self._decoder is not None and self.keras_backend == "tensorflow":  # phase generate: its step's traces
+            return self._decoder.compile_counters()
         if self.keras_backend == "tensorflow":  # model.predict_function is a tf.function (reduce_retracing=True)
             # Phase training: Keras keeps the train step's tf.function inside its train_function, out of reach.
             return tracing_counters(self._predict) if self._predict is not None else {}

@@ -46,14 +46,29 @@ class DecoderLayer(layers.Layer):
             layer.build((None, None, self.hidden))
         self.mlp_proj.build((None, None, self.intermediate))
 
+    def projected(self, x):  # type: ignore[no-untyped-def]
+        """x (B, S, H) → q, k, v, each (B, S, heads, H / heads)."""
+        b, s = ops.shape(x)[0], ops.shape(x)[1]
+        return tuple(
+            ops.reshape(t, (b, s, self.heads, self.hidden // self.heads))
+            for t in ops.split(self.c_attn(self.ln_1(x)), 3, axis=-1)
+        )
+
+    def cached_call(self, x, allowed, keys, values, start):  # type: ignore[no-untyped-def]
+        """x (B, S, H) at positions start .. start + S - 1, allowed (1, 1, S, max_len) bool, the cache's keys and
+        values (B, max_len, heads, H / heads) → (x after the layer, the keys and values with this call's written)."""
+        q, k, v = self.projected(x)
+        keys, values = write_cache(keys, values, k, v, start)
+        context = ops.dot_product_attention(q, ops.cast(keys, q.dtype), ops.cast(values, q.dtype), mask=allowed)
+        b, s = ops.shape(x)[0], ops.shape(x)[1]
+        x = ops.add(x, self.attn_proj(ops.reshape(context, (b, s, self.hidden))))
+        return ops.add(x, self.mlp_proj(ops.gelu(self.c_fc(self.ln_2(x)), approximate=True))), keys, values
+
     def call(self, x, allowed, checkpoints=False):  # type: ignore[no-untyped-def]
         """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H); with ``checkpoints``, a dict of the layer's ``attn``
         and ``mlp`` (each block's output before its residual sum) and ``layer`` (the output) instead."""
         b, s = ops.shape(x)[0], ops.shape(x)[1]
-        q, k, v = (
-            ops.reshape(t, (b, s, self.heads, self.hidden // self.heads))  # (B, S, heads, H / heads)
-            for t in ops.split(self.c_attn(self.ln_1(x)), 3, axis=-1)
-        )
+        q, k, v = self.projected(x)
         context = ops.dot_product_attention(q, k, v, mask=allowed)
         # ops.add: float32 residual + bfloat16 Dense output promotes to float32 on every backend (TF's + would not)
         if not checkpoints:
@@ -72,6 +87,55 @@ class CausalMask(layers.Layer):
         seq = ops.shape(attention_mask)[1]
         causal = ops.tril(ops.ones((seq, seq), dtype="bool"))
         return ops.logical_and(causal[None, None], ops.cast(attention_mask, "bool")[:, None, None, :])
+
+
+def write_cache(keys: Any, values: Any, k: Any, v: Any, start: Any) -> tuple[Any, Any]:
+    """The cache's keys and values (B, max_len, heads, d) with ``k`` and ``v`` (B, S, heads, d) written at positions
+    start .. start + S - 1 by ``ops.slice_update`` (a new tensor: Keras' ops are functional; jax, given the cache
+    donated, updates it in place). bf16: the policy's products kept in the float32 cache."""
+    at = (0, start, 0, 0)
+    return (
+        ops.slice_update(keys, at, ops.cast(k, keys.dtype)),
+        ops.slice_update(values, at, ops.cast(v, values.dtype)),
+    )
+
+
+def cache_allowed(positions: Any, max_len: int) -> Any:
+    """(1, 1, S, max_len) bool: the query at ``positions[i]`` may see the cache's keys at positions ≤ it."""
+    return (ops.arange(max_len, dtype="int32")[None, :] <= positions[:, None])[None, None]
+
+
+def call_positions(input_ids: Any, start: Any) -> Any:
+    """(S,) int32: the positions start .. start + S - 1 of input_ids (B, S)."""
+    return ops.add(ops.arange(ops.shape(input_ids)[1], dtype="int32"), ops.cast(start, "int32"))
+
+
+def zero_cache(layers: int, shape: tuple[int, ...]) -> list[tuple[Any, Any]]:
+    """Per layer (keys, values), each float32 zeros of ``shape`` (every decoder's cache), on the device in scope."""
+    return [(ops.zeros(shape, "float32"), ops.zeros(shape, "float32")) for _ in range(layers)]
+
+
+def new_cache(model: keras.Model, batch: int, max_len: int) -> list[tuple[Any, Any]]:
+    """Per layer (keys, values), each (batch, max_len, heads, hidden / heads) float32 zeros."""
+    layer = model.get_layer("layers_0")
+    count = sum(1 for layer_ in model.layers if isinstance(layer_, DecoderLayer))
+    return zero_cache(count, (batch, max_len, layer.heads, layer.hidden // layer.heads))
+
+
+def cached_forward(model: keras.Model, input_ids: Any, start: Any, cache: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """input_ids (B, S) at positions start .. start + S - 1 through the built model's own layers (called as Keras
+    calls them, under the dtype policy) with the cache (:func:`new_cache`) → (the last position's logits (B, vocab),
+    the cache with their keys and values)."""
+    positions = call_positions(input_ids, start)
+    allowed = cache_allowed(positions, ops.shape(cache[0][0])[1])
+    wte = model.get_layer("wte")
+    x = ops.add(wte(input_ids), ops.take(model.get_layer("wpe").embeddings, positions, axis=0))
+    updated = []
+    for i, (keys, values) in enumerate(cache):
+        x, keys, values = model.get_layer(f"layers_{i}").cached_call(x, allowed, keys, values, start)
+        updated.append((keys, values))
+    x = model.get_layer("ln_f")(x[:, -1:])
+    return wte(x, reverse=True)[:, 0], updated
 
 
 def tied_embedding(vocab_size: int, hidden: int, name: str) -> layers.ReversibleEmbedding:

@@ -19,7 +19,14 @@ from keras import layers, ops
 
 from fwbench.frameworks.keras import precision
 from fwbench.frameworks.keras.bert import Make, call_layer, graph_checkpoint_model, graph_model
-from fwbench.frameworks.keras.gpt2 import CausalMask, tied_embedding
+from fwbench.frameworks.keras.gpt2 import (
+    CausalMask,
+    cache_allowed,
+    call_positions,
+    tied_embedding,
+    write_cache,
+    zero_cache,
+)
 from fwbench.frameworks.keras.weights import OVERWRITTEN, keras_device, load_canonical
 from fwbench.models.checkpoints import Taps, tap
 from fwbench.models.llama import (
@@ -68,37 +75,53 @@ class DecoderLayer(layers.Layer):
             layer.build(hidden)
         self.down_proj.build((None, None, self.config.intermediate))
 
-    def rotary_tables(self, seq: Any) -> tuple[Any, Any]:
-        """(cos, sin), each (S, 1, d) float32 for positions 0..S-1 (fwbench.models.llama.rotary_tables)."""
+    def rotary_tables(self, positions: Any) -> tuple[Any, Any]:
+        """(cos, sin), each (S, 1, d) float32 for ``positions`` (S,) (fwbench.models.llama.rotary_tables)."""
         c = self.config
         # keras ops only, made on the device in scope: on the torch backend Keras' symbolic call runs the layer on
         # the meta device, and any op that fails there makes it run the layer for real (83-token inputs) instead
         exponents = ops.arange(0, c.head_dim, 2, dtype="float32") / float(-c.head_dim)
         inverse = ops.power(ops.convert_to_tensor(c.rope_theta, "float32"), exponents)
-        angles = ops.cast(ops.arange(seq), "float32")[:, None] * inverse[None, :]
+        angles = ops.cast(positions, "float32")[:, None] * inverse[None, :]
         angles = ops.concatenate([angles, angles], axis=-1)[:, None, :]
         return ops.cos(angles), ops.sin(angles)
 
-    def call(self, x, allowed, checkpoints=False):  # type: ignore[no-untyped-def]
-        """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H); with ``checkpoints``, a dict of the layer's ``attn``
-        and ``mlp`` (each block's output before its residual sum) and ``layer`` (the output) instead."""
+    def projected(self, x, positions):  # type: ignore[no-untyped-def]
+        """x (B, S, H) at ``positions`` (S,) → q (B, S, heads, d), k and v (B, S, kv_heads, d), q and k rotated."""
         c = self.config
         b, s = ops.shape(x)[0], ops.shape(x)[1]
-        cos, sin = self.rotary_tables(s)
+        cos, sin = self.rotary_tables(positions)
         a = self.input_layernorm(x)
         q = rotate(ops.reshape(self.q_proj(a), (b, s, c.heads, c.head_dim)), cos, sin)
         k = rotate(ops.reshape(self.k_proj(a), (b, s, c.kv_heads, c.head_dim)), cos, sin)
-        v = ops.reshape(self.v_proj(a), (b, s, c.kv_heads, c.head_dim))
-        # grouped-query attention as Keras does it on every backend: query head h reads key/value head
-        # h // (heads / kv_heads), the pairing np.repeat gives (an ops.repeat here fails Keras' symbolic call on the
-        # torch backend, which then builds the model by running it on real tensors)
-        context = ops.dot_product_attention(q, k, v, mask=allowed)
-        attn = self.o_proj(ops.reshape(context, (b, s, c.hidden)))
+        return q, k, ops.reshape(self.v_proj(a), (b, s, c.kv_heads, c.head_dim))
+
+    def after_attention(self, x, context):  # type: ignore[no-untyped-def]
+        """x (B, S, H) and the attention's context (B, S, heads, d) → (attn, mlp, the layer's output)."""
+        b, s = ops.shape(x)[0], ops.shape(x)[1]
+        attn = self.o_proj(ops.reshape(context, (b, s, self.config.hidden)))
         # ops.add: float32 residual + bfloat16 Dense output promotes to float32 on every backend (TF's + would not)
         x = ops.add(x, attn)
         m = self.post_attention_layernorm(x)
         mlp = self.down_proj(ops.multiply(ops.silu(self.gate_proj(m)), self.up_proj(m)))
-        out = ops.add(x, mlp)
+        return attn, mlp, ops.add(x, mlp)
+
+    def cached_call(self, x, allowed, keys, values, start):  # type: ignore[no-untyped-def]
+        """x (B, S, H) at positions start .. start + S - 1, allowed (1, 1, S, max_len) bool, the cache's keys and
+        values (B, max_len, kv_heads, d) → (x after the layer, the keys and values with this call's written)."""
+        q, k, v = self.projected(x, call_positions(x, start))
+        keys, values = write_cache(keys, values, k, v, start)
+        context = ops.dot_product_attention(q, ops.cast(keys, q.dtype), ops.cast(values, q.dtype), mask=allowed)
+        return self.after_attention(x, context)[2], keys, values
+
+    def call(self, x, allowed, checkpoints=False):  # type: ignore[no-untyped-def]
+        """x (B, S, H), allowed (B, 1, S, S) bool → (B, S, H); with ``checkpoints``, a dict of the layer's ``attn``
+        and ``mlp`` (each block's output before its residual sum) and ``layer`` (the output) instead."""
+        q, k, v = self.projected(x, ops.arange(ops.shape(x)[1]))
+        # grouped-query attention as Keras does it on every backend: query head h reads key/value head
+        # h // (heads / kv_heads), the pairing np.repeat gives (an ops.repeat here fails Keras' symbolic call on the
+        # torch backend, which then builds the model by running it on real tensors)
+        attn, mlp, out = self.after_attention(x, ops.dot_product_attention(q, k, v, mask=allowed))
         return {"attn": attn, "mlp": mlp, "layer": out} if checkpoints else out
 
 
@@ -125,6 +148,28 @@ def llama_graph(description: Llama, make: Make, taps: Taps = None) -> tuple[dict
     x = tap(taps, "norm", make("norm", lambda name: precision.rms_norm(c.rms_norm_eps, name))(x))
     logits = embed(x, reverse=True) if c.tied else make("lm_head", lambda name: projection(c.vocab_size, name))(x)
     return inputs, {"last_hidden_state": x, "logits": logits}
+
+
+def new_cache(model: keras.Model, batch: int, max_len: int) -> list[tuple[Any, Any]]:
+    """Per layer (keys, values), each (batch, max_len, kv_heads, head_dim) float32 zeros."""
+    c: LlamaConfig = model.get_layer("layers_0").config
+    return zero_cache(c.layers, (batch, max_len, c.kv_heads, c.head_dim))
+
+
+def cached_forward(model: keras.Model, input_ids: Any, start: Any, cache: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """input_ids (B, S) at positions start .. start + S - 1 through the built model's own layers (called as Keras
+    calls them, under the dtype policy) with the cache (:func:`new_cache`) → (the last position's logits (B, vocab),
+    the cache with their keys and values)."""
+    allowed = cache_allowed(call_positions(input_ids, start), ops.shape(cache[0][0])[1])
+    embed = model.get_layer("embed_tokens")
+    x = embed(input_ids)
+    updated = []
+    for i, (keys, values) in enumerate(cache):
+        x, keys, values = model.get_layer(f"layers_{i}").cached_call(x, allowed, keys, values, start)
+        updated.append((keys, values))
+    x = model.get_layer("norm")(x[:, -1:])
+    logits = embed(x, reverse=True) if model.get_layer("layers_0").config.tied else model.get_layer("lm_head")(x)
+    return logits[:, 0], updated
 
 
 # canonical suffix -> this model's variable path within a layer.
