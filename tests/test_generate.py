@@ -22,6 +22,7 @@ from fwbench.models import get_model
 from fwbench.models.decoder import CausalDecoder
 from fwbench.models.generation import check_tokens, generation_weights, prompt_ids, reference_greedy, reference_logits
 from fwbench.runner.manager import run_worker
+from fwbench.runner.phases.generate import BLOCKS_PER_ROUND
 from fwbench.spec import Case, Settings
 from fwbench.store import Store
 from hf_oracles import hf_causal_lm
@@ -250,6 +251,26 @@ def test_bad_generate_arguments_are_refused_in_one_line(
     assert not (tmp_path / "r.db").exists() or not Store.open(tmp_path / "r.db", readonly=True).results()
 
 
+def test_list_says_which_runtimes_generate_and_why_the_others_do_not(capsys: pytest.CaptureFixture[str]) -> None:
+    from fwbench.frameworks import runtimes
+
+    lacking = {
+        name: info.no_generate
+        for name, info in runtimes().items()
+        if "inference" in info.phases
+        and "generate" not in info.phases
+        and not info.unavailable
+        and (info.module or info.external).startswith("fwbench.frameworks.")  # built in (not a test plugin's)
+    }
+    assert lacking and all(lacking.values()), "a built-in inference runtime without phase generate must say why"
+    code, out, _ = fwbench_here(capsys, "list")
+    assert code == 0
+    text = out[out.index("--phase generate") :]
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") >= 3}
+    assert "yes" in rows["keras:jax"] and "yes" in rows["onnxruntime-genai:torch"]
+    assert "no: tf2onnx converts" in rows["onnxruntime:tensorflow"]
+
+
 @pytest.mark.slow
 def test_a_generate_run_is_stored_and_reported_with_its_own_table_and_plot(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
@@ -267,6 +288,10 @@ def test_a_generate_run_is_stored_and_reported_with_its_own_table_and_plot(
     for row in rows:
         assert row.generation is not None and row.generation.new_tokens == 4 and len(row.generation.rounds) == 1
         assert len(row.generation.rounds[0].decode_step_s_by_position) == 3
+        # interleaved, a block is one generation and the calibration called none
+        generation = row.details["generation"]
+        assert generation["timed_generations"] == BLOCKS_PER_ROUND
+        assert generation["generations_called"] == row.details["warmup_calls"] + BLOCKS_PER_ROUND
     code, _, err = fwbench_here(
         capsys, "report", "--db", str(db), "--run", "latest", "--html", str(tmp_path / "r.html")
     )
@@ -283,7 +308,7 @@ def test_an_engine_exports_the_decoder_step_once_per_model_for_every_group_of_th
     from fwbench.frameworks.base import MODEL_EXPORT_CACHE_ENV
 
     db = tmp_path / "generate.db"
-    flags = ("--phase", "generate", "--models", "llama-tiny", "--runtimes", "onnxruntime:torch")
+    flags = ("--phase", "generate", "--models", "llama-tiny", "--runtimes", "onnxruntime:torch,onnxruntime-genai:torch")
     code, _, err = fwbench_here(
         capsys,
         *run_args(*flags, "--batch-sizes", "1,2", "--prompt-lens", "8", "--new-tokens", "3", db=db, max_time=0.2),
@@ -293,10 +318,11 @@ def test_an_engine_exports_the_decoder_step_once_per_model_for_every_group_of_th
     with Store.open(db, readonly=True) as store:
         rows = store.results()
     assert {row.status for row in rows} == {"ok"} and {row.batch_size for row in rows} == {1, 2}
-    reports = [row.details["compile_report"] for row in rows]
-    # two comparison groups (one per batch), one export: the later group's worker loaded the earlier one's file
-    assert sorted(bool(report.get("cached")) for report in reports) == [False, True]
-    assert reports[0]["export_s"] == reports[1]["export_s"]
+    for runtime in ("onnxruntime:torch", "onnxruntime-genai:torch"):
+        reports = [row.details["compile_report"] for row in rows if row.runtime == runtime]
+        # two comparison groups (one per batch), one export: the later group's worker loaded the earlier one's file
+        assert sorted(bool(report.get("cached")) for report in reports) == [False, True]
+        assert reports[0]["export_s"] == reports[1]["export_s"]
 
 
 # -- the roofline: decode against the memory bandwidth, the prefill against the FLOP peak ---------------------------

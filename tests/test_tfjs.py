@@ -170,6 +170,61 @@ def test_tfjs_cells_are_ok_with_parity_checked(
 
 @pytest.mark.slow
 @needs_node
+def test_tfjs_generates_the_reference_tokens_over_its_cache(
+    tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Phase generate in the JavaScript worker (generate.mjs over each model file's cached step): the float64
+    reference's greedy tokens on both decoders, a block of one generation (the calibration calls none), no tensor
+    leaked; Python's record and token check (fwbench.runner.external generation)."""
+    from fwbench.models.decoder import CausalDecoder
+    from fwbench.models.generation import generation_weights, prompt_ids, reference_greedy
+    from fwbench.runner.phases.generate import BLOCKS_PER_ROUND
+
+    batch, prompt, new = 2, 12, 6
+    flags = ("--phase", "generate", "--models", "gpt2-tiny,llama-tiny", "--runtimes", "tfjs:wasm")
+    sizes = ("--batch-sizes", str(batch), "--prompt-lens", str(prompt), "--new-tokens", str(new))
+    scratch = scratch_here(tmp_path, monkeypatch)
+    code, _, err = fwbench_here(capsys, *run_args(*flags, *sizes, db=db_path, max_time=0.2))
+    assert code == 0, err[-3000:]
+    assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []
+    with Store.open(db_path) as store:
+        rows = store.results()
+    assert sorted(row.model for row in rows) == ["gpt2-tiny", "llama-tiny"]
+    for row in rows:
+        assert row.status == "ok", row.reason
+        details, generation = row.details, row.details["generation"]
+        tokens = details["parity"]["tokens"]
+        assert tokens["ok"] and tokens["judged"] and tokens["steps"] == new
+        description = get_model(row.model)
+        assert isinstance(description, CausalDecoder)
+        weights = generation_weights(description, 0)
+        expected = reference_greedy(description, weights, prompt_ids(description, batch, prompt, 0), new)
+        if not any(t["took_the_other"] for t in tokens["near_ties"]):
+            assert generation["tokens"] == expected.tolist()
+        assert generation["timed_generations"] == BLOCKS_PER_ROUND
+        assert generation["generations_called"] == details["warmup_calls"] + BLOCKS_PER_ROUND
+        assert len(generation["decode_step_s_by_position"]) == new - 1 and generation["ttft_p50_s"] > 0
+        assert details["tfjs_tensors"]["before_timing"] == details["tfjs_tensors"]["after_timing"]
+
+
+@pytest.mark.slow
+@needs_node
+def test_a_tfjs_cache_written_one_position_late_is_a_mismatch_at_the_first_decode_step(
+    tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kvcache.mjs with every decode call's key and value written one position late: the prefill is right, the first
+    decode step reads a zero where its own key belongs."""
+    late = ("indices[n++] = start + i;", "indices[n++] = start + i + (s === 1 ? 1 : 0);")
+    use_faulty_models(monkeypatch, tmp_path / "models", "kvcache", *late)
+    flags = ("--phase", "generate", "--models", "llama-tiny", "--runtimes", "tfjs:wasm", "--new-tokens", "4")
+    code, _, err = fwbench_here(capsys, *run_args(*flags, "--batch-sizes", "1", "--prompt-lens", "8", db=db_path))
+    assert code == 0, err[-3000:]  # a mismatch is a result, stored with its reason
+    ((status, reason),) = stored(db_path).values()
+    assert status == "mismatch" and reason is not None and reason.startswith("generation step 1"), reason
+
+
+@pytest.mark.slow
+@needs_node
 def test_the_2019_protocol_times_tfjs_in_blocks_of_three(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = run_args("--models", "mlp", "--runtimes", "tfjs:cpu", "--protocol", "hf2019", db=db_path)
     assert fwbench_here(capsys, *args)[0] == 0
@@ -231,7 +286,7 @@ def test_diff_names_the_layer_of_a_defect_in_a_js_model_file(
 
 @pytest.mark.slow
 @needs_node
-@pytest.mark.parametrize("model", ["mlp", "bert-tiny", "llama-tiny", "resnet-tiny"])
+@pytest.mark.parametrize("model", ["mlp", "bert-tiny", "gpt2-tiny", "llama-tiny", "resnet-tiny"])
 def test_diff_of_unmodified_tfjs_models_shows_every_checkpoint_within_its_share(
     model: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -340,9 +395,9 @@ def test_tfjs_cells_outside_interleaved_rounds_are_refused_with_the_reason(
 def test_a_model_without_a_js_file_is_refused_with_the_reason() -> None:
     from fwbench.frameworks import get_runtime, missing_implementation
 
-    assert missing_implementation(get_runtime("tfjs:wasm"), "gpt2") == "no tfjs implementation of gpt2 yet"
-    assert missing_implementation(get_runtime("tfjs:wasm"), "bert") is None
-    assert missing_implementation(get_runtime("tfjs:wasm"), "llama") is None
+    assert missing_implementation(get_runtime("tfjs:wasm"), "gemm") == "no tfjs implementation of gemm yet"
+    for arch in ("mlp", "bert", "gpt2", "llama", "resnet"):
+        assert missing_implementation(get_runtime("tfjs:wasm"), arch) is None
 
 
 def test_the_estimate_counts_tfjs_on_one_thread_at_its_share_of_the_nominal_throughput() -> None:

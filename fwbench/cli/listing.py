@@ -1,4 +1,4 @@
-"""``fwbench list``: show models, runtimes (installed or not), the training and fit runtimes, and suites with
+"""``fwbench list``: show models, runtimes (installed or not), the training, fit and generate runtimes, and suites with
 their cell counts and rough time estimates."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from fwbench.report.listing import (
     SuiteRow,
     data_table,
     fit_table,
+    generate_table,
     models_table,
     runtimes_table,
     suites_table,
@@ -59,6 +60,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     console.print(runtimes_table(registered))
     console.print(training_table(models, registered))
     console.print(fit_table(models, registered))
+    console.print(generate_table(models, registered))
     console.print(data_table(registered))
     threads = environment.physical_core_count()
     console.print(suites_table(suite_rows(threads), threads, NOMINAL_FLOPS_PER_S_PER_THREAD))

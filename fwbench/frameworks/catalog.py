@@ -47,6 +47,8 @@ register_runtime(
         phases=("inference",),
         dtypes=("fp32", "bf16"),
         compile_s=1.0,
+        no_generate="not built: TorchScript is deprecated upstream; torch:eager and torch:compile run torch's decoder, "
+        "onnxruntime:torch its export",
     )
 )
 register_runtime(
@@ -77,6 +79,8 @@ register_runtime(
         compile_s=20.0,
         artefact="AOTInductor package (.pt2)",
         artefact_suffix=".pt2",
+        no_generate="not built yet: the decoder step as two AOTInductor packages (the prefill's shape and the "
+        "decode's); torch:compile runs the same inductor code",
     )
 )
 register_runtime(
@@ -136,6 +140,8 @@ register_runtime(
         startup_s=5.5,
         compile_s=2.0,
         artefact="SavedModel folder (saved_model.pb + variables/)",
+        no_generate="not built yet: TensorFlow's decoder keeps its cache in tf.Variables, which a serving "
+        "signature would have to own; tensorflow:function runs the same graph",
     )
 )
 register_runtime(
@@ -172,6 +178,8 @@ register_runtime(
         compile_s=4.0,
         package=builtin_package("tensorflow"),
         artefact="ONNX file, weights inside",
+        no_generate="tf2onnx converts a tf.function at fixed shapes, and TensorFlow's decoder writes its cache "
+        "into tf.Variables, which an ONNX graph cannot hold; onnxruntime:torch runs torch's exported decoder step",
     )
 )
 register_runtime(
@@ -224,6 +232,8 @@ register_runtime(
         compile_s=4.0,
         package=builtin_package("tensorflow"),
         artefact="TFLite flatbuffer, weights inside",
+        no_generate="the TFLite converter would have to turn the cache's tf.Variables into resource "
+        "variables of the flatbuffer; not built",
     )
 )
 register_runtime(
@@ -488,6 +498,7 @@ for _mode, _description, _share in (
             startup_s=1.5,
             throughput_share=_share,
             threads_used=1,
+            phases=("inference", "generate"),
         )
     )
 

@@ -120,6 +120,11 @@ class ExportedBackend(Backend):
         kind = f"{self.suffix}:{self.mode}:{self.dtype}" + (":decoder-step" if self._exports_decoder else "")
         return kind if self.shares_export and self.dtype == "fp32" else f"{kind}:{self.framework}"
 
+    def axes_free(self) -> bool:
+        """Whether the artefact has every axis free, so one export serves every cell of the model (phase generate's
+        decoder step)."""
+        return self._exports_decoder
+
     def cache_key(self, inputs: Sequence[np.ndarray]) -> str:
         """The export cache's name for this artefact: what it is, the model, its input signature, the weights
         (seed, or the file with its size and time) and the exporter's versions."""
@@ -147,7 +152,7 @@ class ExportedBackend(Backend):
         if signature_of(inputs) == self._signature:
             return
         # an export with its axes free serves every group of the model: the run's cache, else the group's
-        cache = (self._exports_decoder and os.environ.get(MODEL_EXPORT_CACHE_ENV)) or os.environ.get(EXPORT_CACHE_ENV)
+        cache = (self.axes_free() and os.environ.get(MODEL_EXPORT_CACHE_ENV)) or os.environ.get(EXPORT_CACHE_ENV)
         if cache and self._load_cached(inputs, Path(cache)):
             return
         with tempfile.TemporaryDirectory(prefix=f"fwbench-{self.framework}-") as folder:

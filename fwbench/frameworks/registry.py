@@ -89,6 +89,8 @@ class RuntimeInfo:
     packed: str = ""
     # False: the runtime builds no model of a framework (the serving floor echoes its inputs): every model is its.
     model_files: bool = True
+    # An inference runtime without phase generate: why (``fwbench list`` shows it; a plan's refusal says it).
+    no_generate: str = ""
 
     @property
     def framework(self) -> str:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from fwbench.frameworks import RuntimeInfo, missing_requirement
 from fwbench.models.base import ModelDescription
+from fwbench.models.decoder import CausalDecoder
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,24 @@ def training_table(models: Mapping[str, ModelDescription], runtimes: Mapping[str
     trained = ", ".join(n for n, m in models.items() if m.training_unsupported() is None)
     title = f"--phase training: one timed call is one optimizer step (models: {trained})"
     return _phase_table(title, runtimes, "training", {"what one timed training call is": lambda i: i.training})
+
+
+def generate_table(models: Mapping[str, ModelDescription], runtimes: Mapping[str, RuntimeInfo]) -> Table:
+    """The runtimes with phase generate, and the inference runtimes without it, each with why."""
+    decoders = ", ".join(n for n, m in models.items() if isinstance(m, CausalDecoder))
+    title = (
+        "--phase generate: greedy decoding with a key/value cache, one prefill call then one decode call per token "
+        f"(models: {decoders})"
+    )
+    table = Table(title=title)
+    for column in ("runtime", "generate"):
+        table.add_column(column)
+    for name, info in runtimes.items():
+        if "generate" in info.phases:
+            table.add_row(name, "yes")
+        elif "inference" in info.phases and not info.unavailable:
+            table.add_row(name, f"no: {info.no_generate or 'not built yet'}")
+    return table
 
 
 def fit_table(models: Mapping[str, ModelDescription], runtimes: Mapping[str, RuntimeInfo]) -> Table:

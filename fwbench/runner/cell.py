@@ -127,6 +127,9 @@ class Cell:
         self._stage_started = time.perf_counter()
         self._stage = "start"
         self._launcher: Launcher | None = None
+        # a phase whose one call is a block (phase generate: one whole generation): the interleaved calibration
+        # answers from the last warm-up call instead of calling again (time_calls' ``one_call_per_block``)
+        self._one_call_per_block = False
         # The weights a job without a weights file builds with, by (model, seed): the phase's (Phase.seeded_weights).
         self.seeded_weights: Callable[[ModelDescription, int], dict[str, np.ndarray]] = seeded_canonical_weights
 
@@ -246,13 +249,21 @@ class Cell:
             self.fail_check(f"computes off the {dtype} policy: " + "; ".join(mismatches))
 
     def time_calls(
-        self, backend: Backend, step: Callable[[], object], first_call_s: float | None = None
+        self,
+        backend: Backend,
+        step: Callable[[], object],
+        first_call_s: float | None = None,
+        *,
+        one_call_per_block: bool = False,
     ) -> tuple[int, timer.TimingResult]:
         """Stages first_call, warmup and timing of ``step`` (one synchronised call) as the job's launcher carries
         them out (:mod:`fwbench.runner.launchers`: the timed window of :meth:`timed_window`, or the profiler's
         calls), recorded in ``result``; returns the number of warm-up calls and the timing (seconds per call).
         ``first_call_s``: the seconds of a first call the phase made itself (phase generate's kept generation),
-        recorded instead of calling ``step`` once more."""
+        recorded instead of calling ``step`` once more. ``one_call_per_block``: a call is a block whatever it lasts
+        (phase generate: one whole generation, seconds long), so the interleaved calibration does not call ``step``:
+        it reports one call per block and the last warm-up call's seconds."""
+        self._one_call_per_block = one_call_per_block
         settings = self.job.settings
         if first_call_s is None:
             self.stage("first_call")
@@ -356,6 +367,8 @@ class Cell:
             if command["command"] == "calibrate":  # alone on the machine: the others wait for their turn
                 if settings.protocol == "hf2019":
                     block_s = timed.timeit(number)
+                elif self._one_call_per_block and self.result.get("warmup_call_s"):
+                    number, block_s = 1, float(self.result["warmup_call_s"][-1])
                 else:
                     budget = self.job.budget_s or settings.max_time_s
                     number, block_s = timer.calibrate_block(timed, settings.min_block_s, budget)

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
+
 from fwbench.messages import Job
 from fwbench.orphans import die_with_parent
 from fwbench.runner.tempfolders import EXTERNAL_PREFIX
@@ -85,6 +87,43 @@ def compare(folder: Path, got: Path) -> dict[str, Any]:
     return {"parity": check, "reason": verdict(check, locate)}
 
 
+def generation(folder: Path, got: Path) -> dict[str, Any]:
+    """Phase generate's record of a worker in another language, as the Python worker's (fwbench.runner.phases.
+    generate): its first generation's ``tokens`` (batch, new_tokens) and ``logits`` (batch, new_tokens, vocab), and
+    the timed generations' ``prefill_s`` (timed,) and ``decode_s`` (timed, new_tokens - 1), and the first generation's
+    seconds ``first_generation_s`` (1,), in ``got`` (safetensors). Returns ``generation`` (details.
+    generation), and, where the cell checks parity, ``parity`` and ``reason`` (the mismatch's line; None when it
+    passes) against the float64 reference on the prompt and weights the folder holds."""
+    from safetensors.numpy import load_file
+
+    from fwbench.models import get_model
+    from fwbench.models.decoder import CausalDecoder
+    from fwbench.models.weights_io import load_weights
+    from fwbench.runner.phases.generate import GenerationTimes, generation_record, token_parity
+    from fwbench.spec import Case
+
+    cell = json.loads((folder / "cell.json").read_text())
+    job = cell["job"]
+    description = get_model(cell["model"]["name"])
+    assert isinstance(description, CausalDecoder)
+    case = Case.from_dict(job["case"])
+    written = load_file(str(got))
+    tokens, logits = written["tokens"].astype(np.int64), written["logits"]
+    timed = GenerationTimes([float(s) for s in written["prefill_s"]], written["decode_s"].astype(float).tolist())
+    new_tokens = int(job["settings"]["new_tokens"])
+    first_s = float(written["first_generation_s"][0])
+    answer: dict[str, Any] = {
+        "generation": generation_record(description, case, new_tokens, tokens, timed, first_s, {}, None),
+        "parity": None,
+        "reason": None,
+    }
+    if job["check_parity"]:
+        weights = load_weights(description, Path(cell["weights"]))
+        prompt = load_file(cell["inputs"])["input_ids"]
+        answer["parity"], answer["reason"] = token_parity(description, weights, prompt, tokens, logits, case.dtype)
+    return answer
+
+
 def json_safe(value: Any) -> Any:
     """``value`` as JSON any language parses: a non-finite float as the string ``__fwbench_<Infinity|-Infinity|NaN>__``
     (the worker turns it back into Python's JSON literal when it sends its result, so the stored value stays inf)."""
@@ -103,13 +142,19 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("compare", help="print the parity check of a worker's outputs as one JSON line")
     check.add_argument("folder", type=Path, help="the worker's prepared folder (cell.json)")
     check.add_argument("got", type=Path, help="the worker's outputs at the compared shape (safetensors)")
+    generated = commands.add_parser(
+        "generation", help="print phase generate's record and token check of a worker's generations as one JSON line"
+    )
+    generated.add_argument("folder", type=Path, help="the worker's prepared folder (cell.json)")
+    generated.add_argument("got", type=Path, help="its first generation and the timed ones' seconds (safetensors)")
     parent = os.getppid()
     die_with_parent()  # no orphan when the worker is killed, and (below) no inherited end of its result pipe
     if os.getppid() != parent:
         return 3
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     args = parser.parse_args(argv)
-    print(json.dumps(json_safe(compare(args.folder, args.got))))
+    service = compare if args.command == "compare" else generation
+    print(json.dumps(json_safe(service(args.folder, args.got))))
     return 0
 
 

@@ -146,6 +146,9 @@ class OrtGenAiBackend(ExportedBackend):
         """One export serves every cell of a model (its axes are free): the export cache's kind says GenAI's."""
         return f"{self.suffix}:{self.mode}:genai-decoder"
 
+    def axes_free(self) -> bool:
+        return True  # GenAI's contract: every axis of the export free
+
     def engine_threads(self) -> dict[str, Any]:
         return {"intra_op": self.threads, "inter_op": 1, "where": f"{CONFIG_FILE} session_options"}
 

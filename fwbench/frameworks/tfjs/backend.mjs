@@ -54,6 +54,20 @@ export async function buildModel(tf, model, weightsPath) {
   return { forward: file.buildModel(tf, model.structure, weights), layout: file.LAYOUT };
 }
 
+/** Phase generate's decoder of `model` over the weights file at `weightsPath`: {cachedForward (ids, start, cache) →
+ * {logits, cache}, newCache (batch, maxLen) → the zero cache}; an error where the model file has none. */
+export async function buildDecoder(tf, model, weightsPath) {
+  const file = await import(pathToFileURL(path.resolve(model.file)).href);
+  if (file.buildCachedForward === undefined || file.newCache === undefined) {
+    throw new Error(`${path.basename(model.file)} has no cached decoder step (phase generate)`);
+  }
+  const weights = new CanonicalTensors(tf, readSafetensors(weightsPath));
+  return {
+    cachedForward: file.buildCachedForward(tf, model.structure, weights),
+    newCache: (batch, maxLen) => file.newCache(tf, model.structure, batch, maxLen),
+  };
+}
+
 /** One forward on `inputs`, read back as {name: {shape, data}}: its outputs, and with `checkpoints` also every
  * checkpoint the model records as `checkpoint/<name>`, from the same call (TF.js runs eagerly: the taps only keep
  * tensors the forward computes anyway, so these outputs are the timed program's). Every tensor is freed. */

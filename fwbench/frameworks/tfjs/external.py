@@ -10,7 +10,8 @@ removes what a killed worker left):
   compared shape, the Python that checks parity, and the paths below;
 - the weights (the job's ``weights_path``, else ``weights.safetensors``: the seeded canonical set), float32, in the
   canonical names and layouts (torch's: linear weights (out, in), convolutions (out, in, kh, kw));
-- ``inputs.safetensors``: the inputs at the cell's shape (int32 token ids, float32 pixels, channels first);
+- ``inputs.safetensors``: the inputs at the cell's shape (int32 token ids, float32 pixels, channels first; phase
+  generate: the prompt's ``input_ids``, and the weights are the phase's seeded ones);
 - ``parity.safetensors``: the inputs at the compared shape (:func:`compared_shape`; ``input/<name>``) and the float64
   reference outputs on them (``reference/<name>``), which ``python -m fwbench.runner.external compare`` checks the
   worker's outputs and checkpoints against.
@@ -37,6 +38,8 @@ from fwbench.measure.timer import HF2019_NUMBER, MAX_SETTLE_CALLS, SETTLE_RATIO
 from fwbench.messages import Job
 from fwbench.models import get_model
 from fwbench.models.base import ModelDescription
+from fwbench.models.decoder import CausalDecoder
+from fwbench.models.generation import generation_weights, prompt_ids
 from fwbench.models.weights_io import load_weights
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -138,6 +141,8 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
             "layers": names,
             "globals": {role: [description.param(role, kind=kind) for kind in ("weight", "bias")] for role in globals_},
         }
+    if arch == "gpt2":
+        return _gpt2_structure(description)
     if arch == "llama":
         return _llama_structure(description)
     if arch == "resnet":
@@ -150,6 +155,45 @@ def model_structure(description: ModelDescription) -> dict[str, Any]:
             "eps": description.config.bn_eps,
         }
     raise NotImplementedError(f"the tfjs worker has no structure for {arch} models")
+
+
+# gpt2.mjs's name of each layer module -> its canonical suffix (without .weight / .bias)
+_GPT2_LAYER_MODULES = {
+    "ln_1": "ln_1",
+    "c_attn": "attn.c_attn",
+    "attn_proj": "attn.c_proj",
+    "ln_2": "ln_2",
+    "c_fc": "mlp.c_fc",
+    "mlp_proj": "mlp.c_proj",
+}
+
+
+def _gpt2_structure(description: ModelDescription) -> dict[str, Any]:
+    """gpt2.mjs's structure: the config, each layer's checkpoints and its tensors' canonical names, [weight, bias]
+    per module (Conv1D weights (in, out))."""
+    from fwbench.models.gpt2 import GPT2, LAYER_SUFFIXES
+
+    assert isinstance(description, GPT2)
+    config = description.config
+
+    def pair(module: str) -> list[str]:
+        return [f"{module}.weight", f"{module}.bias"]
+
+    assert {suffix for module in _GPT2_LAYER_MODULES.values() for suffix in pair(module)} == set(LAYER_SUFFIXES)
+    layer_names = description.checkpoint_names()[1:-1]  # per layer: h.{i}.attn, h.{i}.mlp, h.{i}
+    return {
+        "config": dataclasses.asdict(config),
+        "checkpoints": [list(layer_names[3 * i : 3 * i + 3]) for i in range(config.layers)],
+        "names": {
+            "wte": "wte.weight",
+            "wpe": "wpe.weight",
+            "ln_f": pair("ln_f"),
+            "layers": [
+                {name: pair(f"h.{i}.{module}") for name, module in _GPT2_LAYER_MODULES.items()}
+                for i in range(config.layers)
+            ],
+        },
+    }
 
 
 def _llama_structure(description: ModelDescription) -> dict[str, Any]:
@@ -205,6 +249,14 @@ def write_reference(
     return True
 
 
+def cell_inputs(job: Job, description: ModelDescription) -> dict[str, np.ndarray]:
+    """The inputs at the cell's shape; phase generate: its prompt ``input_ids`` (batch, prompt_len) int32."""
+    case, seed = job.case, job.settings.seed
+    if case.phase == "generate" and isinstance(description, CausalDecoder) and case.seq_len is not None:
+        return {"input_ids": prompt_ids(description, case.global_batch, case.seq_len, seed)}
+    return description.make_inputs(case.batch_size, case.seq_len, seed)
+
+
 def prepare(job: Job, folder: Path) -> list[str]:
     """Write what the JavaScript worker of ``job`` reads into ``folder`` (module docstring); returns the command
     line that starts it (the worker adds its protocol's arguments)."""
@@ -214,15 +266,20 @@ def prepare(job: Job, folder: Path) -> list[str]:
     unavailable = missing()
     if unavailable:
         raise RuntimeError(unavailable)
+    generating = case.phase == "generate"
     if job.weights_path is not None:
         weights = load_weights(description, Path(job.weights_path))  # checked against the schema here, once
         weights_path = job.weights_path
     else:
-        weights = description.canonical_weights(seed)
+        weights = (
+            generation_weights(description, seed)
+            if generating and isinstance(description, CausalDecoder)
+            else description.canonical_weights(seed)
+        )
         weights_path = str(folder / "weights.safetensors")
         save_file({name: np.ascontiguousarray(value) for name, value in weights.items()}, weights_path)
-    save_file(description.make_inputs(case.batch_size, case.seq_len, seed), str(folder / "inputs.safetensors"))
-    shape = compared_shape(job, description)
+    save_file(cell_inputs(job, description), str(folder / "inputs.safetensors"))
+    shape = None if generating else compared_shape(job, description)
     parity_path = folder / "parity.safetensors"
     compared = shape is not None and write_reference(description, weights, shape, seed, parity_path)
     cell = {

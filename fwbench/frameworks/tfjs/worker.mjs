@@ -95,8 +95,10 @@ class Cell {
 
   async run() {
     const { job, prepared } = this;
-    const { case: cellCase, settings } = job;
-    if (cellCase.phase !== 'inference') throw new Error(`tfjs runs phase inference only, not ${cellCase.phase}`);
+    const { case: cellCase } = job;
+    if (!['inference', 'generate'].includes(cellCase.phase)) {
+      throw new Error(`tfjs runs phases inference and generate only, not ${cellCase.phase}`);
+    }
     if (job.export_to !== null) throw new Error('tfjs writes no deployment artefact (fwbench export)');
     if (job.profile_to !== null) throw new Error('tfjs has no profiler fwbench reads (fwbench profile)');
     if (!job.interleaved && job.verify_output === null) {
@@ -117,6 +119,7 @@ class Cell {
     this.result.versions = backend.versions(tf);
 
     this.stage('build');
+    if (cellCase.phase === 'generate') return this.generateCell();
     const { forward, layout } = await backend.buildModel(tf, prepared.model, prepared.weights);
     this.forward = forward;
     const inputs = tensorsOf(tf, readSafetensors(prepared.inputs));
@@ -125,11 +128,70 @@ class Cell {
 
     if (job.verify_output !== null) return this.verify(inputs);
     const step = backend.makeStep(tf, forward, inputs);
-    const { timeBlock, warmUp } = this.timing;
     this.stage('first_call');
-    this.result.first_call_s = timeBlock(step, 1, seconds);
+    this.result.first_call_s = this.timing.timeBlock(step, 1, seconds);
+    const timing = await this.timeSteps(step);
+    Object.assign(this.result, { status: 'ok', ...timing });
+    if (job.check_parity && prepared.parity !== null) this.checkParity();
+    this.stage('done');
+    return this.result;
+  }
+
+  /** Phase generate (generate.mjs): the cache allocated, a kept first generation (the cell's first call), warm-up
+   * and the manager's blocks of one generation each, the last timed generation's tokens against the kept one's, then
+   * Python's record and token check of them (fwbench.runner.external generation). */
+  async generateCell() {
+    const { tf, job, prepared, backend } = this;
+    const { settings } = job;
+    const { readSafetensors, tensorsOf } = await import('./weights.mjs');
+    const { Generator, firstDifference } = await import('./generate.mjs');
+    const { cachedForward, newCache } = await backend.buildDecoder(tf, prepared.model, prepared.weights);
+    const prompt = tensorsOf(tf, readSafetensors(prepared.inputs)).input_ids;
+    const [batch, promptLen] = prompt.shape;
+    this.stage('compile'); // nothing compiles in TF.js: the cache is allocated
+    const generator = new Generator(tf, cachedForward, newCache(batch, promptLen + settings.new_tokens), prompt,
+      settings.new_tokens, seconds); // prettier-ignore
+    this.stage('first_call');
+    const started = seconds();
+    const kept = generator.kept();
+    this.result.first_call_s = seconds() - started;
+    const step = () => generator.generate();
+    const timing = await this.timeSteps(step, true);
+    const calls = generator.prefillS.length - this.result.warmup_calls;
+    const differs = firstDifference(generator.lastGenerated(), kept.tokens);
+    generator.dispose();
+    prompt.dispose();
+    Object.assign(this.result, { status: 'ok', ...timing });
+    this.stage('parity');
+    const path = `${this.folder}/generation.safetensors`;
+    this.write(path, {
+      tokens: kept.tokens,
+      logits: kept.logits,
+      first_generation_s: { shape: [1], data: Float64Array.of(this.result.first_call_s) },
+      ...generator.timedSeconds(calls),
+    });
+    const { generation, parity, reason } = this.service('generation', path);
+    this.result.generation = { ...generation, generations_called: generator.prefillS.length };
+    if (parity !== null) this.result.parity = parity;
+    this.result.precision = { policy: job.case.dtype, observable: false };
+    if (differs !== null) {
+      Object.assign(this.result, {
+        status: 'mismatch', reason: `the last timed generation's tokens differ from the first's from step ${differs}`,
+        samples_s: [],
+      }); // prettier-ignore
+    } else if (reason !== null) Object.assign(this.result, { status: 'mismatch', reason, samples_s: [] });
+    this.stage('done');
+    return this.result;
+  }
+
+  /** Stages warmup and timing of `step` (after its first call): the warm-up calls, then the manager's blocks, with
+   * the memory peaks and the tensor count around them; returns the timing fields. `oneCallPerBlock`: a call is a
+   * block whatever it lasts (phase generate), so the calibration calls nothing. */
+  async timeSteps(step, oneCallPerBlock = false) {
+    const { tf, job, prepared } = this;
+    const { warmUp } = this.timing;
     this.stage('warmup');
-    const warmup = warmUp(step, settings.warmup_calls, settings.max_time_s, seconds, prepared.timer);
+    const warmup = warmUp(step, job.settings.warmup_calls, job.settings.max_time_s, seconds, prepared.timer);
     this.result.warmup_calls = warmup.length;
     this.result.warmup_call_s = warmup;
 
@@ -139,16 +201,13 @@ class Cell {
     this.result.rss_before_timing_bytes = statusBytes('VmRSS');
     this.result.peak_memory_before_timing_bytes = statusBytes('VmHWM');
     this.result.peak_memory_scope = resetPeakRss() ? 'timed' : 'process';
-    const timing = await this.serveBlocks(step);
+    const timing = await this.serveBlocks(step, oneCallPerBlock ? warmup.at(-1) : null);
     this.result.peak_memory_bytes = statusBytes('VmHWM');
     this.result.compile_health = { after_warmup: {}, after_timing: {}, during_timing: {}, recompiled_in_timed_loop: false, flags: [] };
     const tensorsAfter = tf.memory().numTensors;
     this.result.tfjs_tensors = { before_timing: tensorsBefore, after_timing: tensorsAfter };
     if (tensorsAfter !== tensorsBefore) throw new Error(`the timed calls leaked ${tensorsAfter - tensorsBefore} tensors`);
-    Object.assign(this.result, { status: 'ok', ...timing });
-    if (job.check_parity && prepared.parity !== null) this.checkParity();
-    this.stage('done');
-    return this.result;
+    return timing;
   }
 
   async nextCommand() {
@@ -157,8 +216,10 @@ class Cell {
     return JSON.parse(value);
   }
 
-  /** Interleaved timing (fwbench.runner.cell.Cell.serve_blocks): ready, then the manager's commands until finish. */
-  async serveBlocks(step) {
+  /** Interleaved timing (fwbench.runner.cell.Cell.serve_blocks): ready, then the manager's commands until finish.
+   * `oneCallSeconds` (phase generate: the last warm-up call's): the calibration answers one call per block, lasting
+   * that, without calling. */
+  async serveBlocks(step, oneCallSeconds = null) {
     const { settings, budget_s: budget } = this.job;
     const { timeBlock, calibrateBlock } = this.timing;
     let number = this.prepared.timer.hf2019_number;
@@ -171,6 +232,7 @@ class Cell {
       if (command.command === 'calibrate') {
         let blockSeconds;
         if (settings.protocol === 'hf2019') blockSeconds = timeBlock(step, number, seconds);
+        else if (oneCallSeconds !== null) [number, blockSeconds] = [1, oneCallSeconds];
         else [number, blockSeconds] = calibrateBlock(step, settings.min_block_s, budget ?? settings.max_time_s, seconds);
         send('calibrated', { calls_per_block: number, block_s: blockSeconds });
         started = seconds();
@@ -211,13 +273,18 @@ class Cell {
   /** Python's check of the outputs and checkpoints at `path` against the float64 reference (the tolerance, and where
    * a mismatch starts): {parity, reason (null when it passed)}. */
   compare(path) {
+    return this.service('compare', path);
+  }
+
+  /** `python -m fwbench.runner.external <command> FOLDER PATH`'s one JSON line (compare, generation). */
+  service(command, path) {
     const { folder, python } = this.prepared;
-    const check = spawnSync(python, ['-m', 'fwbench.runner.external', 'compare', folder, path], {
+    const check = spawnSync(python, ['-m', 'fwbench.runner.external', command, folder, path], {
       encoding: 'utf8',
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     if (check.status !== 0) {
-      throw new Error(`the parity check (${python} -m fwbench.runner.external compare) ended with ${check.status ?? check.signal}`);
+      throw new Error(`${python} -m fwbench.runner.external ${command} ended with ${check.status ?? check.signal}`);
     }
     return JSON.parse(check.stdout.trim().split('\n').at(-1));
   }

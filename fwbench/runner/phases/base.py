@@ -81,7 +81,10 @@ class Phase(ABC):
 
     def runtime_unsupported(self, info: RuntimeInfo, settings: Settings) -> str | None:
         """Why ``info``'s runtime cannot run this phase under ``settings`` (None when it can); nothing imported."""
-        return None if self.name in info.phases else f"{info.name} has no {self.name} phase yet"
+        if self.name in info.phases:
+            return None
+        why = info.no_generate if self.name == "generate" else ""
+        return f"{info.name} has no {self.name} phase" + (f": {why}" if why else " yet")
 
     def runtime_refusal(self, info: RuntimeInfo, dtype: str, settings: Settings) -> str | None:
         """Why ``info``'s runtime cannot run this phase's cells in ``dtype``: the phase's refusal of the runtime,

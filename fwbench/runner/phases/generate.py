@@ -5,7 +5,8 @@ timed on its own: the time to the first token (prefill), every decode step's lat
 
 Before timing, a first generation (the cell's first call, which compiles) keeps its tokens and every step's logits,
 and counts the compiles it caused: a runtime that compiles per decode step is flagged in compile health. Interleaved,
-each worker times BLOCKS_PER_ROUND blocks a round. After timing, the last timed
+each worker times BLOCKS_PER_ROUND blocks a round, each one generation (the calibration calls nothing: its block is
+one generation, as the last warm-up one lasted). After timing, the last timed
 generation must give the first one's tokens (a cache that keeps stale entries does not), and, with ``check_parity``,
 the tokens and logits pass :func:`fwbench.models.generation.check_tokens` against the float64 reference (bf16: the
 first step whose token differs and every step's error are reported, not judged).
@@ -187,10 +188,12 @@ class Generate(Phase):
             last_tokens[:] = [tokens]
             return tokens
 
-        _, timing = cell.time_calls(backend, step, first_call_s=first_generation_s)
+        _, timing = cell.time_calls(backend, step, first_call_s=first_generation_s, one_call_per_block=True)
         timed = times.last(timing.total_calls)
         loop = self.compiled_loop(decoder, backend, prompt, kept, new_tokens, case.seq_len)
         self.record(cell, description, kept, timed, first_generation_s, compiles, loop)
+        if "generation" in cell.result:  # every timed call: warm-up, calibration (none interleaved) and timed ones
+            cell.result["generation"]["generations_called"] = len(times.prefill_s)
         if cell.result.get("status") != "ok":
             return
         if last_tokens:
@@ -246,79 +249,119 @@ class Generate(Phase):
         compiles: dict[str, int],
         loop: dict[str, Any] | None,
     ) -> None:
-        """``details.generation``: the timed generations' time to first token and decode latency by position, tokens
-        per second, the compiles of the first generation (a decode step that compiled more than once is flagged in
-        compile health), the compiled loop's timing where there is one."""
+        """``details.generation`` (:func:`generation_record`); a decode step that compiled again is flagged in compile
+        health; a compiled loop whose tokens differ fails the cell."""
         case, settings = cell.job.case, cell.job.settings
-        batch, new_tokens, prompt_len = case.global_batch, settings.new_tokens, case.seq_len or 0
-        steps = [s for generation in timed.decode_s for s in generation]
-        positions = range(prompt_len, prompt_len + new_tokens - 1)
-        step_bytes = [description.decode_step_bytes(batch, p) for p in positions]
-        by_position = [float(np.median(column)) for column in zip(*timed.decode_s, strict=True)]
-        totals = [p + sum(d) for p, d in zip(timed.prefill_s, timed.decode_s, strict=True)]
-        median_total = float(np.median(totals)) if totals else None
-        cell.result["generation"] = {
-            "prompt_len": case.seq_len,
-            "new_tokens": new_tokens,
-            "batch": batch,
-            "max_len": (case.seq_len or 0) + new_tokens,
-            "timed_generations": len(totals),
-            "ttft_s": timed.prefill_s,
-            "ttft_p50_s": percentile(timed.prefill_s, 50),
-            "decode_p50_s": percentile(steps, 50),
-            "decode_p90_s": percentile(steps, 90),
-            "decode_step_s_by_position": by_position,  # median over the timed generations, positions P .. P+N-2
-            "tokens_per_s": None if not median_total else batch * new_tokens / median_total,
-            "decode_tokens_per_s": None if not steps else batch / float(np.median(steps)),
-            "first_generation_s": first_generation_s,
-            # the roofline's inputs: bytes a decode step reads at least (mean over the decode positions), the prefill's
-            # FLOPs
-            "decode_step_bytes": float(np.mean(step_bytes)) if step_bytes else None,
-            "prefill_flops": description.prefill_flops(batch, prompt_len),
-            "compiles_in_first_generation": compiles,
-            "compiled_loop": loop,
-            "tokens": kept.tokens.tolist() if kept.tokens.size <= MAX_STORED_TOKENS else None,
-        }
-        # two programs (prefill, decode) at most: more compiles in one generation means a decode step recompiled
-        many = {key: n for key, n in compiles.items() if key in ("compiles", "traces") and n > 2}
+        cell.result["generation"] = generation_record(
+            description, case, settings.new_tokens, kept.tokens, timed, first_generation_s, compiles, loop
+        )
+        flags = recompile_flags(compiles, settings.new_tokens)
         health = cell.result.get("compile_health")
-        if many and isinstance(health, dict):
-            health.setdefault("flags", []).extend(
-                f"{key} +{n} in one generation of {new_tokens} tokens (decode recompiles per step)"
-                for key, n in many.items()
-            )
+        if flags and isinstance(health, dict):
+            health.setdefault("flags", []).extend(flags)
             health["recompiled_per_decode_step"] = True
         if loop is not None and not loop["same_tokens"]:
             cell.fail_check(f"the compiled decode loop's tokens differ from step {loop['first_differing_step']}")
 
     def check(self, cell: Cell, description: CausalDecoder, prompt: np.ndarray, kept: Generated) -> None:
-        """The kept generation's tokens and logits against the float64 reference on their prefix
-        (fwbench.models.generation.check_tokens); a failed check makes the cell ``mismatch`` naming its step."""
-        case = cell.job.case
+        """The kept generation's tokens and logits against the float64 reference (:func:`token_parity`); a failed
+        check makes the cell ``mismatch`` naming its step."""
         assert kept.logits is not None
-        weights = cell.weights(description)
-        reference = reference_logits(description, weights, prompt, kept.tokens)
-        tolerance = parity_tolerance(description.name, case.dtype)
-        judged = case.dtype == "fp32"  # bf16: the first step whose token differs and each step's error, reported
-        checked = check_tokens(kept.tokens, kept.logits, reference, tolerance, judged=judged)
-        cell.result["parity"] = {
-            "ok": checked.ok,
-            "reference": "numpy-float64",
-            "tolerance_rel_l2": tolerance,
-            "checked": "every generated token and its logits, on the runtime's own prefix"
-            + ("" if judged else " (reported, not judged: bf16)"),
-            "outputs": {
-                "logits": {
-                    "rel_l2": max(checked.step_rel_l2, default=0.0),
-                    "max_abs": float(np.abs(kept.logits.astype(np.float64) - reference).max()),
-                }
-            },
-            "tokens": checked.to_dict(),
-        }
-        if not checked.ok:
-            first = checked.first_mismatch or {}
-            row = "" if first.get("row") is None else f", row {first['row']}"
-            cell.fail_check(f"generation step {first.get('step')}{row}: {first.get('why')}")
+        parity, reason = token_parity(
+            description, cell.weights(description), prompt, kept.tokens, kept.logits, cell.job.case.dtype
+        )
+        cell.result["parity"] = parity
+        if reason is not None:
+            cell.fail_check(reason)
+
+
+def generation_record(
+    description: CausalDecoder,
+    case: Case,
+    new_tokens: int,
+    tokens: np.ndarray,
+    timed: GenerationTimes,
+    first_generation_s: float,
+    compiles: dict[str, int],
+    loop: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``details.generation``: the timed generations' time to first token and decode latency by position, tokens
+    per second, the compiles of the first generation, the compiled loop's timing where there is one, the first
+    generation's ``tokens`` (batch, new_tokens) where few enough."""
+    batch, prompt_len = case.global_batch, case.seq_len or 0
+    steps = [s for generation in timed.decode_s for s in generation]
+    positions = range(prompt_len, prompt_len + new_tokens - 1)
+    step_bytes = [description.decode_step_bytes(batch, p) for p in positions]
+    by_position = [float(np.median(column)) for column in zip(*timed.decode_s, strict=True)]
+    totals = [p + sum(d) for p, d in zip(timed.prefill_s, timed.decode_s, strict=True)]
+    median_total = float(np.median(totals)) if totals else None
+    return {
+        "prompt_len": case.seq_len,
+        "new_tokens": new_tokens,
+        "batch": batch,
+        "max_len": prompt_len + new_tokens,
+        "timed_generations": len(totals),
+        "ttft_s": timed.prefill_s,
+        "ttft_p50_s": percentile(timed.prefill_s, 50),
+        "decode_p50_s": percentile(steps, 50),
+        "decode_p90_s": percentile(steps, 90),
+        "decode_step_s_by_position": by_position,  # median over the timed generations, positions P .. P+N-2
+        "tokens_per_s": None if not median_total else batch * new_tokens / median_total,
+        "decode_tokens_per_s": None if not steps else batch / float(np.median(steps)),
+        "first_generation_s": first_generation_s,
+        # the roofline's inputs: bytes a decode step reads at least (mean over the decode positions), the prefill's
+        # FLOPs
+        "decode_step_bytes": float(np.mean(step_bytes)) if step_bytes else None,
+        "prefill_flops": description.prefill_flops(batch, prompt_len),
+        "compiles_in_first_generation": compiles,
+        "compiled_loop": loop,
+        "tokens": tokens.tolist() if tokens.size <= MAX_STORED_TOKENS else None,
+    }
+
+
+def recompile_flags(compiles: dict[str, int], new_tokens: int) -> list[str]:
+    """Compile health's flags for a first generation that compiled more than its two programs (prefill, decode):
+    a decode step compiled again."""
+    many = {key: n for key, n in compiles.items() if key in ("compiles", "traces") and n > 2}
+    return [
+        f"{key} +{n} in one generation of {new_tokens} tokens (decode recompiles per step)" for key, n in many.items()
+    ]
+
+
+def token_parity(
+    description: CausalDecoder,
+    weights: dict[str, np.ndarray],
+    prompt: np.ndarray,
+    tokens: np.ndarray,
+    logits: np.ndarray,
+    dtype: str,
+) -> tuple[dict[str, Any], str | None]:
+    """A generation's ``tokens`` (batch, steps) and ``logits`` (batch, steps, vocab) against the float64 reference on
+    their prefix (fwbench.models.generation.check_tokens; bf16: reported, not judged): (``details.parity``, the
+    mismatch's reason naming its step, or None)."""
+    reference = reference_logits(description, weights, prompt, tokens)
+    tolerance = parity_tolerance(description.name, dtype)
+    judged = dtype == "fp32"  # bf16: the first step whose token differs and each step's error, reported
+    checked = check_tokens(tokens, logits, reference, tolerance, judged=judged)
+    parity = {
+        "ok": checked.ok,
+        "reference": "numpy-float64",
+        "tolerance_rel_l2": tolerance,
+        "checked": "every generated token and its logits, on the runtime's own prefix"
+        + ("" if judged else " (reported, not judged: bf16)"),
+        "outputs": {
+            "logits": {
+                "rel_l2": max(checked.step_rel_l2, default=0.0),
+                "max_abs": float(np.abs(logits.astype(np.float64) - reference).max()),
+            }
+        },
+        "tokens": checked.to_dict(),
+    }
+    if checked.ok:
+        return parity, None
+    first = checked.first_mismatch or {}
+    row = "" if first.get("row") is None else f", row {first['row']}"
+    return parity, f"generation step {first.get('step')}{row}: {first.get('why')}"
 
 
 # What each round keeps (details.generation.rounds): its figures, for the reports' estimates over rounds.
@@ -326,6 +369,7 @@ ROUND_FIGURES = (
     "ttft_p50_s", "decode_p50_s", "decode_p90_s", "tokens_per_s", "decode_tokens_per_s", "decode_step_s_by_position",
     "compiled_loop",
 )  # fmt: skip
-BLOCKS_PER_ROUND = 3  # a batch-8 generation of a 124M model takes seconds here: 3 a round, 3 rounds, ~280 decode steps
+# a batch-8 generation of a 124M model takes seconds here: 2 a round, 3 rounds, 6 generations of ~190 decode steps
+BLOCKS_PER_ROUND = 2
 LOOP_CALLS = 3  # timed calls of a runtime's compiled decode loop, after its first (compiling) one
 MAX_STORED_TOKENS = 4096  # the first generation's tokens are stored when the batch × new tokens is at most this
