@@ -2,9 +2,10 @@
 (gpt2-tiny and llama-tiny), a near tie is marked and never fails a correct runtime, an injected cache defect is a
 mismatch naming its step, a decode step that recompiles is flagged, bad arguments are refused with one line.
 ``make test``: torch:eager, tensorflow:function and jax:jit (its compiled loop too) on both decoders, onnxruntime:torch
-(the exported decoder step) and keras:jax (the model's own Keras layers over a functional cache) on llama-tiny,
-onnxruntime-genai:torch (GenAI's own loop) on gpt2-tiny; the matrix: torch:compile, tensorflow:eager, tensorflow:xla
-and openvino:torch on one decoder each, the rest of Keras' backends on both."""
+(the exported decoder step), keras:jax (the model's own Keras layers over a functional cache) and
+openvino-genai:torch (OpenVINO GenAI's loop over the export made stateful) on llama-tiny, onnxruntime-genai:torch
+(GenAI's own loop) on gpt2-tiny; the matrix (MATRIX_CELLS): the other compiled modes, openvino:torch, Keras' other
+backends and keras:jax and openvino-genai:torch on the other decoder, one cell each."""
 
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ DEFAULT_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")  # each on 
 # default runtimes' (the engines run torch's, exported)
 DEFAULT_CELLS = (
     ("onnxruntime:torch", "llama-tiny"), ("onnxruntime-genai:torch", "gpt2-tiny"), ("keras:jax", "llama-tiny"),
+    ("openvino-genai:torch", "llama-tiny"),
 )  # fmt: skip
 MATRIX_CELLS = (
     ("torch:compile", "llama-tiny"), ("tensorflow:eager", "llama-tiny"), ("tensorflow:xla", "gpt2-tiny"),
     ("openvino:torch", "gpt2-tiny"), ("keras:jax", "gpt2-tiny"), ("keras:tensorflow", "llama-tiny"),
-    ("keras:tensorflow", "gpt2-tiny"), ("keras:torch", "llama-tiny"), ("keras:torch", "gpt2-tiny"),
+    ("keras:torch", "gpt2-tiny"), ("openvino-genai:torch", "gpt2-tiny"),
 )  # fmt: skip
-ENGINES = ("onnxruntime:torch", "openvino:torch", "onnxruntime-genai:torch")
+ENGINES = ("onnxruntime:torch", "openvino:torch", "onnxruntime-genai:torch", "openvino-genai:torch")
+WHOLE_LOOPS = ("openvino-genai:torch",)  # a whole generation per call, timed by its own clock, no logits
 
 
 def decoder(name: str) -> CausalDecoder:
@@ -97,6 +100,14 @@ def test_logits_off_by_more_than_the_tolerance_fail_even_with_the_right_tokens()
     assert "relative error" in check.first_mismatch["why"]
     reported = check_tokens(np.array([[1, 4]]), runtime, reference, 1e-4, judged=False)  # bf16: reported only
     assert reported.ok and reported.first_differing_step == 1 and reported.step_rel_l2[0] > 1e-4
+
+
+def test_a_loop_without_logits_has_its_tokens_checked_and_its_near_ties_taken_from_the_reference() -> None:
+    reference = np.stack([np.stack([logits_with(3, 5, 1e-6), logits_with(2, 4, 0.5)])])  # a tie, then a clear step
+    tied = check_tokens(np.array([[5, 2]]), None, reference, 1e-4)
+    assert tied.ok and tied.step_rel_l2 == [] and tied.near_ties == [{"step": 0, "row": 0, "took_the_other": True}]
+    wrong = check_tokens(np.array([[3, 4]]), None, reference, 1e-4)
+    assert wrong.first_mismatch is not None and (wrong.first_mismatch["step"], wrong.first_mismatch["token"]) == (1, 4)
 
 
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
@@ -177,6 +188,11 @@ def test_every_framework_generates_the_reference_tokens(runtime: str, names: tup
         assert (loop is not None) == (runtime == "jax:jit")
         if loop is not None:
             assert loop["same_tokens"] and len(loop["loop_s"]) >= 1
+        if runtime in WHOLE_LOOPS:  # its tokens checked without logits; its steps timed by its own clock
+            assert tokens["step_rel_l2"] == [] and "no logits" in details["parity"]["checked"]
+            assert "own clock" in generation["timed_by"]
+        else:
+            assert len(tokens["step_rel_l2"]) == NEW and "timed_by" not in generation
         if runtime in ENGINES:  # one export, its axes free: the prefill's and every decode step's shapes, any cell's
             assert "axes free" in details["compile_report"]["exporter"] and "reexports" not in details["compile_report"]
 

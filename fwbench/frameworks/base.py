@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
@@ -68,6 +69,26 @@ class Decoder(Protocol):
 
     def numpy(self, value: Any) -> np.ndarray:
         """A token, tokens or logits tensor as a numpy array (outside any timed call)."""
+        ...
+
+
+@dataclass
+class WholeGeneration:
+    """One generation by a runtime whose loop runs it in one call (:class:`WholeGenerationDecoder`): its ``tokens``
+    (batch, new_tokens) and the seconds its own clock measured: ``prefill_s`` (to the first token) and ``decode_s``
+    (each further token's, new_tokens - 1)."""
+
+    tokens: np.ndarray
+    prefill_s: float
+    decode_s: list[float]
+
+
+class WholeGenerationDecoder(Protocol):
+    """Phase generate's program of a vendor loop that generates a whole sequence per call and times its own steps
+    (OpenVINO GenAI's ``LLMPipeline``); it gives no logits, so its tokens are checked without them."""
+
+    def generate_whole(self, prompt: Any, new_tokens: int) -> WholeGeneration:
+        """``new_tokens`` greedy tokens after ``prompt`` (batch, prompt_len), each step timed by the loop itself."""
         ...
 
 
@@ -183,6 +204,13 @@ class Backend(ABC):
         programs (compiled where the mode compiles: at their first call; exported and loaded here for the deployment
         engines). NotImplementedError where the runtime or the model has none."""
         raise NotImplementedError(f"{self.framework}:{self.mode} has no generate phase yet")
+
+    # a vendor loop that generates a whole sequence per call (phase generate calls make_whole_decoder instead)
+    whole_generations: ClassVar[bool] = False
+
+    def make_whole_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> WholeGenerationDecoder:
+        """As :meth:`make_decoder`, for a runtime with ``whole_generations``."""
+        raise NotImplementedError(f"{self.framework}:{self.mode} runs no whole generations")
 
     def allreduce_seconds(self, elements: int, repeats: int) -> list[float]:
         """A distributed runtime, after its timed steps: the seconds of ``repeats`` bare all-reduces (sum) of

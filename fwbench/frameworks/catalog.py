@@ -202,6 +202,25 @@ register_runtime(
 )
 register_runtime(
     RuntimeInfo(
+        name="openvino-genai:torch",
+        module=builtin_module("ovgenai", "backend"),
+        requires=("openvino_genai", "openvino", "onnx", "onnxscript", "torch"),
+        description="OpenVINO GenAI's own generation loop (LLMPipeline.generate from token ids, greedy, its stateful "
+        "SDPA backend, f32) over our torch decoder exported once by torch.onnx.export(dynamo=True) with its cache "
+        "growing and made stateful (a beam_idx input, apply_make_stateful_transformation), beside a config.json "
+        "written from the model's shape; a whole generation per call, its steps timed by the loop's own clock; "
+        "phase generate only",
+        note=DEPLOYMENT_NOTE,
+        phases=("generate",),
+        extras=("deploy", "torch"),
+        startup_s=3.5,
+        compile_s=10.0,
+        package=builtin_package("torch"),
+        artefact="ONNX file, weights inside, with dynamic axes, made a stateful OpenVINO IR",
+    )
+)
+register_runtime(
+    RuntimeInfo(
         name="openvino:torch",
         module=builtin_module("openvino", "backend"),
         requires=("openvino", "onnx", "onnxscript", "torch"),

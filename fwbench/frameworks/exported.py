@@ -33,7 +33,7 @@ import numpy as np
 from fwbench import __version__
 from fwbench.frameworks.base import EXPORT_CACHE_ENV, MODEL_EXPORT_CACHE_ENV, Backend, Decoder, export_report
 from fwbench.frameworks.registry import get_runtime
-from fwbench.frameworks.roles import as_onnx_decoder_exporter, builtin_package, import_deploy
+from fwbench.frameworks.roles import OnnxDecoderExporter, as_onnx_decoder_exporter, builtin_package, import_deploy
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
@@ -74,6 +74,15 @@ class ExportedBackend(Backend):
         (``onnxruntime:torch`` → torch), as runtimes were found before records carried their exporter."""
         own = builtin_package(self.framework)
         return import_deploy(builtin_package(self.mode) if self.package == own else self.package)
+
+    @functools.cached_property
+    def decoder_exporter(self) -> OnnxDecoderExporter:
+        """The exporting framework's decoder role (phase generate's vendor loops export through it); NotImplementedError
+        where its ``deploy.py`` has none."""
+        exporter = as_onnx_decoder_exporter(self.deploy)
+        if exporter is None:
+            raise NotImplementedError(f"{self.package} cannot export a decoder for {self.framework}")
+        return exporter
 
     # -- what each engine provides ---------------------------------------------------------------
     @abstractmethod
@@ -217,9 +226,8 @@ class ExportedBackend(Backend):
     def export_decoder(self, path: str) -> dict[str, Any]:
         """Phase generate: the exporter's decoder step (:class:`fwbench.frameworks.roles.OnnxDecoderExporter`) to
         ``path``, its axes free."""
-        exporter = as_onnx_decoder_exporter(self.deploy)
-        assert exporter is not None and self.description is not None
-        return exporter.decoder_to_onnx(self.arch_module(self.description), self.model, path)
+        assert self.description is not None
+        return self.decoder_exporter.decoder_to_onnx(self.arch_module(self.description), self.model, path)
 
     def make_decoder(self, batch: int, prompt_len: int, new_tokens: int) -> Decoder:
         """The decoder step exported (:meth:`export_decoder`) and loaded through :meth:`compile`, keyed in the export

@@ -150,6 +150,11 @@ class OnnxDecoderExporter(Protocol):
         logits (batch, 1, vocab + 1), present.N.key/value; every batch, length and cache axis free) written to
         ``path``, weights inside; return how."""
 
+    def stateful_genai_to_onnx(self, arch: ModuleType, model: Any, path: str) -> dict[str, Any]:
+        """The decoder in OpenVINO GenAI's contract before it is made stateful (the same names as
+        :meth:`genai_to_onnx`, the past holding the positions so far and the present them and this call's: the
+        cache grows), every batch and length axis free, written to ``path``, weights inside; return how."""
+
     def versions(self) -> dict[str, str]:
         """As :meth:`OnnxExporter.versions`."""
 

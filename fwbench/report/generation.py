@@ -36,7 +36,9 @@ LEGEND = (
     "and the decode's; more: a decode step recompiled); tokens: ✓ every token the float64 reference's argmax on its "
     "prefix (ties: steps whose two best logits an error within the tolerance could swap; other cell: the model and "
     "runtime's check ran in another cell of the run; bf16: the first step whose token is not the reference's argmax, "
-    "reported, not judged). Geometric mean over the cell's rounds (fresh workers), its 95% interval in parentheses "
+    "reported, not judged; tokens only: the loop gives no logits, so its tokens alone were checked); †: a vendor "
+    "loop that runs a whole generation per call (OpenVINO GenAI), its TTFT and steps timed by its own clock. "
+    "Geometric mean over the cell's rounds (fresh workers), its 95% interval in parentheses "
     "with ≥ 3 rounds."
 )
 
@@ -112,7 +114,7 @@ def tokens_text(row: ResultRecord) -> str:
     if not tokens.get("judged", True):  # bf16: reported, not judged
         differs = tokens.get("first_differing_step")
         return "same as fp64" if differs is None else f"differ from step {differs}"
-    mark = "✓" if tokens.get("ok") else "✗"
+    mark = ("✓" if tokens.get("ok") else "✗") + (" tokens only" if tokens.get("step_rel_l2") == [] else "")
     return f"{mark} {len(ties)} ties" if ties else mark
 
 
@@ -120,7 +122,8 @@ def generation_cells(item: GenerationRow, markup: bool = True) -> list[str]:
     """The table's cells of one row (``markup``: store strings escaped for rich)."""
     row, details = item.row, item.details
     text = escape if markup else str
-    runtime = text(row.runtime) + (" (mismatch)" if row.status == "mismatch" else "")
+    own_clock = isinstance(row.details.get("generation"), dict) and "timed_by" in row.details["generation"]
+    runtime = text(row.runtime) + (" †" if own_clock else "") + (" (mismatch)" if row.status == "mismatch" else "")
     counts = dict(details.compiles_in_first_generation)
     compiles = str(counts.get("compiles", counts.get("traces", 0)) or "—")
     shape = f"{row.batch_size} × {details.prompt_len or row.seq_len} + {details.new_tokens}"

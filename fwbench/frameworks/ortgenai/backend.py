@@ -15,7 +15,6 @@ are first needed, so each step reads them (``get_logits``, a copy of batch × vo
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import tempfile
@@ -28,7 +27,6 @@ import onnxruntime_genai as og
 
 from fwbench.frameworks.base import Decoder
 from fwbench.frameworks.exported import ExportedBackend
-from fwbench.frameworks.roles import OnnxDecoderExporter, as_onnx_decoder_exporter
 from fwbench.models.decoder import CausalDecoder
 from fwbench.spec import Settings
 
@@ -135,13 +133,6 @@ class OrtGenAiBackend(ExportedBackend):
         super().__init__(mode, device, settings, dtype=dtype, phase=phase)
         self._model: og.Model | None = None
 
-    @functools.cached_property
-    def exporter(self) -> OnnxDecoderExporter:
-        exporter = as_onnx_decoder_exporter(self.deploy)
-        if exporter is None:
-            raise NotImplementedError(f"{self.package} cannot export a decoder for ONNX Runtime GenAI")
-        return exporter
-
     def cache_kind(self) -> str:
         """One export serves every cell of a model (its axes are free): the export cache's kind says GenAI's."""
         return f"{self.suffix}:{self.mode}:genai-decoder"
@@ -157,7 +148,7 @@ class OrtGenAiBackend(ExportedBackend):
 
     def export(self, inputs: Sequence[np.ndarray], path: str) -> dict[str, Any]:
         assert self.description is not None, "build() first"
-        return self.exporter.genai_to_onnx(self.arch_module(self.description), self.model, path)
+        return self.decoder_exporter.genai_to_onnx(self.arch_module(self.description), self.model, path)
 
     def load(self, path: str, inputs: Sequence[np.ndarray]) -> dict[str, Any]:
         """GenAI reads a folder: the ONNX file (linked) beside the config written for this cell's threads."""
@@ -188,7 +179,11 @@ class OrtGenAiBackend(ExportedBackend):
         return GenAiDecoder(self._model, batch, prompt_len + new_tokens)
 
     def versions(self) -> dict[str, str]:
-        return {"onnxruntime-genai": og.__version__, "onnxruntime": version("onnxruntime"), **self.exporter.versions()}
+        return {
+            "onnxruntime-genai": og.__version__,
+            "onnxruntime": version("onnxruntime"),
+            **self.decoder_exporter.versions(),
+        }
 
 
 def create_backend(

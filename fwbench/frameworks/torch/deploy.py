@@ -107,14 +107,22 @@ class GenAiStep(torch.nn.Module):
     GenAI requires inside the vocabulary, which greedy decoding never picks; GenAI reads logits of one position as
     the last position's."""
 
-    def __init__(self, arch: ModuleType, model: torch.nn.Module) -> None:
+    def __init__(self, arch: ModuleType, model: torch.nn.Module, growing: bool = False) -> None:
+        """``growing``: the past holds the T − S positions so far, and the present is it with this call's S positions
+        appended (OpenVINO GenAI's stateful contract), instead of a buffer of max_length positions written in place."""
         super().__init__()
-        self.model = model
+        self.model, self.growing = model, growing
         self._cached_forward = as_cached_decoder_arch(arch).cached_forward
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *past: torch.Tensor) -> tuple[Any, ...]:
         start = torch.tensor(attention_mask.shape[1] - input_ids.shape[1], dtype=torch.int64)
-        cache = [(past[i].clone(), past[i + 1].clone()) for i in range(0, len(past), 2)]
+        if self.growing:  # positions start .. start + S - 1 appended as zeros, then written by cached_forward
+            appended = [
+                torch.cat([t, t.new_zeros((t.shape[0], t.shape[1], input_ids.shape[1], t.shape[3]))], 2) for t in past
+            ]
+            cache = list(zip(appended[::2], appended[1::2], strict=True))
+        else:
+            cache = [(past[i].clone(), past[i + 1].clone()) for i in range(0, len(past), 2)]
         logits = self._cached_forward(self.model, input_ids, start, cache)
         never = torch.full_like(logits[:, :1], torch.finfo(torch.float32).min)
         return (torch.cat([logits, never], dim=-1)[:, None, :], *(tensor for pair in cache for tensor in pair))
@@ -123,13 +131,34 @@ class GenAiStep(torch.nn.Module):
 def genai_to_onnx(arch: ModuleType, model: torch.nn.Module, path: str) -> dict[str, Any]:
     """:class:`GenAiStep` with the batch, new-token, total-length and cache-length axes free (traced at sizes 2, 3, 8
     and 12: no axis specialised to 0 or 1), by GenAI's names."""
-    cache = decoder_cache(arch, model, 2, 12)
+    opset = _export_genai_step(arch, model, path, growing=False)
+    return {"exporter": "torch.onnx.export(dynamo=True), batch, length and cache axes free", "opset": opset}
+
+
+def stateful_genai_to_onnx(arch: ModuleType, model: torch.nn.Module, path: str) -> dict[str, Any]:
+    """:class:`GenAiStep` growing its cache (past: the positions so far; present: them and this call's), every batch
+    and length axis free (traced at batch 2, 3 new tokens after 5: no axis specialised to 0 or 1): OpenVINO GenAI's
+    contract once made stateful."""
+    opset = _export_genai_step(arch, model, path, growing=True)
+    return {"exporter": "torch.onnx.export(dynamo=True), the cache growing, batch and length axes free", "opset": opset}
+
+
+def _export_genai_step(arch: ModuleType, model: torch.nn.Module, path: str, *, growing: bool) -> int | None:
+    """:class:`GenAiStep` (``growing`` or over a buffer) by GenAI's names, traced at batch 2, 3 new tokens, 8 in all,
+    with a past of 5 positions (growing) or a buffer of 12; every batch and length axis free."""
+    cache = decoder_cache(arch, model, 2, 5 if growing else 12)
     names = [f"{layer}.{kind}" for layer in range(len(cache) // 2) for kind in ("key", "value")]
     batch, new, total, length = (
-        torch.export.Dim(n) for n in ("batch", "sequence_length", "total_sequence_length", "max_length")
+        torch.export.Dim(n)
+        for n in (
+            "batch",
+            "sequence_length",
+            "total_sequence_length",
+            "past_sequence_length" if growing else "max_length",
+        )
     )
-    opset = _export_free_axes(
-        GenAiStep(arch, model),
+    return _export_free_axes(
+        GenAiStep(arch, model, growing=growing),
         (torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 8, dtype=torch.int64), *map(torch.from_numpy, cache)),
         path,
         {
@@ -142,7 +171,6 @@ def genai_to_onnx(arch: ModuleType, model: torch.nn.Module, path: str) -> dict[s
             "past": tuple({0: batch, 2: length} for _ in names),
         },
     )
-    return {"exporter": "torch.onnx.export(dynamo=True), batch, length and cache axes free", "opset": opset}
 
 
 def versions() -> dict[str, str]:

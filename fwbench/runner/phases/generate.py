@@ -33,7 +33,7 @@ from fwbench.runner.tolerances import parity_tolerance
 from fwbench.spec import Case, Settings, SpecError
 
 if TYPE_CHECKING:
-    from fwbench.frameworks.base import Backend, Decoder
+    from fwbench.frameworks.base import Backend, Decoder, WholeGenerationDecoder
 
 
 @dataclass
@@ -82,6 +82,22 @@ def generation_call(
             last = now
         times.decode_s.append(steps)
         return tokens
+
+    return generate
+
+
+def whole_generation_call(
+    decoder: WholeGenerationDecoder, prompt: Any, new_tokens: int, times: GenerationTimes
+) -> Callable[[], np.ndarray]:
+    """The timed call of a loop that generates a whole sequence in one call: one generation, its prefill's and decode
+    steps' seconds as the loop's own clock measured them appended to ``times``; returns the tokens (batch,
+    new_tokens)."""
+
+    def generate() -> np.ndarray:
+        generation = decoder.generate_whole(prompt, new_tokens)
+        times.prefill_s.append(generation.prefill_s)
+        times.decode_s.append(list(generation.decode_s))
+        return generation.tokens
 
     return generate
 
@@ -171,33 +187,43 @@ class Generate(Phase):
         prompt_array = prompt_ids(description, case.global_batch, case.seq_len, settings.seed)
         (prompt,) = backend.make_inputs({"input_ids": prompt_array})
         cell.stage("compile")
-        decoder = backend.make_decoder(case.global_batch, case.seq_len, new_tokens)
+        batch, whole = case.global_batch, backend.whole_generations
+        decoder = None if whole else backend.make_decoder(batch, case.seq_len, new_tokens)
+        looper = backend.make_whole_decoder(batch, case.seq_len, new_tokens) if whole else None
         cell.stage("first_call")  # the kept generation, which compiles the programs: the cell's first call
         before = backend.compile_counters()
         started = time.perf_counter()
-        kept = kept_generation(decoder, prompt, new_tokens)
+        times = GenerationTimes()
+        generate: Callable[[], Any]
+        if decoder is not None:
+            kept = kept_generation(decoder, prompt, new_tokens)
+            generate = generation_call(decoder, prompt, new_tokens, backend.sync, times)
+        else:
+            assert looper is not None
+            kept = Generated(looper.generate_whole(prompt, new_tokens).tokens)  # no logits from such a loop
+            generate = whole_generation_call(looper, prompt, new_tokens, times)
         first_generation_s = time.perf_counter() - started
         compiles = {key: value - before.get(key, 0) for key, value in backend.compile_counters().items()}
         cell.record_compile_report(backend)  # the deployment engines: the prefill's and the decode's export
-        times = GenerationTimes()
-        generate = generation_call(decoder, prompt, new_tokens, backend.sync, times)
-        last_tokens: list[list[Any]] = []
+        last_tokens: list[Any] = []
 
-        def step() -> list[Any]:
+        def step() -> Any:
             tokens = generate()
             last_tokens[:] = [tokens]
             return tokens
 
         _, timing = cell.time_calls(backend, step, first_call_s=first_generation_s, one_call_per_block=True)
         timed = times.last(timing.total_calls)
-        loop = self.compiled_loop(decoder, backend, prompt, kept, new_tokens, case.seq_len)
+        loop = None if decoder is None else self.compiled_loop(decoder, backend, prompt, kept, new_tokens, case.seq_len)
         self.record(cell, description, kept, timed, first_generation_s, compiles, loop)
         if "generation" in cell.result:  # every timed call: warm-up, calibration (none interleaved) and timed ones
             cell.result["generation"]["generations_called"] = len(times.prefill_s)
+            if whole:
+                cell.result["generation"]["timed_by"] = WHOLE_TIMED_BY
         if cell.result.get("status") != "ok":
             return
         if last_tokens:
-            final = np.stack([decoder.numpy(t) for t in last_tokens[0]], axis=1)
+            final = last_tokens[0] if decoder is None else np.stack([decoder.numpy(t) for t in last_tokens[0]], axis=1)
             differs = first_difference(final, kept.tokens)
             if differs is not None:
                 cell.fail_check(f"the last timed generation's tokens differ from the first's from step {differs}")
@@ -264,9 +290,8 @@ class Generate(Phase):
             cell.fail_check(f"the compiled decode loop's tokens differ from step {loop['first_differing_step']}")
 
     def check(self, cell: Cell, description: CausalDecoder, prompt: np.ndarray, kept: Generated) -> None:
-        """The kept generation's tokens and logits against the float64 reference (:func:`token_parity`); a failed
-        check makes the cell ``mismatch`` naming its step."""
-        assert kept.logits is not None
+        """The kept generation's tokens and logits (where the runtime gives them) against the float64 reference
+        (:func:`token_parity`); a failed check makes the cell ``mismatch`` naming its step."""
         parity, reason = token_parity(
             description, cell.weights(description), prompt, kept.tokens, kept.logits, cell.job.case.dtype
         )
@@ -333,12 +358,12 @@ def token_parity(
     weights: dict[str, np.ndarray],
     prompt: np.ndarray,
     tokens: np.ndarray,
-    logits: np.ndarray,
+    logits: np.ndarray | None,
     dtype: str,
 ) -> tuple[dict[str, Any], str | None]:
-    """A generation's ``tokens`` (batch, steps) and ``logits`` (batch, steps, vocab) against the float64 reference on
-    their prefix (fwbench.models.generation.check_tokens; bf16: reported, not judged): (``details.parity``, the
-    mismatch's reason naming its step, or None)."""
+    """A generation's ``tokens`` (batch, steps) and ``logits`` (batch, steps, vocab; None: a loop that gives none,
+    its tokens alone checked) against the float64 reference on their prefix (fwbench.models.generation.check_tokens;
+    bf16: reported, not judged): (``details.parity``, the mismatch's reason naming its step, or None)."""
     reference = reference_logits(description, weights, prompt, tokens)
     tolerance = parity_tolerance(description.name, dtype)
     judged = dtype == "fp32"  # bf16: the first step whose token differs and each step's error, reported
@@ -347,14 +372,18 @@ def token_parity(
         "ok": checked.ok,
         "reference": "numpy-float64",
         "tolerance_rel_l2": tolerance,
-        "checked": "every generated token and its logits, on the runtime's own prefix"
-        + ("" if judged else " (reported, not judged: bf16)"),
+        "checked": ("every generated token and its logits" if logits is not None else "every generated token")
+        + ", on the runtime's own prefix"
+        + ("" if judged else " (reported, not judged: bf16)")
+        + ("" if logits is not None else " (the loop gives no logits)"),
         "outputs": {
             "logits": {
                 "rel_l2": max(checked.step_rel_l2, default=0.0),
                 "max_abs": float(np.abs(logits.astype(np.float64) - reference).max()),
             }
-        },
+        }
+        if logits is not None
+        else {},
         "tokens": checked.to_dict(),
     }
     if checked.ok:
@@ -364,6 +393,8 @@ def token_parity(
     return parity, f"generation step {first.get('step')}{row}: {first.get('why')}"
 
 
+# details.generation.timed_by of a loop that generates a whole sequence per call
+WHOLE_TIMED_BY = "the loop's own clock (time to the first token, then the gaps between tokens), one call a generation"
 # What each round keeps (details.generation.rounds): its figures, for the reports' estimates over rounds.
 ROUND_FIGURES = (
     "ttft_p50_s", "decode_p50_s", "decode_p90_s", "tokens_per_s", "decode_tokens_per_s", "decode_step_s_by_position",
