@@ -136,7 +136,8 @@ def main() -> None:
     parser.add_argument("--db", type=Path, help="store to create (default: a temporary one); must not exist")
     parser.add_argument("--formats", default="table,json,csv,html")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="fwbench-report-scale-"))
+    # the reports beside a given store (named after it), else in a new temporary folder kept for the reader
+    folder = args.db.parent if args.db else Path(tempfile.mkdtemp(prefix="fwbench-report-scale-"))
     db = args.db or folder / "scale.db"
     if db.exists():
         parser.error(f"{db} exists; give a new path")
@@ -147,7 +148,7 @@ def main() -> None:
         f"{time.perf_counter() - started:.1f} s"
     )
     for fmt in args.formats.split(","):
-        out = folder / f"report.{fmt}"
+        out = folder / f"{db.stem}-report.{fmt}"
         seconds, size = time_report(db, fmt, out)
         print(
             f"fwbench report --format {fmt}: {seconds:.2f} s, {size / 2**20:.2f} MiB ({out})"
