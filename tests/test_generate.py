@@ -102,6 +102,16 @@ def test_logits_off_by_more_than_the_tolerance_fail_even_with_the_right_tokens()
     assert reported.ok and reported.first_differing_step == 1 and reported.step_rel_l2[0] > 1e-4
 
 
+def test_openvino_genai_step_seconds_sum_a_steps_entries_per_row() -> None:
+    """openvino-genai 2026.4's m_durations: each step's gap divided by the batch, once per row (so the steps add up to
+    the call: a step is the sum of its rows' entries, not one of them)."""
+    from fwbench.frameworks.ovgenai.backend import step_seconds
+
+    assert step_seconds([3000.0, 3000.0, 1000.0, 1000.0], batch=2, new_tokens=3) == pytest.approx([6e-3, 2e-3])
+    with pytest.raises(RuntimeError, match="3 token gaps for 2 rows of 3 tokens"):
+        step_seconds([1.0, 1.0, 1.0], batch=2, new_tokens=3)
+
+
 def test_a_loop_without_logits_has_its_tokens_checked_and_its_near_ties_taken_from_the_reference() -> None:
     reference = np.stack([np.stack([logits_with(3, 5, 1e-6), logits_with(2, 4, 0.5)])])  # a tie, then a clear step
     tied = check_tokens(np.array([[5, 2]]), None, reference, 1e-4)
@@ -324,13 +334,14 @@ def test_an_engine_exports_the_decoder_step_once_per_model_for_every_group_of_th
     from fwbench.frameworks.base import MODEL_EXPORT_CACHE_ENV
 
     db = tmp_path / "generate.db"
+    before = os.environ.get(MODEL_EXPORT_CACHE_ENV)
     flags = ("--phase", "generate", "--models", "llama-tiny", "--runtimes", "onnxruntime:torch,onnxruntime-genai:torch")
     code, _, err = fwbench_here(
         capsys,
         *run_args(*flags, "--batch-sizes", "1,2", "--prompt-lens", "8", "--new-tokens", "3", db=db, max_time=0.2),
     )
     assert code == 0, err
-    assert MODEL_EXPORT_CACHE_ENV not in os.environ  # the run's cache lived as long as the run
+    assert os.environ.get(MODEL_EXPORT_CACHE_ENV) == before  # the run's cache lived as long as the run
     with Store.open(db, readonly=True) as store:
         rows = store.results()
     assert {row.status for row in rows} == {"ok"} and {row.batch_size for row in rows} == {1, 2}

@@ -12,7 +12,7 @@ one SDPA op, which the ONNX graph does not have), greedy, ``ignore_eos`` with ``
 (``INFERENCE_PRECISION_HINT`` and ``KV_CACHE_PRECISION``: on a CPU with bf16 instructions OpenVINO otherwise computes
 and caches in bf16). It runs the whole loop in one call and gives neither logits nor a step API, so a generation's
 seconds are the loop's own clock (``perf_metrics.raw_metrics``: the time to the first token, then the gaps between
-tokens), and its tokens are checked without logits.
+tokens: :func:`step_seconds`), and its tokens are checked without logits. Its own times are checked to fit inside the call that made them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
@@ -95,18 +96,31 @@ class OvGenAiDecoder:
     def generate_whole(self, prompt: np.ndarray, new_tokens: int) -> WholeGeneration:
         ids = np.ascontiguousarray(prompt, dtype=np.int64)
         inputs = og.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        started = time.perf_counter()
         result = self._pipeline.generate(inputs, self._config)
+        wall_s = time.perf_counter() - started
         raw = result.perf_metrics.raw_metrics
         tokens = np.asarray(result.tokens, dtype=np.int64)
         batch = ids.shape[0]
-        gaps = np.asarray(raw.m_durations, dtype=np.float64)  # the gap before each step's token, once per row (µs)
-        if tokens.shape != (batch, new_tokens) or gaps.size != batch * (new_tokens - 1):
+        if tokens.shape != (batch, new_tokens):
+            raise RuntimeError(f"LLMPipeline gave tokens {tokens.shape} for {batch} rows of {new_tokens} tokens")
+        ttft_s = float(raw.m_times_to_first_token[0]) * MICROSECONDS
+        steps = step_seconds(list(raw.m_durations), batch, new_tokens)
+        if ttft_s + sum(steps) > wall_s:  # its own clock inside the call cannot exceed the call
             raise RuntimeError(
-                f"LLMPipeline gave tokens {tokens.shape} and {gaps.size} token gaps for {batch} rows of {new_tokens} "
-                "tokens"
+                f"LLMPipeline's own times add up to {ttft_s + sum(steps):.6f} s, more than its call's {wall_s:.6f} s"
             )
-        steps = gaps.reshape(new_tokens - 1, batch)[:, 0] * MICROSECONDS  # a step's rows share its gap
-        return WholeGeneration(tokens, float(raw.m_times_to_first_token[0]) * MICROSECONDS, steps.tolist())
+        return WholeGeneration(tokens, ttft_s, steps)
+
+
+def step_seconds(durations_us: Sequence[float], batch: int, new_tokens: int) -> list[float]:
+    """Each decode step's seconds from ``raw_metrics.m_durations`` (µs): openvino-genai 2026.4 records a step's gap
+    between tokens once per row, divided by the batch (the time per generated token), so a step's seconds are the sum
+    of its ``batch`` entries."""
+    if len(durations_us) != batch * (new_tokens - 1):
+        raise RuntimeError(f"LLMPipeline gave {len(durations_us)} token gaps for {batch} rows of {new_tokens} tokens")
+    gaps = np.asarray(durations_us, dtype=np.float64).reshape(new_tokens - 1, batch)
+    return (gaps.sum(axis=1) * MICROSECONDS).tolist()
 
 
 class OvGenAiBackend(ExportedBackend):

@@ -82,6 +82,7 @@ class Cell {
     this.prepared = JSON.parse(fs.readFileSync(`${folder}/cell.json`, 'utf8'));
     this.job = this.prepared.job;
     this.result.prepare_s = this.prepared.prepare_s;
+    this.timedCalls = 0; // the calls of the manager's timed blocks
     this.commands = readline.createInterface({ input: process.stdin, terminal: false })[Symbol.asyncIterator]();
   }
 
@@ -157,7 +158,7 @@ class Cell {
     this.result.first_call_s = seconds() - started;
     const step = () => generator.generate();
     const timing = await this.timeSteps(step, true);
-    const calls = generator.prefillS.length - this.result.warmup_calls;
+    const calls = this.timedCalls; // the blocks' calls (not the warm-up's, nor an hf2019 calibration's)
     const differs = firstDifference(generator.lastGenerated(), kept.tokens);
     generator.dispose();
     prompt.dispose();
@@ -243,6 +244,7 @@ class Cell {
       const startUnix = (performance.timeOrigin + performance.now()) / 1000;
       const blockSeconds = timeBlock(step, calls, seconds);
       if (!command.calibration) {
+        this.timedCalls += calls;
         samples.push(blockSeconds / calls);
         number = calls;
       }

@@ -5,8 +5,8 @@ timed on its own: the time to the first token (prefill), every decode step's lat
 
 Before timing, a first generation (the cell's first call, which compiles) keeps its tokens and every step's logits,
 and counts the compiles it caused: a runtime that compiles per decode step is flagged in compile health. Interleaved,
-each worker times BLOCKS_PER_ROUND blocks a round, each one generation (the calibration calls nothing: its block is
-one generation, as the last warm-up one lasted). After timing, the last timed
+each worker times BLOCKS_PER_ROUND blocks a round, each one generation (the adaptive calibration calls nothing: its
+block is one generation, as the last warm-up one lasted). After timing, the last timed
 generation must give the first one's tokens (a cache that keeps stale entries does not), and, with ``check_parity``,
 the tokens and logits pass :func:`fwbench.models.generation.check_tokens` against the float64 reference (bf16: the
 first step whose token differs and every step's error are reported, not judged).
