@@ -209,6 +209,32 @@ def test_tfjs_generates_the_reference_tokens_over_its_cache(
 
 @pytest.mark.slow
 @needs_node
+def test_hf2019_generation_blocks_count_the_same_timed_generations_in_javascript_as_in_python(
+    db_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--protocol hf2019: blocks of 3 generations, the calibration's block not among the timed ones, in both workers."""
+    from fwbench.runner.phases.generate import BLOCKS_PER_ROUND
+
+    flags = (
+        "--phase",
+        "generate",
+        "--models",
+        "llama-tiny",
+        "--runtimes",
+        "torch:eager,tfjs:wasm",
+        "--new-tokens",
+        "3",
+    )
+    sizes = ("--batch-sizes", "1", "--prompt-lens", "4", "--protocol", "hf2019")
+    code, _, err = fwbench_here(capsys, *run_args(*flags, *sizes, db=db_path))
+    assert code == 0, err[-3000:]
+    with Store.open(db_path) as store:
+        timed = {row.runtime: row.details["generation"]["timed_generations"] for row in store.results()}
+    assert timed == {"torch:eager": 3 * BLOCKS_PER_ROUND, "tfjs:wasm": 3 * BLOCKS_PER_ROUND}
+
+
+@pytest.mark.slow
+@needs_node
 def test_a_tfjs_cache_written_one_position_late_is_a_mismatch_at_the_first_decode_step(
     tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
