@@ -134,6 +134,12 @@ class ExportedBackend(Backend):
         decoder step)."""
         return self._exports_decoder
 
+    def compile_model_wide(self) -> None:
+        """Phase generate's vendor loops: their one export per model (every axis free) exported, or taken from the
+        run's cache, and loaded, keyed by the sizes the exporter's GenAI step is traced at (input_ids (2, 3),
+        attention_mask (2, 8)), the same for every cell of the model."""
+        self.compile([np.zeros((2, 3), np.int64), np.ones((2, 8), np.int64)])
+
     def cache_key(self, inputs: Sequence[np.ndarray]) -> str:
         """The export cache's name for this artefact: what it is, the model, its input signature, the weights
         (seed, or the file with its size and time) and the exporter's versions."""

@@ -174,7 +174,7 @@ class OrtGenAiBackend(ExportedBackend):
         """The GenAI export loaded (through :meth:`compile`: one file per model in the export cache, whatever the
         cell's shape) and a generator per generation."""
         assert self.description is not None, "build() first"
-        self.compile([np.zeros((2, 3), np.int64), np.ones((2, 8), np.int64)])  # the traced sizes: the cache key
+        self.compile_model_wide()
         assert self._model is not None
         return GenAiDecoder(self._model, batch, prompt_len + new_tokens)
 

@@ -188,7 +188,7 @@ class OvGenAiBackend(ExportedBackend):
         """The export made stateful and loaded (through :meth:`compile`: one file per model in the export cache,
         whatever the cell's shape) in one pipeline."""
         assert self.description is not None, "build() first"
-        self.compile([np.zeros((2, 3), np.int64), np.ones((2, 8), np.int64)])  # the traced sizes: the cache key
+        self.compile_model_wide()
         assert self._pipeline is not None
         return OvGenAiDecoder(self._pipeline, new_tokens)
 
