@@ -22,7 +22,7 @@ from fwbench.spec import Case, Settings
 
 STAGES = (
     "start", "import", "build", "compile", "first_call", "parity", "warmup", "timing", "profile", "fit", "evaluate",
-    "done",
+    "kernels", "done",
 )  # fmt: skip
 
 

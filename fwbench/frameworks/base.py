@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from fwbench.frameworks.kernel_reports import not_reported_entry
 from fwbench.frameworks.roles import (
     ArchModule,
     FitModule,
@@ -347,6 +348,14 @@ class Backend(ABC):
                 raise
             raise NotImplementedError(f"{self.framework}:{self.mode} has no profiler in fwbench") from None
         return profiler.record(step, calls, directory, self.device)
+
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """``details.kernels``: the libraries that ran the heavy ops of ``step`` (the timed call, compiled for
+        ``inputs``), each with its version, the ISA it reported and where that came from
+        (:func:`fwbench.frameworks.kernel_reports.kernel_entry`), read from the libraries' own reports, never from
+        the CPU's flags. Called once after the timed calls; may call ``step`` once more with verbose modes on
+        (output captured, untimed). This default: one entry saying nothing is reported, and why."""
+        return [not_reported_entry(f"{self.framework}:{self.mode} has no kernel-library probe in fwbench")]
 
     def compile_counters(self) -> dict[str, int]:
         """Cumulative compile-health counters of this process, read from the framework (cheap; never

@@ -26,6 +26,7 @@ STAGE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("warm-up", ("warmup",)),
     ("timing", ("timing", "fit", "profile")),  # the blocks, calibration and the waits for a turn; fit's epochs
     ("parity", ("parity", "evaluate")),
+    ("kernel probe", ("kernels",)),
 )
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fwbench.frameworks.kernel_reports import probe_failure
 from fwbench.models.base import ModelDescription
 from fwbench.runner.cell import Cell, parity
 from fwbench.runner.divergence import CHECKPOINT_KEY, TAPPED_KEY, first_divergence, layer_errors
@@ -91,10 +92,23 @@ class Inference(Phase):
         cell.stage("compile")
         backend.compile(inputs)
         cell.record_compile_report(backend)
-        cell.time_calls(backend, backend.make_step(inputs))
-        if cell.job.check_parity:
+        step = backend.make_step(inputs)
+        cell.time_calls(backend, step)
+        if cell.job.check_parity:  # the first round: once per cell, before parity compiles another shape
+            self.record_kernels(cell, backend, step, inputs)
             self.check_parity(cell, backend, description)
         cell.stage("done")
+
+    @staticmethod
+    def record_kernels(cell: Cell, backend: Backend, step: Callable[[], object], inputs: Any) -> None:
+        """Stage kernels, after the timed calls: ``details.kernels``, the kernel libraries and ISAs the timed call
+        ran on as the libraries report them (:meth:`Backend.kernel_libraries`: one more untimed call of ``step``
+        with their verbose modes on); a probe that fails says why in its one entry, the cell is kept."""
+        cell.stage("kernels")
+        try:
+            cell.result["kernels"] = backend.kernel_libraries(step, inputs)
+        except Exception as exc:  # noqa: BLE001 (a diagnostic: the measurement stands)
+            cell.result["kernels"] = probe_failure(exc)
 
     def check_parity(self, cell: Cell, backend: Backend, description: ModelDescription) -> None:
         """After timing (so first call and samples are untouched): outputs at the description's small
