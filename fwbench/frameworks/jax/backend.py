@@ -310,6 +310,15 @@ class JaxBackend(Backend):
             return parameter_arrays(local_copy((trained[0], trained[2])))
         return parameter_arrays((trained[0], trained[2]))
 
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """jit: the compiled HLO of the timed forward (jax/kernels.py); distributed: the base class's."""
+        forward = getattr(self, "_forward", None)
+        if self.mode != "jit" or forward is None:
+            return super().kernel_libraries(step, inputs)
+        from fwbench.frameworks.jax import kernels
+
+        return kernels.kernel_libraries(forward, (self._params, *inputs), step)
+
     def compile_counters(self) -> dict[str, int]:
         return compile_counters()
 

@@ -358,6 +358,24 @@ class KerasBackend(Backend):
         captured = {name: np.asarray(results[name], dtype=np.float32) for name in self.description.checkpoint_names()}
         return outputs, self.canonical_checkpoints(captured)
 
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """By the Keras backend's framework's own probe (keras/kernels.py)."""
+        if self.mode == "jax-dataparallel" or self._predict is None:
+            return super().kernel_libraries(step, inputs)
+        from fwbench.frameworks.keras import kernels
+
+        batch = (dict(zip(self._input_names, inputs)),)  # what infer passes the predict step per batch
+        return kernels.kernel_libraries(
+            self.keras_backend,
+            step,
+            inputs,
+            self.device,
+            jit_compile=self.jit_compile,
+            predict=self._predict,
+            state=lambda: self._state,
+            batch=batch,
+        )
+
     def compile_counters(self) -> dict[str, int]:
         if self._decoder is not None and self.keras_backend == "tensorflow":  # phase generate: its step's traces
             return self._decoder.compile_counters()

@@ -9,7 +9,7 @@ API has no in-place inputs; ORT and OpenVINO use the inputs in place).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any
 
@@ -80,6 +80,14 @@ class LiteRtBackend(ExportedBackend):
         assert self._runner is not None, "compile() first"
         result = self._runner(**{f"input_{i}": a for i, a in enumerate(inputs)})
         return tuple(result[name] for name in self._outputs)
+
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """The interpreter's ops: the XNNPACK delegate's and the built-in kernels' (litert/kernels.py)."""
+        if self._interpreter is None:
+            return super().kernel_libraries(step, inputs)
+        from fwbench.frameworks.litert import kernels
+
+        return kernels.kernel_libraries(self._interpreter)
 
     def versions(self) -> dict[str, str]:
         return {"ai-edge-litert": version("ai-edge-litert"), **self.exporter.versions()}

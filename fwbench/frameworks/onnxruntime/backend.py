@@ -112,6 +112,14 @@ class OnnxRuntimeBackend(ExportedBackend):
         assert session is not None, "compile() first"
         return lambda inputs: session.run(None, dict(zip(names, inputs)))
 
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """MLAS for the CPU execution provider (onnxruntime/kernels.py)."""
+        if self._session is None:
+            return super().kernel_libraries(step, inputs)
+        from fwbench.frameworks.onnxruntime import kernels
+
+        return kernels.kernel_libraries(self._session)
+
     def versions(self) -> dict[str, str]:
         return {"onnxruntime": ort.__version__, "onnx": version("onnx"), **self.exporter.versions()}
 

@@ -109,6 +109,14 @@ class OpenVinoBackend(ExportedBackend):
         assert request is not None, "compile() first"
         return lambda inputs: request.infer(dict(enumerate(inputs)), share_inputs=True).to_tuple()
 
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """The runtime model's primitive types, per library and ISA (openvino/kernels.py)."""
+        if self._request is None:
+            return super().kernel_libraries(step, inputs)
+        from fwbench.frameworks.openvino import kernels
+
+        return kernels.kernel_libraries(self._request)
+
     def versions(self) -> dict[str, str]:
         return {"openvino": ov.get_version(), **self.exporter.versions()}
 

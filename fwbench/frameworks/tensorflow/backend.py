@@ -286,6 +286,14 @@ class TensorFlowBackend(Backend):
         self._decoder = DecodeProgram(self.arch_module(), self.model, batch, prompt_len, max_len, self.mode, self.dtype)
         return self._decoder
 
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """xla: the compiled HLO; else TensorFlow's oneDNN switch and oneDNN's verbose lines (tensorflow/kernels.py)."""
+        if self.device != "cpu" or self.mode not in ("eager", "function", "xla", "savedmodel"):
+            return super().kernel_libraries(step, inputs)
+        from fwbench.frameworks.tensorflow import kernels
+
+        return kernels.kernel_libraries(step, getattr(self, "_forward", None), inputs, self.mode)
+
     def compile_counters(self) -> dict[str, int]:
         decoder = getattr(self, "_decoder", None)
         if decoder is not None:  # phase generate: its two programs

@@ -133,6 +133,7 @@ class Cell {
     this.result.first_call_s = this.timing.timeBlock(step, 1, seconds);
     const timing = await this.timeSteps(step);
     Object.assign(this.result, { status: 'ok', ...timing });
+    if (job.check_parity) await this.recordKernels(step);
     if (job.check_parity && prepared.parity !== null) this.checkParity();
     this.stage('done');
     return this.result;
@@ -183,6 +184,19 @@ class Cell {
     } else if (reason !== null) Object.assign(this.result, { status: 'mismatch', reason, samples_s: [] });
     this.stage('done');
     return this.result;
+  }
+
+  /** Stage kernels, after the timed calls (the first round): details.kernels from one more, untimed call of `step`
+   * (kernels.mjs); a probe that fails says why, the cell is kept. */
+  async recordKernels(step) {
+    this.stage('kernels');
+    try {
+      const { kernelLibraries } = await import('./kernels.mjs');
+      this.result.kernels = await kernelLibraries(this.tf, this.job.case.runtime.split(':')[1], step, this.result.versions);
+    } catch (error) {
+      const reason = `the probe failed: ${error?.name ?? 'Error'}: ${error?.message ?? error}`;
+      this.result.kernels = [{ library: null, version: null, isa: null, ops: [], source: null, not_reported: reason }];
+    }
   }
 
   /** Stages warmup and timing of `step` (after its first call): the warm-up calls, then the manager's blocks, with

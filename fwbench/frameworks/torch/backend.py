@@ -363,6 +363,12 @@ class TorchBackend(Backend):
 
         dist.barrier()
 
+    def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:
+        """oneMKL's and oneDNN's verbose reports of one more call, ATen's and inductor's ISA (torch/kernels.py)."""
+        from fwbench.frameworks.torch import kernels
+
+        return kernels.kernel_libraries(step, self.mode, self.device)
+
     def compile_counters(self) -> dict[str, int]:
         if self.mode not in ("compile", "ddp-compile"):  # eager runs no compiler; script and export compile earlier
             return {}
