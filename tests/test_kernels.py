@@ -285,3 +285,15 @@ def test_tfjs_wasm_records_its_backend_and_the_kernels_it_ran(
     kernels = run_cells(("tfjs:wasm",), db_path, capsys)
     check_structure("tfjs:wasm", kernels["tfjs:wasm"])
     check_libraries("tfjs:wasm", kernels["tfjs:wasm"])
+
+
+def test_torch_reports_atens_and_inductors_isa_from_torch_itself() -> None:
+    """torch:compile and torch:export add inductor's pick (its generated C++), every torch cell ATen's capability:
+    whatever this CPU gives, each is named with its source, or says why not."""
+    pytest.importorskip("torch")
+    from fwbench.frameworks.torch.kernels import aten_entry, inductor_entry
+
+    aten, inductor = aten_entry(), inductor_entry()
+    assert aten["library"] == "ATen" and aten["isa"] and aten["source"] == "torch.backends.cpu.get_cpu_capability()"
+    assert inductor["source"] == "torch._inductor.cpu_vec_isa.pick_vec_isa()"
+    assert inductor["isa"] or inductor["not_reported"]

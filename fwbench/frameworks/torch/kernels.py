@@ -53,6 +53,7 @@ def inductor_entry() -> dict[str, Any]:
         ops=("generated kernels",),
         source=INDUCTOR_SOURCE,
         not_reported=None if isa else "inductor picked no vector ISA (scalar C++)",
+        arch_flags=picked.build_arch_flags() if picked else None,  # the compiler flags it builds the kernels with
     )
 
 
