@@ -52,6 +52,7 @@ class Job:
     profile_to: str | None = None  # fwbench profile: the folder for the raw trace
     profile_calls: int = 5  # fwbench profile: calls timed without the profiler, and as many under it
     checkpoints: bool = False  # verify_output also holds the model's checkpoints (fwbench diff)
+    record_kernels: bool = True  # the cell's first round: its kernel libraries (details.kernels), once per cell
 
     def to_json(self) -> str:
         return json.dumps(
@@ -68,6 +69,7 @@ class Job:
                 "profile_to": self.profile_to,
                 "profile_calls": self.profile_calls,
                 "checkpoints": self.checkpoints,
+                "record_kernels": self.record_kernels,
             }
         )
 
@@ -87,6 +89,7 @@ class Job:
             profile_to=data.get("profile_to"),
             profile_calls=int(data.get("profile_calls", 5)),
             checkpoints=bool(data.get("checkpoints", False)),
+            record_kernels=bool(data.get("record_kernels", True)),
         )
 
 

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ONEDNN_SOURCE = "oneDNN verbose"
+# An entry's key for the environment variables that make its library report when they are set at the worker's start
+# (TensorFlow's oneDNN): ``fwbench explain`` starts a probe cell with them.
+VERBOSE_ENVIRONMENT = "verbose_environment"
 MKL_SOURCE = "MKL_VERBOSE"
 HLO_SOURCE = "compiled HLO"
 # A oneDNN implementation's or an OpenVINO primitive's ISA token (oneDNN's cpu_isa_t names, OpenVINO's impl types):

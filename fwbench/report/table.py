@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from fwbench.report import dtypes, generation, scaling, serving
+from fwbench.report import dtypes, generation, kernels, scaling, serving
 from fwbench.report.fit import HEADERS as FIT_HEADERS
 from fwbench.report.fit import LEGEND as FIT_LEGEND
 from fwbench.report.fit import RIGHT as FIT_RIGHT
@@ -506,9 +506,10 @@ PHASE_TABLES: dict[str, Callable[[Sequence[ResultRecord], Peak | None], tuple[li
 def _extra_tables(results: Sequence[ResultRecord], peak: Peak | None) -> list[tuple[list[TableData], str]]:
     """The tables after the per-model ones, each with its legend line: bf16 / int8 cells beside the same runtime's
     fp32 ones, data-parallel cells beside their 1-process cells, then each phase's own tables (serving, fit), given
-    that phase's rows."""
+    that phase's rows, then the kernel libraries the cells recorded."""
     reduced = [dtypes.dtype_cells(c) for c in dtypes.dtype_comparisons(results)]
     scaled = [scaling.scaling_cells(c) for c in scaling.scaling_rows(results)]
+    libraries = [[escape(value) for value in row] for row in kernels.kernel_rows(results)]
     return [
         ([TableData(dtypes.TITLE, list(dtypes.HEADERS), dtypes.RIGHT, reduced)] if reduced else [], dtypes.LEGEND),
         ([TableData(scaling.TITLE, list(scaling.HEADERS), scaling.RIGHT, scaled)] if scaled else [], scaling.LEGEND),
@@ -516,6 +517,10 @@ def _extra_tables(results: Sequence[ResultRecord], peak: Peak | None) -> list[tu
             PHASE_TABLES[name](section_rows(results, name), peak)
             for name in sections_of(results)
             if name in PHASE_TABLES
+        ),
+        (
+            [TableData(kernels.TITLE, list(kernels.HEADERS), kernels.RIGHT, libraries)] if libraries else [],
+            kernels.LEGEND,
         ),
     ]
 

@@ -178,6 +178,7 @@ def _start(
         weights_path=weights_path,
         interleaved=True,
         budget_s=settings.max_time_s / settings.rounds,
+        record_kernels=round_index == 0,
     )
     try:
         return start_worker(job, start_cpus)

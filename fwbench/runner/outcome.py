@@ -104,6 +104,7 @@ def run_worker(
         profile_to=profile_to,
         profile_calls=profile_calls,
         checkpoints=checkpoints,
+        record_kernels=round_index == 0,
     )
     try:
         with start_worker(job) as worker:

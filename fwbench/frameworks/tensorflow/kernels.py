@@ -19,7 +19,13 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.util import _pywrap_util_port
 
-from fwbench.frameworks.kernel_reports import captured_stdout, kernel_entry, parse_hlo, parse_onednn
+from fwbench.frameworks.kernel_reports import (
+    VERBOSE_ENVIRONMENT,
+    captured_stdout,
+    kernel_entry,
+    parse_hlo,
+    parse_onednn,
+)
 
 MKL_QUERY = "tensorflow.python.util._pywrap_util_port.IsMklEnabled()"
 ONEDNN_SILENT = (
@@ -30,10 +36,14 @@ EIGEN_SILENT = "Eigen is compiled into TensorFlow and reports neither its versio
 
 
 def xla_text(forward: Any, inputs: Sequence[Any]) -> str:
-    """The optimised HLO the tf.function(jit_compile=True) ``forward`` compiles to for ``inputs`` (its keyword-only
-    parameters at their defaults, as the timed call leaves them: the binding asks for them)."""
-    parameters = inspect.signature(forward.python_function).parameters.values()
-    defaults = {p.name: p.default for p in parameters if p.kind == p.KEYWORD_ONLY and p.default is not p.empty}
+    """The optimised HLO the tf.function(jit_compile=True) ``forward`` compiles to for ``inputs`` (its parameters after
+    them at their defaults, as the timed call leaves them, e.g. resnet's ``taps``: the binding asks for them)."""
+    parameters = list(inspect.signature(forward.python_function).parameters.values())[len(inputs) :]
+    defaults = {
+        p.name: p.default
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty
+    }
     return str(forward.experimental_get_compiler_ir(*inputs, **defaults)(stage="optimized_hlo"))
 
 
@@ -43,10 +53,13 @@ def native_entries(verbose: str) -> list[dict[str, Any]]:
     onednn_on = bool(_pywrap_util_port.IsMklEnabled())
     entries = parse_onednn(verbose) if onednn_on else []
     if onednn_on and not entries:
+        extra: dict[str, Any] = {VERBOSE_ENVIRONMENT: {"ONEDNN_VERBOSE": "1"}}
         reason = ONEDNN_SILENT
         if os.environ.get("ONEDNN_VERBOSE", "0") not in ("", "0", "none"):
-            reason = "ONEDNN_VERBOSE was set, yet the probe call printed no oneDNN primitive"
-        entries.append(kernel_entry("oneDNN", version=None, isa=None, ops=(), source=MKL_QUERY, not_reported=reason))
+            reason, extra = "ONEDNN_VERBOSE was set, yet the probe call printed no oneDNN primitive", {}
+        entries.append(
+            kernel_entry("oneDNN", version=None, isa=None, ops=(), source=MKL_QUERY, not_reported=reason, **extra)
+        )
     eigen_ops = ("the ops oneDNN does not take",) if onednn_on else ("all ops",)
     entries.append(
         kernel_entry("Eigen", version=None, isa=None, ops=eigen_ops, source=MKL_QUERY, not_reported=EIGEN_SILENT)

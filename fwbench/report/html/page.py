@@ -13,6 +13,7 @@ from fwbench.report.html.results import results_section
 from fwbench.report.html.sections import (
     environment_section,
     flags_section,
+    kernels_section,
     parity_section,
     reduced_precision_section,
     scaling_section,
@@ -115,6 +116,7 @@ def to_html(
         sections.append(("models", "per model", models_section(compared, comparisons, baseline)))
     sections += [
         ("parity", "parity", parity_section(results, multi_run)),
+        ("kernels", "kernel libraries", kernels_section(results)),
         ("environment", "environment", environment_section(runs)),
         ("results", "all results", results_section(results, ratios, shown, peak)),
     ]

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fwbench.report import dtypes, scaling
+from fwbench.report import dtypes, kernels, scaling
 from fwbench.report.flags import NOISY_REL_CI, compile_flags, is_noisy, precision_flags, precision_key
 from fwbench.report.html.markup import cell_label, esc, extra_section, maybe_fold, ratio_text, table, value_html
 from fwbench.spec import shape_text
@@ -282,3 +282,9 @@ def scaling_section(results: Sequence[ResultRecord]) -> str:
     """Data-parallel cells against their 1-process cells (:mod:`fwbench.report.scaling`); empty without any."""
     rows = [scaling.scaling_cells(item, markup=False) for item in scaling.scaling_rows(results)]
     return extra_section("scaling", scaling.TITLE, scaling.HEADERS, scaling.RIGHT, rows, scaling.LEGEND)
+
+
+def kernels_section(results: Sequence[ResultRecord]) -> str:
+    """The kernel libraries the cells recorded (:mod:`fwbench.report.kernels`); empty without any."""
+    rows = kernels.kernel_rows(results)
+    return extra_section("kernels", kernels.TITLE, kernels.HEADERS, kernels.RIGHT, rows, kernels.LEGEND)
