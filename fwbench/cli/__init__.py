@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fwbench import __version__
-from fwbench.cli import compare, data, diff, env, export, listing, merge, profile, report, run, verify, weights
+from fwbench.cli import compare, data, diff, env, explain, export, listing, merge, profile, report, run, verify, weights
 from fwbench.cli.common import EXIT_USAGE, Parser, UsageError
 from fwbench.cli.run import tensorboard_listener
 from fwbench.cli.run_plan import plan_from_args
@@ -27,7 +27,7 @@ __all__ = ["EXIT_USAGE", "UsageError", "build_parser", "main", "plan_from_args",
 
 DESCRIPTION = (
     "fwbench: benchmark deep-learning frameworks against each other, honestly "
-    "(run | verify | diff | export | profile | weights | data | report | compare | merge | list | env)."
+    "(run | verify | diff | export | profile | explain | weights | data | report | compare | merge | list | env)."
 )
 Command = Callable[[argparse.Namespace, Sequence[str]], int]
 # Each command's module registers its parser (add_parser) and runs it (command); in the order `--help` lists them.
@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[Callable[[Any], None], Command]] = {
     "diff": (diff.add_parser, diff.command),
     "export": (export.add_parser, export.command),
     "profile": (profile.add_parser, profile.command),
+    "explain": (explain.add_parser, explain.command),
     "weights": (weights.add_parser, weights.command),
     "data": (data.add_parser, data.command),
     "list": (listing.add_parser, listing.command),

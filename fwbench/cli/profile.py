@@ -18,12 +18,13 @@ from fwbench.cli.run_plan import plan_choices
 from fwbench.diskfull import DiskFull, cells_kept, low_space_cause
 from fwbench.measure import environment
 from fwbench.profile.cells import profiled_cell
+from fwbench.report.peak import latest_peak
 from fwbench.report.profile_table import profile_groups, profile_tables
 from fwbench.report.table import make_console
 from fwbench.runner.outcome import run_worker
 from fwbench.runner.phases import phase_names
 from fwbench.runner.planner import resolve_plan
-from fwbench.spec import DTYPES, Case
+from fwbench.spec import DTYPES, Case, Plan
 from fwbench.store import DEFAULT_DB, Store
 
 PROFILE_PHASES = phase_names(lambda phase: phase.profilable)
@@ -73,6 +74,39 @@ def trace_folder(out: Path, case: Case) -> Path:
     return out / case.model / case.runtime.replace(":", "_") / f"{case.phase}-{case.dtype}-{shape}"
 
 
+def profile_cases(store: Store, run_id: int, plan: Plan, out: Path, calls: int, db: str) -> None:
+    """Each of ``plan``'s cells profiled in a fresh worker (``calls`` calls without the profiler and as many under
+    it, the raw trace under ``out``) and stored in profile run ``run_id``, a line per cell on stderr; the run is
+    finished. DiskFull (saying what was kept) when a trace finds no room."""
+    profiled = 0
+    try:
+        for skipped in plan.skipped:
+            store.add_profile(run_id, skipped.case, "skipped", skipped.reason, None, {})
+        for index, case in enumerate(plan.cases, start=1):
+            folder = trace_folder(out, case)
+            outcome = run_worker(case, plan.settings, profile_to=str(folder), profile_calls=calls)
+            status, reason, cell = outcome.status, outcome.reason, None
+            if outcome.details.get("disk_full"):  # the trace, or another write of the worker, found no room
+                raise DiskFull.from_report(outcome.details["disk_full"], folder)
+            if status == "ok":
+                try:
+                    cell = profiled_cell(outcome.details["profile"])
+                except (KeyError, ValueError, OSError) as exc:
+                    # torch.profiler only logs a trace it could not write: none, or half of one, is left
+                    cause = low_space_cause(folder, "no complete trace")
+                    if cause is not None:
+                        raise DiskFull(folder, cause) from exc
+                    status, reason = "error", f"the profile could not be read: {exc}"
+            store.add_profile(run_id, case, status, reason, cell, outcome.details)
+            profiled += 1
+            line = f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else "")
+            print(line, file=sys.stderr, flush=True)
+        store.finish_run(run_id)
+    except DiskFull as full:  # the profiles stored before stay, with their traces
+        kept = f"{cells_kept(profiled, 'profiled')} (profile run {run_id} of {db}, traces under {out})"
+        raise full.told(kept, "profile again") from full
+
+
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     plan = resolve_plan(plan_choices(args, {"rounds": 1}))  # one worker per cell: no rounds to interleave
     terminate_on_sigterm()
@@ -81,36 +115,11 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run_id = store.create_run(
             plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__, kind="profile"
         )
-        profiled = 0
-        try:
-            for skipped in plan.skipped:
-                store.add_profile(run_id, skipped.case, "skipped", skipped.reason, None, {})
-            for index, case in enumerate(plan.cases, start=1):
-                folder = trace_folder(out, case)
-                outcome = run_worker(case, plan.settings, profile_to=str(folder), profile_calls=args.calls)
-                status, reason, cell = outcome.status, outcome.reason, None
-                if outcome.details.get("disk_full"):  # the trace, or another write of the worker, found no room
-                    raise DiskFull.from_report(outcome.details["disk_full"], folder)
-                if status == "ok":
-                    try:
-                        cell = profiled_cell(outcome.details["profile"])
-                    except (KeyError, ValueError, OSError) as exc:
-                        # torch.profiler only logs a trace it could not write: none, or half of one, is left
-                        cause = low_space_cause(folder, "no complete trace")
-                        if cause is not None:
-                            raise DiskFull(folder, cause) from exc
-                        status, reason = "error", f"the profile could not be read: {exc}"
-                store.add_profile(run_id, case, status, reason, cell, outcome.details)
-                profiled += 1
-                line = f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else "")
-                print(line, file=sys.stderr, flush=True)
-            store.finish_run(run_id)
-        except DiskFull as full:  # the profiles stored before stay, with their traces
-            kept = f"{cells_kept(profiled, 'profiled')} (profile run {run_id} of {args.db}, traces under {out})"
-            raise full.told(kept, "profile again") from full
+        profile_cases(store, run_id, plan, out, args.calls, args.db)
         records = store.profiles([run_id])
+        peak = latest_peak(store)
     console = make_console()
     console.print(escape(f"profile run {run_id} in {args.db}; raw traces under {out}"))
-    for item in profile_tables(profile_groups(records)):
+    for item in profile_tables(profile_groups(records, peak, plan.settings.threads)):
         console.print(item)
     return 0

@@ -31,7 +31,7 @@ Vocabulary = Literal["torch", "tensorflow", "xla"]
 
 _ELEMENTWISE_TORCH = (
     "add|add_|sub|sub_|rsub|mul|mul_|div|div_|neg|pow|sqrt|rsqrt|exp|log|tanh|tanh_|gelu|relu|relu_|silu|sigmoid"
-    "|erf|clamp|clamp_|where|masked_fill|masked_fill_|mean|sum|max|min|amax|var|std|abs|square|threshold"
+    "|erf|clamp|clamp_|clamp_min|clamp_min_|where|masked_fill|masked_fill_|mean|sum|max|min|amax|var|std|abs|square|threshold"
     "|max_pool2d|max_pool2d_with_indices|adaptive_avg_pool2d|_adaptive_avg_pool2d|avg_pool2d|mkldnn_max_pool2d"
     "|dropout|native_dropout|ge|gt|lt|le|eq|ne|logical_not|bitwise_not|_log_softmax_backward_data"
     "|threshold_backward|gelu_backward|tanh_backward|addcmul_|addcdiv_|lerp_|_foreach_\\w+|sign|reciprocal"
@@ -39,7 +39,7 @@ _ELEMENTWISE_TORCH = (
 )
 _DATA_MOVEMENT_TORCH = (
     "copy_|to|_to_copy|contiguous|clone|transpose|t|permute|view|reshape|_reshape_alias|_unsafe_view|expand"
-    "|expand_as|slice|select|cat|stack|split|split_with_sizes|chunk|unbind|unsqueeze|squeeze|flatten|as_strided"
+    "|expand_as|slice|select|cat|stack|split|split_with_sizes|chunk|unbind|unsqueeze|squeeze|flatten|as_strided|as_strided_"
     "|index_select|embedding|embedding_backward|embedding_dense_backward|index|index_put_|narrow|empty|empty_like"
     "|empty_strided|zeros|zeros_like|ones|ones_like|full|new_zeros|new_empty|arange|detach|detach_|alias"
     "|lift_fresh|resolve_conj|resolve_neg|to_dense|to_mkldnn|_has_compatible_shallow_copy_type|set_|repeat"

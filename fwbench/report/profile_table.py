@@ -12,6 +12,8 @@ from rich.table import Table
 
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
+from fwbench.report.peak import Peak
+from fwbench.report.profile_rates import category_rate, comparable_peak, matmul_flops
 from fwbench.store import ProfileRecord
 from fwbench.units import format_seconds
 
@@ -21,10 +23,14 @@ NEGLIGIBLE_S = 1e-9  # below a nanosecond per call: shown as none (float sums le
 
 @dataclass(frozen=True)
 class ProfileGroup:
-    """The cells profiled at one model, phase, shape and dtype: runtime → its profile, or why it has none."""
+    """The cells profiled at one model, phase, shape and dtype: runtime → its profile, or why it has none; the model's
+    matmul and convolution FLOPs per call (None: not an inference profile) and the machine's gemm peak measured for
+    this dtype and device (None: none stored)."""
 
     title: str
     cells: Mapping[str, ProfiledCell | str]
+    flops: int | None = None
+    peak: Peak | None = None
 
 
 def group_title(record: ProfileRecord) -> str:
@@ -33,14 +39,24 @@ def group_title(record: ProfileRecord) -> str:
     return f"{record.model} {record.phase} {record.dtype} {record.device}, {shape}"
 
 
-def profile_groups(records: Sequence[ProfileRecord]) -> list[ProfileGroup]:
+def profile_groups(
+    records: Sequence[ProfileRecord], peak: Peak | None = None, threads: int | None = None
+) -> list[ProfileGroup]:
     """Stored profiled cells grouped by model, phase, dtype, device and shape, runtimes in stored order; a cell
-    that did not end ``ok`` shows its status and reason."""
+    that did not end ``ok`` shows its status and reason. ``peak``: the machine's measured gemm peak, kept for the
+    groups of its dtype and device (and ``threads``, where known)."""
     groups: dict[str, dict[str, ProfiledCell | str]] = {}
+    firsts: dict[str, ProfileRecord] = {}
     for record in records:
         cells = groups.setdefault(group_title(record), {})
+        firsts.setdefault(group_title(record), record)
         cells[record.runtime] = record.cell if record.cell is not None else f"{record.status}: {record.reason}"
-    return [ProfileGroup(title, cells) for title, cells in groups.items()]
+    out = []
+    for title, cells in groups.items():
+        first = firsts[title]
+        flops = matmul_flops(first.model, first.phase, first.batch_size, first.seq_len)
+        out.append(ProfileGroup(title, cells, flops, comparable_peak(peak, first.dtype, first.device, threads)))
+    return out
 
 
 def _share(seconds: float, wall_s: float) -> str:
@@ -50,6 +66,30 @@ def _share(seconds: float, wall_s: float) -> str:
     return f"{format_seconds(seconds)} ({100 * seconds / wall_s:.0f}%)" if wall_s > 0 else format_seconds(seconds)
 
 
+RATE_LABEL = "matmul/conv rate"
+
+
+def _rate(cell: ProfiledCell, group: ProfileGroup) -> str:
+    """The cell's matmul/conv GFLOP/s and share of the peak; ``—`` where it has none."""
+    rate = category_rate(cell, group.flops, group.peak)
+    return rate.text() if rate is not None else "—"
+
+
+def rate_legend(group: ProfileGroup) -> str:
+    """What the matmul/conv rate row divides, and which peak its share is of."""
+    text = (
+        f"{RATE_LABEL}: the model's {(group.flops or 0) / 1e9:.3g} GFLOP of matmuls and convolutions a call over the "
+        "category's self time per profiled call"
+    )
+    if group.peak is None:
+        return text + "; no comparable gemm peak stored (fwbench env --peak measures it)"
+    peak = group.peak
+    return (
+        text
+        + f"; % of the {peak.gflops:.0f} GFLOP/s gemm peak ({peak.runtime}, threads {peak.threads}, run {peak.run_id})"
+    )
+
+
 CATEGORY_SECTION_ENDS = (len(CATEGORIES), len(CATEGORIES) + 4)  # rows after which a table section ends
 TOP_OP_HEADERS = ("op", "category", "calls", "self")
 
@@ -57,7 +97,8 @@ TOP_OP_HEADERS = ("op", "category", "calls", "self")
 def category_rows(group: ProfileGroup) -> tuple[list[str], list[list[str]]]:
     """Plain-text headers and rows of the category table: per category, the self time per profiled call and its
     share of the call's wall time; then busy time, overlap, overhead, wall time; then the median without the
-    profiler, the profiler overhead and how the time could be split. A runtime without a profile shows its
+    profiler, the profiler overhead and how the time could be split; for an inference profile, the matmul/conv
+    category's achieved rate (:mod:`fwbench.report.profile_rates`). A runtime without a profile shows its
     status and reason in the first row."""
     headers = ["per profiled call", *group.cells]
     lines: list[tuple[str, Callable[[ProfiledCell], str]]] = [
@@ -73,6 +114,8 @@ def category_rows(group: ProfileGroup) -> tuple[list[str], list[list[str]]]:
         ("profiler overhead", lambda c: f"{100 * c.profiler_overhead:+.0f}%"),
         ("split by", lambda c: c.attribution),
     ]
+    if group.flops:
+        lines.append((RATE_LABEL, lambda c: _rate(c, group)))
     rows = [
         [
             label,
@@ -140,6 +183,8 @@ def profile_tables(groups: Sequence[ProfileGroup]) -> list[Table | str]:
             if isinstance(cell, ProfiledCell) and cell.summary.ops:
                 out.append(top_ops_table(runtime, cell))
         out.extend(escape(line) for line in uncategorized_lines(group))
+        if group.flops:
+            out.append(escape(rate_legend(group)))
         out.extend(
             f"{escape(runtime)}: trace {escape(cell.trace)} ({escape(cell.profiler)})"
             for runtime, cell in group.cells.items()

@@ -1,0 +1,273 @@
+"""``fwbench explain MODEL --runtimes A,B``: why one runtime of a cell is slower than another. Both are profiled (as
+``fwbench profile`` does: a fresh worker each, calls without and under the framework's profiler, stored in a profile
+run), and the difference of their profiled calls is split into op categories, the time outside every op and the
+overlap, largest first, with the matmul/conv rate on both sides and the kernel libraries each cell recorded. Levers —
+another runtime of the same framework that moves the work elsewhere (a compiled mode, a deployment engine) — are
+profiled as extra cells and shown measured beside their base runtime."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from fwbench import __version__
+from fwbench.cli.common import DB_HELP, directory, positive_float, positive_int, terminate_on_sigterm
+from fwbench.cli.profile import DEFAULT_OUT, profile_cases
+from fwbench.cli.run_plan import plan_choices
+from fwbench.frameworks.kernel_reports import VERBOSE_ENVIRONMENT
+from fwbench.measure import environment
+from fwbench.report.explain import (
+    LEVER_HEADERS,
+    Explanation,
+    Lever,
+    distortion_lines,
+    explain_table,
+    headline,
+    kernel_lines,
+    lever_rows,
+    rate_line,
+)
+from fwbench.report.kernels import kernel_entries
+from fwbench.report.peak import Peak, latest_peak
+from fwbench.report.profile_rates import RATED_CATEGORY, category_rate, comparable_peak, matmul_flops
+from fwbench.report.profile_table import group_title
+from fwbench.report.table import make_console
+from fwbench.runner.outcome import run_worker
+from fwbench.runner.planner import resolve_plan
+from fwbench.spec import DTYPES, Case, Plan, SpecError
+from fwbench.store import DEFAULT_DB, ProfileRecord, Store
+
+# The levers fwbench can show measured: per runtime, the runtimes of the same framework's model that move its work
+# to other code — a compiled mode (inductor's generated kernels, XLA), a deployment engine running the same model's
+# export (ONNX Runtime's MLAS).
+LEVERS: Mapping[str, tuple[str, ...]] = {
+    "torch:eager": ("torch:compile", "onnxruntime:torch"),
+    "torch:script": ("torch:compile",),
+    "tensorflow:eager": ("tensorflow:function",),
+    "tensorflow:function": ("tensorflow:xla",),
+    "keras:tensorflow": ("tensorflow:xla",),
+    "keras:torch": ("torch:compile",),
+}
+DEFAULT_CALLS = 10  # profiled calls per runtime (and as many without the profiler): a profile of few calls is noisy
+PROBE_MAX_TIME_S = 1.0  # a kernel probe cell's timing budget: its times are not kept, only its details.kernels
+LEVER_MAX_TIME_S = 3.0  # a lever timed as a plain cell (no profiler): its timing budget
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``explain`` on the subcommand parsers ``commands``."""
+    parser = commands.add_parser(
+        "explain",
+        help="why one runtime is slower than another: the difference split by op category, with the matmul rates "
+        "and the kernel libraries each ran",
+        description="Profiles MODEL in runtimes A and B (and the levers: other runtimes of their frameworks that "
+        "move the work elsewhere) at one shape, each in a fresh worker, and splits the difference of their "
+        "profiled calls by op category, largest first, with the matmul/conv rate (GFLOP/s and share of the gemm peak "
+        "fwbench env --peak stored) and the kernel libraries and instruction sets each reported. Descriptive: a "
+        "verdict on a speed-up comes from fwbench run.",
+    )
+    parser.add_argument("model", help="a model name (see `fwbench list`)")
+    parser.add_argument("--runtimes", required=True, help="two runtimes, A,B (framework:mode)")
+    parser.add_argument("--batch-size", type=positive_int, default=1, help="default 1")
+    parser.add_argument(
+        "--seq-len", type=positive_int, default=128, help="default 128; ignored by models without a sequence"
+    )
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="default: fp32")
+    parser.add_argument("--threads", type=positive_int, help="thread budget per cell (default: physical cores)")
+    parser.add_argument(
+        "--calls",
+        type=positive_int,
+        default=DEFAULT_CALLS,
+        help=f"calls timed without the profiler, and as many profiled (default {DEFAULT_CALLS})",
+    )
+    parser.add_argument(
+        "--levers",
+        default="auto",
+        help="'auto' (default): the runtimes LEVERS lists for A and B (torch:eager → torch:compile, "
+        "onnxruntime:torch; tensorflow:function → tensorflow:xla; …); 'none'; or comma-separated runtimes",
+    )
+    parser.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
+    parser.add_argument(
+        "--out", type=directory, default=DEFAULT_OUT, help=f"folder for the raw traces (default {DEFAULT_OUT})"
+    )
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"{DB_HELP}; the profiles go into a run of kind 'profile'")
+
+
+def chosen_runtimes(text: str) -> tuple[str, str]:
+    """``A,B`` → (A, B); SpecError unless exactly two different runtimes."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if len(names) != 2 or names[0] == names[1]:
+        raise SpecError(f"--runtimes takes two different runtimes, A,B; got {text!r}")
+    return names[0], names[1]
+
+
+def chosen_levers(text: str, runtimes: Sequence[str]) -> list[str]:
+    """The lever runtimes ``--levers`` names (``auto``: LEVERS of each runtime), without the compared ones."""
+    if text == "none":
+        return []
+    named = (
+        [lever for runtime in runtimes for lever in LEVERS.get(runtime, ())]
+        if text == "auto"
+        else [name.strip() for name in text.split(",") if name.strip()]
+    )
+    return [name for name in dict.fromkeys(named) if name not in runtimes]
+
+
+def levers_by_base(levers: Sequence[str], runtimes: tuple[str, str]) -> dict[str, list[str]]:
+    """Each lever under the compared runtime whose LEVERS list it (a lever named on the command line that neither
+    lists: under A)."""
+    grouped: dict[str, list[str]] = {}
+    for lever in levers:
+        base = next((runtime for runtime in runtimes if lever in LEVERS.get(runtime, ())), runtimes[0])
+        grouped.setdefault(base, []).append(lever)
+    return grouped
+
+
+def explain_plan(args: argparse.Namespace, runtimes: Sequence[str]) -> Plan:
+    """One inference cell of ``args.model`` per runtime, at the asked shape, one worker each."""
+    namespace = argparse.Namespace(
+        models=args.model,
+        runtimes=",".join(runtimes),
+        batch_sizes=str(args.batch_size),
+        seq_lens=str(args.seq_len),
+        phase="inference",
+        dtype=args.dtype,
+        device="cpu",
+        threads=args.threads,
+        timeout=args.timeout,
+    )
+    return resolve_plan(plan_choices(namespace, {"rounds": 1}))
+
+
+@contextlib.contextmanager
+def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
+    """``variables`` in this process's environment (which a worker inherits) inside the block, restored after."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def probed_kernels(case: Case, plan: Plan, details: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Where a library of the cell reports only when a variable is set at start-up (TensorFlow's oneDNN), the
+    cell's kernel entries from a probe cell started with it (its times are not kept); None where none needs one."""
+    variables: dict[str, str] = {}
+    for entry in kernel_entries(details):
+        variables.update(entry.get(VERBOSE_ENVIRONMENT) or {})
+    if not variables:
+        return None
+    settings = dataclasses.replace(plan.settings, max_time_s=min(PROBE_MAX_TIME_S, plan.settings.max_time_s))
+    with environment_set(variables):
+        outcome = run_worker(case, settings, check_parity=False)
+    if outcome.status != "ok":
+        return None
+    entries = kernel_entries(outcome.details)
+    names = ", ".join(f"{name}={value}" for name, value in variables.items())
+    return [{**entry, "source": f"{entry.get('source')} (a probe cell started with {names})"} for entry in entries]
+
+
+def with_probed_kernels(record: ProfileRecord, plan: Plan) -> ProfileRecord:
+    """``record`` with its kernel entries from a probe cell where its libraries need one."""
+    case = next((case for case in plan.cases if case.key == record.case_key), None)
+    if case is None or record.cell is None:
+        return record
+    probed = probed_kernels(case, plan, record.details)
+    return record if probed is None else dataclasses.replace(record, details={**record.details, "kernels": probed})
+
+
+def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    a, b = chosen_runtimes(args.runtimes)
+    levers = chosen_levers(args.levers, (a, b))
+    plan = explain_plan(args, [a, b, *levers])
+    compared = [case.runtime for case in plan.cases if case.runtime in (a, b)]
+    if len(compared) < 2:
+        reasons = "; ".join(f"{s.case.runtime}: {s.reason}" for s in plan.skipped if s.case.runtime in (a, b))
+        raise SpecError(f"{args.model} cannot be explained in {a} and {b}: {reasons or 'not planned'}")
+    terminate_on_sigterm()
+    out = Path(args.out)
+    with Store.open(args.db) as store:
+        run_id = store.create_run(
+            plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__, kind="profile"
+        )
+        profile_cases(store, run_id, plan, out, args.calls, args.db)
+        records = {record.runtime: record for record in store.profiles([run_id])}
+        peak = latest_peak(store)
+    console = make_console()
+    first = records[a]
+    for runtime in (a, b):
+        if records[runtime].cell is None:
+            raise SpecError(f"{runtime} could not be profiled: {records[runtime].status}: {records[runtime].reason}")
+        records[runtime] = with_probed_kernels(records[runtime], plan)
+    flops = matmul_flops(first.model, first.phase, first.batch_size, first.seq_len)
+    peak = comparable_peak(peak, first.dtype, first.device, plan.settings.threads)
+    explanation = Explanation(group_title(first), records[a], records[b], flops, peak)
+    console.print(escape(headline(explanation)))
+    console.print(explain_table(explanation))
+    unknown = [
+        f"{record.runtime}: in 'other': {', '.join(record.cell.summary.uncategorized)}"
+        for record in (records[a], records[b])
+        if record.cell is not None and record.cell.summary.uncategorized
+    ]
+    lines = [*distortion_lines(explanation), rate_line(explanation), *kernel_lines([records[a], records[b]]), *unknown]
+    for line in lines:
+        console.print(escape(line))
+    for base, names in levers_by_base(levers, (a, b)).items():
+        measured = [measured_lever(records[name], plan, flops, peak) for name in names if name in records]
+        base_cell = records[base].cell
+        if measured and base_cell is not None:
+            console.print(levers_table(base, base_cell.unprofiled_median_s, measured))
+    for skipped in plan.skipped:
+        if skipped.case.runtime in levers:
+            console.print(escape(f"lever {skipped.case.runtime} not run: {skipped.reason}"))
+    console.print(escape(f"profile run {run_id} in {args.db}; raw traces under {out}"))
+    return 0
+
+
+def measured_lever(record: ProfileRecord, plan: Plan, flops: int | None, peak: Peak | None) -> Lever:
+    """A lever from its profile; one whose profile failed (an engine without a profiler in fwbench) timed as a plain
+    inference cell instead: its median and kernels, no split by op."""
+    if record.cell is not None:
+        cell = record.cell
+        return Lever(
+            record.runtime,
+            cell.unprofiled_median_s,
+            cell.summary.categories_s[RATED_CATEGORY],
+            category_rate(cell, flops, peak),
+            tuple(kernel_entries(record.details)),
+        )
+    case = next((case for case in plan.cases if case.key == record.case_key), None)
+    if case is None:
+        return Lever(record.runtime, None, note=f"{record.status}: {record.reason}")
+    settings = dataclasses.replace(plan.settings, max_time_s=min(LEVER_MAX_TIME_S, plan.settings.max_time_s))
+    outcome = run_worker(case, settings, check_parity=False)
+    if outcome.status != "ok" or not outcome.fields.get("median_s"):
+        return Lever(record.runtime, None, note=f"{outcome.status}: {outcome.reason}")
+    note = "timed as a plain cell: " + str(record.reason).rsplit(": ", 1)[-1]
+    return Lever(
+        record.runtime, float(outcome.fields["median_s"]), kernels=tuple(kernel_entries(outcome.details)), note=note
+    )
+
+
+def levers_table(base: str, base_median_s: float, levers: Sequence[Lever]) -> Table:
+    """The levers of ``base``, measured: :func:`fwbench.report.explain.lever_rows` as a rich table."""
+    table = Table(title=escape(f"levers for {base} (measured as extra cells)"), title_justify="left")
+    left = {"lever", "kernels", "note"}
+    for header in LEVER_HEADERS:
+        table.add_column(escape(header), justify="left" if header in left else "right")
+    for row in lever_rows(base_median_s, levers):
+        table.add_row(*(escape(value) for value in row))
+    return table
