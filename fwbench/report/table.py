@@ -455,7 +455,7 @@ def evidence_line(pairs: Sequence[GroupedPair]) -> str | None:
 
     rounds = sorted(cell.rounds or 1 for cell in cells)
     paired = sorted(cell.pairs for cell in cells if cell.pairs is not None)
-    text = f"speed-ups rest on {span(rounds)} rounds per cell"
+    text = f"speed-ups rest on {span(rounds)} round{'' if rounds == [1] * len(rounds) else 's'} per cell"
     if paired:
         text += f"; {len(paired)} of {len(cells)} from paired blocks, {span(paired)} pairs per cell"
     if len(paired) < len(cells):
