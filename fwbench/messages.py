@@ -93,6 +93,10 @@ class Job:
         )
 
 
+# What a worker says of a runtime that fwbench cannot profile (``fwbench profile``, ``fwbench explain``'s levers).
+NO_PROFILER = "has no profiler in fwbench"
+
+
 def thread_environment(threads: int, interop_threads: int) -> dict[str, str]:
     """Environment variables that carry the thread budget to the frameworks' native pools."""
     return {

@@ -8,11 +8,10 @@ profiled as extra cells and shown measured beside their base runtime."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import os
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,27 @@ from fwbench.cli.profile import DEFAULT_OUT, profile_cases
 from fwbench.cli.run_plan import plan_choices
 from fwbench.frameworks.kernel_reports import VERBOSE_ENVIRONMENT
 from fwbench.measure import environment
+from fwbench.messages import NO_PROFILER
 from fwbench.report.explain import (
     LEVER_HEADERS,
     Explanation,
     Lever,
-    distortion_lines,
     explain_table,
     headline,
     kernel_lines,
     lever_rows,
-    rate_line,
+    warning_lines,
 )
 from fwbench.report.kernels import kernel_entries
 from fwbench.report.peak import Peak, latest_peak
-from fwbench.report.profile_rates import RATED_CATEGORY, category_rate, comparable_peak, matmul_flops
+from fwbench.report.profile_rates import (
+    RATED_CATEGORY,
+    ModelFlops,
+    category_rate,
+    comparable_peak,
+    matmul_flops,
+    rate_legend,
+)
 from fwbench.report.profile_table import group_title
 from fwbench.report.table import make_console
 from fwbench.runner.outcome import run_worker
@@ -147,46 +153,46 @@ def explain_plan(args: argparse.Namespace, runtimes: Sequence[str]) -> Plan:
     return resolve_plan(plan_choices(namespace, {"rounds": 1}))
 
 
-@contextlib.contextmanager
-def environment_set(variables: Mapping[str, str]) -> Iterator[None]:
-    """``variables`` in this process's environment (which a worker inherits) inside the block, restored after."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def case_of(plan: Plan, record: ProfileRecord) -> Case | None:
+    """The planned case ``record`` was profiled for."""
+    return next((case for case in plan.cases if case.key == record.case_key), None)
 
 
 def probed_kernels(case: Case, plan: Plan, details: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """Where a library of the cell reports only when a variable is set at start-up (TensorFlow's oneDNN), the
-    cell's kernel entries from a probe cell started with it (its times are not kept); None where none needs one."""
+    cell's kernel entries from a probe cell started with it (its times are not kept; a probe that failed says so in
+    the entries it leaves); None where none needs one."""
     variables: dict[str, str] = {}
     for entry in kernel_entries(details):
         variables.update(entry.get(VERBOSE_ENVIRONMENT) or {})
     if not variables:
         return None
     settings = dataclasses.replace(plan.settings, max_time_s=min(PROBE_MAX_TIME_S, plan.settings.max_time_s))
-    with environment_set(variables):
-        outcome = run_worker(case, settings, check_parity=False)
-    if outcome.status != "ok":
-        return None
-    entries = kernel_entries(outcome.details)
+    outcome = run_worker(case, settings, check_parity=False, env=variables)
     names = ", ".join(f"{name}={value}" for name, value in variables.items())
+    if outcome.status != "ok":
+        failed = f"; the probe cell started with {names} ended {outcome.status}: {outcome.reason}"
+        return [{**entry, "not_reported": f"{entry.get('not_reported')}{failed}"} for entry in kernel_entries(details)]
+    entries = kernel_entries(outcome.details)
     return [{**entry, "source": f"{entry.get('source')} (a probe cell started with {names})"} for entry in entries]
 
 
 def with_probed_kernels(record: ProfileRecord, plan: Plan) -> ProfileRecord:
     """``record`` with its kernel entries from a probe cell where its libraries need one."""
-    case = next((case for case in plan.cases if case.key == record.case_key), None)
+    case = case_of(plan, record)
     if case is None or record.cell is None:
         return record
     probed = probed_kernels(case, plan, record.details)
     return record if probed is None else dataclasses.replace(record, details={**record.details, "kernels": probed})
+
+
+def sub_plan(plan: Plan, runtimes: Sequence[str]) -> Plan:
+    """``plan``'s cells and skipped cells of ``runtimes`` only."""
+    return dataclasses.replace(
+        plan,
+        cases=tuple(case for case in plan.cases if case.runtime in runtimes),
+        skipped=tuple(skipped for skipped in plan.skipped if skipped.case.runtime in runtimes),
+    )
 
 
 def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -203,18 +209,25 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run_id = store.create_run(
             plan, shlex.join(["fwbench", *argv]), environment.collect(), __version__, kind="profile"
         )
-        profile_cases(store, run_id, plan, out, args.calls, args.db)
+        # A and B first: a runtime that cannot be profiled ends the command before the levers run
+        profile_cases(store, run_id, sub_plan(plan, (a, b)), out, args.calls, args.db, finish=False)
+        records = {record.runtime: record for record in store.profiles([run_id])}
+        failed = [records[runtime] for runtime in (a, b) if records[runtime].cell is None]
+        if failed:
+            store.finish_run(run_id)
+            for record in failed:
+                print(f"fwbench explain: {record.runtime} could not be profiled: {record.status}: {record.reason}",
+                      file=sys.stderr)  # fmt: skip
+            return 1
+        profile_cases(store, run_id, sub_plan(plan, levers), out, args.calls, args.db)
         records = {record.runtime: record for record in store.profiles([run_id])}
         peak = latest_peak(store)
-    console = make_console()
     first = records[a]
-    for runtime in (a, b):
-        if records[runtime].cell is None:
-            raise SpecError(f"{runtime} could not be profiled: {records[runtime].status}: {records[runtime].reason}")
-        records[runtime] = with_probed_kernels(records[runtime], plan)
+    records[a], records[b] = with_probed_kernels(records[a], plan), with_probed_kernels(records[b], plan)
     flops = matmul_flops(first.model, first.phase, first.batch_size, first.seq_len)
     peak = comparable_peak(peak, first.dtype, first.device, plan.settings.threads)
     explanation = Explanation(group_title(first), records[a], records[b], flops, peak)
+    console = make_console()
     console.print(escape(headline(explanation)))
     console.print(explain_table(explanation))
     unknown = [
@@ -222,7 +235,7 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         for record in (records[a], records[b])
         if record.cell is not None and record.cell.summary.uncategorized
     ]
-    lines = [*distortion_lines(explanation), rate_line(explanation), *kernel_lines([records[a], records[b]]), *unknown]
+    lines = [*warning_lines(explanation), rate_legend(flops, peak), *kernel_lines([records[a], records[b]]), *unknown]
     for line in lines:
         console.print(escape(line))
     for base, names in levers_by_base(levers, (a, b)).items():
@@ -230,16 +243,13 @@ def command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         base_cell = records[base].cell
         if measured and base_cell is not None:
             console.print(levers_table(base, base_cell.unprofiled_median_s, measured))
-    for skipped in plan.skipped:
-        if skipped.case.runtime in levers:
-            console.print(escape(f"lever {skipped.case.runtime} not run: {skipped.reason}"))
     console.print(escape(f"profile run {run_id} in {args.db}; raw traces under {out}"))
     return 0
 
 
-def measured_lever(record: ProfileRecord, plan: Plan, flops: int | None, peak: Peak | None) -> Lever:
-    """A lever from its profile; one whose profile failed (an engine without a profiler in fwbench) timed as a plain
-    inference cell instead: its median and kernels, no split by op."""
+def measured_lever(record: ProfileRecord, plan: Plan, flops: ModelFlops | None, peak: Peak | None) -> Lever:
+    """A lever from its profile; one that fwbench cannot profile (an engine) timed as a plain inference cell instead,
+    parity checked: its median and kernels, no split by op; any other failure as it ended."""
     if record.cell is not None:
         cell = record.cell
         return Lever(
@@ -249,16 +259,19 @@ def measured_lever(record: ProfileRecord, plan: Plan, flops: int | None, peak: P
             category_rate(cell, flops, peak),
             tuple(kernel_entries(record.details)),
         )
-    case = next((case for case in plan.cases if case.key == record.case_key), None)
-    if case is None:
+    case = case_of(plan, record)
+    if case is None or NO_PROFILER not in (record.reason or ""):
         return Lever(record.runtime, None, note=f"{record.status}: {record.reason}")
     settings = dataclasses.replace(plan.settings, max_time_s=min(LEVER_MAX_TIME_S, plan.settings.max_time_s))
-    outcome = run_worker(case, settings, check_parity=False)
+    outcome = run_worker(case, settings)
     if outcome.status != "ok" or not outcome.fields.get("median_s"):
         return Lever(record.runtime, None, note=f"{outcome.status}: {outcome.reason}")
-    note = "timed as a plain cell: " + str(record.reason).rsplit(": ", 1)[-1]
     return Lever(
-        record.runtime, float(outcome.fields["median_s"]), kernels=tuple(kernel_entries(outcome.details)), note=note
+        record.runtime,
+        float(outcome.fields["median_s"]),
+        kernels=tuple(kernel_entries(outcome.details)),
+        note=f"{NO_PROFILER}: timed as a plain cell (adaptive blocks, parity checked)",
+        plain=True,
     )
 
 

@@ -74,10 +74,12 @@ def trace_folder(out: Path, case: Case) -> Path:
     return out / case.model / case.runtime.replace(":", "_") / f"{case.phase}-{case.dtype}-{shape}"
 
 
-def profile_cases(store: Store, run_id: int, plan: Plan, out: Path, calls: int, db: str) -> None:
+def profile_cases(
+    store: Store, run_id: int, plan: Plan, out: Path, calls: int, db: str, *, finish: bool = True
+) -> None:
     """Each of ``plan``'s cells profiled in a fresh worker (``calls`` calls without the profiler and as many under
-    it, the raw trace under ``out``) and stored in profile run ``run_id``, a line per cell on stderr; the run is
-    finished. DiskFull (saying what was kept) when a trace finds no room."""
+    it, the raw trace under ``out``) and stored in profile run ``run_id``, a line per cell on stderr; with
+    ``finish``, the run is finished. DiskFull (saying what was kept) when a trace finds no room."""
     profiled = 0
     try:
         for skipped in plan.skipped:
@@ -101,7 +103,8 @@ def profile_cases(store: Store, run_id: int, plan: Plan, out: Path, calls: int, 
             profiled += 1
             line = f"[{index}/{len(plan.cases)}] {case.label()}: {status}" + (f" ({reason})" if reason else "")
             print(line, file=sys.stderr, flush=True)
-        store.finish_run(run_id)
+        if finish:
+            store.finish_run(run_id)
     except DiskFull as full:  # the profiles stored before stay, with their traces
         kept = f"{cells_kept(profiled, 'profiled')} (profile run {run_id} of {db}, traces under {out})"
         raise full.told(kept, "profile again") from full

@@ -108,7 +108,7 @@ def profile_report(args: argparse.Namespace) -> int:
         raise SpecError(f"--profile prints tables (--out, --html); it does not take {', '.join(others)}")
     with Store.open(args.db, readonly=True) as store:
         run = resolve_run(store, args.run or "latest", args.db, "--run", kind="profile")
-        groups = profile_groups(store.profiles([run.id]), latest_peak(store))
+        groups = profile_groups(store.profiles([run.id]), latest_peak(store), run.plan.settings.threads)
     if args.html is not None:
         from fwbench.report.profile_html import profile_page  # matplotlib (html.py): only when a page is written
 

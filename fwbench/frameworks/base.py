@@ -32,6 +32,7 @@ from fwbench.frameworks.roles import (
     layout_of,
     require,
 )
+from fwbench.messages import NO_PROFILER
 from fwbench.models.base import ModelDescription
 from fwbench.spec import Settings
 
@@ -346,7 +347,7 @@ class Backend(ABC):
         except ModuleNotFoundError as exc:
             if exc.name != f"{self.package}.profile":
                 raise
-            raise NotImplementedError(f"{self.framework}:{self.mode} has no profiler in fwbench") from None
+            raise NotImplementedError(f"{self.framework}:{self.mode} {NO_PROFILER}") from None
         return profiler.record(step, calls, directory, self.device)
 
     def kernel_libraries(self, step: Callable[[], object], inputs: Sequence[Any]) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from fwbench import __version__
 from fwbench.frameworks.base import EXPORT_CACHE_ENV, MODEL_EXPORT_CACHE_ENV, Backend, Decoder, export_report
 from fwbench.frameworks.registry import get_runtime
 from fwbench.frameworks.roles import OnnxDecoderExporter, as_onnx_decoder_exporter, builtin_package, import_deploy
+from fwbench.messages import NO_PROFILER
 from fwbench.spec import Settings
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]  # per input: (shape, numpy dtype name)
@@ -111,7 +112,7 @@ class ExportedBackend(Backend):
     def profile(self, step: Callable[[], object], calls: int, directory: Path) -> dict[str, Any]:
         """The engine has no profiler in fwbench (its package is the exporting framework's, whose profiler would
         see the engine's calls as no ops at all): the cell is stored as ``error`` with this reason."""
-        raise NotImplementedError(f"{self.framework}:{self.mode} has no profiler in fwbench")
+        raise NotImplementedError(f"{self.framework}:{self.mode} {NO_PROFILER}")
 
     def configure_threads(self, intra_op: int, inter_op: int) -> dict[str, Any]:
         """The engine gets the budget as its one pool (its own inter-op parallelism off); the exporting

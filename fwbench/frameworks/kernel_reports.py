@@ -97,18 +97,20 @@ def captured_stdout() -> Iterator[Captured]:
     _flush_c_stdio()
     captured = Captured()
     saved = os.dup(1)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield captured
-        finally:
-            with contextlib.suppress(ValueError, OSError):
-                sys.stdout.flush()
-            _flush_c_stdio()
-            os.dup2(saved, 1)
-            os.close(saved)
-            sink.seek(0)
-            captured.text = sink.read().decode(errors="replace")
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 1)
+            try:
+                yield captured
+            finally:
+                with contextlib.suppress(ValueError, OSError):
+                    sys.stdout.flush()
+                _flush_c_stdio()
+                os.dup2(saved, 1)
+                sink.seek(0)
+                captured.text = sink.read().decode(errors="replace")
+    finally:
+        os.close(saved)
 
 
 # -- oneDNN -------------------------------------------------------------------------------------------------------

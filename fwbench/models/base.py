@@ -92,6 +92,11 @@ class ModelDescription(ABC):
         """Floating-point operations of one inference forward pass (a multiply-add counts 2) of ``batch_size``
         samples; each phase counts its calls from this and :meth:`training_forward_flops`."""
 
+    def attention_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """The part of :meth:`forward_flops` in attention's two batched matmuls (scores and context: 4·S²·H per
+        layer and sample); 0 for a model without attention."""
+        return 0
+
     def training_forward_flops(self, batch_size: int, seq_len: int | None) -> int:
         """FLOPs of the forward pass phase training runs: the training graph up to its loss, whose own matmuls
         count (a language model's vocabulary projection); the same as :meth:`forward_flops` unless the model

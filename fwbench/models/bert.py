@@ -181,6 +181,11 @@ class Bert(ModelDescription):
             raise SpecError(f"{self.name} needs a sequence length")
         return token_inputs(batch_size, seq_len, self.config.vocab_size, seed, self.has_token_types)
 
+    def attention_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """Attention's scores and context matmuls: 4·S²·H per layer and sample."""
+        s = seq_len or 1
+        return batch_size * self.config.layers * 4 * s * s * self.config.hidden
+
     def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
         """Matmul FLOPs: per layer 8·S·H² (Q, K, V, output) + 4·S·H·I (FFN) + 4·S²·H (scores, context), plus
         the pooler's 2·H² where the model has one."""

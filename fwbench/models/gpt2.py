@@ -88,6 +88,11 @@ class GPT2(CausalDecoder):
     def canonical_weights(self, seed: int = 0) -> dict[str, np.ndarray]:
         return normal_weights(self.param_schema(), seed)
 
+    def attention_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """Attention's scores and context matmuls: 4·S²·H per layer and sample."""
+        s = seq_len or 1
+        return batch_size * self.config.layers * 4 * s * s * self.config.hidden
+
     def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
         """Matmul FLOPs: per layer 8·S·H² + 4·S·H·I + 4·S²·H, plus the LM head 2·S·H·V (inference and training
         both run it)."""

@@ -136,6 +136,11 @@ class Llama(CausalDecoder):
         weights[FINAL_NORM] = weights[FINAL_NORM] + np.float32(1.0)
         return weights
 
+    def attention_flops(self, batch_size: int, seq_len: int | None) -> int:
+        """Attention's scores and context matmuls: 4·S²·H per layer and sample."""
+        s = seq_len or 1
+        return batch_size * self.config.layers * 4 * s * s * self.config.hidden
+
     def forward_flops(self, batch_size: int, seq_len: int | None) -> int:
         """Matmul FLOPs: per layer 4·S·H² (query, output) + 4·S·H·Hkv (key, value) + 6·S·H·I (gate, up, down) +
         4·S²·H (scores, context), plus the LM head 2·S·H·V."""

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from fwbench.profile.categories import CATEGORIES, Category, Vocabulary, categorize
 
+NEGLIGIBLE_S = 1e-9  # below a nanosecond per call: none (float sums of op times leave residues such as 7e-18 s)
+
 
 @dataclass(frozen=True)
 class OpEvent:

@@ -1,7 +1,8 @@
 """Where the time between two runtimes of one cell goes (``fwbench explain``): both cells' profiles split into the
 same parts — each op category's self time, the time outside every op (the framework, Python, dispatch), minus the
 time ops overlapped (counted twice by their categories) — whose differences add up to the difference of the two
-profiled calls' wall times; largest first, each with its share of the difference, the matmul/conv category's
+profiled calls' wall times (a residual part where the profiler's events ran outside the worker's clock window);
+largest first, each with its share of the difference, the matmul/conv category's
 achieved rate on both sides (:mod:`fwbench.report.profile_rates`), and the kernel libraries each cell recorded
 (:mod:`fwbench.report.kernels`). Reads stored profiles only; descriptive, as a profile is (a few calls of one
 worker): a verdict on the speed-up comes from ``fwbench run``.
@@ -18,15 +19,16 @@ from rich.table import Table
 
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
+from fwbench.profile.summary import NEGLIGIBLE_S
 from fwbench.report.kernels import entry_summary, kernel_entries
 from fwbench.report.peak import Peak
-from fwbench.report.profile_rates import RATED_CATEGORY, CategoryRate, category_rate
+from fwbench.report.profile_rates import RATED_CATEGORY, CategoryRate, ModelFlops, category_rate
 from fwbench.store import ProfileRecord
 from fwbench.units import format_seconds
 
 OUTSIDE_OPS = "outside every op (framework, Python, dispatch)"
 OVERLAP = "ops overlapping in time (counted twice above)"
-NEGLIGIBLE_S = 1e-9
+UNACCOUNTED = "unaccounted (ops recorded outside the worker's clock window)"
 DISTORTED = 0.2  # a profiler overhead beyond ±20% is flagged: the profiled calls are unlike the timed ones
 
 
@@ -46,18 +48,29 @@ class Part:
 
 def parts(a: ProfiledCell, b: ProfiledCell) -> list[Part]:
     """The op categories' self time, the time outside every op and minus the overlap, in A and B, largest
-    difference first (the overlap last); their differences sum to the difference of the wall times (exactly, as
-    wall = busy + outside and busy = the categories' sum − overlap). Parts neither side has are left out."""
+    difference first (the overlap last); their differences sum to the difference of the wall times, as wall = busy +
+    outside and busy = the categories' sum − overlap, unless the profiler recorded ops beyond the worker's clock
+    window (busy > wall: outside is then 0, not negative): that remainder is the UNACCOUNTED part, last. Parts
+    neither side has are left out."""
     found = [
         Part(category, a.summary.categories_s[category], b.summary.categories_s[category]) for category in CATEGORIES
     ]
     found.append(Part(OUTSIDE_OPS, a.summary.overhead_s, b.summary.overhead_s))
     found.append(Part(OVERLAP, -a.summary.overlap_s, -b.summary.overlap_s))
+    found.append(Part(UNACCOUNTED, _unaccounted_s(a), _unaccounted_s(b)))
     # below a millionth of the longer call: nothing, or a residue of summing many op times in floating point
     negligible = max(NEGLIGIBLE_S, 1e-6 * max(a.summary.wall_s, b.summary.wall_s))
     found = [part for part in found if max(abs(part.a_s), abs(part.b_s)) >= negligible]
-    found.sort(key=lambda part: (part.label == OVERLAP, -abs(part.difference_s)))
+    last = {OVERLAP: 1, UNACCOUNTED: 2}
+    found.sort(key=lambda part: (last.get(part.label, 0), -abs(part.difference_s)))
     return found
+
+
+def _unaccounted_s(cell: ProfiledCell) -> float:
+    """The wall time the parts do not hold: 0 unless the ops ran past the worker's window (then negative)."""
+    summary = cell.summary
+    held = sum(summary.categories_s.values()) - summary.overlap_s + summary.overhead_s
+    return summary.wall_s - held
 
 
 @dataclass(frozen=True)
@@ -68,15 +81,17 @@ class Explanation:
     title: str
     a: ProfileRecord
     b: ProfileRecord
-    flops: int | None
+    flops: ModelFlops | None
     peak: Peak | None
 
     @property
     def cells(self) -> tuple[ProfiledCell, ProfiledCell]:
+        """A's and B's profiles (both profiled: explain refuses otherwise)."""
         assert self.a.cell is not None and self.b.cell is not None
         return self.a.cell, self.b.cell
 
     def rates(self) -> tuple[CategoryRate | None, CategoryRate | None]:
+        """A's and B's matmul/conv rates (None where a side has none)."""
         a, b = self.cells
         return category_rate(a, self.flops, self.peak), category_rate(b, self.flops, self.peak)
 
@@ -148,18 +163,32 @@ def explain_rows(explanation: Explanation) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def distortion_lines(explanation: Explanation) -> list[str]:
-    """A warning per runtime whose profiled calls were more than DISTORTED slower (or faster) than its calls without
-    the profiler: the split is of calls unlike the timed ones."""
+def warning_lines(explanation: Explanation) -> list[str]:
+    """What makes the split less telling, a line each: a runtime whose profiled calls ran more than DISTORTED slower
+    (or faster) than its calls without the profiler; a profile not split by op; a profiled difference of the other
+    sign than the difference without the profiler; time unaccounted for."""
     lines = []
     for record in (explanation.a, explanation.b):
         cell = record.cell
-        if cell is not None and abs(cell.profiler_overhead) > DISTORTED:
+        if cell is None:
+            continue
+        if abs(cell.profiler_overhead) > DISTORTED:
             lines.append(
                 f"warning: {record.runtime}'s profiled calls took {cell.profiler_overhead:+.0%} of its calls without "
-                "the profiler (the profiler's own cost, or a noisy machine): the split describes slower calls than "
+                "the profiler (the profiler's own cost, or a noisy machine): the split describes other calls than "
                 "the timed ones; run again, with more --calls, to see whether it holds"
             )
+        if cell.attribution != "by op":
+            lines.append(f"warning: {record.runtime}'s profile is not split by op ({cell.attribution})")
+    a, b = explanation.cells
+    profiled, unprofiled = b.summary.wall_s - a.summary.wall_s, b.unprofiled_median_s - a.unprofiled_median_s
+    if profiled * unprofiled < 0:
+        lines.append(
+            "warning: under the profiler the other runtime was the faster one: the split explains a difference of "
+            "the other sign than the timed calls'"
+        )
+    if any(part.label == UNACCOUNTED for part in parts(a, b)):
+        lines.append(f"warning: the profiler recorded ops outside the worker's clock window ({UNACCOUNTED} row)")
     return lines
 
 
@@ -177,26 +206,14 @@ def explain_table(explanation: Explanation) -> Table:
     return table
 
 
+def kernels_text(entries: Sequence[dict[str, Any]]) -> str:
+    """A cell's kernel entries on one line, or that it recorded none."""
+    return " · ".join(entry_summary(entry) for entry in entries) if entries else "none recorded"
+
+
 def kernel_lines(records: Sequence[ProfileRecord]) -> list[str]:
     """Per runtime, the kernel libraries its cell recorded, one entry after another (or that it recorded none)."""
-    lines = []
-    for record in records:
-        entries = kernel_entries(record.details)
-        listed = " · ".join(entry_summary(entry) for entry in entries) if entries else "none recorded"
-        lines.append(f"{record.runtime} kernels: {listed}")
-    return lines
-
-
-def rate_line(explanation: Explanation) -> str:
-    """What the rates divide, and which peak their shares are of."""
-    text = (
-        f"rate: the model's {(explanation.flops or 0) / 1e9:.3g} GFLOP of matmuls and convolutions a call over the "
-        f"{RATED_CATEGORY} category's self time per profiled call (shown where the profiler split the call by op)"
-    )
-    peak = explanation.peak
-    if peak is None:
-        return text + "; no comparable gemm peak stored (fwbench env --peak measures it)"
-    return text + f"; % of the {peak.gflops:.0f} GFLOP/s gemm peak ({peak.runtime}, threads {peak.threads})"
+    return [f"{record.runtime} kernels: {kernels_text(kernel_entries(record.details))}" for record in records]
 
 
 @dataclass(frozen=True)
@@ -212,6 +229,7 @@ class Lever:
     rate: CategoryRate | None = None
     kernels: tuple[dict[str, Any], ...] = ()
     note: str | None = None
+    plain: bool = False  # timed as a plain cell (adaptive blocks), not by the profile's calls: another protocol
 
 
 def lever_rows(base_median_s: float, levers: Sequence[Lever]) -> list[list[str]]:
@@ -219,12 +237,14 @@ def lever_rows(base_median_s: float, levers: Sequence[Lever]) -> list[list[str]]
     matmul/conv time and rate where profiled, its kernel libraries, and a note."""
     rows = []
     for lever in levers:
-        listed = " · ".join(entry_summary(entry) for entry in lever.kernels) if lever.kernels else "none recorded"
+        listed = kernels_text(lever.kernels)
         rows.append(
             [
                 lever.runtime,
                 format_seconds(lever.median_s),
-                f"{base_median_s / lever.median_s:.2f}×" if lever.median_s else "—",
+                (f"{base_median_s / lever.median_s:.2f}×" + (" (plain cell)" if lever.plain else ""))
+                if lever.median_s
+                else "—",
                 format_seconds(lever.matmul_s),
                 lever.rate.text() if lever.rate else "—",
                 listed if lever.median_s is not None else "",

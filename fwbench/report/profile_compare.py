@@ -17,7 +17,8 @@ from rich.table import Table
 
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
-from fwbench.report.profile_table import NEGLIGIBLE_S, group_title
+from fwbench.profile.summary import NEGLIGIBLE_S
+from fwbench.report.profile_table import group_title
 from fwbench.store import ProfileRecord
 from fwbench.units import format_seconds
 

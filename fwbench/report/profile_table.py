@@ -12,13 +12,20 @@ from rich.table import Table
 
 from fwbench.profile.categories import CATEGORIES
 from fwbench.profile.cells import ProfiledCell
+from fwbench.profile.summary import NEGLIGIBLE_S
 from fwbench.report.peak import Peak
-from fwbench.report.profile_rates import category_rate, comparable_peak, matmul_flops
+from fwbench.report.profile_rates import (
+    ModelFlops,
+    category_rate,
+    comparable_peak,
+    matmul_flops,
+    rate_legend,
+    unrated_reason,
+)
 from fwbench.store import ProfileRecord
 from fwbench.units import format_seconds
 
 TOP_OPS = 10
-NEGLIGIBLE_S = 1e-9  # below a nanosecond per call: shown as none (float sums leave residues such as 7e-18 s)
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,7 @@ class ProfileGroup:
 
     title: str
     cells: Mapping[str, ProfiledCell | str]
-    flops: int | None = None
+    flops: ModelFlops | None = None
     peak: Peak | None = None
 
 
@@ -72,22 +79,7 @@ RATE_LABEL = "matmul/conv rate"
 def _rate(cell: ProfiledCell, group: ProfileGroup) -> str:
     """The cell's matmul/conv GFLOP/s and share of the peak; ``—`` where it has none."""
     rate = category_rate(cell, group.flops, group.peak)
-    return rate.text() if rate is not None else "—"
-
-
-def rate_legend(group: ProfileGroup) -> str:
-    """What the matmul/conv rate row divides, and which peak its share is of."""
-    text = (
-        f"{RATE_LABEL}: the model's {(group.flops or 0) / 1e9:.3g} GFLOP of matmuls and convolutions a call over the "
-        "category's self time per profiled call"
-    )
-    if group.peak is None:
-        return text + "; no comparable gemm peak stored (fwbench env --peak measures it)"
-    peak = group.peak
-    return (
-        text
-        + f"; % of the {peak.gflops:.0f} GFLOP/s gemm peak ({peak.runtime}, threads {peak.threads}, run {peak.run_id})"
-    )
+    return rate.text() if rate is not None else f"— ({unrated_reason(cell) or 'no matmul time'})"
 
 
 CATEGORY_SECTION_ENDS = (len(CATEGORIES), len(CATEGORIES) + 4)  # rows after which a table section ends
@@ -184,7 +176,7 @@ def profile_tables(groups: Sequence[ProfileGroup]) -> list[Table | str]:
                 out.append(top_ops_table(runtime, cell))
         out.extend(escape(line) for line in uncategorized_lines(group))
         if group.flops:
-            out.append(escape(rate_legend(group)))
+            out.append(escape(rate_legend(group.flops, group.peak)))
         out.extend(
             f"{escape(runtime)}: trace {escape(cell.trace)} ({escape(cell.profiler)})"
             for runtime, cell in group.cells.items()

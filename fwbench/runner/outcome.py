@@ -3,6 +3,7 @@ the one-shot worker run that produces it (:func:`run_worker`: a fresh worker run
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,8 +92,10 @@ def run_worker(
     profile_to: str | None = None,
     profile_calls: int = 5,
     checkpoints: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> CellOutcome:
-    """Run ``case`` start to end in a fresh ``python -m fwbench.runner.worker`` and classify how it ended."""
+    """Run ``case`` start to end in a fresh ``python -m fwbench.runner.worker`` (``env``: variables added to its
+    environment) and classify how it ended."""
     job = Job(
         case=case,
         settings=settings,
@@ -107,7 +110,7 @@ def run_worker(
         record_kernels=round_index == 0,
     )
     try:
-        with start_worker(job) as worker:
+        with start_worker(job, env=env) as worker:
             result = worker.await_message({"result"}, settings.timeout_s)
             worker.wait_exit()
     except WorkerFailure as failure:

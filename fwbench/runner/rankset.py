@@ -29,7 +29,7 @@ import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -363,9 +363,12 @@ def _sum(values: Any) -> int | None:
     return sum(known) if known else None
 
 
-def start_worker(job: Job, start_cpus: Sequence[int] | None = None) -> WorkerProcess | RankSet:
+def start_worker(
+    job: Job, start_cpus: Sequence[int] | None = None, env: Mapping[str, str] | None = None
+) -> WorkerProcess | RankSet:
     """The worker that runs ``job``: a rank set for a distributed cell, else one worker process (with
-    ``start_cpus``: started on those, beside others; a rank set always starts on its ranks' CPUs)."""
+    ``start_cpus``: started on those, beside others; a rank set always starts on its ranks' CPUs; ``env``: variables
+    added to a single worker's environment)."""
     if job.case.procs is not None:
         return RankSet(job)
-    return WorkerProcess(job, start_cpus=start_cpus)
+    return WorkerProcess(job, env=env, start_cpus=start_cpus)

@@ -13,14 +13,16 @@ export async function kernelLibraries(tf, mode, step, versions) {
   if (mode === 'wasm') {
     const simd = await tf.env().getAsync('WASM_HAS_SIMD_SUPPORT');
     const multithread = await tf.env().getAsync('WASM_HAS_MULTITHREAD_SUPPORT');
+    const version = versions['tfjs-backend-wasm'] ?? null;
     return [{
       library: 'TF.js wasm (XNNPACK)',
-      version: versions['tfjs-backend-wasm'] ?? null,
+      version,
       isa: simd ? 'WebAssembly SIMD128' : 'WebAssembly (no SIMD)',
       ops,
       source: "tf.profile kernelNames; tf.env().getAsync('WASM_HAS_SIMD_SUPPORT')",
       multithread,
       host_isa_not_reported: "V8 compiles the WebAssembly to the host's instructions and does not report which",
+      ...(version === null ? { not_reported: 'tfjs-backend-wasm reported no version' } : {}),
     }];
   }
   return [{

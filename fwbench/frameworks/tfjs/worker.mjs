@@ -133,7 +133,7 @@ class Cell {
     this.result.first_call_s = this.timing.timeBlock(step, 1, seconds);
     const timing = await this.timeSteps(step);
     Object.assign(this.result, { status: 'ok', ...timing });
-    if (job.check_parity) await this.recordKernels(step);
+    if (job.record_kernels ?? true) await this.recordKernels(step); // the cell's first round, at every shape
     if (job.check_parity && prepared.parity !== null) this.checkParity();
     this.stage('done');
     return this.result;
@@ -186,8 +186,8 @@ class Cell {
     return this.result;
   }
 
-  /** Stage kernels, after the timed calls (the first round): details.kernels from one more, untimed call of `step`
-   * (kernels.mjs); a probe that fails says why, the cell is kept. */
+  /** Stage kernels, after the timed calls (the cell's first round: job.record_kernels): details.kernels from one
+   * more, untimed call of `step` (kernels.mjs); a probe that fails says why, the cell is kept. */
   async recordKernels(step) {
     this.stage('kernels');
     try {

@@ -20,10 +20,13 @@ INDUCTOR_SOURCE = "torch._inductor.cpu_vec_isa.pick_vec_isa()"
 
 
 def verbose_report(step: Callable[[], object]) -> str:
-    """What oneMKL and oneDNN print in one call of ``step`` with their verbose modes on (off again after it)."""
+    """What oneMKL and oneDNN print in one call of ``step`` with their verbose modes on (off again after it); a
+    library this torch build lacks (no MKL on aarch64 or macOS) is left out."""
     with captured_stdout() as captured, contextlib.ExitStack() as stack:
-        stack.enter_context(torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON))
-        stack.enter_context(torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON))
+        if torch.backends.mkl.is_available():
+            stack.enter_context(torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON))
+        if torch.backends.mkldnn.is_available():
+            stack.enter_context(torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON))
         step()
     return captured.text
 
