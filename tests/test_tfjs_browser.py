@@ -21,7 +21,6 @@ from fwbench.store.db import Store
 from test_tfjs import ATTENTION_DEFECT, scratch_here, stored, use_faulty_models
 
 RUNTIME = "tfjs:wasm-browser"
-PROFILE_PREFIX = "fwbench-chromium-"  # browser.mjs's user-data-dir, in the worker's temporary folder
 THREADS = 2 if len(os.sched_getaffinity(0)) >= 2 else 1
 
 
@@ -40,8 +39,8 @@ needs_chromium = pytest.mark.usefixtures("chromium_installed")
 
 def chromium_processes(scratch: Path) -> list[int]:
     """Pids of the processes whose command line names a profile under ``scratch`` (a test's Chromium, every process
-    of it: the browser passes --user-data-dir to each)."""
-    marker = f"{scratch}/{PROFILE_PREFIX}".encode()
+    of it: the browser passes --user-data-dir to each; its profile is in the cell's folder)."""
+    marker = f"--user-data-dir={scratch}/{EXTERNAL_PREFIX}".encode()
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -55,8 +54,7 @@ def chromium_processes(scratch: Path) -> list[int]:
 
 def assert_nothing_left(scratch: Path) -> None:
     assert chromium_processes(scratch) == []
-    assert list(scratch.glob(f"{PROFILE_PREFIX}*")) == []  # its profile removed
-    assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []  # the worker removed the folder it read
+    assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []  # the worker removed the folder it read, the profile in it
 
 
 @pytest.mark.slow
@@ -111,6 +109,37 @@ def test_a_defect_in_a_js_model_file_is_a_located_mismatch_in_the_browser(
         ((status, reason),) = stored(db_path).values()
         assert status == "mismatch" and reason is not None and "outputs differ from the reference" in reason
         assert "first divergence: encoder.layer.0.attention.output" in reason
+        assert_nothing_left(scratch)
+    finally:
+        leftover = chromium_processes(scratch)
+        for pid in leftover:
+            os.kill(pid, 9)
+    assert leftover == []
+
+
+# mlp.mjs: never finishes building, the page's main thread busy for good (Atomics.wait is not allowed there)
+BUSY_HANG = ("const last =", "for (;;) {}\n  const last =")
+HANG_TIMEOUT_S = 20  # the page reaches the build in ~1.5 s on 2 cores; a margin for a loaded machine
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_a_hanging_page_is_a_timeout_and_leaves_no_chromium_process(
+    tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The manager kills the worker's process group: Chromium's processes are in it (and the browser process has
+    the worker's death as its signal); the profile was in the cell's folder, which the manager removes."""
+    scratch = scratch_here(tmp_path, monkeypatch)
+    use_faulty_models(monkeypatch, tmp_path / "models", "mlp", *BUSY_HANG)
+    args = run_args(
+        *("--models", "mlp", "--runtimes", RUNTIME, "--timeout", str(HANG_TIMEOUT_S)), db=db_path, max_time=0.2
+    )
+    try:
+        code, _, err = fwbench_here(capsys, *args)
+        assert code == 0, err[-3000:]
+        ((status, reason),) = stored(db_path).values()
+        assert status == "timeout" and reason is not None, (status, reason)
+        assert reason.startswith(f"exceeded --timeout {HANG_TIMEOUT_S} s during build"), reason  # in the page
         assert_nothing_left(scratch)
     finally:
         leftover = chromium_processes(scratch)

@@ -158,7 +158,7 @@ class Cell {
     const { threads } = job.settings;
     const executable = chromiumExecutable();
     this.server = await serve(cellRoots(prepared));
-    this.browser = new Browser(executable, { resultFd: channel });
+    this.browser = new Browser(executable, this.folder, { resultFd: channel });
     const browser = this.browser;
     const chromium = await browser.version();
     // TF.js sizes its pool min(asked, 8, navigator.hardwareConcurrency / 2), read once as its wasm module starts:

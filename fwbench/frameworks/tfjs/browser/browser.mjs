@@ -6,7 +6,6 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
-import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -24,7 +23,7 @@ export const FLAGS = [
   '--disable-background-networking', '--disable-component-update', '--disable-sync', '--disable-quic',
   '--remote-debugging-pipe',
 ]; // prettier-ignore
-export const PROFILE_PREFIX = 'fwbench-chromium-'; // the user-data-dir of a cell's Chromium: <tmp>/fwbench-chromium-*
+export const PROFILE_PREFIX = 'chromium-'; // the user-data-dir of a cell's Chromium: <the cell's folder>/chromium-*
 
 /** The Chromium executable: $FWBENCH_CHROMIUM, else chromium, chromium-browser or google-chrome on PATH. */
 export function chromiumExecutable() {
@@ -105,9 +104,10 @@ function field(status, name) {
 
 /** Headless Chromium and its DevTools pipe. */
 export class Browser {
-  constructor(executable, { resultFd = null } = {}) {
+  /** Chromium started with its profile in `folder` (the cell's: the manager removes it after a killed worker). */
+  constructor(executable, folder, { resultFd = null } = {}) {
     this.executable = executable;
-    this.profile = fs.mkdtempSync(path.join(os.tmpdir(), PROFILE_PREFIX));
+    this.profile = fs.mkdtempSync(path.join(folder, PROFILE_PREFIX));
     const setpriv = which('setpriv');
     const command = [executable, ...FLAGS, `--user-data-dir=${this.profile}`, 'about:blank'];
     // the result pipe this worker inherited (not close-on-exec) is closed in the child: only the worker writes it
@@ -270,12 +270,14 @@ export class Browser {
 }
 
 /** The roots a cell's page is served from: the tfjs package (the page, TF.js's bundles, the engine-neutral .mjs
- * files), the model files' folder, the weights file, and the cell's folder (inputs, parity inputs). */
+ * files), the model files' folder, the weights file, and the cell's inputs and parity inputs (not its
+ * folder: Chromium's profile is there). */
 export function cellRoots(prepared) {
   return {
     '/pkg/': PACKAGE_DIR,
     '/model/': path.dirname(path.resolve(prepared.model.file)),
     '/weights': path.resolve(prepared.weights),
-    '/cell/': path.resolve(prepared.folder),
+    '/cell/inputs.safetensors': path.resolve(prepared.inputs),
+    ...(prepared.parity === null ? {} : { '/cell/parity.safetensors': path.resolve(prepared.parity) }),
   };
 }
