@@ -225,6 +225,7 @@ class Cell {
       if (reason !== null) Object.assign(this.result, { status: 'mismatch', reason, samples_s: [] });
     }
     this.result.browser.processes = browser.peakMemory().processes;
+    this.result.browser.pss_bytes_at_end = browser.proportionalMemory();
     this.result.peak_memory_note = "the sum of VmHWM over Chromium's processes and the Node.js worker's";
     const left = await browser.close();
     this.browser = null;

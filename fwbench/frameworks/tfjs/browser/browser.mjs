@@ -22,6 +22,8 @@ export const FLAGS = [
   '--headless=new', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-extensions',
   '--disable-background-networking', '--disable-component-update', '--disable-sync', '--disable-quic',
   '--remote-debugging-pipe',
+  // a page of a headless browser may count as hidden: its renderer neither deprioritised nor its timers throttled
+  '--disable-renderer-backgrounding', '--disable-background-timer-throttling', '--disable-backgrounding-occluded-windows',
 ]; // prettier-ignore
 export const PROFILE_PREFIX = 'chromium-'; // the user-data-dir of a cell's Chromium: <the cell's folder>/chromium-*
 
@@ -235,6 +237,20 @@ export class Browser {
   peakMemory() {
     const pids = this.processes();
     return { bytes: pids.reduce((sum, pid) => sum + field(statusOf(pid), 'VmHWM'), 0), processes: pids.length };
+  }
+
+  /** Its processes' proportional set size now (Pss: each shared page divided among the processes mapping it),
+   * summed: what VmHWM's sum counts several times (Chromium's binary and libraries, shared memory). */
+  proportionalMemory() {
+    let bytes = 0;
+    for (const pid of this.processes()) {
+      try {
+        bytes += field(fs.readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'), 'Pss');
+      } catch {
+        // gone, or no smaps_rollup (Linux before 4.14)
+      }
+    }
+    return bytes;
   }
 
   /** Browser.close, then SIGKILL to whatever of it is left, waiting (at most 5 s) until none is; the profile
