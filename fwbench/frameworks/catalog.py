@@ -521,6 +521,25 @@ for _mode, _description, _share in (
         )
     )
 
+register_runtime(
+    RuntimeInfo(
+        name="tfjs:wasm-browser",
+        module="",
+        requires=(),
+        description="TensorFlow.js 4.22's WebAssembly backend in a cross-origin-isolated page of headless Chromium "
+        "(threads, SIMD), the same model files and weights as tfjs:wasm",
+        note="its wasm thread pool asked for --threads (what the page got, SIMD, isolation and performance.now()'s "
+        "resolution in details.browser; a shortfall is flagged); peak memory: Chromium's processes and the Node.js "
+        "worker's summed; phase inference only so far (no generate, verify or diff yet)",
+        external="fwbench.frameworks.tfjs.external_browser",
+        startup_s=3.0,
+        throughput_share=0.15,
+        phases=("inference",),
+        no_generate="not built yet in the page: tfjs:wasm runs the same generate.mjs in Node.js",
+        no_verify="not built yet in the page: fwbench run checks its parity; tfjs:wasm verifies the same model files",
+    )
+)
+
 LOADER_DESCRIPTION = "an input pipeline (phase data only): one timed call is the next batch out of the loader"
 LOADER_NOTE = (
     "its worker processes inherit the cell worker's CPU affinity (its --threads cores) and share them, none "

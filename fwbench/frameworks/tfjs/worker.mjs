@@ -10,6 +10,8 @@
 // then the warm-up, then the manager's blocks. Its parity check is Python's (fwbench.runner.external compare).
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import readline from 'node:readline';
 
 const NON_FINITE = /"__fwbench_(-?Infinity|NaN)__"/g; // compare's JSON-safe stand-ins, sent as Python's literals
@@ -36,9 +38,9 @@ function statusBytes(field) {
   return found ? Number(found[1]) * 1024 : null;
 }
 
-function resetPeakRss() {
+function resetPeakRss(pid = 'self') {
   try {
-    fs.writeFileSync('/proc/self/clear_refs', '5');
+    fs.writeFileSync(`/proc/${pid}/clear_refs`, '5');
     return true;
   } catch {
     return false;
@@ -106,6 +108,7 @@ class Cell {
       throw new Error("tfjs cells are timed in interleaved rounds only (--interleave off stops on scipy's rule)");
     }
     const mode = cellCase.runtime.split(':')[1];
+    if (mode === 'wasm-browser') return this.browserCell();
 
     this.stage('import');
     const backend = await import('./backend.mjs');
@@ -135,6 +138,99 @@ class Cell {
     Object.assign(this.result, { status: 'ok', ...timing });
     if (job.record_kernels ?? true) await this.recordKernels(step); // the cell's first round, at every shape
     if (job.check_parity && prepared.parity !== null) this.checkParity();
+    this.stage('done');
+    return this.result;
+  }
+
+  /** tfjs:wasm-browser (browser/browser.mjs, browser/page.mjs): the same model file and weights in a
+   * cross-origin-isolated page of headless Chromium, its wasm thread pool asked for the cell's --threads; the first
+   * call, warm-up, calibration and blocks timed in the page, the parity outputs and checkpoints serialized there. */
+  async browserCell() {
+    const { job, prepared } = this;
+    if (job.case.phase !== 'inference') {
+      throw new Error(`tfjs:wasm-browser runs phase inference only so far, not ${job.case.phase} (tfjs:wasm does)`);
+    }
+    if (job.verify_output !== null) {
+      throw new Error('tfjs:wasm-browser has no fwbench verify / diff yet (its parity is checked in fwbench run)');
+    }
+    this.stage('import');
+    const { Browser, cellRoots, chromiumExecutable, serve } = await import('./browser/browser.mjs');
+    const { threads } = job.settings;
+    const executable = chromiumExecutable();
+    this.server = await serve(cellRoots(prepared));
+    this.browser = new Browser(executable, this.folder, { resultFd: channel });
+    const browser = this.browser;
+    const chromium = await browser.version();
+    // TF.js sizes its pool min(asked, 8, navigator.hardwareConcurrency / 2), read once as its wasm module starts:
+    // the page reports twice the threads asked for, so the cell's budget is what caps it
+    const reported = 2 * threads;
+    await browser.open(`http://127.0.0.1:${this.server.address().port}/pkg/browser/page.html`, reported);
+    await browser.loaded(60);
+    const page = await browser.evaluate(`fwbench.init(${threads})`);
+    const hardware = os.availableParallelism?.() ?? os.cpus().length;
+    const wasmFile = page.wasm_files.at(-1) ?? null;
+    this.result.browser = {
+      chromium, executable, pdeathsig: browser.pdeathsig, user_agent: page.user_agent,
+      cross_origin_isolated: page.cross_origin_isolated, shared_array_buffer: page.shared_array_buffer,
+      simd: page.simd, multithread: page.multithread,
+      threads_requested: threads, threads_got: page.threads_got,
+      hardware_concurrency_real: hardware, hardware_concurrency_reported: page.hardware_concurrency_reported,
+      timer_resolution_s: page.timer_resolution_s, wasm_file: wasmFile,
+    }; // prettier-ignore
+    this.result.threads_effective = {
+      intra_op: page.threads_got, inter_op: 1, simd: page.simd, multithread: page.multithread,
+      why: "TF.js's wasm thread pool in a cross-origin-isolated page of headless Chromium, asked for --threads",
+    }; // prettier-ignore
+    this.result.matmul_precision = { tfjs: 'float32 (TF.js has no reduced-precision matmul on wasm)' };
+    this.result.versions = { ...page.versions, chromium, node: process.versions.node };
+    const short = [];
+    if (!page.cross_origin_isolated) short.push('the page is not cross-origin isolated');
+    if (page.threads_got !== threads) short.push(`the page got ${page.threads_got} of the ${threads} threads asked for`);
+    if (!page.simd) short.push('no WebAssembly SIMD');
+    this.browserFlags = short.length ? [`browser: ${short.join('; ')}`] : [];
+    const minBlock = job.settings.min_block_s;
+    if (!(page.timer_resolution_s <= minBlock / 100)) {
+      throw new Error(`the page's performance.now() steps by ${page.timer_resolution_s * 1e6} µs, over 1/100 of the ` +
+        `${minBlock} s block (is the page cross-origin isolated? ${page.cross_origin_isolated})`); // prettier-ignore
+    }
+
+    this.stage('build');
+    const { layout } = await browser.evaluate(`fwbench.build(${JSON.stringify({ file: path.basename(prepared.model.file), structure: prepared.model.structure })})`);
+    if (layout !== null) this.result.layout = layout;
+    this.stage('first_call');
+    this.result.first_call_s = await browser.evaluate('fwbench.firstCall()');
+    const chromiumPeak = () => browser.peakMemory().bytes;
+    const engine = {
+      warmUp: (calls, budget, rules) => browser.evaluate(`fwbench.warmUp(${calls}, ${budget}, ${JSON.stringify(rules)})`),
+      calibrate: (minimum, budget) => browser.evaluate(`fwbench.calibrate(${minimum}, ${budget})`),
+      block: (calls) => browser.evaluate(`fwbench.block(${calls})`),
+      numTensors: () => browser.evaluate('fwbench.numTensors()'),
+      peakMemory: () => statusBytes('VmHWM') + chromiumPeak(),
+      resetPeak: () => [process.pid, ...browser.processes()].every((pid) => resetPeakRss(pid)),
+    };
+    const timing = await this.timeEngine(engine);
+    this.result.compile_health.flags.push(...this.browserFlags);
+    Object.assign(this.result, { status: 'ok', ...timing });
+    if (job.check_parity) {
+      this.stage('kernels');
+      this.result.kernels = await browser.evaluate(`fwbench.kernels(${JSON.stringify(this.result.versions)})`);
+    }
+    if (job.check_parity && prepared.parity !== null) {
+      this.stage('parity');
+      const path_ = `${this.folder}/parity-outputs.safetensors`;
+      fs.writeFileSync(path_, Buffer.from(await browser.evaluate('fwbench.capture()'), 'base64'));
+      const { parity, reason } = this.compare(path_);
+      this.result.parity = parity;
+      this.result.precision = { policy: job.case.dtype, observable: false };
+      if (reason !== null) Object.assign(this.result, { status: 'mismatch', reason, samples_s: [] });
+    }
+    this.result.browser.processes = browser.peakMemory().processes;
+    this.result.browser.pss_bytes_at_end = browser.proportionalMemory();
+    this.result.peak_memory_note = "the sum of VmHWM over Chromium's processes and the Node.js worker's";
+    const left = await browser.close();
+    this.browser = null;
+    if (left.length) throw new Error(`Chromium processes ${left.join(', ')} did not end`);
+    this.server.close();
     this.stage('done');
     return this.result;
   }
@@ -203,23 +299,45 @@ class Cell {
    * the memory peaks and the tensor count around them; returns the timing fields. `oneCallPerBlock`: a call is a
    * block whatever it lasts (phase generate), so the calibration calls nothing. */
   async timeSteps(step, oneCallPerBlock = false) {
-    const { tf, job, prepared } = this;
-    const { warmUp } = this.timing;
+    return this.timeEngine(this.nodeEngine(step), oneCallPerBlock);
+  }
+
+  /** What times `step` in this process (the engine of timeEngine and serveBlocks; browser.mjs's page is the other). */
+  nodeEngine(step) {
+    const { tf } = this;
+    const { warmUp, timeBlock, calibrateBlock } = this.timing;
+    return {
+      warmUp: async (calls, budget, rules) => warmUp(step, calls, budget, seconds, rules),
+      calibrate: async (minBlock, budget) => calibrateBlock(step, minBlock, budget, seconds),
+      block: async (calls) => {
+        const startUnix = (performance.timeOrigin + performance.now()) / 1000;
+        return [timeBlock(step, calls, seconds), startUnix];
+      },
+      numTensors: async () => tf.memory().numTensors,
+      peakMemory: () => statusBytes('VmHWM'),
+      resetPeak: () => resetPeakRss(),
+    };
+  }
+
+  /** Stages warmup and timing of an engine's step (nodeEngine; after its first call): the warm-up calls, then the
+   * manager's blocks, with the memory peaks and the tensor count around them; returns the timing fields. */
+  async timeEngine(engine, oneCallPerBlock = false) {
+    const { job, prepared } = this;
     this.stage('warmup');
-    const warmup = warmUp(step, job.settings.warmup_calls, job.settings.max_time_s, seconds, prepared.timer);
+    const warmup = await engine.warmUp(job.settings.warmup_calls, job.settings.max_time_s, prepared.timer);
     this.result.warmup_calls = warmup.length;
     this.result.warmup_call_s = warmup;
 
     this.stage('timing');
-    const tensorsBefore = tf.memory().numTensors;
+    const tensorsBefore = await engine.numTensors();
     this.result.loadavg_before_timing = loadavg();
     this.result.rss_before_timing_bytes = statusBytes('VmRSS');
-    this.result.peak_memory_before_timing_bytes = statusBytes('VmHWM');
-    this.result.peak_memory_scope = resetPeakRss() ? 'timed' : 'process';
-    const timing = await this.serveBlocks(step, oneCallPerBlock ? warmup.at(-1) : null);
-    this.result.peak_memory_bytes = statusBytes('VmHWM');
+    this.result.peak_memory_before_timing_bytes = engine.peakMemory();
+    this.result.peak_memory_scope = engine.resetPeak() ? 'timed' : 'process';
+    const timing = await this.serveBlocks(engine, oneCallPerBlock ? warmup.at(-1) : null);
+    this.result.peak_memory_bytes = engine.peakMemory();
     this.result.compile_health = { after_warmup: {}, after_timing: {}, during_timing: {}, recompiled_in_timed_loop: false, flags: [] };
-    const tensorsAfter = tf.memory().numTensors;
+    const tensorsAfter = await engine.numTensors();
     this.result.tfjs_tensors = { before_timing: tensorsBefore, after_timing: tensorsAfter };
     if (tensorsAfter !== tensorsBefore) throw new Error(`the timed calls leaked ${tensorsAfter - tensorsBefore} tensors`);
     return timing;
@@ -234,29 +352,27 @@ class Cell {
   /** Interleaved timing (fwbench.runner.cell.Cell.serve_blocks): ready, then the manager's commands until finish.
    * `oneCallSeconds` (phase generate: the last warm-up call's): the calibration answers one call per block, lasting
    * that, without calling. */
-  async serveBlocks(step, oneCallSeconds = null) {
+  async serveBlocks(engine, oneCallSeconds = null) {
     const { settings, budget_s: budget } = this.job;
-    const { timeBlock, calibrateBlock } = this.timing;
     let number = this.prepared.timer.hf2019_number;
     let started = null;
     const samples = [];
-    send('ready', { peak_memory_bytes: statusBytes('VmHWM') });
+    send('ready', { peak_memory_bytes: engine.peakMemory() });
     for (;;) {
       const command = await this.nextCommand();
       if (command.command === 'finish') break;
       if (command.command === 'calibrate') {
         let blockSeconds;
-        if (settings.protocol === 'hf2019') blockSeconds = timeBlock(step, number, seconds);
+        if (settings.protocol === 'hf2019') [blockSeconds] = await engine.block(number);
         else if (oneCallSeconds !== null) [number, blockSeconds] = [1, oneCallSeconds];
-        else [number, blockSeconds] = calibrateBlock(step, settings.min_block_s, budget ?? settings.max_time_s, seconds);
+        else [number, blockSeconds] = await engine.calibrate(settings.min_block_s, budget ?? settings.max_time_s);
         send('calibrated', { calls_per_block: number, block_s: blockSeconds });
         started = seconds();
         continue;
       }
       const calls = Number(command.calls || number);
       started ??= seconds();
-      const startUnix = (performance.timeOrigin + performance.now()) / 1000;
-      const blockSeconds = timeBlock(step, calls, seconds);
+      const [blockSeconds, startUnix] = await engine.block(calls);
       if (!command.calibration) {
         this.timedCalls += calls;
         samples.push(blockSeconds / calls);
@@ -359,6 +475,11 @@ let ended = false;
 function end(result) {
   if (ended) return;
   ended = true;
+  try {
+    cell?.browser?.kill(); // tfjs:wasm-browser: whatever of Chromium is left (a failure on the way)
+  } catch {
+    // the manager kills this worker's process group, Chromium's processes included
+  }
   try {
     fs.rmSync(args.folder, { recursive: true, force: true });
   } catch {
