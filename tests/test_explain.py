@@ -328,3 +328,10 @@ def test_a_library_that_reports_only_from_start_up_gets_a_probe_cell(monkeypatch
         failed["not_reported"]
     )
     assert explain_cli.probed_kernels(case, plan, {"kernels": [{"library": "MLAS"}]}) is None and len(envs) == 2
+
+
+def test_a_headline_over_parts_that_go_both_ways_names_two() -> None:
+    a = profiled({"matmul/conv": 0.050, "elementwise/activation": 0.005}, 0.004)
+    b = profiled({"matmul/conv": 0.045, "elementwise/activation": 0.012}, 0.003)  # +7 ms, −5 ms, −1 ms: +1 ms
+    text = headline(Explanation("resnet50", record("a", a), record("b", b), None, None))
+    assert "its parts go both ways: elementwise/activation +7 ms, matmul/conv −5 ms." in text

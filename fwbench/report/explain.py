@@ -123,10 +123,13 @@ def headline(explanation: Explanation) -> str:
     total = b.summary.wall_s - a.summary.wall_s
     if found and abs(total) >= NEGLIGIBLE_S:
         top = found[0]
-        text += (
-            f". Under the profiler the calls differ by {format_seconds(abs(total))}; the largest part, {top.label}, "
-            f"{_signed(top.difference_s)} ({abs(top.difference_s) / abs(total):.0%} of it)"
-        )
+        text += f". Under the profiler the calls differ by {format_seconds(abs(total))}"
+        if abs(top.difference_s) <= abs(total):
+            text += f"; the largest part, {top.label}, {_signed(top.difference_s)} ({_share(top.difference_s, total)} of it)"
+        else:  # parts that go both ways: the largest alone is more than the whole difference
+            text += "; its parts go both ways: " + ", ".join(
+                f"{part.label} {_signed(part.difference_s)}" for part in found[:2]
+            )
     return text + "."
 
 

@@ -106,10 +106,11 @@ def rate_legend(flops: ModelFlops | None, peak: Peak | None) -> str:
     """What the matmul/conv rate divides, and which peak its share is of."""
     if flops is None:
         return f"{RATED_CATEGORY} rate: none (no FLOP count for this model and phase)"
+    fused = f" (less attention's {flops.attention / GIGA:.3g} where a runtime fused attention into one op)"
     text = (
-        f"{RATED_CATEGORY} rate: the model's {flops.total / GIGA:.3g} GFLOP of matmuls and convolutions a call "
-        f"(less attention's {flops.attention / GIGA:.3g} where a runtime fused attention into one op) over the "
-        "category's self time per profiled call, where the profiler split the call by op"
+        f"{RATED_CATEGORY} rate: the model's {flops.total / GIGA:.3g} GFLOP of matmuls and convolutions a call"
+        f"{fused if flops.attention else ''} over the category's self time per profiled call, where the profiler "
+        "split the call by op"
     )
     if peak is None:
         return text + "; no comparable gemm peak stored (fwbench env --peak measures it)"

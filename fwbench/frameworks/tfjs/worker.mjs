@@ -74,6 +74,12 @@ function loadavg() {
   return fs.readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).map(Number);
 }
 
+/** details.kernels of a kernel probe that threw: one entry saying why (the cell is kept). */
+function probeFailure(error) {
+  const reason = `the probe failed: ${error?.name ?? 'Error'}: ${error?.message ?? error}`;
+  return [{ library: null, version: null, isa: null, ops: [], source: null, not_reported: reason }];
+}
+
 // -- the cell ----------------------------------------------------------------------------------------------------
 class Cell {
   constructor(folder) {
@@ -211,9 +217,13 @@ class Cell {
     const timing = await this.timeEngine(engine);
     this.result.compile_health.flags.push(...this.browserFlags);
     Object.assign(this.result, { status: 'ok', ...timing });
-    if (job.check_parity) {
-      this.stage('kernels');
-      this.result.kernels = await browser.evaluate(`fwbench.kernels(${JSON.stringify(this.result.versions)})`);
+    if (job.record_kernels ?? true) {
+      this.stage('kernels'); // the cell's first round, at every shape; a probe that fails says why, the cell is kept
+      try {
+        this.result.kernels = await browser.evaluate(`fwbench.kernels(${JSON.stringify(this.result.versions)})`);
+      } catch (error) {
+        this.result.kernels = probeFailure(error);
+      }
     }
     if (job.check_parity && prepared.parity !== null) {
       this.stage('parity');
@@ -290,8 +300,7 @@ class Cell {
       const { kernelLibraries } = await import('./kernels.mjs');
       this.result.kernels = await kernelLibraries(this.tf, this.job.case.runtime.split(':')[1], step, this.result.versions);
     } catch (error) {
-      const reason = `the probe failed: ${error?.name ?? 'Error'}: ${error?.message ?? error}`;
-      this.result.kernels = [{ library: null, version: null, isa: null, ops: [], source: null, not_reported: reason }];
+      this.result.kernels = probeFailure(error);
     }
   }
 
