@@ -1,7 +1,8 @@
 """TensorFlow.js's WebAssembly backend in headless Chromium (tfjs:wasm-browser): cells run by the JavaScript worker,
 which serves a cross-origin-isolated page on 127.0.0.1 and drives it over the DevTools protocol; parity against the
-float64 reference, the threads, SIMD and isolation the page got, a defect in a JS model file caught and located, no
-Chromium process left after a cell, and the runtime listed unavailable without Chromium.
+float64 reference, the threads, SIMD and isolation the page got, a defect in a JS model file caught and located (by
+a run and by fwbench diff), fwbench verify and diff of unmodified models, no Chromium process left after a cell, and
+the runtime listed unavailable without Chromium.
 
 Chromium is Debian's ``chromium`` (``make test`` installs it with scripts/ensure-chromium, as CI does); without it
 the tests that start it are skipped, and fail under ``FWBENCH_TESTS_NEED_EXTRAS=all``."""
@@ -9,17 +10,20 @@ the tests that start it are skipped, and fail under ``FWBENCH_TESTS_NEED_EXTRAS=
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import NEED_EXTRAS_ENV, REPO_DIR, fwbench_here, run_args
 from fwbench.frameworks.tfjs import external, external_browser
+from fwbench.models import get_model
 from fwbench.runner.tempfolders import EXTERNAL_PREFIX
 from fwbench.spec import Settings
 from fwbench.store.db import Store
@@ -204,7 +208,7 @@ def test_without_chromium_on_path_the_runtime_is_unavailable(monkeypatch: pytest
     )
 
 
-def test_verify_and_generate_are_refused_with_one_line() -> None:
+def test_generate_is_refused_with_one_line_and_verify_is_not() -> None:
     from fwbench.frameworks import get_runtime
     from fwbench.runner.verify import case_refusal
     from fwbench.spec import Case
@@ -212,10 +216,73 @@ def test_verify_and_generate_are_refused_with_one_line() -> None:
     info = get_runtime(RUNTIME)
     assert info.phases == ("inference",) and "not built yet" in info.no_generate
     case = Case(model="mlp", runtime=RUNTIME, batch_size=1, seq_len=None)
-    refusal = case_refusal(case, Settings())
-    if external_browser.missing() is None:
-        assert refusal == info.no_verify
-    assert refusal is not None
+    assert case_refusal(case, Settings()) == external_browser.missing()  # None where Chromium and Node.js are
+
+
+@contextlib.contextmanager
+def leaving_no_chromium(scratch: Path) -> Iterator[None]:
+    """The block, then :func:`assert_nothing_left`; whatever of the test's Chromium is left is killed, also when it
+    fails."""
+    try:
+        yield
+        assert_nothing_left(scratch)
+    finally:
+        for pid in chromium_processes(scratch):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_verify_passes_the_browser_runtime_on_an_unmodified_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One call in the page at the verified shape, judged against the float64 reference as tfjs:wasm's is."""
+    scratch = scratch_here(tmp_path, monkeypatch)
+    with leaving_no_chromium(scratch):
+        code, out, err = fwbench_here(capsys, "verify", "--models", "bert-tiny", "--runtimes", RUNTIME)
+        assert code == 0, out + err
+        rows = [line for line in out.splitlines() if RUNTIME in line]
+        assert len(rows) == 2 and all(line.rstrip(" │").endswith("ok") for line in rows), rows  # bert-tiny's 2 outputs
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_diff_names_the_layer_of_a_defect_in_a_js_model_file_in_the_browser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page's checkpoints, beside tfjs:wasm's in Node.js: both name the attention output of the first layer."""
+    scratch = scratch_here(tmp_path, monkeypatch)
+    use_faulty_models(monkeypatch, tmp_path / "models", "bert", *ATTENTION_DEFECT)
+    with leaving_no_chromium(scratch):
+        code, out, err = fwbench_here(
+            capsys, "diff", "bert-tiny", "--runtimes", f"tfjs:wasm,{RUNTIME}", "--format", "json"
+        )
+        assert code == 1, out + err
+        runtimes = json.loads(out)["runtimes"]
+        assert [runtime["runtime"] for runtime in runtimes] == ["tfjs:wasm", RUNTIME]
+        for runtime in runtimes:
+            assert runtime["status"] == "ok", runtime
+            first = runtime["first_divergence"]
+            assert first is not None and first["name"] == "encoder.layer.0.attention.output", first
+            assert first["rel_l2"] > 3 * first["limit"]
+
+
+@pytest.mark.slow
+@needs_chromium
+@pytest.mark.parametrize("model", ["mlp", "bert-tiny"])
+def test_diff_of_unmodified_models_in_the_browser_shows_every_checkpoint_within_its_share(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scratch = scratch_here(tmp_path, monkeypatch)
+    with leaving_no_chromium(scratch):
+        code, out, err = fwbench_here(capsys, "diff", model, "--runtimes", RUNTIME, "--format", "json")
+        assert code == 0, out + err
+        ((runtime,),) = [json.loads(out)["runtimes"]]
+        assert runtime["runtime"] == RUNTIME
+        assert runtime["status"] == "ok" and runtime["first_divergence"] is None, runtime
+        checkpoints = [layer["name"] for layer in runtime["layers"] if layer["kind"] == "checkpoint"]
+        assert checkpoints == list(get_model(model).checkpoint_names())
 
 
 @pytest.mark.slow

@@ -530,13 +530,13 @@ register_runtime(
         "(threads, SIMD), the same model files and weights as tfjs:wasm",
         note="its wasm thread pool asked for --threads (what the page got, SIMD, isolation and performance.now()'s "
         "resolution in details.browser; a shortfall is flagged); peak memory: Chromium's processes and the Node.js "
-        "worker's summed; phase inference only so far (no generate, verify or diff yet)",
+        "worker's summed; phase inference only so far (no generate yet); fwbench verify and diff run their one "
+        "call in the page",
         external="fwbench.frameworks.tfjs.external_browser",
         startup_s=3.0,
         throughput_share=0.15,
         phases=("inference",),
         no_generate="not built yet in the page: tfjs:wasm runs the same generate.mjs in Node.js",
-        no_verify="not built yet in the page: fwbench run checks its parity; tfjs:wasm verifies the same model files",
     )
 )
 

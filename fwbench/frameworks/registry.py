@@ -91,9 +91,6 @@ class RuntimeInfo:
     model_files: bool = True
     # An inference runtime without phase generate: why (``fwbench list`` shows it; a plan's refusal says it).
     no_generate: str = ""
-    # Why ``fwbench verify`` and ``fwbench diff`` cannot run this runtime yet (empty: they can); its cells are skipped
-    # there with this reason.
-    no_verify: str = ""
 
     @property
     def framework(self) -> str:

@@ -93,7 +93,6 @@ def case_refusal(case: Case, settings: Settings) -> str | None:
     info, phase, description = get_runtime(case.runtime), get_phase(case.phase), get_model(case.model)
     return (
         missing_requirement(info)
-        or (info.no_verify or None)
         or missing_implementation(info, description.arch)
         or phase.runtime_refusal(info, case.dtype, settings)
         or phase.dtype_unsupported(case.dtype)

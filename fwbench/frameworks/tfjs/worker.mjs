@@ -150,14 +150,12 @@ class Cell {
 
   /** tfjs:wasm-browser (browser/browser.mjs, browser/page.mjs): the same model file and weights in a
    * cross-origin-isolated page of headless Chromium, its wasm thread pool asked for the cell's --threads; the first
-   * call, warm-up, calibration and blocks timed in the page, the parity outputs and checkpoints serialized there. */
+   * call, warm-up, calibration and blocks timed in the page, the parity outputs and checkpoints serialized there
+   * (fwbench verify / diff: one call at the cell's shape, serialized there too: browserVerify). */
   async browserCell() {
     const { job, prepared } = this;
     if (job.case.phase !== 'inference') {
       throw new Error(`tfjs:wasm-browser runs phase inference only so far, not ${job.case.phase} (tfjs:wasm does)`);
-    }
-    if (job.verify_output !== null) {
-      throw new Error('tfjs:wasm-browser has no fwbench verify / diff yet (its parity is checked in fwbench run)');
     }
     this.stage('import');
     const { Browser, cellRoots, chromiumExecutable, serve } = await import('./browser/browser.mjs');
@@ -195,7 +193,7 @@ class Cell {
     if (!page.simd) short.push('no WebAssembly SIMD');
     this.browserFlags = short.length ? [`browser: ${short.join('; ')}`] : [];
     const minBlock = job.settings.min_block_s;
-    if (!(page.timer_resolution_s <= minBlock / 100)) {
+    if (job.verify_output === null && !(page.timer_resolution_s <= minBlock / 100)) {
       throw new Error(`the page's performance.now() steps by ${page.timer_resolution_s * 1e6} µs, over 1/100 of the ` +
         `${minBlock} s block (is the page cross-origin isolated? ${page.cross_origin_isolated})`); // prettier-ignore
     }
@@ -203,6 +201,7 @@ class Cell {
     this.stage('build');
     const { layout } = await browser.evaluate(`fwbench.build(${JSON.stringify({ file: path.basename(prepared.model.file), structure: prepared.model.structure })})`);
     if (layout !== null) this.result.layout = layout;
+    if (job.verify_output !== null) return this.browserVerify();
     this.stage('first_call');
     this.result.first_call_s = await browser.evaluate('fwbench.firstCall()');
     const chromiumPeak = () => browser.peakMemory().bytes;
@@ -234,15 +233,35 @@ class Cell {
       this.result.precision = { policy: job.case.dtype, observable: false };
       if (reason !== null) Object.assign(this.result, { status: 'mismatch', reason, samples_s: [] });
     }
+    this.result.peak_memory_note = "the sum of VmHWM over Chromium's processes and the Node.js worker's";
+    await this.closeBrowser();
+    this.stage('done');
+    return this.result;
+  }
+
+  /** fwbench verify / diff of tfjs:wasm-browser (after the page's build): one call in the page on the cell's inputs,
+   * its outputs and checkpoints serialized there, then Chromium closed and the rest as verify's in Node.js. */
+  async browserVerify() {
+    this.stage('first_call');
+    const bytes = Buffer.from(await this.browser.evaluate('fwbench.capture(true)'), 'base64');
+    await this.closeBrowser();
+    const path_ = `${this.folder}/verify-outputs.safetensors`;
+    fs.writeFileSync(path_, bytes);
+    const { parseSafetensors, serializeSafetensors } = await import('./safetensors.mjs');
+    this.serializeSafetensors = serializeSafetensors;
+    const arrays = parseSafetensors(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length), 'the page');
+    return this.verified(path_, arrays);
+  }
+
+  /** Chromium closed (its process count and proportional memory recorded first), the page's server stopped. */
+  async closeBrowser() {
+    const { browser } = this;
     this.result.browser.processes = browser.peakMemory().processes;
     this.result.browser.pss_bytes_at_end = browser.proportionalMemory();
-    this.result.peak_memory_note = "the sum of VmHWM over Chromium's processes and the Node.js worker's";
     const left = await browser.close();
     this.browser = null;
     if (left.length) throw new Error(`Chromium processes ${left.join(', ')} did not end`);
     this.server.close();
-    this.stage('done');
-    return this.result;
   }
 
   /** Phase generate (generate.mjs): the cache allocated, a kept first generation (the cell's first call), warm-up
@@ -447,6 +466,12 @@ class Cell {
   verify(inputs) {
     this.stage('first_call');
     const [path, arrays] = this.capture(inputs, 'verify-outputs');
+    return this.verified(path, arrays);
+  }
+
+  /** verify's rest, after its call: `arrays` (outputs and checkpoint/<name>, as written to `path`) to the job's
+   * verify_output, the outputs' divergence located without checkpoints. */
+  verified(path, arrays) {
     const outputs = {};
     for (const name of this.prepared.model.outputs) outputs[name] = arrays[name];
     if (this.job.checkpoints) {

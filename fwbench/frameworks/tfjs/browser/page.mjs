@@ -76,9 +76,10 @@ async function build(model) {
   return { layout: file.LAYOUT ?? null };
 }
 
-/** One forward on the parity inputs with every checkpoint, as safetensors bytes in base64 (backend.mjs arraysOf). */
-async function capture() {
-  const inputs = tensorsOf(tf, await fetchSafetensors('/cell/parity.safetensors', 'parity'), 'input/');
+/** One forward with every checkpoint, as safetensors bytes in base64 (backend.mjs arraysOf): on the parity inputs,
+ * or with `cell` (fwbench verify / diff) on the cell's own, at its shape. */
+async function capture(cell = false) {
+  const inputs = cell ? state.inputs : tensorsOf(tf, await fetchSafetensors('/cell/parity.safetensors', 'parity'), 'input/');
   const tensors = tf.tidy(() => {
     const taps = {};
     const named = { ...state.forward(inputs, taps) };
@@ -87,7 +88,7 @@ async function capture() {
   });
   const arrays = {};
   for (const [name, tensor] of Object.entries(tensors)) arrays[name] = { shape: tensor.shape, data: tensor.dataSync() };
-  tf.dispose([...Object.values(tensors), ...Object.values(inputs)]);
+  tf.dispose([...Object.values(tensors), ...(cell ? [] : Object.values(inputs))]);
   return base64(serializeSafetensors(arrays));
 }
 
