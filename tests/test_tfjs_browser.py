@@ -85,6 +85,24 @@ def assert_nothing_left(scratch: Path) -> None:
     assert list(scratch.glob(f"{EXTERNAL_PREFIX}*")) == []  # the worker removed the folder it read, the profile in it
 
 
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL to each of ``pids`` still there: a test never leaves a process behind, also when it fails."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def leaving_no_chromium(scratch: Path) -> Iterator[None]:
+    """The block, then :func:`assert_nothing_left`; whatever of the test's Chromium is left is killed, also when it
+    fails."""
+    try:
+        yield
+        assert_nothing_left(scratch)
+    finally:
+        kill_all(chromium_processes(scratch))
+
+
 @pytest.mark.slow
 @needs_chromium
 def test_browser_cells_are_ok_with_parity_threads_simd_and_isolation(
@@ -92,7 +110,7 @@ def test_browser_cells_are_ok_with_parity_threads_simd_and_isolation(
 ) -> None:
     scratch = scratch_here(tmp_path, monkeypatch)
     args = run_args("--models", "mlp,bert-tiny", "--runtimes", RUNTIME, db=db_path, threads=THREADS, max_time=0.3)
-    try:
+    with leaving_no_chromium(scratch):
         code, _, err = fwbench_here(capsys, *args)
         assert code == 0, err[-3000:]
         with Store.open(db_path) as store:
@@ -114,12 +132,6 @@ def test_browser_cells_are_ok_with_parity_threads_simd_and_isolation(
             assert row.median_s is not None and row.median_s > 0
             assert row.peak_memory_bytes is not None and row.peak_memory_bytes > 0
             assert set(details["stage_seconds"]) >= {"import", "build", "first_call", "warmup", "timing", "parity"}
-        assert_nothing_left(scratch)
-    finally:
-        leftover = chromium_processes(scratch)
-        for pid in leftover:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
 
 
 @pytest.mark.slow
@@ -131,18 +143,12 @@ def test_a_defect_in_a_js_model_file_is_a_located_mismatch_in_the_browser(
     scratch = scratch_here(tmp_path, monkeypatch)
     use_faulty_models(monkeypatch, tmp_path / "models", "bert", *ATTENTION_DEFECT)
     args = run_args("--models", "bert-tiny", "--runtimes", RUNTIME, "--seq-lens", "8", db=db_path, max_time=0.2)
-    try:
+    with leaving_no_chromium(scratch):
         code, _, err = fwbench_here(capsys, *args)
         assert code == 0, err[-3000:]  # a mismatch is a result, stored with its reason
         ((status, reason),) = stored(db_path).values()
         assert status == "mismatch" and reason is not None and "outputs differ from the reference" in reason
         assert "first divergence: encoder.layer.0.attention.output" in reason
-        assert_nothing_left(scratch)
-    finally:
-        leftover = chromium_processes(scratch)
-        for pid in leftover:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
 
 
 # mlp.mjs: never finishes building, the page's main thread busy for good (Atomics.wait is not allowed there)
@@ -162,18 +168,12 @@ def test_a_hanging_page_is_a_timeout_and_leaves_no_chromium_process(
     args = run_args(
         *("--models", "mlp", "--runtimes", RUNTIME, "--timeout", str(HANG_TIMEOUT_S)), db=db_path, max_time=0.2
     )
-    try:
+    with leaving_no_chromium(scratch):
         code, _, err = fwbench_here(capsys, *args)
         assert code == 0, err[-3000:]
         ((status, reason),) = stored(db_path).values()
         assert status == "timeout" and reason is not None, (status, reason)
         assert reason.startswith(f"exceeded --timeout {HANG_TIMEOUT_S} s during build"), reason  # in the page
-        assert_nothing_left(scratch)
-    finally:
-        leftover = chromium_processes(scratch)
-        for pid in leftover:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
 
 
 def test_without_chromium_list_says_so_and_a_run_skips_the_browser_runtime(
@@ -217,19 +217,6 @@ def test_generate_is_refused_with_one_line_and_verify_is_not() -> None:
     assert info.phases == ("inference",) and "not built yet" in info.no_generate
     case = Case(model="mlp", runtime=RUNTIME, batch_size=1, seq_len=None)
     assert case_refusal(case, Settings()) == external_browser.missing()  # None where Chromium and Node.js are
-
-
-@contextlib.contextmanager
-def leaving_no_chromium(scratch: Path) -> Iterator[None]:
-    """The block, then :func:`assert_nothing_left`; whatever of the test's Chromium is left is killed, also when it
-    fails."""
-    try:
-        yield
-        assert_nothing_left(scratch)
-    finally:
-        for pid in chromium_processes(scratch):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -310,7 +297,5 @@ def test_kill_9_of_the_manager_leaves_no_chromium_process(tmp_path: Path, db_pat
     while (chromium_processes(scratch) or external_workers(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     leftover = sorted(set(chromium_processes(scratch)) | set(external_workers(marker)))
-    for pid in leftover:  # never leave one behind, also when the assertion fails
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_all(leftover)
     assert leftover == [], "a worker or a Chromium process outlived the manager"
