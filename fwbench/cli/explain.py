@@ -16,23 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from fwbench import __version__
-from fwbench.cli.common import DB_HELP, directory, positive_float, positive_int, terminate_on_sigterm
-from fwbench.cli.profile import DEFAULT_OUT, profile_cases
+from fwbench.cli.common import DB_HELP, positive_int, terminate_on_sigterm
+from fwbench.cli.profile import add_profiled_cell_flags, profile_cases
 from fwbench.cli.run_plan import plan_choices
 from fwbench.frameworks.kernel_reports import VERBOSE_ENVIRONMENT
 from fwbench.measure import environment
 from fwbench.messages import NO_PROFILER
 from fwbench.report.explain import (
-    LEVER_HEADERS,
     Explanation,
     Lever,
     explain_table,
     headline,
     kernel_lines,
-    lever_rows,
+    levers_table,
     warning_lines,
 )
 from fwbench.report.kernels import kernel_entries
@@ -49,7 +47,7 @@ from fwbench.report.profile_table import group_title
 from fwbench.report.table import make_console
 from fwbench.runner.outcome import run_worker
 from fwbench.runner.planner import resolve_plan
-from fwbench.spec import DTYPES, Case, Plan, SpecError
+from fwbench.spec import DTYPES, Case, Plan, Settings, SpecError
 from fwbench.store import DEFAULT_DB, ProfileRecord, Store
 
 # The levers fwbench can show measured: per runtime, the runtimes of the same framework's model that move its work
@@ -87,22 +85,12 @@ def add_parser(commands: Any) -> None:
         "--seq-len", type=positive_int, default=128, help="default 128; ignored by models without a sequence"
     )
     parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="default: fp32")
-    parser.add_argument("--threads", type=positive_int, help="thread budget per cell (default: physical cores)")
-    parser.add_argument(
-        "--calls",
-        type=positive_int,
-        default=DEFAULT_CALLS,
-        help=f"calls timed without the profiler, and as many profiled (default {DEFAULT_CALLS})",
-    )
+    add_profiled_cell_flags(parser, DEFAULT_CALLS)
     parser.add_argument(
         "--levers",
         default="auto",
         help="'auto' (default): the runtimes LEVERS lists for A and B (torch:eager → torch:compile, "
         "onnxruntime:torch; tensorflow:function → tensorflow:xla; …); 'none'; or comma-separated runtimes",
-    )
-    parser.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
-    parser.add_argument(
-        "--out", type=directory, default=DEFAULT_OUT, help=f"folder for the raw traces (default {DEFAULT_OUT})"
     )
     parser.add_argument("--db", default=DEFAULT_DB, help=f"{DB_HELP}; the profiles go into a run of kind 'profile'")
 
@@ -158,6 +146,11 @@ def case_of(plan: Plan, record: ProfileRecord) -> Case | None:
     return next((case for case in plan.cases if case.key == record.case_key), None)
 
 
+def briefly_timed(plan: Plan, seconds: float) -> Settings:
+    """``plan``'s settings with a timing budget of at most ``seconds`` (an extra cell: a probe, a plain lever)."""
+    return dataclasses.replace(plan.settings, max_time_s=min(seconds, plan.settings.max_time_s))
+
+
 def probed_kernels(case: Case, plan: Plan, details: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """Where a library of the cell reports only when a variable is set at start-up (TensorFlow's oneDNN), the
     cell's kernel entries from a probe cell started with it (its times are not kept; a probe that failed says so in
@@ -167,7 +160,7 @@ def probed_kernels(case: Case, plan: Plan, details: Mapping[str, Any]) -> list[d
         variables.update(entry.get(VERBOSE_ENVIRONMENT) or {})
     if not variables:
         return None
-    settings = dataclasses.replace(plan.settings, max_time_s=min(PROBE_MAX_TIME_S, plan.settings.max_time_s))
+    settings = briefly_timed(plan, PROBE_MAX_TIME_S)
     outcome = run_worker(case, settings, check_parity=False, env=variables)
     names = ", ".join(f"{name}={value}" for name, value in variables.items())
     if outcome.status != "ok":
@@ -262,7 +255,7 @@ def measured_lever(record: ProfileRecord, plan: Plan, flops: ModelFlops | None, 
     case = case_of(plan, record)
     if case is None or NO_PROFILER not in (record.reason or ""):
         return Lever(record.runtime, None, note=f"{record.status}: {record.reason}")
-    settings = dataclasses.replace(plan.settings, max_time_s=min(LEVER_MAX_TIME_S, plan.settings.max_time_s))
+    settings = briefly_timed(plan, LEVER_MAX_TIME_S)
     outcome = run_worker(case, settings)
     if outcome.status != "ok" or not outcome.fields.get("median_s"):
         return Lever(record.runtime, None, note=f"{outcome.status}: {outcome.reason}")
@@ -273,14 +266,3 @@ def measured_lever(record: ProfileRecord, plan: Plan, flops: ModelFlops | None, 
         note=f"{NO_PROFILER}: timed as a plain cell (adaptive blocks, parity checked)",
         plain=True,
     )
-
-
-def levers_table(base: str, base_median_s: float, levers: Sequence[Lever]) -> Table:
-    """The levers of ``base``, measured: :func:`fwbench.report.explain.lever_rows` as a rich table."""
-    table = Table(title=escape(f"levers for {base} (measured as extra cells)"), title_justify="left")
-    left = {"lever", "kernels", "note"}
-    for header in LEVER_HEADERS:
-        table.add_column(escape(header), justify="left" if header in left else "right")
-    for row in lever_rows(base_median_s, levers):
-        table.add_row(*(escape(value) for value in row))
-    return table

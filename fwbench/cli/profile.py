@@ -50,21 +50,27 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--phase", choices=PROFILE_PHASES, default="inference", help="default: inference")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="default: fp32")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
-    parser.add_argument("--threads", type=positive_int, help="thread budget per cell (default: physical cores)")
-    parser.add_argument(
-        "--calls",
-        type=positive_int,
-        default=DEFAULT_CALLS,
-        help=f"calls timed without the profiler, and as many profiled (default {DEFAULT_CALLS})",
-    )
-    parser.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
-    parser.add_argument(
-        "--out", type=directory, default=DEFAULT_OUT, help=f"folder for the raw traces (default {DEFAULT_OUT})"
-    )
+    add_profiled_cell_flags(parser, DEFAULT_CALLS)
     parser.add_argument(
         "--db",
         default=DEFAULT_DB,
         help=f"{DB_HELP}; the profiles go into a run of kind 'profile', which benchmark reports never read",
+    )
+
+
+def add_profiled_cell_flags(parser: argparse.ArgumentParser, default_calls: int) -> None:
+    """The flags of a profiled cell that ``profile`` and ``explain`` share: --threads, --calls (``default_calls``),
+    --timeout and --out."""
+    parser.add_argument("--threads", type=positive_int, help="thread budget per cell (default: physical cores)")
+    parser.add_argument(
+        "--calls",
+        type=positive_int,
+        default=default_calls,
+        help=f"calls timed without the profiler, and as many profiled (default {default_calls})",
+    )
+    parser.add_argument("--timeout", type=positive_float, metavar="SECONDS", help="per cell (default 600)")
+    parser.add_argument(
+        "--out", type=directory, default=DEFAULT_OUT, help=f"folder for the raw traces (default {DEFAULT_OUT})"
     )
 
 

@@ -260,3 +260,14 @@ def lever_rows(base_median_s: float, levers: Sequence[Lever]) -> list[list[str]]
 LEVER_HEADERS = [
     "lever", "median without profiler", "speed-up", f"{RATED_CATEGORY} (profiled)", "rate", "kernels", "note",
 ]  # fmt: skip
+
+
+def levers_table(base: str, base_median_s: float, levers: Sequence[Lever]) -> Table:
+    """The levers of ``base``, measured: :func:`lever_rows` as a rich table."""
+    table = Table(title=escape(f"levers for {base} (measured as extra cells)"), title_justify="left")
+    left = {"lever", "kernels", "note"}
+    for header in LEVER_HEADERS:
+        table.add_column(escape(header), justify="left" if header in left else "right")
+    for row in lever_rows(base_median_s, levers):
+        table.add_row(*(escape(value) for value in row))
+    return table
