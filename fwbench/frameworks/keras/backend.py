@@ -286,6 +286,8 @@ class KerasBackend(Backend):
                 f"the training model has {len(model.trainable_variables)} trainable variables, expected {expected}"
             )
         model.compile(optimizer=optimizer, loss=training.loss(), jit_compile="auto")
+        if self.mode == "jax":
+            training.commit_jax_training_state(model, self.device)
         return model
 
     def gradient_arrays(self, inputs: Sequence[Any], targets: Sequence[Any]) -> tuple[object, list[np.ndarray]]:

@@ -17,6 +17,7 @@ import numpy as np
 from fwbench.datasets.images import LoaderInput
 from fwbench.frameworks.base import Backend
 from fwbench.frameworks.keras.backend import _CHANNELS_FIRST_INPUTS
+from fwbench.frameworks.keras.training import commit_jax_training_state
 from fwbench.frameworks.keras.training import loss as keras_loss
 from fwbench.frameworks.keras3.optimizers import make_optimizer
 from fwbench.frameworks.roles import as_keras_training_arch
@@ -93,6 +94,8 @@ def fit(
     model.compile(
         optimizer=make_optimizer(optimizer_spec(backend.settings.optimizer)), loss=keras_loss(), jit_compile="auto"
     )
+    if backend.mode == "jax":
+        commit_jax_training_state(model, backend.device)
     inputs = {
         name: np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if name in _CHANNELS_FIRST_INPUTS else a
         for name, a in dataset.inputs.items()
