@@ -35,9 +35,16 @@ SMOKE_TESTS = {
     "report_scale.py": "test_report_scale",
     "reproducibility.py": "test_reproducibility",
     "settle_pause.py": "test_settle_pause",
+    "thread_scaling.py": "test_thread_scaling",
     "zoo_speed.py": "test_zoo_speed_torch",
 }
-HELP_ONLY_BY_DEFAULT = ("bf16_products.py", "jpeg_decoders.py", "ray_sweep.py", "zoo_speed.py")  # runs: matrix
+HELP_ONLY_BY_DEFAULT = (
+    "bf16_products.py",
+    "jpeg_decoders.py",
+    "ray_sweep.py",
+    "thread_scaling.py",
+    "zoo_speed.py",
+)  # runs: matrix
 
 
 def installed(module: str) -> bool:
@@ -238,6 +245,16 @@ def test_zoo_speed_tensorflow(tmp_path: Path) -> None:
         tmp_path=tmp_path,
     )
     assert re.search(r"bert-tiny b=1 s=8: ours .+ ms, transformers .+ ms, ratio \d+\.\d{3}", out), out
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # two threads on two CPUs
+@pytest.mark.matrix
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a 2-thread cell on two CPUs")
+def test_thread_scaling() -> None:
+    out = script("thread_scaling.py", "--runtimes", "torch:eager", "--rounds", "1", "--batch", "8", "--max-time", "0.1")
+    assert re.search(r"^torch:eager round 1: 1 thread [\d.]+ ms, 2 threads [\d.]+ ms, [\d.]+x$", out, re.M), out
+    assert re.search(r"^torch:eager: median 1-thread/2-thread ratio [\d.]+x over 1$", out, re.M), out
 
 
 TINY_SUITE = """\
