@@ -106,8 +106,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _framework_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Keep inductor, XLA and Keras caches out of the home folder (workers inherit this)."""
-    cache = tmp_path_factory.mktemp("framework-cache")
+    """Keep inductor, XLA and Keras caches out of the home folder (workers inherit this), in one folder of this test
+    run that its xdist processes share (the run's base temporary folder; each process's own is popen-gwN in it): a
+    graph inductor compiled for a test in one process is a cache hit for a test in the other. Every test already meets
+    both a cold and a warm cache, whatever tests ran before it in its own process; a new run starts empty."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "framework-cache"
+    cache.mkdir(exist_ok=True)
     saved = dict(os.environ)
     os.environ.update(
         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
