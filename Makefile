@@ -19,9 +19,11 @@ unexport PYTHONDONTWRITEBYTECODE
 
 install: $(STAMP) node-packages
 
+# --no-compile: pip would compile every module of every package (TensorFlow's, torch's, JAX's: 40 s of the 90);
+# Python compiles and keeps those a process imports, once, at first import.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --constraint constraints.txt --editable '.[all,test]'
+	$(BIN)/python -m pip install --quiet --no-compile --constraint constraints.txt --editable '.[all,test]'
 	touch $(STAMP)
 
 # The tfjs runtimes' Node.js packages (npm ci, once per lockfile; nothing without Node.js: those runtimes are skipped).

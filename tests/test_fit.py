@@ -32,12 +32,9 @@ FIT_RUNTIMES = {
 MANUAL_LOOPS = ("torch:eager", "tensorflow:function", "jax:jit")
 # resnet-tiny runs where its fit code differs: torch's loop and Lightning, TF's and JAX's loops, Keras once
 # (the three Keras backends share one model.fit and one BatchNormalization; the MLP runs all three).
-# resnet-tiny's fit runs, both in the matrix (make test-matrix): torch's two loops (Lightning's logging checked
-# on it), and TensorFlow's, JAX's and Keras' loops against torch's.
-RESNET_FIT_RUNTIMES = {
-    "torch": ("torch:eager", "torch:lightning"),
-    "others": ("torch:eager", "tensorflow:function", "jax:jit", "keras:jax"),
-}
+# resnet-tiny's fit run, in the matrix (make test-matrix): torch's two loops (Lightning's logging checked on it), and
+# TensorFlow's, JAX's and Keras' loops against torch's.
+RESNET_FIT_RUNTIMES = ("torch:eager", "torch:lightning", "tensorflow:function", "jax:jit", "keras:jax")
 EPOCHS, SAMPLES, BATCH = 3, 512, 64  # 3 epochs: 2 interleaving cycles
 RESNET_EPOCHS, RESNET_SAMPLES, RESNET_BATCH = 2, 256, 32
 
@@ -223,26 +220,25 @@ def fit_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return db, runtimes
 
 
-@pytest.fixture(scope="module", params=[pytest.param(part, marks=pytest.mark.matrix) for part in RESNET_FIT_RUNTIMES])
-def resnet_fit(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, Path, tuple[str, ...]]:
-    """(database, --fit-logging directory, runtimes) of one resnet-tiny fit run in RESNET_FIT_RUNTIMES[part]."""
+@pytest.fixture(scope="module", params=[pytest.param("resnet-tiny", marks=pytest.mark.matrix)])
+def resnet_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, tuple[str, ...]]:
+    """(database, --fit-logging directory, runtimes) of the resnet-tiny fit run in RESNET_FIT_RUNTIMES (the fixture's
+    one parameter marks its tests ``matrix``)."""
     from fwbench.cli import main
 
-    root = tmp_path_factory.mktemp(f"resnet_fit_{request.param}")
+    root = tmp_path_factory.mktemp("resnet_fit")
     db, logs = root / "fit.db", root / "lightning"
     code = main(
         run_args(
             *("--interleave", "off"),  # the sequential path (the MLP's run is interleaved)
-            *("--phase", "fit", "--models", "resnet-tiny", "--runtimes", ",".join(RESNET_FIT_RUNTIMES[request.param])),
+            *("--phase", "fit", "--models", "resnet-tiny", "--runtimes", ",".join(RESNET_FIT_RUNTIMES)),
             *("--batch-sizes", str(RESNET_BATCH), "--epochs", str(RESNET_EPOCHS), "--fit-samples", str(RESNET_SAMPLES)),
             *("--fit-logging", str(logs)),
             db=db,
         )
     )
     assert code == 0
-    return db, logs, RESNET_FIT_RUNTIMES[request.param]
+    return db, logs, RESNET_FIT_RUNTIMES
 
 
 def _results(db: Path) -> dict[str, ResultRecord]:
@@ -378,7 +374,6 @@ def test_fit_loops_agree_on_resnet_tiny(resnet_fit: tuple[Path, Path, tuple[str,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("resnet_fit", [pytest.param("torch", marks=pytest.mark.matrix)], indirect=True)  # Lightning
 def test_fit_logging_writes_lightnings_log_and_checkpoint(resnet_fit: tuple[Path, Path, tuple[str, ...]]) -> None:
     db, logs, _ = resnet_fit
     logging = _fit(_results(db)["torch:lightning"]).extra["logging"]

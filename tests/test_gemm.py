@@ -102,10 +102,11 @@ def test_weight_map_errors_name_the_tensor(framework: str) -> None:
 @pytest.mark.slow
 @pytest.mark.matrix  # make test checks every framework's gemm in-process (the worker path: env --peak, the matrix's)
 def test_every_runtime_passes_parity_in_a_worker() -> None:
-    """The worker path (`fwbench verify`): each runtime in its own process, Keras on all three backends."""
+    """The worker path (`fwbench verify`): Keras on all three backends, each in its own process. (torch's, TensorFlow's
+    and JAX's own gemm cells pass parity in workers in tests/test_thread_budget.py, make test's serial pass.)"""
     from fwbench.runner.verify import verify_model
 
-    runtimes = ["torch:eager", "tensorflow:function", "jax:jit", "keras:tensorflow", "keras:jax", "keras:torch"]
+    runtimes = ["keras:tensorflow", "keras:jax", "keras:torch"]
     checks = verify_model("gemm", runtimes, Settings(threads=1, timeout_s=300))
     ran = [c for c in checks if c.status != "skipped"]
     assert ran, "no framework installed"
