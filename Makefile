@@ -15,7 +15,7 @@ export KERAS_HOME ?= $(CURDIR)/.cache/keras
 # again (about 9 s of each collection).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: node-packages bench test test-matrix test-avx2 format install clean oracles bench-zoo
+.PHONY: node-packages system-packages bench test test-matrix test-avx2 format install clean oracles bench-zoo
 
 install: $(STAMP) node-packages
 
@@ -38,33 +38,34 @@ bench: $(STAMP) node-packages
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --html results/latest.html
 	@echo "make bench wrote: results/fwbench.db (every run), results/latest.csv, results/latest.json, results/latest.html"
 
-# Lint, format, type and import-contract checks (pyproject.toml's [tool.importlinter]), then the tests: the parallel
-# part in one pytest-xdist process per physical core (each pinned to its own core, tests/conftest.py), then the tests
-# that need the whole machine.
+# Lint, format, type and import-contract checks (pyproject.toml's [tool.importlinter]), then the tests
+# (scripts/pytest-passes): the parallel pass in one pytest-xdist process per physical core (each pinned to its own
+# core, tests/conftest.py) and, beside it, the tests marked serial (two CPUs each) in a pytest process of their own.
 TEST_PROCS ?= $(shell $(BIN)/python -c "from fwbench.measure.environment import physical_core_count as n; print(max(1, n()))" 2>/dev/null || echo 1)
 CHECKED := fwbench tests benchmarks
 
 # `make test WITH_MATRIX=1` (what CI runs) takes the matrix's tests into the same two passes: one collection each and
 # one work queue for both tiers, instead of make test then make test-matrix.
-NOT_MATRIX := $(if $(WITH_MATRIX),,and not matrix)
+TEST_MARKS := $(if $(WITH_MATRIX),,not matrix)
 
-test: $(STAMP) node-packages
+# The system packages some tests need, installed where missing (never failing the run; each script says why).
+system-packages:
 	scripts/ensure-chromium
 	scripts/ensure-java
+
+test: $(STAMP) node-packages system-packages
 	$(BIN)/ruff check $(CHECKED)
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "not serial $(NOT_MATRIX)"
-	$(BIN)/python -m pytest -m "serial $(NOT_MATRIX)"
+	scripts/pytest-passes $(BIN)/python $(TEST_PROCS) "$(TEST_MARKS)"
 
 # The runtime × model matrix beyond make test's (tests marked matrix: every training runtime on the MLP and
 # resnet-tiny and every model in each framework's model code, every framework's resnet-tiny fit loop, every
 # deployment engine on every tiny model, ...).
 # CI runs both tiers in make test's two passes (make test WITH_MATRIX=1).
 test-matrix: $(STAMP) node-packages
-	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "matrix and not serial"
-	$(BIN)/python -m pytest -m "matrix and serial"
+	scripts/pytest-passes $(BIN)/python $(TEST_PROCS) matrix
 
 # The same tests with every framework capped to AVX2 kernels (for AVX-512 / AVX512_BF16 / AMX machines: one machine
 # checks that no numeric threshold depends on the ISA).

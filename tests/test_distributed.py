@@ -2,7 +2,7 @@
 as one (fwbench.runner.rankset), N processes take the 1-process step on the global batch (verify --procs), faults
 end the cell with the rank named and no process left, nothing listens off loopback, and bad input is one line.
 
-The tests that start ranks need two CPUs to themselves (serial); the refusals and the rank-set arithmetic run in
+The tests that start ranks need two CPUs in their affinity (serial); the refusals and the rank-set arithmetic run in
 the parallel part."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_a_rank_set_answers_as_its_slowest_rank_and_sums_memory() -> None:
     assert [r["rank"] for r in combined["ranks"]] == [0, 1] and combined["thread_cpu_lists"] == ["0", "1"]
 
 
-# -- ranks started (two CPUs to themselves) ------------------------------------------------------------------
+# -- ranks started (two CPUs in the affinity) ---------------------------------------------------------------
 @pytest.mark.serial
 @TWO_CPUS
 def test_two_ranks_are_stored_as_one_interleaved_cell_and_listen_only_on_loopback(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 pinned to CPU i, everything on 127.0.0.1): the driver killed and resumed, a node lost mid-group, groups spread over
 the nodes, nothing listening off loopback, and the one-line refusals. The executor is under test, not a framework:
 the groups run the test plugin's numpy runtime (fake:sleep), and a node whose workers never end a call stands for a
-group that is still running. The cluster test needs the machine's cores to itself (serial)."""
+group that is still running. The cluster test needs two CPUs in its affinity (serial)."""
 
 from __future__ import annotations
 

@@ -31,14 +31,21 @@ from fwbench.models.fit import EpochEnd, FitDataset, FitResult
 from fwbench.models.training import OptimizerSpec
 from fwbench.ranks import RankInfo
 
+# The process group's own timeout (a collective waiting for a peer, the store's rendezvous) against the cell's
+# --timeout: twice it, so that a peer that hangs is always the manager's timeout (every rank killed, the cell
+# ``timeout``, the ranks it waited for named) and never gloo's error in the waiting rank, which at the same length
+# raced the manager's deadline (each command's) and won on a loaded machine.
+COLLECTIVE_TIMEOUT_FACTOR = 2
+
 
 def init_process_group(device: str, timeout_s: float) -> RankInfo:
-    """Join this rank's process group (once per process); its RankInfo. RuntimeError outside a distributed cell."""
+    """Join this rank's process group (once per process); its RankInfo. RuntimeError outside a distributed cell.
+    ``timeout_s``: the cell's --timeout (the group's own is :data:`COLLECTIVE_TIMEOUT_FACTOR` times it)."""
     info = RankInfo.current()
     if info is None:
         raise RuntimeError("torch:ddp runs as one rank of a distributed cell (fwbench run --procs N)")
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
+        timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_FACTOR * timeout_s)
         if info.rendezvous_file is not None:
             store: dist.Store = dist.FileStore(info.rendezvous_file, info.world_size)
         else:  # across machines: rank 0 serves a TCP store at the master address
