@@ -38,15 +38,15 @@ bench: $(STAMP) node-packages
 	$(BIN)/fwbench report --db results/fwbench.db --run latest --html results/latest.html
 	@echo "make bench wrote: results/fwbench.db (every run), results/latest.csv, results/latest.json, results/latest.html"
 
-# Lint, format, type and import-contract checks (pyproject.toml's [tool.importlinter]), then the tests
-# (scripts/pytest-passes): the parallel pass in one pytest-xdist process per physical core (each pinned to its own
-# core, tests/conftest.py) and, beside it, the tests marked serial (two CPUs each) in a pytest process of their own.
+# Lint, format, type and import-contract checks (pyproject.toml's [tool.importlinter]), then the tests: the parallel
+# pass in one pytest-xdist process per physical core (each pinned to its own core, tests/conftest.py), then the tests
+# marked serial (two CPUs each). (Run beside the parallel pass, they made both slower: spinning thread pools.)
 TEST_PROCS ?= $(shell $(BIN)/python -c "from fwbench.measure.environment import physical_core_count as n; print(max(1, n()))" 2>/dev/null || echo 1)
 CHECKED := fwbench tests benchmarks
 
 # `make test WITH_MATRIX=1` (what CI runs) takes the matrix's tests into the same two passes: one collection each and
 # one work queue for both tiers, instead of make test then make test-matrix.
-TEST_MARKS := $(if $(WITH_MATRIX),,not matrix)
+NOT_MATRIX := $(if $(WITH_MATRIX),,and not matrix)
 
 # The system packages some tests need, installed where missing (never failing the run; each script says why).
 system-packages:
@@ -58,14 +58,16 @@ test: $(STAMP) node-packages system-packages
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	scripts/pytest-passes $(BIN)/python $(TEST_PROCS) "$(TEST_MARKS)"
+	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "not serial $(NOT_MATRIX)"
+	$(BIN)/python -m pytest -m "serial $(NOT_MATRIX)"
 
 # The runtime × model matrix beyond make test's (tests marked matrix: every training runtime on the MLP and
 # resnet-tiny and every model in each framework's model code, every framework's resnet-tiny fit loop, every
 # deployment engine on every tiny model, ...).
 # CI runs both tiers in make test's two passes (make test WITH_MATRIX=1).
 test-matrix: $(STAMP) node-packages
-	scripts/pytest-passes $(BIN)/python $(TEST_PROCS) matrix
+	$(BIN)/python -m pytest -n $(TEST_PROCS) --dist loadgroup -m "matrix and not serial"
+	$(BIN)/python -m pytest -m "matrix and serial"
 
 # The same tests with every framework capped to AVX2 kernels (for AVX-512 / AVX512_BF16 / AMX machines: one machine
 # checks that no numeric threshold depends on the ISA).

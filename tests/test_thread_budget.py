@@ -17,7 +17,7 @@ from fwbench.spec import Case, Plan, Settings
 from fwbench.store import ResultRecord, Store
 
 NATIVE_RUNTIMES = ("torch:eager", "tensorflow:function", "jax:jit")
-# Two threads need two CPUs in the affinity: the serial pass's (a pytest process beside make test's pinned xdist ones).
+# Two threads need two CPUs in the affinity: the serial pass's (after make test's xdist processes, each pinned to one).
 pytestmark = pytest.mark.serial
 
 
