@@ -77,9 +77,9 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return shared[0] if shared else None
 
 
-# Longest first: xdist hands out work in collection order, so the tests marked slow and those of an expensive shared
-# group go first (the files whose tests or shared fixtures keep framework subprocesses busy longest before the others),
-# and the short tests fill the end of the run instead of one long test or group keeping a core busy alone.
+# The files whose tests (or shared fixtures) keep framework subprocesses busy longest go first (make test's single
+# longest tests, then the report groups that make test-matrix makes longest): xdist hands out work in collection
+# order, so the short tests fill the end of the run instead of one long test or group keeping a core busy alone.
 LONG_FILES = (
     "test_diff.py",
     "test_tfjs.py",
@@ -101,12 +101,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     order = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(  # stable: file order kept otherwise
-        key=lambda item: (
-            item.get_closest_marker("slow") is None and xdist_group_of(item) is None,
-            order.get(item.path.name, len(LONG_FILES)),
-        )
-    )
+    items.sort(key=lambda item: order.get(item.path.name, len(LONG_FILES)))  # stable: file order kept otherwise
 
 
 @pytest.fixture(scope="session", autouse=True)
